@@ -1,0 +1,27 @@
+#include "models/tensor.h"
+
+#include <new>
+#include <sstream>
+
+namespace trainer::models {
+
+std::string shape_string(const Shape& shape) {
+  std::ostringstream out;
+  out << '[';
+  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << ']';
+  return out.str();
+}
+
+void HostBuffer::resize(int64_t n) {
+  if (n > capacity_) {
+    size_t bytes = ((static_cast<size_t>(n) * sizeof(float) + 63) / 64) * 64;
+    float* p = static_cast<float*>(std::aligned_alloc(64, bytes ? bytes : 64));
+    if (!p) throw std::bad_alloc();
+    data_.reset(p);
+    capacity_ = n;
+  }
+  size_ = n;
+}
+
+}  // namespace trainer::models

@@ -1,0 +1,79 @@
+// Tensors are views: a pointer into storage someone else owns, plus a logical shape.
+//
+// Layout conventions (the whole engine keeps to them, so no layer has to ask):
+// - image activations have logical shape {N, C, H, W} and are stored channels-last (NHWC), the layout
+//   oneDNN's and cuDNN's fastest kernels read without reorders and the layout custom loops
+//   (channel padding, per-channel statistics) walk with unit stride;
+// - convolution weights are stored {O, I, KH, KW} as in PyTorch, so checkpoints interchange;
+// - linear weights are {out, in} as in PyTorch; 2-D activations are {N, features} row-major.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trainer::models {
+
+using Shape = std::vector<int64_t>;
+
+inline int64_t numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_string(const Shape& shape);
+
+struct Tensor {
+  float* data = nullptr;
+  Shape shape;
+
+  int64_t numel() const { return models::numel(shape); }
+  int64_t dim(size_t i) const { return shape.at(i); }
+  size_t rank() const { return shape.size(); }
+};
+
+// Owning, 64-byte aligned float storage (host memory). Resizing keeps nothing.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  explicit HostBuffer(int64_t n) { resize(n); }
+  void resize(int64_t n);
+  // Grows only; contents are undefined after a growth. Returns data().
+  float* reserve(int64_t n) {
+    if (n > capacity_) resize(n);
+    return data();
+  }
+  float* data() { return data_.get(); }
+  const float* data() const { return data_.get(); }
+  int64_t size() const { return size_; }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float[], Free> data_;
+  int64_t size_ = 0;
+  int64_t capacity_ = 0;
+};
+
+// An owning tensor: a HostBuffer plus a shape; used for activations a layer keeps.
+class OwnedTensor {
+ public:
+  // Reshapes, reallocating only when the new shape needs more room.
+  Tensor& resize(const Shape& shape) {
+    view_.data = buffer_.reserve(models::numel(shape));
+    view_.shape = shape;
+    return view_;
+  }
+  Tensor& view() { return view_; }
+  const Tensor& view() const { return view_; }
+
+ private:
+  HostBuffer buffer_;
+  Tensor view_;
+};
+
+}  // namespace trainer::models
