@@ -1,0 +1,23 @@
+#include "models/backend.h"
+
+#include <tuple>
+
+namespace trainer::models {
+
+bool ConvGeometry::operator==(const ConvGeometry& o) const {
+  return std::tie(batch, in_channels, in_h, in_w, out_channels, kernel_h, kernel_w, stride_h, stride_w, pad_h,
+                  pad_w, bias) == std::tie(o.batch, o.in_channels, o.in_h, o.in_w, o.out_channels, o.kernel_h,
+                                           o.kernel_w, o.stride_h, o.stride_w, o.pad_h, o.pad_w, o.bias);
+}
+
+bool BatchNormGeometry::operator==(const BatchNormGeometry& o) const {
+  return std::tie(batch, channels, h, w, eps, fuse_relu) == std::tie(o.batch, o.channels, o.h, o.w, o.eps, o.fuse_relu);
+}
+
+bool PoolGeometry::operator==(const PoolGeometry& o) const {
+  return std::tie(batch, channels, in_h, in_w, kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, kind) ==
+         std::tie(o.batch, o.channels, o.in_h, o.in_w, o.kernel_h, o.kernel_w, o.stride_h, o.stride_w, o.pad_h,
+                  o.pad_w, o.kind);
+}
+
+}  // namespace trainer::models

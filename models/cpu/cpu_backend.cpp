@@ -1,0 +1,148 @@
+// The CPU backend: oneDNN for convolution, batch norm and pooling; OpenBLAS (OpenMP build) for
+// GEMM; plain OpenMP loops for the memory-bound element-wise ops, which is all they need.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "models/backend.h"
+#include "models/cpu/dnnl_ops.h"
+
+namespace trainer::models {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+
+  std::unique_ptr<ConvOp> make_conv(const ConvGeometry& g) override { return cpu::make_dnnl_conv(g); }
+  std::unique_ptr<BatchNormOp> make_batchnorm(const BatchNormGeometry& g) override {
+    return cpu::make_dnnl_batchnorm(g);
+  }
+  std::unique_ptr<PoolOp> make_pool(const PoolGeometry& g) override { return cpu::make_dnnl_pool(g); }
+
+  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+                static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+  }
+
+  void broadcast_rows(int64_t rows, int64_t cols, const float* bias, float* y) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) std::memcpy(y + i * cols, bias, sizeof(float) * cols);
+  }
+
+  void sum_rows(int64_t rows, int64_t cols, const float* dy, float* db) override {
+    // Sum in double so the result does not depend on the batch size's rounding.
+    std::vector<double> acc(cols, 0.0);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) acc[j] += dy[i * cols + j];
+    for (int64_t j = 0; j < cols; ++j) db[j] = static_cast<float>(acc[j]);
+  }
+
+  void relu_forward(int64_t n, const float* x, float* y) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;
+  }
+
+  void relu_backward(int64_t n, const float* y, const float* dy, float* dx) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.f ? dy[i] : 0.f;
+  }
+
+  void add(int64_t n, const float* a, const float* b, float* y) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+  }
+
+  void copy(int64_t n, const float* x, float* y) override {
+    if (x != y) std::memcpy(y, x, sizeof(float) * n);
+  }
+
+  void shortcut_a_forward(int64_t batch, int64_t channels, int64_t h, int64_t w, int64_t stride, int64_t pad,
+                          const float* x, float* y) override {
+    const int64_t oh = (h + stride - 1) / stride, ow = (w + stride - 1) / stride, oc = channels + 2 * pad;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t n = 0; n < batch; ++n)
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j) {
+          float* out = y + ((n * oh + i) * ow + j) * oc;
+          const float* in = x + ((n * h + i * stride) * w + j * stride) * channels;
+          std::fill(out, out + pad, 0.f);
+          std::memcpy(out + pad, in, sizeof(float) * channels);
+          std::fill(out + pad + channels, out + oc, 0.f);
+        }
+  }
+
+  void shortcut_a_backward(int64_t batch, int64_t channels, int64_t h, int64_t w, int64_t stride, int64_t pad,
+                           const float* dy, float* dx) override {
+    const int64_t oh = (h + stride - 1) / stride, ow = (w + stride - 1) / stride, oc = channels + 2 * pad;
+    std::memset(dx, 0, sizeof(float) * batch * h * w * channels);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t n = 0; n < batch; ++n)
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j)
+          std::memcpy(dx + ((n * h + i * stride) * w + j * stride) * channels,
+                      dy + ((n * oh + i) * ow + j) * oc + pad, sizeof(float) * channels);
+  }
+
+  void nhwc_to_nchw(int64_t batch, int64_t channels, int64_t h, int64_t w, const float* x, float* y) override {
+    const int64_t hw = h * w;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < batch; ++n)
+      for (int64_t p = 0; p < hw; ++p)
+        for (int64_t c = 0; c < channels; ++c) y[(n * channels + c) * hw + p] = x[(n * hw + p) * channels + c];
+  }
+
+  void nchw_to_nhwc(int64_t batch, int64_t channels, int64_t h, int64_t w, const float* x, float* y) override {
+    const int64_t hw = h * w;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < batch; ++n)
+      for (int64_t p = 0; p < hw; ++p)
+        for (int64_t c = 0; c < channels; ++c) y[(n * hw + p) * channels + c] = x[(n * channels + c) * hw + p];
+  }
+
+  double softmax_cross_entropy(int64_t batch, int64_t classes, const float* logits, const int32_t* labels,
+                               float smoothing, float* dlogits, int64_t* correct) override {
+    double loss = 0.0;
+    int64_t hits = 0;
+    const double off = smoothing / classes, on = 1.0 - smoothing + off;
+#pragma omp parallel for reduction(+ : loss, hits) schedule(static)
+    for (int64_t i = 0; i < batch; ++i) {
+      const float* z = logits + i * classes;
+      const int64_t argmax = std::max_element(z, z + classes) - z;
+      const double zmax = z[argmax];
+      double sum = 0.0, sum_z = 0.0;
+      for (int64_t c = 0; c < classes; ++c) {
+        sum += std::exp(z[c] - zmax);
+        sum_z += z[c];
+      }
+      const double log_sum = zmax + std::log(sum);
+      // -sum_c target_c * log_softmax_c, with target = off everywhere plus (on - off) at the label.
+      loss += -(off * (sum_z - classes * log_sum) + (on - off) * (z[labels[i]] - log_sum));
+      hits += argmax == labels[i];
+      if (dlogits) {
+        float* d = dlogits + i * classes;
+        for (int64_t c = 0; c < classes; ++c) {
+          const double p = std::exp(z[c] - log_sum);
+          d[c] = static_cast<float>((p - off - (c == labels[i] ? on - off : 0.0)) / batch);
+        }
+      }
+    }
+    if (correct) *correct = hits;
+    return loss / batch;
+  }
+};
+
+}  // namespace
+
+Backend& cpu_backend() {
+  static CpuBackend backend;
+  return backend;
+}
+
+}  // namespace trainer::models

@@ -1,0 +1,32 @@
+#pragma once
+
+#include "models/layers/layer.h"
+
+namespace trainer::models {
+
+struct Conv2dOptions {
+  int64_t in_channels = 0, out_channels = 0;
+  int64_t kernel_h = 3, kernel_w = 3, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  bool bias = false;
+};
+
+// 2-D convolution over channels-last input {N, C, H, W}; weight {O, I, KH, KW} (+ bias {O}).
+// Initialization: Kaiming normal (fan_out, ReLU gain) as torchvision's ResNets; bias zero.
+class Conv2d final : public Layer {
+ public:
+  Conv2d(LayerContext ctx, const std::string& name, const Conv2dOptions& options);
+  const Tensor& forward(const Tensor& x, Mode mode) override;
+  const Tensor& backward(const Tensor& dy) override;
+  void init(Rng& rng) override;
+
+ private:
+  LayerContext ctx_;
+  Conv2dOptions opt_;
+  int weight_ = -1, bias_ = -1;
+  OpCache<ConvGeometry, ConvOp> ops_;
+  ConvOp* op_ = nullptr;
+  const Tensor* x_ = nullptr;
+  OwnedTensor y_, dx_;
+};
+
+}  // namespace trainer::models

@@ -1,0 +1,24 @@
+#pragma once
+
+#include "models/layers/layer.h"
+
+namespace trainer::models {
+
+// y = x W^T + b over {N, in}; W {out, in} as PyTorch. Initialization as PyTorch's nn.Linear:
+// uniform(-1/sqrt(in), 1/sqrt(in)) for weight and bias.
+class Linear final : public Layer {
+ public:
+  Linear(LayerContext ctx, const std::string& name, int64_t in_features, int64_t out_features, bool bias = true);
+  const Tensor& forward(const Tensor& x, Mode mode) override;
+  const Tensor& backward(const Tensor& dy) override;
+  void init(Rng& rng) override;
+
+ private:
+  LayerContext ctx_;
+  int64_t in_, out_;
+  int weight_ = -1, bias_ = -1;
+  const Tensor* x_ = nullptr;
+  OwnedTensor y_, dx_;
+};
+
+}  // namespace trainer::models
