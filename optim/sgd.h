@@ -1,0 +1,63 @@
+// Stochastic gradient descent with momentum, Nesterov momentum and weight decay, on one flat buffer.
+//
+// The update follows torch.optim.SGD (dampening 0) so that runs can be compared with PyTorch step by
+// step:
+//     g = grad + wd * p                     (coupled weight decay, the default: L2 in the loss)
+//     buf = g on the first step, else buf = momentum * buf + g
+//     g = g + momentum * buf  (Nesterov)  or  g = buf
+//     p = p - lr * g
+// With decoupled_weight_decay the decay is not added to the gradient (so it never enters the
+// momentum buffer) but shrinks the weights directly, before the gradient step, as SGDW / AdamW do
+// (Loshchilov & Hutter 2019):
+//     p = p - lr * wd * p,   then the update above with wd = 0.
+// Arithmetic is float32, like PyTorch's, with the coefficients rounded to float once per step.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <vector>
+
+namespace trainer::optim {
+
+struct SgdOptions {
+  double momentum = 0.0;  // 0 disables the momentum buffer entirely (no state is kept)
+  bool nesterov = false;  // requires momentum > 0, as in PyTorch
+  double weight_decay = 0.0;
+  bool decoupled_weight_decay = false;  // SGDW-style decay instead of L2 added to the gradient
+};
+
+class Sgd {
+ public:
+  // n: elements in the flat parameter (and gradient) buffer. Throws std::invalid_argument for
+  // negative values or Nesterov without momentum.
+  Sgd(int64_t n, const SgdOptions& options);
+
+  // One update of params[0, n) from grads[0, n) with learning rate lr. grads is not modified (the
+  // sync method may still own it). One pass over memory, parallel over OpenMP threads; the result
+  // does not depend on the thread count.
+  void step(float* params, const float* grads, double lr);
+
+  int64_t size() const { return n_; }
+  const SgdOptions& options() const { return options_; }
+  // Steps taken so far; 0 means the next step initializes the momentum buffer from the gradient.
+  int64_t step_count() const { return steps_; }
+
+  // The raw state, for checkpoint tests and inspection. The momentum buffer is empty when
+  // momentum == 0 and holds n elements otherwise.
+  const std::vector<float>& momentum_buffer() const { return momentum_buffer_; }
+
+  // Binary state: a small header (magic, version, n, step count, buffer length) followed by the
+  // raw little-endian float32 buffer. load() throws std::runtime_error naming what does not match
+  // (wrong magic or version, element count, buffer length, truncated stream), leaving this object
+  // unchanged on error.
+  void save(std::ostream& out) const;
+  void load(std::istream& in);
+
+ private:
+  int64_t n_;
+  SgdOptions options_;
+  int64_t steps_ = 0;
+  std::vector<float> momentum_buffer_;
+};
+
+}  // namespace trainer::optim

@@ -1,0 +1,230 @@
+// optim/: SGD, learning-rate schedules and gradient clipping against PyTorch reference values
+// (tests/fixtures/optim_reference.json, written by scripts/make_optim_fixtures.py).
+#include <omp.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "optim/clip.h"
+#include "optim/schedule.h"
+#include "optim/sgd.h"
+
+using namespace trainer::optim;
+using nlohmann::json;
+
+namespace {
+
+const json& reference() {
+  static const json j = [] {
+    std::ifstream in(std::string(TRAINER_FIXTURES) + "/optim_reference.json");
+    REQUIRE(in.good());
+    return json::parse(in);
+  }();
+  return j;
+}
+
+// 1e-6 relative, with a floor so values that are (nearly) zero compare absolutely.
+bool close(double a, double b) { return std::fabs(a - b) <= 1e-6 * std::max({std::fabs(a), std::fabs(b), 1e-3}); }
+
+std::vector<float> to_floats(const json& j) {
+  std::vector<float> v;
+  for (const auto& x : j) v.push_back(x.get<float>());
+  return v;
+}
+
+ScheduleOptions schedule_from(const json& s) {
+  ScheduleOptions o;
+  o.kind = schedule_kind_from_name(s.at("kind").get<std::string>());
+  o.base_lr = s.at("base_lr").get<double>();
+  if (s.contains("milestones")) o.milestones = s.at("milestones").get<std::vector<int64_t>>();
+  if (s.contains("gamma")) o.gamma = s.at("gamma").get<double>();
+  if (s.contains("min_lr")) o.min_lr = s.at("min_lr").get<double>();
+  return o;
+}
+
+std::vector<float> ramp(int64_t n, float scale) {
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = scale * std::sin(0.37f * i + 0.1f);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("SGD matches torch.optim.SGD trajectories", "[optim][sgd]") {
+  const json& ref = reference().at("sgd");
+  const auto p0 = to_floats(ref.at("p0"));
+  const auto lrs = ref.at("lrs").get<std::vector<double>>();
+  for (const auto& c : ref.at("cases")) {
+    SgdOptions o;
+    o.momentum = c.at("momentum");
+    o.nesterov = c.at("nesterov");
+    o.weight_decay = c.at("weight_decay");
+    o.decoupled_weight_decay = c.at("decoupled_weight_decay");
+    INFO("momentum " << o.momentum << " nesterov " << o.nesterov << " weight_decay "
+                     << o.weight_decay << " decoupled " << o.decoupled_weight_decay);
+    std::vector<float> p = p0;
+    Sgd sgd(static_cast<int64_t>(p.size()), o);
+    for (size_t s = 0; s < lrs.size(); ++s) {
+      const auto g = to_floats(ref.at("grads")[s]);
+      sgd.step(p.data(), g.data(), lrs[s]);
+      const auto expected = c.at("params")[s].get<std::vector<double>>();
+      for (size_t i = 0; i < p.size(); ++i) {
+        INFO("step " << s << " element " << i << ": " << p[i] << " vs torch " << expected[i]);
+        CHECK(close(p[i], expected[i]));
+      }
+    }
+    CHECK(sgd.step_count() == static_cast<int64_t>(lrs.size()));
+    CHECK(sgd.momentum_buffer().size() == (o.momentum != 0 ? p.size() : 0u));
+  }
+}
+
+TEST_CASE("SGD does not modify the gradient and rejects Nesterov without momentum", "[optim][sgd]") {
+  std::vector<float> p = {1, 2, 3}, g = {0.5f, -0.5f, 0.25f};
+  const auto g_before = g;
+  Sgd sgd(3, SgdOptions{0.9, true, 0.1, false});
+  sgd.step(p.data(), g.data(), 0.1);
+  CHECK(g == g_before);
+  CHECK_THROWS_AS(Sgd(3, SgdOptions{0.0, true, 0.0, false}), std::invalid_argument);
+}
+
+TEST_CASE("SGD gives the same result for any thread count", "[optim][sgd]") {
+  const int64_t n = 100003;  // above the parallel threshold, not a multiple of anything
+  const auto g1 = ramp(n, 1.0f), g2 = ramp(n, -0.5f);
+  std::vector<float> results[2];
+  const int threads[2] = {1, 3};
+  for (int t = 0; t < 2; ++t) {
+    omp_set_num_threads(threads[t]);
+    std::vector<float> p = ramp(n, 2.0f);
+    Sgd sgd(n, SgdOptions{0.9, true, 5e-4, false});
+    sgd.step(p.data(), g1.data(), 0.1);
+    sgd.step(p.data(), g2.data(), 0.1);
+    results[t] = p;
+  }
+  CHECK(results[0] == results[1]);
+}
+
+TEST_CASE("SGD state save/load round-trips bytewise and resumes exactly", "[optim][sgd]") {
+  const int64_t n = 1000;
+  const auto g = ramp(n, 0.3f);
+  const SgdOptions o{0.9, true, 5e-4, false};
+  std::vector<float> p = ramp(n, 1.0f);
+  Sgd a(n, o);
+  a.step(p.data(), g.data(), 0.1);
+  a.step(p.data(), g.data(), 0.05);
+
+  std::stringstream first;
+  a.save(first);
+  Sgd b(n, o);
+  b.load(first);
+  CHECK(b.step_count() == 2);
+  CHECK(b.momentum_buffer() == a.momentum_buffer());
+  std::stringstream second;
+  b.save(second);
+  CHECK(first.str() == second.str());
+
+  // Continuing from the loaded state gives exactly what continuing the original gives.
+  std::vector<float> pa = p, pb = p;
+  a.step(pa.data(), g.data(), 0.02);
+  b.step(pb.data(), g.data(), 0.02);
+  CHECK(pa == pb);
+
+  SECTION("a state for another model size is a clear error") {
+    Sgd other(n + 1, o);
+    std::stringstream s(first.str());
+    CHECK_THROWS_WITH(other.load(s), Catch::Contains("holds 1000 parameters but the model has 1001"));
+  }
+  SECTION("a state without a momentum buffer does not load into one with") {
+    Sgd plain(n, SgdOptions{});
+    std::stringstream s(first.str());
+    CHECK_THROWS_WITH(plain.load(s), Catch::Contains("momentum buffer of 1000 elements, expected 0"));
+  }
+  SECTION("a truncated state is a clear error and leaves the optimizer unchanged") {
+    Sgd fresh(n, o);
+    std::stringstream s(first.str().substr(0, first.str().size() - 10));
+    CHECK_THROWS_WITH(fresh.load(s), Catch::Contains("truncated"));
+    CHECK(fresh.step_count() == 0);
+  }
+  SECTION("garbage is rejected") {
+    Sgd fresh(n, o);
+    std::stringstream s("not a state file at all");
+    CHECK_THROWS_WITH(fresh.load(s), Catch::Contains("bad magic"));
+  }
+}
+
+TEST_CASE("learning-rate schedules match PyTorch's schedulers", "[optim][schedule]") {
+  for (const auto& s : reference().at("schedules")) {
+    const ScheduleOptions o = schedule_from(s);
+    const int64_t spe = s.at("steps_per_epoch"), total = s.at("total_steps");
+    const auto lrs = s.at("lrs").get<std::vector<double>>();
+    for (size_t step = 0; step < lrs.size(); ++step) {
+      const double lr = learning_rate(o, static_cast<int64_t>(step), spe, total);
+      INFO(s.at("kind").get<std::string>() << " step " << step << ": " << lr << " vs torch " << lrs[step]);
+      CHECK(std::fabs(lr - lrs[step]) <= 1e-6 * std::fabs(lrs[step]) + 1e-12);
+    }
+  }
+}
+
+TEST_CASE("linear warmup composes with any schedule", "[optim][schedule]") {
+  ScheduleOptions o;
+  o.kind = ScheduleKind::kMultiStep;
+  o.base_lr = 0.4;
+  o.milestones = {1};
+  o.gamma = 0.5;
+  o.warmup_steps = 4;
+  // steps_per_epoch 3: the milestone at epoch 1 falls inside the warmup.
+  CHECK(learning_rate(o, 0, 3, 100) == Approx(0.4 * 0.25));
+  CHECK(learning_rate(o, 2, 3, 100) == Approx(0.4 * 0.75));
+  CHECK(learning_rate(o, 3, 3, 100) == Approx(0.2 * 1.0));
+  CHECK(learning_rate(o, 4, 3, 100) == Approx(0.2));
+
+  o.kind = ScheduleKind::kCosine;
+  o.min_lr = 0.0;
+  o.warmup_steps = 10;
+  const double scheduled = learning_rate(ScheduleOptions{ScheduleKind::kCosine, 0.4, {}, 0.1, 0.0, 0}, 5, 3, 100);
+  CHECK(learning_rate(o, 5, 3, 100) == Approx(scheduled * 0.6));
+  // Past total_steps cosine stays at min_lr.
+  o.min_lr = 0.01;
+  CHECK(learning_rate(o, 150, 3, 100) == Approx(0.01));
+}
+
+TEST_CASE("schedule arguments are checked", "[optim][schedule]") {
+  CHECK_THROWS_AS(schedule_kind_from_name("linear"), std::invalid_argument);
+  ScheduleOptions o;
+  CHECK_THROWS_AS(learning_rate(o, 0, 0, 10), std::invalid_argument);
+  o.kind = ScheduleKind::kCosine;
+  CHECK_THROWS_AS(learning_rate(o, 0, 10, 0), std::invalid_argument);
+}
+
+TEST_CASE("clip_grad_norm matches torch.nn.utils.clip_grad_norm_", "[optim][clip]") {
+  for (const auto& c : reference().at("clip")) {
+    auto g = to_floats(c.at("grads"));
+    const double norm = clip_grad_norm(g.data(), static_cast<int64_t>(g.size()), c.at("max_norm"));
+    CHECK(close(norm, c.at("norm").get<double>()));
+    const auto expected = c.at("clipped").get<std::vector<double>>();
+    for (size_t i = 0; i < g.size(); ++i) {
+      INFO("element " << i << ": " << g[i] << " vs torch " << expected[i]);
+      CHECK(close(g[i], expected[i]));
+    }
+  }
+}
+
+TEST_CASE("clip_grad_norm with max_norm 0 only measures; the norm is thread-count independent",
+          "[optim][clip]") {
+  std::vector<float> g = {3, 4};
+  CHECK(clip_grad_norm(g.data(), 2, 0.0) == 5.0);
+  CHECK(g == std::vector<float>{3, 4});
+  CHECK(global_norm(nullptr, 0) == 0.0);
+
+  const int64_t n = 300001;
+  const auto big = ramp(n, 1.0f);
+  omp_set_num_threads(1);
+  const double one = global_norm(big.data(), n);
+  omp_set_num_threads(3);
+  const double three = global_norm(big.data(), n);
+  CHECK(one == three);  // bitwise, not approximately
+}
