@@ -29,7 +29,7 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 // Error messages are one line whatever the file contains (names and JSON errors quote file bytes).
 std::string one_line(std::string s) {
   for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
   return s;
 }
 
@@ -37,7 +37,7 @@ std::string one_line(std::string s) {
   throw std::runtime_error(one_line("safetensors: " + path + ": " + what));
 }
 
-std::string quoted(const std::string& name) { return "'" + name + "'"; }
+std::string ticked(const std::string& name) { return "'" + name + "'"; }
 
 std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -79,7 +79,7 @@ std::vector<To> convert_any(const SafeTensor& t) {
   if (t.dtype == "F64") return convert<double, To>(t.bytes);
   if (t.dtype == "I64") return convert<int64_t, To>(t.bytes);
   if (t.dtype == "I32") return convert<int32_t, To>(t.bytes);
-  throw std::runtime_error("safetensors: tensor " + quoted(t.name) + " has unsupported dtype " + t.dtype);
+  throw std::runtime_error("safetensors: tensor " + ticked(t.name) + " has unsupported dtype " + t.dtype);
 }
 
 struct FileCloser {
@@ -108,7 +108,7 @@ std::vector<double> SafeTensor::as_f64() const { return convert_any<double>(*thi
 std::vector<int64_t> SafeTensor::as_i64() const {
   if (dtype == "I64") return convert<int64_t, int64_t>(bytes);
   if (dtype == "I32") return convert<int32_t, int64_t>(bytes);
-  throw std::runtime_error("safetensors: tensor " + quoted(name) + " is " + dtype +
+  throw std::runtime_error("safetensors: tensor " + ticked(name) + " is " + dtype +
                            ", not an integer tensor (as_i64 needs I32 or I64)");
 }
 
@@ -125,7 +125,7 @@ const SafeTensor& SafeTensorsFile::at(const std::string& name) const {
   const size_t show = std::min<size_t>(tensors.size(), 8);
   for (size_t i = 0; i < show; ++i) have += (i ? ", " : "") + tensors[i].name;
   if (tensors.size() > show) have += ", ...";
-  fail(path, "no tensor named " + quoted(name) + " (the file has " + std::to_string(tensors.size()) +
+  fail(path, "no tensor named " + ticked(name) + " (the file has " + std::to_string(tensors.size()) +
                  " tensors" + (have.empty() ? "" : ": " + have) + ")");
 }
 
@@ -175,7 +175,7 @@ SafeTensorsFile read_safetensors(const std::string& path) {
     fail(path, std::string("invalid JSON header: ") + e.what());
   }
   if (!h.is_object()) fail(path, "JSON header is not an object");
-  if (!duplicate.empty()) fail(path, "duplicate entry " + quoted(duplicate) + " in the header");
+  if (!duplicate.empty()) fail(path, "duplicate entry " + ticked(duplicate) + " in the header");
 
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_size = file_size - data_start;
@@ -195,12 +195,12 @@ SafeTensorsFile read_safetensors(const std::string& path) {
       if (!v.is_object()) fail(path, "__metadata__ is not an object of strings");
       for (auto m = v.begin(); m != v.end(); ++m) {
         if (!m.value().is_string())
-          fail(path, "__metadata__ value of " + quoted(m.key()) + " is not a string");
+          fail(path, "__metadata__ value of " + ticked(m.key()) + " is not a string");
         out.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
-    const std::string what = "tensor " + quoted(name);
+    const std::string what = "tensor " + ticked(name);
     if (!v.is_object()) fail(path, what + ": entry is not an object");
     if (!v.contains("dtype") || !v["dtype"].is_string()) fail(path, what + ": missing or non-string dtype");
     if (!v.contains("shape") || !v["shape"].is_array()) fail(path, what + ": missing or non-array shape");
@@ -249,12 +249,12 @@ SafeTensorsFile read_safetensors(const std::string& path) {
     const Span& s = spans[i];
     const std::string& name = out.tensors[s.index].name;
     if (s.begin < covered)
-      fail(path, "tensor " + quoted(name) + " overlaps tensor " + quoted(out.tensors[spans[i - 1].index].name) +
+      fail(path, "tensor " + ticked(name) + " overlaps tensor " + ticked(out.tensors[spans[i - 1].index].name) +
                      " (data_offsets begin at " + std::to_string(s.begin) + ", before byte " +
                      std::to_string(covered) + ")");
     if (s.begin > covered)
       fail(path, "hole in the data section: bytes [" + std::to_string(covered) + ", " +
-                     std::to_string(s.begin) + ") belong to no tensor (before tensor " + quoted(name) + ")");
+                     std::to_string(s.begin) + ") belong to no tensor (before tensor " + ticked(name) + ")");
     covered = s.end;
   }
   if (covered != data_size)
@@ -270,7 +270,7 @@ SafeTensorsFile read_safetensors(const std::string& path) {
     if (!t.bytes.empty()) {
       if (fseeko(f, static_cast<off_t>(data_start + s.begin), SEEK_SET) != 0 ||
           !read_exact(f, t.bytes.data(), t.bytes.size()))
-        fail(path, "cannot read the data of tensor " + quoted(t.name) + " (file changed or truncated?)");
+        fail(path, "cannot read the data of tensor " + ticked(t.name) + " (file changed or truncated?)");
     }
     ordered.push_back(std::move(t));
   }
@@ -291,8 +291,8 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensorRef>
   std::vector<uint64_t> sizes;
   uint64_t offset = 0;
   for (const auto& t : tensors) {
-    const std::string what = "tensor " + quoted(t.name);
-    if (t.name.empty() || t.name == "__metadata__") fail(path, "invalid tensor name " + quoted(t.name));
+    const std::string what = "tensor " + ticked(t.name);
+    if (t.name.empty() || t.name == "__metadata__") fail(path, "invalid tensor name " + ticked(t.name));
     if (!names.insert(t.name).second) fail(path, "duplicate " + what);
     if (!known_dtype(t.dtype))
       fail(path, what + ": unknown dtype '" + t.dtype + "' (supported: F32, F64, I64, I32)");
