@@ -52,8 +52,8 @@ class BatchNormOp {
   virtual void forward_inference(const float* x, const float* gamma, const float* beta,
                                  const float* mean, const float* var, float* y) = 0;
   // Gradients of the last forward_training. Overwrites dx, dgamma, dbeta.
-  virtual void backward(const float* x, const float* dy, const float* gamma, const float* mean,
-                        const float* var, float* dx, float* dgamma, float* dbeta) = 0;
+  virtual void backward(const float* x, const float* dy, const float* gamma, const float* beta,
+                        const float* mean, const float* var, float* dx, float* dgamma, float* dbeta) = 0;
 };
 
 enum class PoolKind { kMax, kAverage };  // average excludes padding

@@ -25,6 +25,12 @@ double ImageClassifier::forward(const Tensor& x, const int32_t* labels, Mode mod
   return backend_.softmax_cross_entropy(n, classes, h->data, labels, label_smoothing_, dlogits, correct);
 }
 
+double ImageClassifier::forward_flops() const {
+  double flops = 0;
+  for (const auto& layer : layers_) flops += layer->forward_flops();
+  return flops;
+}
+
 void ImageClassifier::backward() {
   const Tensor* g = &dlogits_.view();
   for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) g = &(*it)->backward(*g);

@@ -33,6 +33,9 @@ class ImageClassifier {
   // Writes the gradient of the last training forward's loss into parameters().grads().
   void backward();
 
+  // FLOPs of the last forward (convolutions and GEMMs).
+  double forward_flops() const;
+
   const std::string& arch() const { return arch_; }
   ParameterStore& parameters() { return params_; }
   ParameterStore& buffers() { return buffers_; }

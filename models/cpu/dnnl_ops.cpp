@@ -202,12 +202,14 @@ class DnnlBatchNorm final : public BatchNormOp {
     stream().wait();
   }
 
-  void backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* var,
-                float* dx, float* dgamma, float* dbeta) override {
+  void backward(const float* x, const float* dy, const float* gamma, const float* beta, const float* mean,
+                const float* var, float* dx, float* dgamma, float* dbeta) override {
+    // oneDNN's channels-last backward also reads beta (it recomputes the fused ReLU's input).
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, mem(md_, x)},           {DNNL_ARG_DIFF_DST, mem(md_, dy)},
         {DNNL_ARG_MEAN, mem(stat_md_, mean)},   {DNNL_ARG_VARIANCE, mem(stat_md_, var)},
-        {DNNL_ARG_SCALE, mem(stat_md_, gamma)}, {DNNL_ARG_DIFF_SRC, mem(md_, dx)},
+        {DNNL_ARG_SCALE, mem(stat_md_, gamma)}, {DNNL_ARG_SHIFT, mem(stat_md_, beta)},
+        {DNNL_ARG_DIFF_SRC, mem(md_, dx)},
         {DNNL_ARG_DIFF_SCALE, mem(stat_md_, dgamma)}, {DNNL_ARG_DIFF_SHIFT, mem(stat_md_, dbeta)}};
     if (g_.fuse_relu) args.insert({DNNL_ARG_WORKSPACE, workspace_});
     bwd_.execute(stream(), args);

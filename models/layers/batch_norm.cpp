@@ -30,7 +30,7 @@ const Tensor& BatchNorm2d::forward(const Tensor& x, Mode mode) {
   BatchNormGeometry g{x.dim(0), x.dim(1), x.rank() == 4 ? x.dim(2) : 1, x.rank() == 4 ? x.dim(3) : 1, opt_.eps,
                       opt_.relu};
   op_ = &ops_.get(g, [this](const BatchNormGeometry& geometry) { return ctx_.backend.make_batchnorm(geometry); });
-  x_ = &x;
+  x_ = x;
   Tensor& y = y_.resize(x.shape);
   const float* gamma = ctx_.params.value(weight_).data;
   const float* beta = ctx_.params.value(bias_).data;
@@ -52,8 +52,9 @@ const Tensor& BatchNorm2d::forward(const Tensor& x, Mode mode) {
 }
 
 const Tensor& BatchNorm2d::backward(const Tensor& dy) {
-  Tensor& dx = dx_.resize(x_->shape);
-  op_->backward(x_->data, dy.data, ctx_.params.value(weight_).data, batch_mean_.data(), batch_var_.data(),
+  Tensor& dx = dx_.resize(x_.shape);
+  op_->backward(x_.data, dy.data, ctx_.params.value(weight_).data, ctx_.params.value(bias_).data,
+                batch_mean_.data(), batch_var_.data(),
                 dx.data, ctx_.params.grad(weight_).data, ctx_.params.grad(bias_).data);
   return dx;
 }

@@ -27,7 +27,7 @@ class BatchNorm2d final : public Layer {
   int weight_ = -1, bias_ = -1, running_mean_ = -1, running_var_ = -1;
   OpCache<BatchNormGeometry, BatchNormOp> ops_;
   BatchNormOp* op_ = nullptr;
-  const Tensor* x_ = nullptr;
+  Tensor x_;  // a copy of the input view: callers may pass temporaries
   OwnedTensor y_, dx_;
   HostBuffer batch_mean_, batch_var_;
 };

@@ -18,14 +18,16 @@ class Conv2d final : public Layer {
   const Tensor& forward(const Tensor& x, Mode mode) override;
   const Tensor& backward(const Tensor& dy) override;
   void init(Rng& rng) override;
+  double forward_flops() const override { return flops_; }
 
  private:
   LayerContext ctx_;
   Conv2dOptions opt_;
+  double flops_ = 0;
   int weight_ = -1, bias_ = -1;
   OpCache<ConvGeometry, ConvOp> ops_;
   ConvOp* op_ = nullptr;
-  const Tensor* x_ = nullptr;
+  Tensor x_;  // a copy of the input view: callers may pass temporaries
   OwnedTensor y_, dx_;
 };
 

@@ -37,6 +37,9 @@ class Layer {
   virtual const Tensor& backward(const Tensor& dy) = 0;
   // Sets initial parameter values (stores are allocated by then). Draws from rng in a fixed order.
   virtual void init(Rng& rng) {}
+  // Multiply-add work of the last forward, in FLOPs (2 per multiply-add); the convolution and
+  // GEMM layers report it, everything else is memory-bound and counts 0. Backward is about twice.
+  virtual double forward_flops() const { return 0; }
 };
 
 // Keeps the last few ops made for a layer, keyed by geometry: training and evaluation alternate

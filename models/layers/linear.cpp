@@ -26,7 +26,7 @@ const Tensor& Linear::forward(const Tensor& x, Mode) {
   if (x.rank() != 2 || x.dim(1) != in_)
     throw std::invalid_argument("Linear: expected input {N, " + std::to_string(in_) + "}, got " +
                                 shape_string(x.shape));
-  x_ = &x;
+  x_ = x;
   const int64_t n = x.dim(0);
   Tensor& y = y_.resize({n, out_});
   Backend& be = ctx_.backend;
@@ -40,11 +40,11 @@ const Tensor& Linear::forward(const Tensor& x, Mode) {
 }
 
 const Tensor& Linear::backward(const Tensor& dy) {
-  const int64_t n = x_->dim(0);
+  const int64_t n = x_.dim(0);
   Backend& be = ctx_.backend;
-  be.gemm(true, false, out_, in_, n, 1.f, dy.data, out_, x_->data, in_, 0.f, ctx_.params.grad(weight_).data, in_);
+  be.gemm(true, false, out_, in_, n, 1.f, dy.data, out_, x_.data, in_, 0.f, ctx_.params.grad(weight_).data, in_);
   if (bias_ >= 0) be.sum_rows(n, out_, dy.data, ctx_.params.grad(bias_).data);
-  Tensor& dx = dx_.resize(x_->shape);
+  Tensor& dx = dx_.resize(x_.shape);
   be.gemm(false, false, n, in_, out_, 1.f, dy.data, out_, ctx_.params.value(weight_).data, in_, 0.f, dx.data, in_);
   return dx;
 }

@@ -12,12 +12,13 @@ class Linear final : public Layer {
   const Tensor& forward(const Tensor& x, Mode mode) override;
   const Tensor& backward(const Tensor& dy) override;
   void init(Rng& rng) override;
+  double forward_flops() const override { return x_.data ? 2.0 * x_.dim(0) * in_ * out_ : 0; }
 
  private:
   LayerContext ctx_;
   int64_t in_, out_;
   int weight_ = -1, bias_ = -1;
-  const Tensor* x_ = nullptr;
+  Tensor x_;  // a copy of the input view: callers may pass temporaries
   OwnedTensor y_, dx_;
 };
 

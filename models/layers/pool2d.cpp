@@ -14,14 +14,14 @@ const Tensor& Pool2d::forward(const Tensor& x, Mode mode) {
     g.pad_h = g.pad_w = 0;
   }
   op_ = &ops_.get(g, [this](const PoolGeometry& geometry) { return ctx_.backend.make_pool(geometry); });
-  x_ = &x;
+  x_ = x;
   Tensor& y = y_.resize({g.batch, g.channels, g.out_h(), g.out_w()});
   op_->forward(x.data, y.data, mode == Mode::kTrain);
   return y;
 }
 
 const Tensor& Pool2d::backward(const Tensor& dy) {
-  Tensor& dx = dx_.resize(x_->shape);
+  Tensor& dx = dx_.resize(x_.shape);
   op_->backward(dy.data, dx.data);
   return dx;
 }

@@ -21,7 +21,7 @@ class Pool2d final : public Layer {
   Pool2dOptions opt_;
   OpCache<PoolGeometry, PoolOp> ops_;
   PoolOp* op_ = nullptr;
-  const Tensor* x_ = nullptr;
+  Tensor x_;  // a copy of the input view: callers may pass temporaries
   OwnedTensor y_, dx_;
 };
 

@@ -37,7 +37,7 @@ void BasicBlock::init(Rng& rng) {
 }
 
 const Tensor& BasicBlock::forward(const Tensor& x, Mode mode) {
-  x_ = &x;
+  x_ = x;
   const Tensor& main = bn2_.forward(conv2_.forward(bn1_.forward(conv1_.forward(x, mode), mode), mode), mode);
   const Tensor* side = &x;
   if (shortcut_) side = &shortcut_->forward(x, mode);
@@ -57,7 +57,7 @@ const Tensor& BasicBlock::backward(const Tensor& dy) {
   const Tensor* dx_side = &dsum;
   if (shortcut_bn_) dx_side = &shortcut_bn_->backward(*dx_side);
   if (shortcut_) dx_side = &shortcut_->backward(*dx_side);
-  Tensor& dx = dx_.resize(x_->shape);
+  Tensor& dx = dx_.resize(x_.shape);
   be.add(dx.numel(), dx_main.data, dx_side->data, dx.data);
   return dx;
 }

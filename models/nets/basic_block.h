@@ -19,6 +19,9 @@ class BasicBlock final : public Layer {
   const Tensor& forward(const Tensor& x, Mode mode) override;
   const Tensor& backward(const Tensor& dy) override;
   void init(Rng& rng) override;
+  double forward_flops() const override {
+    return conv1_.forward_flops() + conv2_.forward_flops() + (shortcut_ ? shortcut_->forward_flops() : 0);
+  }
 
  private:
   LayerContext ctx_;
@@ -28,7 +31,7 @@ class BasicBlock final : public Layer {
   Conv2d conv2_;
   BatchNorm2d bn2_;
   std::unique_ptr<Layer> shortcut_, shortcut_bn_;  // null for identity; bn only for projection
-  const Tensor* x_ = nullptr;
+  Tensor x_;  // a copy of the input view: callers may pass temporaries
   OwnedTensor y_, dsum_, dx_;
 };
 

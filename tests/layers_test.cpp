@@ -1,0 +1,171 @@
+// Gradient checks of every layer against central finite differences (see gradcheck.h).
+#include "gradcheck.h"
+#include "models/layers/batch_norm.h"
+#include "models/layers/conv2d.h"
+#include "models/layers/flatten.h"
+#include "models/layers/linear.h"
+#include "models/layers/pool2d.h"
+#include "models/layers/relu.h"
+#include "models/layers/shortcut_a.h"
+#include "models/nets/basic_block.h"
+
+using namespace trainer::models;
+using namespace trainer::testing;
+
+namespace {
+
+// Allocates the harness stores and gives every parameter a random value (not the init: BN gammas
+// of exactly 1 and zero biases would hide mistakes).
+void randomize(LayerHarness& h, uint64_t seed) {
+  h.params.allocate();
+  h.buffers.allocate();
+  auto v = random_vector(h.params.size(), seed, 0.5f);
+  std::copy(v.begin(), v.end(), h.params.values());
+}
+
+}  // namespace
+
+TEST_CASE("Conv2d gradients", "[layers][gradcheck]") {
+  struct Case { Conv2dOptions opt; int64_t h, w; };
+  const Case cases[] = {
+      {{3, 4, 3, 3, 1, 1, 1, 1, true}, 5, 5},   // 3x3 same padding, bias
+      {{2, 3, 3, 3, 2, 2, 1, 1, false}, 6, 5},  // stride 2, odd width
+      {{3, 2, 1, 1, 2, 2, 0, 0, false}, 4, 4},  // 1x1 projection
+      {{1, 2, 5, 3, 2, 1, 2, 1, true}, 7, 6},   // asymmetric kernel, stride and padding
+  };
+  int index = 0;
+  for (const auto& c : cases) {
+    SECTION("case " + std::to_string(index++)) {
+      LayerHarness h;
+      Conv2d conv(h.ctx, "conv", c.opt);
+      randomize(h, 1);
+      const int64_t n = 2;
+      check_layer_gradients(conv, h, {n, c.opt.in_channels, c.h, c.w},
+                            random_vector(n * c.opt.in_channels * c.h * c.w, 2));
+    }
+  }
+}
+
+TEST_CASE("BatchNorm2d gradients, plain and with fused ReLU", "[layers][gradcheck]") {
+  for (bool relu : {false, true}) {
+    SECTION(relu ? "fused relu" : "plain") {
+      LayerHarness h;
+      BatchNorm2d bn(h.ctx, "bn", {3, 1e-5f, 0.1f, relu});
+      randomize(h, 3);
+      GradCheckOptions opt;
+      opt.h = 1e-3;  // small enough that no normalized value crosses the ReLU kink
+      check_layer_gradients(bn, h, {4, 3, 3, 2}, random_vector(4 * 3 * 3 * 2, 4), opt);
+    }
+  }
+}
+
+TEST_CASE("BatchNorm2d running statistics follow PyTorch (unbiased variance, momentum 0.1)", "[layers]") {
+  LayerHarness h;
+  BatchNorm2d bn(h.ctx, "bn", {2});
+  h.params.allocate();
+  h.buffers.allocate();
+  Rng rng(0);
+  bn.init(rng);
+  std::vector<float> x = random_vector(3 * 2 * 2 * 2, 5);  // N=3, C=2, H=W=2, channels-last
+  bn.forward(Tensor{x.data(), {3, 2, 2, 2}}, Mode::kTrain);
+  for (int c = 0; c < 2; ++c) {
+    double mean = 0, sq = 0;
+    for (int i = 0; i < 12; ++i) mean += x[i * 2 + c];
+    mean /= 12;
+    for (int i = 0; i < 12; ++i) sq += (x[i * 2 + c] - mean) * (x[i * 2 + c] - mean);
+    CHECK(h.buffers.value(0).data[c] == Approx(0.1 * mean).margin(1e-6));
+    CHECK(h.buffers.value(1).data[c] == Approx(0.9 + 0.1 * sq / 11).margin(1e-6));
+  }
+}
+
+TEST_CASE("Linear gradients", "[layers][gradcheck]") {
+  LayerHarness h;
+  Linear fc(h.ctx, "fc", 7, 5);
+  randomize(h, 6);
+  check_layer_gradients(fc, h, {3, 7}, random_vector(21, 7));
+}
+
+TEST_CASE("ReLU gradients", "[layers][gradcheck]") {
+  LayerHarness h;
+  ReLU relu(h.ctx);
+  randomize(h, 8);
+  check_layer_gradients(relu, h, {2, 3, 4, 4}, random_vector(96, 9, 1.f, 0.05f));
+}
+
+TEST_CASE("Pooling gradients", "[layers][gradcheck]") {
+  struct Case { const char* name; Pool2dOptions opt; };
+  const Case cases[] = {{"max 2x2", {PoolKind::kMax, 2, 2, 0, false}},
+                        {"max 3x3 stride 2 pad 1", {PoolKind::kMax, 3, 2, 1, false}},
+                        {"avg 2x2", {PoolKind::kAverage, 2, 2, 0, false}},
+                        {"avg 3x3 pad 1 (excludes padding)", {PoolKind::kAverage, 3, 2, 1, false}},
+                        {"global avg", {PoolKind::kAverage, 1, 1, 0, true}}};
+  for (const auto& c : cases) {
+    SECTION(c.name) {
+      LayerHarness h;
+      Pool2d pool(h.ctx, c.opt);
+      randomize(h, 10);
+      GradCheckOptions opt;
+      opt.h = 1e-3;  // below the gap between the values competing for a max
+      check_layer_gradients(pool, h, {2, 3, 6, 5}, random_vector(180, 11), opt);
+    }
+  }
+}
+
+TEST_CASE("Flatten gradients and PyTorch order", "[layers][gradcheck]") {
+  LayerHarness h;
+  Flatten flatten(h.ctx);
+  randomize(h, 12);
+  check_layer_gradients(flatten, h, {2, 3, 2, 2}, random_vector(24, 13));
+  // Channels-last element (n, h, w, c) lands at PyTorch's flat position c*H*W + h*W + w.
+  std::vector<float> x(24);
+  for (int i = 0; i < 24; ++i) x[i] = static_cast<float>(i);
+  const Tensor& y = flatten.forward(Tensor{x.data(), {2, 3, 2, 2}}, Mode::kEval);
+  CHECK(y.data[1 * 4 + 0 * 2 + 1] == x[(0 * 2 + 1) * 3 + 1]);  // n=0, c=1, h=0, w=1
+}
+
+TEST_CASE("Option-A shortcut gradients", "[layers][gradcheck]") {
+  LayerHarness h;
+  ShortcutA shortcut(h.ctx, 2, 2);
+  randomize(h, 14);
+  check_layer_gradients(shortcut, h, {2, 3, 5, 4}, random_vector(120, 15));
+}
+
+TEST_CASE("Residual basic block gradients, all shortcut kinds", "[layers][gradcheck]") {
+  struct Case { const char* name; int64_t in, planes, stride; Shortcut sc; };
+  const Case cases[] = {{"identity", 4, 4, 1, Shortcut::kIdentity},
+                        {"option A", 4, 8, 2, Shortcut::kOptionA},
+                        {"projection", 4, 6, 2, Shortcut::kProjection}};
+  for (const auto& c : cases) {
+    SECTION(c.name) {
+      LayerHarness h;
+      BasicBlock block(h.ctx, "block", c.in, c.planes, c.stride, c.sc);
+      randomize(h, 16);
+      GradCheckOptions opt;
+      opt.h = 1e-3;
+      opt.atol = 2e-3;
+      opt.max_checks_per_tensor = 24;
+      check_layer_gradients(block, h, {3, c.in, 4, 4}, random_vector(3 * c.in * 16, 17), opt);
+    }
+  }
+}
+
+TEST_CASE("Softmax cross-entropy: value and gradient", "[layers][gradcheck]") {
+  const int64_t n = 3, k = 5;
+  std::vector<float> z = random_vector(n * k, 18, 2.f);
+  std::vector<int32_t> labels{4, 0, 2};
+  for (float smoothing : {0.f, 0.1f}) {
+    std::vector<float> dz(n * k);
+    Backend& be = cpu_backend();
+    be.softmax_cross_entropy(n, k, z.data(), labels.data(), smoothing, dz.data(), nullptr);
+    for (int64_t i = 0; i < n * k; ++i) {
+      const float saved = z[i];
+      const double h = 1e-2;
+      z[i] = saved + h;
+      const double plus = be.softmax_cross_entropy(n, k, z.data(), labels.data(), smoothing, nullptr, nullptr);
+      z[i] = saved - h;
+      const double minus = be.softmax_cross_entropy(n, k, z.data(), labels.data(), smoothing, nullptr, nullptr);
+      z[i] = saved;
+      CHECK(dz[i] == Approx((plus - minus) / (2 * h)).margin(1e-4));
+    }
+  }
+}
