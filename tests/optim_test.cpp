@@ -213,7 +213,7 @@ TEST_CASE("clip_grad_norm matches torch.nn.utils.clip_grad_norm_", "[optim][clip
   }
 }
 
-TEST_CASE("clip_grad_norm with max_norm 0 only measures; the norm is thread-count independent",
+TEST_CASE("clip_grad_norm with max_norm 0 only measures and the norm is thread-count independent",
           "[optim][clip]") {
   std::vector<float> g = {3, 4};
   CHECK(clip_grad_norm(g.data(), 2, 0.0) == 5.0);

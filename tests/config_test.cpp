@@ -1,0 +1,245 @@
+// trainer/config: loading, validation, --set overrides, the resolved config.toml and the reference
+// documentation.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "trainer/config.h"
+#include "trainer/config_schema.h"
+
+using namespace trainer;
+
+namespace {
+
+Config parse(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  return parse_config(text, "configs/x.toml", overrides);
+}
+
+// The message of the ConfigError that parsing `text` throws ("" when it does not throw).
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse(text, overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("keys the file does not set keep their defaults", "[config]") {
+  CHECK(parse("") == Config{});
+  const Config c = parse("[optim]\nlr = 0.05\n\n[train]\nepochs = 3\n");
+  CHECK(c.optim.lr == 0.05);
+  CHECK(c.train.epochs == 3);
+  Config expected;
+  expected.optim.lr = 0.05;
+  expected.train.epochs = 3;
+  CHECK(c == expected);
+  CHECK(c.optim.milestones == std::vector<int64_t>{100, 150});
+  CHECK(c.model.arch == "resnet20");
+  CHECK(output_dir(c) == "runs/quickstart");
+  CHECK(output_dir(parse("[experiment]\noutput_dir = \"/tmp/r\"\n")) == "/tmp/r");
+  // Dotted keys and inline tables are the same TOML.
+  CHECK(parse("optim.lr = 0.05\ntrain = { epochs = 3 }\n") == expected);
+}
+
+TEST_CASE("unknown keys name the key and suggest the nearest one", "[config]") {
+  CHECK(error_of("[optim]\nlearning_rate = 0.1\n") ==
+        "configs/x.toml: unknown key 'optim.learning_rate' (did you mean 'optim.lr'?)");
+  CHECK(error_of("[optim]\nmomentun = 0.9\n") ==
+        "configs/x.toml: unknown key 'optim.momentun' (did you mean 'optim.momentum'?)");
+  // The last component is matched across sections.
+  CHECK(error_of("[train]\nlr = 0.1\n") == "configs/x.toml: unknown key 'train.lr' (did you mean 'optim.lr'?)");
+  CHECK(error_of("lr = 0.1\n") == "configs/x.toml: unknown key 'lr' (did you mean 'optim.lr'?)");
+  CHECK(error_of("[data]\nbatch = 64\n") ==
+        "configs/x.toml: unknown key 'data.batch' (did you mean 'data.batch_size'?)");
+  CHECK(error_of("[optim]\nwd = 0.1\n") ==
+        "configs/x.toml: unknown key 'optim.wd' (did you mean 'optim.weight_decay'?)");
+  // Nothing close: no suggestion.
+  CHECK(error_of("[optim]\nflux_capacitor = 1\n") == "configs/x.toml: unknown key 'optim.flux_capacitor'");
+  // A table where a key is expected, or nested below a key, is unknown too.
+  CHECK(error_of("[optim.adam]\nbeta1 = 0.9\n") == "configs/x.toml: unknown key 'optim.adam'");
+  // With several problems, the first in the file is reported.
+  CHECK(error_of("[train]\nzzz_b = 1\n[data]\nzzz_a = 1\n") == "configs/x.toml: unknown key 'train.zzz_b'");
+}
+
+TEST_CASE("unknown sections are errors", "[config]") {
+  CHECK(error_of("[optimizer]\nlr = 0.1\n") ==
+        "configs/x.toml: unknown section [optimizer] (did you mean [optim]?)");
+  CHECK(error_of("[trian]\nepochs = 1\n") == "configs/x.toml: unknown section [trian] (did you mean [train]?)");
+  CHECK(error_of("[logging]\nlevel = 1\n") == "configs/x.toml: unknown section [logging]");
+  CHECK(error_of("optim = 3\n") == "configs/x.toml: optim must be a table ([optim]), got integer 3");
+}
+
+TEST_CASE("values of the wrong type name the key and the expected type", "[config]") {
+  CHECK(error_of("[optim]\nlr = \"fast\"\n") == "configs/x.toml: optim.lr must be a number, got string \"fast\"");
+  CHECK(error_of("[train]\nepochs = 10.5\n") == "configs/x.toml: train.epochs must be an integer, got float 10.5");
+  CHECK(error_of("[train]\nepochs = 10.0\n") == "configs/x.toml: train.epochs must be an integer, got float 10.0");
+  CHECK(error_of("[data]\naugment = 1\n") == "configs/x.toml: data.augment must be true or false, got integer 1");
+  CHECK(error_of("[model]\narch = 20\n") == "configs/x.toml: model.arch must be a string, got integer 20");
+  CHECK(error_of("[optim]\nmilestones = [1, \"x\"]\n") ==
+        "configs/x.toml: optim.milestones must be an array of integers, got array [1, \"x\"]");
+  CHECK(error_of("[optim]\nmilestones = 100\n") ==
+        "configs/x.toml: optim.milestones must be an array of integers, got integer 100");
+  CHECK(error_of("[optim.lr]\nx = 1\n") == "configs/x.toml: optim.lr must be a number, got a table");
+  // Integers are accepted where numbers are expected.
+  CHECK(parse("[optim]\nlr = 1\n").optim.lr == 1.0);
+}
+
+TEST_CASE("values outside their range or choices are errors", "[config]") {
+  CHECK(error_of("[optim]\nmomentum = 1.5\n") == "configs/x.toml: optim.momentum = 1.5 is out of range [0, 1)");
+  CHECK(error_of("[optim]\nmomentum = 1\n") == "configs/x.toml: optim.momentum = 1.0 is out of range [0, 1)");
+  CHECK(parse("[optim]\nmomentum = 0\n").optim.momentum == 0.0);
+  CHECK(error_of("[train]\nepochs = 0\n") == "configs/x.toml: train.epochs = 0 is out of range [1, inf)");
+  CHECK(error_of("[optim]\ngamma = 0.0\n") == "configs/x.toml: optim.gamma = 0.0 is out of range (0, 1]");
+  CHECK(error_of("[optim]\nlr = nan\n") == "configs/x.toml: optim.lr = nan is out of range [0, 10]");
+  CHECK(error_of("[model]\nnum_classes = 1\n") == "configs/x.toml: model.num_classes = 1 is out of range [2, 1000000]");
+  CHECK(error_of("[optim]\nmilestones = [10, -1]\n") ==
+        "configs/x.toml: optim.milestones element -1 is out of range [0, inf)");
+  CHECK(error_of("[model]\narch = \"resnet21\"\n") ==
+        "configs/x.toml: model.arch = \"resnet21\" is not one of resnet20, resnet32, resnet56, resnet18, "
+        "vgg16 (did you mean \"resnet20\"?)");
+  CHECK(error_of("[optim]\nschedule = \"step\"\n") ==
+        "configs/x.toml: optim.schedule = \"step\" is not one of constant, multistep, cosine, exponential");
+}
+
+TEST_CASE("rules across keys", "[config]") {
+  CHECK(error_of("[optim]\nmilestones = [150, 100]\n") ==
+        "configs/x.toml: optim.milestones = [150, 100] must be in increasing order");
+  CHECK(error_of("[optim]\nmomentum = 0.0\nnesterov = true\n") ==
+        "configs/x.toml: optim.nesterov = true needs optim.momentum > 0");
+  // The source that set one of the keys last is blamed.
+  CHECK(error_of("[optim]\nnesterov = true\n", {"optim.momentum=0"}) ==
+        "--set optim.momentum=0: optim.nesterov = true needs optim.momentum > 0");
+  CHECK(error_of("[optim]\nschedule = \"cosine\"\nmin_lr = 0.5\n") ==
+        "configs/x.toml: optim.min_lr = 0.5 is above optim.lr = 0.1 (the cosine schedule decays from lr to "
+        "min_lr)");
+  CHECK(error_of("[experiment]\nname = \"\"\n") == "configs/x.toml: experiment.name must not be empty");
+}
+
+TEST_CASE("overrides are typed and beat the file in order", "[config]") {
+  const Config c = parse("[optim]\nlr = 0.05\nmomentum = 0.8\n",
+                         {"optim.lr=0.2", "train.epochs=7", "optim.nesterov=true", "model.arch=resnet56",
+                          "experiment.name=\"quoted name\"", "optim.milestones=[3, 5]",
+                          "optim.weight_decay=0", "experiment.output_dir = out/x", "experiment.seed=123",
+                          "train.epochs=9", "data.root="});
+  CHECK(c.optim.lr == 0.2);         // --set beats the file
+  CHECK(c.optim.momentum == 0.8);   // the file beats the default
+  CHECK(c.train.epochs == 9);       // a later --set beats an earlier one
+  CHECK(c.optim.nesterov);
+  CHECK(c.model.arch == "resnet56");                // bare string
+  CHECK(c.experiment.name == "quoted name");        // quoted string
+  CHECK(c.optim.milestones == std::vector<int64_t>{3, 5});
+  CHECK(c.optim.weight_decay == 0.0);               // an integer for a number
+  CHECK(c.experiment.output_dir == "out/x");        // spaces around '=' are trimmed
+  CHECK(c.experiment.seed == 123);
+  CHECK(c.data.root.empty());
+  // A string key takes digits as text.
+  CHECK(parse("", {"experiment.name=123"}).experiment.name == "123");
+  CHECK(parse("", {"optim.lr=1e-3"}).optim.lr == 1e-3);
+}
+
+TEST_CASE("override errors name the --set argument", "[config]") {
+  CHECK(error_of("", {"optim.lr=abc"}) == "--set optim.lr=abc: optim.lr must be a number, got string \"abc\"");
+  CHECK(error_of("", {"foo"}) == "--set foo: expected key.path=value");
+  CHECK(error_of("", {"=3"}) == "--set =3: expected key.path=value");
+  CHECK(error_of("", {"optim.learning_rate=0.1"}) ==
+        "--set optim.learning_rate=0.1: unknown key 'optim.learning_rate' (did you mean 'optim.lr'?)");
+  CHECK(error_of("", {"nosuch.key=1"}) == "--set nosuch.key=1: unknown key 'nosuch.key'");
+  CHECK(error_of("", {"optim.momentum=1.5"}) == "--set optim.momentum=1.5: optim.momentum = 1.5 is out of range [0, 1)");
+  CHECK(error_of("", {"train.epochs=2.5"}) == "--set train.epochs=2.5: train.epochs must be an integer, got float 2.5");
+  CHECK(error_of("", {"data.augment=yes"}) == "--set data.augment=yes: data.augment must be true or false, got string \"yes\"");
+  CHECK(error_of("", {"optim.milestones=[1,2"}) ==
+        "--set optim.milestones=[1,2: optim.milestones must be an array of integers, got string \"[1,2\"");
+  // An override replaces the file's value before values are read, so a bad value it replaces is
+  // never looked at.
+  CHECK(parse("[optim]\nlr = \"x\"\n", {"optim.lr=0.1"}).optim.lr == 0.1);
+}
+
+TEST_CASE("TOML syntax errors report file:line:column", "[config]") {
+  const std::string e = error_of("[optim]\nlr = 0.1\nmomentum = = 0.9\n");
+  INFO(e);
+  CHECK(e.rfind("configs/x.toml:3:", 0) == 0);
+  CHECK(e.find('\n') == std::string::npos);
+  CHECK(e.size() > std::string("configs/x.toml:3:1: ").size());
+  const std::string dup = error_of("[optim]\nlr = 0.1\nlr = 0.2\n");
+  INFO(dup);
+  CHECK(dup.rfind("configs/x.toml:3:", 0) == 0);
+}
+
+TEST_CASE("load_config reads files and reports missing ones", "[config]") {
+  CHECK_THROWS_WITH(load_config("configs/does_not_exist.toml"), "configs/does_not_exist.toml: cannot open file");
+  CHECK_THROWS_WITH(load_config(TRAINER_SOURCE_DIR "/tests"),
+                    Catch::StartsWith(TRAINER_SOURCE_DIR "/tests: cannot open file"));
+  const std::string path = "config_test_tmp.toml";
+  {
+    std::ofstream out(path);
+    out << "[train]\nepochs = 5\n";
+  }
+  CHECK(load_config(path, {"train.max_steps=10"}).train.epochs == 5);
+  CHECK(load_config(path, {"train.max_steps=10"}).train.max_steps == 10);
+  std::remove(path.c_str());
+  CHECK(load_config("", {"optim.lr=0.3"}).optim.lr == 0.3);
+}
+
+TEST_CASE("to_toml round-trips every value", "[config]") {
+  CHECK(parse(to_toml(Config{})) == Config{});
+  Config c;
+  c.experiment.name = "odd \"name\" with \\ and\ttab and ünïcode";
+  c.experiment.seed = 42;
+  c.experiment.output_dir = "/tmp/some dir";
+  c.model.arch = "vgg16";
+  c.model.label_smoothing = 0.1 + 0.2;  // not representable briefly: needs all 17 digits
+  c.data.synthesize_if_missing = true;
+  c.data.batch_size = 32;
+  c.optim.lr = 1.0;                       // integral double
+  c.optim.gamma = 1.0 / 1.01;
+  c.optim.weight_decay = 1e-7;
+  c.optim.milestones = {};
+  c.optim.schedule = "exponential";
+  c.optim.nesterov = true;
+  c.train.max_steps = 123456789012345;
+  c.runtime.deterministic = true;
+  const std::string text = to_toml(c);
+  INFO(text);
+  const Config back = parse(text);
+  CHECK(back == c);
+  CHECK(back.experiment.name == c.experiment.name);
+  CHECK(back.model.label_smoothing == c.model.label_smoothing);
+  CHECK(config_hash(back) == config_hash(c));
+  CHECK(config_hash(c) != config_hash(Config{}));
+  CHECK(c != Config{});
+  // Every key appears, with its documentation above it.
+  for (const auto& k : config_schema::keys()) {
+    const std::string name = k.path.substr(k.section.size() + 1);
+    CHECK(text.find("\n" + name + " = ") != std::string::npos);
+  }
+  CHECK(text.find("# Base learning rate, before the schedule and warmup.\n# Allowed: [0, 10]\nlr = 1.0\n") !=
+        std::string::npos);
+}
+
+TEST_CASE("the key table is consistent", "[config]") {
+  const auto& keys = config_schema::keys();
+  CHECK(keys.size() > 30);
+  CHECK(config_schema::sections().size() == 6);
+  CHECK(config_schema::find_key("optim.lr") != nullptr);
+  CHECK(config_schema::find_key("optim.lr")->type == config_schema::Type::kFloat);
+  CHECK(config_schema::find_key("optim") == nullptr);
+  for (const auto& k : keys) {
+    INFO(k.path);
+    CHECK(!k.doc.empty());
+    CHECK(k.doc.back() == '.');
+  }
+}
+
+TEST_CASE("docs/config.md is generated from the key list", "[config]") {
+  const std::string expected = config_reference_markdown();
+  std::ifstream in(TRAINER_SOURCE_DIR "/docs/config.md", std::ios::binary);
+  std::stringstream actual;
+  actual << in.rdbuf();
+  INFO("docs/config.md is out of date: regenerate it with `trainer --config-reference > docs/config.md`");
+  CHECK(actual.str() == expected);
+}

@@ -1,0 +1,122 @@
+// The experiment configuration: one TOML file (plus --set overrides) -> one validated Config.
+//
+// Every key is listed exactly once, with its documentation and allowed values, in visit_config()
+// (trainer/config_schema.h); loading, validation, --set overrides, the resolved config.toml, the
+// reference documentation (docs/config.md) and key suggestions are all derived from that list.
+// Defaults are the member initializers below.
+//
+// To add a key: a member here with its default, and one v.key(...) line in visit_config().
+// To add a section: a struct here, a member of Config, and its lines in visit_config().
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace trainer {
+
+// The closed sets of names some keys accept, kept once so that validation, the documentation and
+// the factories that build these things agree. A new model, dataset or schedule adds its name here.
+inline const std::vector<std::string> kModelArchs = {"resnet20", "resnet32", "resnet56", "resnet18",
+                                                     "vgg16"};
+inline const std::vector<std::string> kDatasets = {"cifar10"};
+inline const std::vector<std::string> kOptimizers = {"sgd"};
+inline const std::vector<std::string> kSchedules = {"constant", "multistep", "cosine", "exponential"};
+
+struct ExperimentConfig {
+  std::string name = "quickstart";
+  int64_t seed = 0;
+  std::string output_dir;  // empty: runs/<name>; use output_dir(config) for the resolved folder
+};
+
+struct ModelConfig {
+  std::string arch = "resnet20";
+  int64_t num_classes = 10;
+  double label_smoothing = 0.0;
+};
+
+struct DataConfig {
+  std::string dataset = "cifar10";
+  std::string root = "datasets/synthetic_cifar10";
+  bool synthesize_if_missing = false;
+  int64_t synthetic_train_size = 20000;
+  int64_t synthetic_test_size = 2000;
+  int64_t synthetic_seed = 1234;
+  int64_t batch_size = 128;  // per process
+  int64_t eval_batch_size = 500;
+  bool augment = true;
+  int64_t loader_threads = 2;
+};
+
+struct OptimConfig {
+  std::string name = "sgd";
+  double lr = 0.1;
+  double momentum = 0.9;
+  bool nesterov = false;
+  double weight_decay = 5e-4;
+  bool decoupled_weight_decay = false;
+  double grad_clip_norm = 0.0;  // 0: off
+  std::string schedule = "multistep";
+  std::vector<int64_t> milestones = {100, 150};  // epochs
+  double gamma = 0.1;
+  double min_lr = 0.0;
+  int64_t warmup_steps = 0;
+};
+
+struct TrainConfig {
+  int64_t epochs = 200;
+  int64_t max_steps = 0;  // 0: no limit
+  int64_t log_every_steps = 20;
+  int64_t eval_every_steps = 0;  // 0: at the end of each epoch
+};
+
+struct RuntimeConfig {
+  int64_t threads = 0;  // 0: hardware cores / ranks on this node
+  bool deterministic = false;
+};
+
+struct Config {
+  ExperimentConfig experiment;
+  ModelConfig model;
+  DataConfig data;
+  OptimConfig optim;
+  TrainConfig train;
+  RuntimeConfig runtime;
+};
+
+// Every bad input is a ConfigError whose message is one line naming where the value came from (the
+// file, or the --set argument) and the key, e.g.
+//   configs/x.toml: unknown key 'optim.learning_rate' (did you mean 'optim.lr'?)
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Reads the TOML file at `path`, applies `overrides` ("key.path=value" strings from --set, in
+// order, each beating the file and the ones before it), validates, and returns the result. Keys the
+// file does not set keep their defaults. An empty path means "defaults plus overrides".
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The same from TOML text already in memory; source_name is what error messages call it.
+Config parse_config(const std::string& toml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides = {});
+
+// The resolved config as TOML: every key, by section, each with its documentation as a comment.
+// parse_config(to_toml(c), ...) == c.
+std::string to_toml(const Config& config);
+
+// The reference documentation (docs/config.md): one Markdown table per section.
+std::string config_reference_markdown();
+
+// FNV-1a 64 of the resolved values (to_toml without the comments, so improving a key's
+// documentation does not invalidate checkpoints). Equal configs hash equally.
+uint64_t config_hash(const Config& config);
+
+// experiment.output_dir, or runs/<experiment.name> when it is empty.
+std::string output_dir(const Config& config);
+
+bool operator==(const Config& a, const Config& b);
+inline bool operator!=(const Config& a, const Config& b) { return !(a == b); }
+
+}  // namespace trainer

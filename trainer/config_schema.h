@@ -1,0 +1,181 @@
+// The list of every configuration key: visit_config(), plus the small vocabulary it is written in
+// (value types, ranges, choices) and the key table derived from it.
+//
+// visit_config() calls, in order, v.section(name, doc) once per section and
+//     v.key(path, field, doc, allowed)
+// once per key, where field is a reference into the Config (const when the Config is) and allowed
+// is a Range, a list of choices, or nothing. Loading, validation, writing, documentation, equality
+// and suggestions are visitors over this one function (trainer/config.cpp, config_write.cpp).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+#include "trainer/config.h"
+
+namespace trainer::config_schema {
+
+// An interval of allowed numbers; for arrays it applies to every element.
+struct Range {
+  double lo = -std::numeric_limits<double>::infinity();
+  double hi = std::numeric_limits<double>::infinity();
+  bool lo_open = false;
+  bool hi_open = false;
+  bool contains(double x) const {  // false for NaN
+    return (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
+  }
+};
+inline Range closed(double lo, double hi) { return {lo, hi, false, false}; }       // [lo, hi]
+inline Range closed_open(double lo, double hi) { return {lo, hi, false, true}; }   // [lo, hi)
+inline Range open_closed(double lo, double hi) { return {lo, hi, true, false}; }   // (lo, hi]
+inline Range at_least(double lo) { return {lo, std::numeric_limits<double>::infinity(), false, true}; }
+
+// What a key accepts beyond its type: a numeric range or a closed list of names (or nothing).
+struct Allowed {
+  Allowed() = default;
+  Allowed(Range r) : range(r) {}
+  Allowed(std::vector<std::string> names) : choices(std::move(names)) {}
+  std::optional<Range> range;
+  std::vector<std::string> choices;
+};
+
+// The value types keys can have, in one variant so that the key table can hold defaults.
+using Value = std::variant<std::string, bool, int64_t, double, std::vector<int64_t>, std::vector<double>>;
+enum class Type { kString, kBool, kInt, kFloat, kIntArray, kFloatArray };  // same order as Value
+
+template <class T>
+constexpr Type type_of() {
+  using U = std::remove_const_t<T>;
+  if constexpr (std::is_same_v<U, std::string>) return Type::kString;
+  else if constexpr (std::is_same_v<U, bool>) return Type::kBool;
+  else if constexpr (std::is_same_v<U, int64_t>) return Type::kInt;
+  else if constexpr (std::is_same_v<U, double>) return Type::kFloat;
+  else if constexpr (std::is_same_v<U, std::vector<int64_t>>) return Type::kIntArray;
+  else {
+    static_assert(std::is_same_v<U, std::vector<double>>, "unsupported config value type");
+    return Type::kFloatArray;
+  }
+}
+
+template <class Cfg, class Visitor>
+void visit_config(Cfg& c, Visitor& v) {
+  static_assert(std::is_same_v<std::remove_const_t<Cfg>, Config>);
+
+  v.section("experiment", "Naming, seeding and where outputs go.");
+  v.key("experiment.name", c.experiment.name, "Run name; the default output folder is runs/<name>.");
+  v.key("experiment.seed", c.experiment.seed,
+        "Seed of the run's random streams (weight initialization, data order, augmentation).",
+        at_least(0));
+  v.key("experiment.output_dir", c.experiment.output_dir,
+        "Folder for config.toml, metrics, communication logs and checkpoints; empty means "
+        "runs/<experiment.name>.");
+
+  v.section("model", "The network to train.");
+  v.key("model.arch", c.model.arch, "Network architecture (layers as in DESIGN.md, section 5).",
+        kModelArchs);
+  v.key("model.num_classes", c.model.num_classes, "Number of output classes.", closed(2, 1e6));
+  v.key("model.label_smoothing", c.model.label_smoothing,
+        "Label smoothing of the cross-entropy targets, as in PyTorch's CrossEntropyLoss (0 = none).",
+        closed_open(0, 1));
+
+  v.section("data", "The dataset and the input pipeline.");
+  v.key("data.dataset", c.data.dataset, "Dataset format read from data.root.", kDatasets);
+  v.key("data.root", c.data.root,
+        "Folder holding the dataset (cifar10: data_batch_1..5.bin and test_batch.bin).");
+  v.key("data.synthesize_if_missing", c.data.synthesize_if_missing,
+        "When data.root holds no dataset, generate the synthetic one there first (sizes and seed "
+        "below) instead of failing.");
+  v.key("data.synthetic_train_size", c.data.synthetic_train_size,
+        "Training examples the synthetic generator writes.", at_least(1));
+  v.key("data.synthetic_test_size", c.data.synthetic_test_size,
+        "Test examples the synthetic generator writes.", at_least(1));
+  v.key("data.synthetic_seed", c.data.synthetic_seed,
+        "Seed of the synthetic generator, separate from experiment.seed so the data stays the same "
+        "across runs.",
+        at_least(0));
+  v.key("data.batch_size", c.data.batch_size,
+        "Training examples per step on each process; the global batch is this times the number of "
+        "processes.",
+        closed(1, 65536));
+  v.key("data.eval_batch_size", c.data.eval_batch_size, "Examples per forward pass in evaluation.",
+        closed(1, 65536));
+  v.key("data.augment", c.data.augment,
+        "Augment training examples (cifar10: random crop with 4-pixel padding, horizontal flip).");
+  v.key("data.loader_threads", c.data.loader_threads,
+        "Background threads that read and augment batches.", closed(1, 64));
+
+  v.section("optim", "Optimizer, learning-rate schedule and gradient clipping.");
+  v.key("optim.name", c.optim.name, "Optimizer.", kOptimizers);
+  v.key("optim.lr", c.optim.lr, "Base learning rate, before the schedule and warmup.", closed(0, 10));
+  v.key("optim.momentum", c.optim.momentum, "Momentum factor (0 = plain SGD).", closed_open(0, 1));
+  v.key("optim.nesterov", c.optim.nesterov, "Nesterov momentum (needs optim.momentum > 0).");
+  v.key("optim.weight_decay", c.optim.weight_decay, "Weight decay factor (0 = none).", closed(0, 1));
+  v.key("optim.decoupled_weight_decay", c.optim.decoupled_weight_decay,
+        "false: L2 decay added to the gradient, as torch.optim.SGD; true: decay applied to the "
+        "weights directly, outside momentum, as SGDW/AdamW.");
+  v.key("optim.grad_clip_norm", c.optim.grad_clip_norm,
+        "Clip the global L2 norm of the averaged gradient to this value (0 = no clipping).",
+        at_least(0));
+  v.key("optim.schedule", c.optim.schedule,
+        "Learning-rate schedule: constant; multistep (times gamma at each milestone epoch); cosine "
+        "(lr to min_lr over the run, per step); exponential (times gamma every epoch).",
+        kSchedules);
+  v.key("optim.milestones", c.optim.milestones,
+        "multistep: epochs at which the rate is multiplied by gamma, in increasing order.",
+        at_least(0));
+  v.key("optim.gamma", c.optim.gamma,
+        "multistep: factor at each milestone; exponential: factor per epoch (1/1.01 divides the rate "
+        "by 1.01 each epoch).",
+        open_closed(0, 1));
+  v.key("optim.min_lr", c.optim.min_lr, "cosine: the rate at the end of the run.", closed(0, 10));
+  v.key("optim.warmup_steps", c.optim.warmup_steps,
+        "Linear warmup: over the first N steps the rate ramps from 1/N of the scheduled rate to all "
+        "of it (0 = none).",
+        at_least(0));
+
+  v.section("train", "Length of the run, logging and evaluation.");
+  v.key("train.epochs", c.train.epochs, "Passes over the training set.", at_least(1));
+  v.key("train.max_steps", c.train.max_steps,
+        "Stop after this many optimizer steps even if epochs remain (0 = no limit).", at_least(0));
+  v.key("train.log_every_steps", c.train.log_every_steps, "Write a metrics record every N steps.",
+        at_least(1));
+  v.key("train.eval_every_steps", c.train.eval_every_steps,
+        "Evaluate on the test split every N steps (0 = at the end of each epoch).", at_least(0));
+
+  v.section("runtime", "Threads and determinism.");
+  v.key("runtime.threads", c.runtime.threads,
+        "Compute threads per process (0 = the machine's cores divided by the processes on this "
+        "node).",
+        closed(0, 4096));
+  v.key("runtime.deterministic", c.runtime.deterministic,
+        "Use only deterministic algorithms, so a run repeats bit for bit (possibly slower).");
+}
+
+// One row of the key table: everything visit_config() says about a key, with its default.
+struct KeyInfo {
+  std::string path;     // "optim.lr"
+  std::string section;  // "optim"
+  Type type;
+  std::string doc;
+  Allowed allowed;
+  Value default_value;
+};
+struct SectionInfo {
+  std::string name;
+  std::string doc;
+};
+const std::vector<KeyInfo>& keys();  // in visit_config() order
+const std::vector<SectionInfo>& sections();
+const KeyInfo* find_key(const std::string& path);  // nullptr when unknown
+
+// Text forms shared by error messages, the TOML writer and the documentation.
+std::string toml_literal(const Value& v);  // as written in TOML: "a\"b", 0.1, [100, 150]
+std::string type_name(Type t);             // "string", "integer", "array of integers", ...
+std::string describe(const Range& r);      // "[0, 1)", "[1, inf)"
+
+}  // namespace trainer::config_schema
