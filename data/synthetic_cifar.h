@@ -1,0 +1,32 @@
+// A synthetic, learnable stand-in for CIFAR-10, written in the exact binary format.
+//
+// The pipeline (reader, loader, trainer, quickstart) must run and be tested without a download, on
+// data that a ResNet actually has to learn: ten classes that differ by shape and texture (disc,
+// square, triangle, cross, ring, horizontal stripes, vertical stripes, checker, diagonal stripes,
+// two blobs), drawn with a class-typical but jittered and often random colour, at random position,
+// size and rotation, over random backgrounds (colour, gradient, blotches), with a distractor blob and
+// pixel noise. No pixel or global colour statistic separates the classes.
+//
+// Every image comes from its own generator seeded by (seed, split, index), so the bytes depend only
+// on the arguments: not on thread count, and not on the standard library (the uniform and normal
+// transforms are our own; std::normal_distribution differs between libstdc++ and libc++).
+// scripts/calibrate_synthetic_cifar.py measures how hard the result is for a PyTorch ResNet.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace trainer::data {
+
+// The class names, index = label.
+extern const char* const kSyntheticCifarClasses[10];
+
+// Writes data_batch_1..5.bin (the n_train training records split as evenly as possible over the
+// five files), test_batch.bin (n_test records) and README.txt into dir, creating it. Labels are
+// balanced (each class count differs by at most one). Each file is written to a temporary name and
+// renamed, so an interrupted run never leaves a half-written file under a final name.
+// Requires n_train >= 5 (no file may be empty) and n_test >= 1; throws std::invalid_argument or,
+// for file-system errors, std::runtime_error naming the path.
+void write_synthetic_cifar10(const std::string& dir, int64_t n_train, int64_t n_test, uint64_t seed);
+
+}  // namespace trainer::data
