@@ -1,0 +1,139 @@
+// End-to-end tests of the trainer program: what a user sees for good and bad input.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "data/synthetic_cifar.h"
+
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+
+namespace {
+
+struct Outcome {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+Outcome run_trainer(const std::string& args) {
+  const std::string cmd = std::string(TRAINER_BINARY) + " " + args + " 2>&1";
+  std::FILE* pipe = popen(cmd.c_str(), "r");
+  REQUIRE(pipe);
+  Outcome o;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, pipe)) o.output += buf;
+  const int status = pclose(pipe);
+  o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return o;
+}
+
+// A fresh folder under the system temp dir, removed at scope exit.
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& name) : path(fs::temp_directory_path() / ("trainer_e2e_" + name)) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+std::string write_file(const fs::path& path, const std::string& text) {
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+// A dataset small enough for seconds of training; made once per test binary run.
+const fs::path& tiny_dataset() {
+  static TempDir dir("tiny_cifar");
+  static bool made = false;
+  if (!made) {
+    trainer::data::write_synthetic_cifar10(dir.path.string(), 2560, 500, 7);
+    made = true;
+  }
+  return dir.path;
+}
+
+}  // namespace
+
+TEST_CASE("Unknown config key is one clear error with a suggestion", "[e2e]") {
+  TempDir dir("unknown_key");
+  const auto cfg = write_file(dir.path / "x.toml", "[optim]\nlearning_rate = 0.1\n");
+  const Outcome o = run_trainer("--config " + cfg + " --dry-run");
+  CHECK(o.exit_code != 0);
+  CHECK_THAT(o.output, Contains("unknown key 'optim.learning_rate'") && Contains("did you mean 'optim.lr'"));
+  CHECK_THAT(o.output, Contains(cfg));
+}
+
+TEST_CASE("Wrong type and out-of-range values name the key", "[e2e]") {
+  TempDir dir("bad_values");
+  const auto cfg = write_file(dir.path / "x.toml", "[optim]\nmomentum = 1.5\n");
+  Outcome o = run_trainer("--config " + cfg + " --dry-run");
+  CHECK(o.exit_code != 0);
+  CHECK_THAT(o.output, Contains("optim.momentum") && Contains("out of range"));
+  o = run_trainer("--config " + cfg + " --set optim.momentum=0.9 --set train.epochs=abc --dry-run");
+  CHECK(o.exit_code != 0);
+  CHECK_THAT(o.output, Contains("train.epochs"));
+}
+
+TEST_CASE("Dry run prints the model's parameter count and gradient size", "[e2e]") {
+  const Outcome o = run_trainer("--config " + std::string(TRAINER_SOURCE_DIR) +
+                                "/configs/cifar10_resnet20.toml --dry-run");
+  INFO(o.output);
+  CHECK(o.exit_code == 0);
+  CHECK_THAT(o.output, Contains("269722 parameters"));
+  CHECK_THAT(o.output, Contains("1078888 bytes"));
+}
+
+TEST_CASE("A truncated CIFAR file stops the run with one line naming it", "[e2e]") {
+  TempDir dir("truncated");
+  trainer::data::write_synthetic_cifar10(dir.path.string(), 200, 50, 1);
+  fs::resize_file(dir.path / "data_batch_3.bin", 3073 * 10 + 17);
+  const auto cfg = write_file(dir.path / "x.toml", "[data]\nroot = \"" + dir.path.string() + "\"\n");
+  const Outcome o = run_trainer("--config " + cfg + " --set experiment.output_dir=" + (dir.path / "out").string());
+  CHECK(o.exit_code != 0);
+  CHECK_THAT(o.output, Contains("data_batch_3.bin") && Contains("3073"));
+}
+
+TEST_CASE("A short run learns: test accuracy far above chance, outputs in place", "[e2e]") {
+  TempDir out("short_run");
+  const std::string args = "--config " + std::string(TRAINER_SOURCE_DIR) + "/configs/quickstart_cifar.toml" +
+                           " --set data.root=" + tiny_dataset().string() +
+                           " --set data.synthesize_if_missing=false --set data.batch_size=64" +
+                           " --set train.epochs=3 --set train.log_every_steps=10 --set optim.warmup_steps=10" +
+                           " --set experiment.output_dir=" + out.path.string();
+  const Outcome o = run_trainer(args);
+  INFO(o.output);
+  REQUIRE(o.exit_code == 0);
+  REQUIRE(fs::exists(out.path / "config.toml"));
+  REQUIRE(fs::exists(out.path / "summary.json"));
+  nlohmann::json summary;
+  std::ifstream(out.path / "summary.json") >> summary;
+  CHECK(summary["final_accuracy"].get<double>() > 0.4);  // chance is 0.1
+
+  // metrics.jsonl: step records with the documented fields, and eval records.
+  std::ifstream metrics(out.path / "metrics.jsonl");
+  std::string line;
+  int steps = 0, evals = 0;
+  while (std::getline(metrics, line)) {
+    auto r = nlohmann::json::parse(line);
+    if (r.contains("split")) {
+      ++evals;
+      CHECK(r.contains("accuracy"));
+    } else {
+      ++steps;
+      for (const char* key : {"step", "epoch", "time_s", "loss", "lr", "samples_per_s", "t_data_ms", "t_compute_ms",
+                              "t_sync_ms", "t_optim_ms", "bytes_sent", "phase"})
+        CHECK(r.contains(key));
+    }
+  }
+  CHECK(steps == 12);  // 3 epochs x 40 steps, one record per 10 steps
+  CHECK(evals == 3);   // one per epoch
+}
