@@ -4,12 +4,15 @@
 // shape: they cache the library's primitives, reordered weights and workspaces, so a training step
 // allocates nothing. Stateless ops (GEMM, element-wise loops, the loss) are plain methods.
 // All pointers are device pointers of this backend (host memory for the CPU backend); layouts follow
-// models/tensor.h: activations channels-last, weights as in PyTorch.
+// models/tensor.h. The backend chooses the layout of every activation a convolution produces
+// (activation_layout); the other ops keep the layout they are given.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+
+#include "models/tensor.h"
 
 namespace trainer::models {
 
@@ -18,6 +21,7 @@ struct ConvGeometry {
   int64_t out_channels = 0, kernel_h = 0, kernel_w = 0;
   int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
   bool bias = false;
+  Layout src_layout = Layout::kChannelsLast, dst_layout = Layout::kChannelsLast;
   int64_t out_h() const { return (in_h + 2 * pad_h - kernel_h) / stride_h + 1; }
   int64_t out_w() const { return (in_w + 2 * pad_w - kernel_w) / stride_w + 1; }
   bool operator==(const ConvGeometry& o) const;
@@ -39,6 +43,7 @@ struct BatchNormGeometry {
   int64_t batch = 0, channels = 0, h = 1, w = 1;
   float eps = 1e-5f;
   bool fuse_relu = false;  // y = relu(bn(x)); backward then takes the gradient of the ReLU output
+  Layout layout = Layout::kChannelsLast;
   bool operator==(const BatchNormGeometry& o) const;
 };
 
@@ -62,6 +67,7 @@ struct PoolGeometry {
   int64_t batch = 0, channels = 0, in_h = 0, in_w = 0;
   int64_t kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
   PoolKind kind = PoolKind::kMax;
+  Layout layout = Layout::kChannelsLast;
   int64_t out_h() const { return (in_h + 2 * pad_h - kernel_h) / stride_h + 1; }
   int64_t out_w() const { return (in_w + 2 * pad_w - kernel_w) / stride_w + 1; }
   bool operator==(const PoolGeometry& o) const;
@@ -79,6 +85,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // The layout convolutions write for an output of `channels` channels.
+  virtual Layout activation_layout(int64_t channels) const = 0;
 
   virtual std::unique_ptr<ConvOp> make_conv(const ConvGeometry& g) = 0;
   virtual std::unique_ptr<BatchNormOp> make_batchnorm(const BatchNormGeometry& g) = 0;
@@ -100,17 +108,14 @@ class Backend {
   virtual void copy(int64_t n, const float* x, float* y) = 0;
 
   // Option-A shortcut of CIFAR ResNets: spatial subsampling by `stride`, then `pad` zero channels
-  // on each side (in_channels + 2*pad out). Backward keeps the gradient of the data channels.
-  virtual void shortcut_a_forward(int64_t batch, int64_t channels, int64_t h, int64_t w,
-                                  int64_t stride, int64_t pad, const float* x, float* y) = 0;
-  virtual void shortcut_a_backward(int64_t batch, int64_t channels, int64_t h, int64_t w,
-                                   int64_t stride, int64_t pad, const float* dy, float* dx) = 0;
+  // on each side (x.dim(1) + 2*pad out, in layout y.layout). Backward keeps the gradient of the
+  // data channels. The tensors carry shapes and layouts; y/dx must be sized by the caller.
+  virtual void shortcut_a_forward(const Tensor& x, int64_t stride, int64_t pad, Tensor& y) = 0;
+  virtual void shortcut_a_backward(const Tensor& dy, int64_t stride, int64_t pad, Tensor& dx) = 0;
 
-  // Channels-last {N, H, W, C} <-> PyTorch's flatten order {N, C*H*W}.
-  virtual void nhwc_to_nchw(int64_t batch, int64_t channels, int64_t h, int64_t w, const float* x,
-                            float* y) = 0;
-  virtual void nchw_to_nhwc(int64_t batch, int64_t channels, int64_t h, int64_t w, const float* x,
-                            float* y) = 0;
+  // PyTorch's NCHW order (what its flatten and its tensors see) <-> a tensor in any layout.
+  virtual void to_nchw(const Tensor& x, float* y) = 0;
+  virtual void from_nchw(const float* x, Tensor& y) = 0;
 
   // Mean softmax cross-entropy over the batch with label smoothing `smoothing` (PyTorch's
   // definition: target = (1 - s) * one_hot + s / classes). Writes dlogits (gradient of the mean

@@ -1,11 +1,11 @@
 // Tensors are views: a pointer into storage someone else owns, plus a logical shape.
 //
-// Layout conventions (the whole engine keeps to them, so no layer has to ask):
-// - image activations have logical shape {N, C, H, W} and are stored channels-last (NHWC), the layout
-//   oneDNN's and cuDNN's fastest kernels read without reorders and the layout custom loops
-//   (channel padding, per-channel statistics) walk with unit stride;
+// Layout conventions:
+// - image activations have logical shape {N, C, H, W}; their memory layout is a property of the
+//   tensor (Layout below), chosen by the backend per channel count. Inputs arrive channels-last.
 // - convolution weights are stored {O, I, KH, KW} as in PyTorch, so checkpoints interchange;
 // - linear weights are {out, in} as in PyTorch; 2-D activations are {N, features} row-major.
+// A gradient always has the layout of the tensor it is the gradient of.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +18,13 @@ namespace trainer::models {
 
 using Shape = std::vector<int64_t>;
 
+// Memory layouts of {N, C, H, W} activations (2-D tensors are always row-major).
+//  - kChannelsLast: NHWC, for inputs and channel counts that are not a multiple of 16;
+//  - kBlocked16: oneDNN's nChw16c (channels in blocks of 16, the block innermost), which its
+//    fastest CPU kernels (Winograd among them) want; used only when C is a multiple of 16, so
+//    there is never padding and numel() is the storage size in both layouts.
+enum class Layout : uint8_t { kChannelsLast, kBlocked16 };
+
 inline int64_t numel(const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -29,6 +36,7 @@ std::string shape_string(const Shape& shape);
 struct Tensor {
   float* data = nullptr;
   Shape shape;
+  Layout layout = Layout::kChannelsLast;
 
   int64_t numel() const { return models::numel(shape); }
   int64_t dim(size_t i) const { return shape.at(i); }
@@ -63,9 +71,10 @@ class HostBuffer {
 class OwnedTensor {
  public:
   // Reshapes, reallocating only when the new shape needs more room.
-  Tensor& resize(const Shape& shape) {
+  Tensor& resize(const Shape& shape, Layout layout = Layout::kChannelsLast) {
     view_.data = buffer_.reserve(models::numel(shape));
     view_.shape = shape;
+    view_.layout = layout;
     return view_;
   }
   Tensor& view() { return view_; }

@@ -32,6 +32,7 @@ TEST_CASE("Conv2d gradients", "[layers][gradcheck]") {
       {{2, 3, 3, 3, 2, 2, 1, 1, false}, 6, 5},  // stride 2, odd width
       {{3, 2, 1, 1, 2, 2, 0, 0, false}, 4, 4},  // 1x1 projection
       {{1, 2, 5, 3, 2, 1, 2, 1, true}, 7, 6},   // asymmetric kernel, stride and padding
+      {{3, 16, 3, 3, 1, 1, 1, 1, false}, 4, 4}, // channels-last in, 16-blocked out (the stem)
   };
   int index = 0;
   for (const auto& c : cases) {
@@ -46,6 +47,26 @@ TEST_CASE("Conv2d gradients", "[layers][gradcheck]") {
   }
 }
 
+TEST_CASE("Conv2d gradients in 16-blocked layouts: direct and Winograd", "[layers][gradcheck]") {
+  // 32 -> 32 channels, 3x3 stride 1: the default algorithm choice takes Winograd here; 16 -> 32
+  // stride 2 stays direct. Both read and write the 16-blocked layout.
+  struct Case { Conv2dOptions opt; int64_t h, w; };
+  const Case cases[] = {{{32, 32, 3, 3, 1, 1, 1, 1, false}, 6, 6}, {{16, 32, 3, 3, 2, 2, 1, 1, true}, 6, 6}};
+  int index = 0;
+  for (const auto& c : cases) {
+    SECTION("case " + std::to_string(index++)) {
+      LayerHarness h;
+      Conv2d conv(h.ctx, "conv", c.opt);
+      randomize(h, 21);
+      GradCheckOptions opt;
+      opt.max_checks_per_tensor = 48;
+      const int64_t n = 2;
+      check_layer_gradients(conv, h, {n, c.opt.in_channels, c.h, c.w},
+                            random_vector(n * c.opt.in_channels * c.h * c.w, 22, 0.5f), opt, Layout::kBlocked16);
+    }
+  }
+}
+
 TEST_CASE("BatchNorm2d gradients, plain and with fused ReLU", "[layers][gradcheck]") {
   for (bool relu : {false, true}) {
     SECTION(relu ? "fused relu" : "plain") {
@@ -55,6 +76,16 @@ TEST_CASE("BatchNorm2d gradients, plain and with fused ReLU", "[layers][gradchec
       GradCheckOptions opt;
       opt.h = 1e-3;  // small enough that no normalized value crosses the ReLU kink
       check_layer_gradients(bn, h, {4, 3, 3, 2}, random_vector(4 * 3 * 3 * 2, 4), opt);
+    }
+  }
+  for (bool relu : {false, true}) {
+    SECTION(relu ? "16-blocked, fused relu" : "16-blocked") {
+      LayerHarness h;
+      BatchNorm2d bn(h.ctx, "bn", {16, 1e-5f, 0.1f, relu});
+      randomize(h, 23);
+      GradCheckOptions opt;
+      opt.h = 3e-4;  // 1e-3 lets one normalized value of channel 10 cross the ReLU kink
+      check_layer_gradients(bn, h, {2, 16, 3, 2}, random_vector(2 * 16 * 3 * 2, 24), opt, Layout::kBlocked16);
     }
   }
 }
@@ -128,6 +159,12 @@ TEST_CASE("Option-A shortcut gradients", "[layers][gradcheck]") {
   ShortcutA shortcut(h.ctx, 2, 2);
   randomize(h, 14);
   check_layer_gradients(shortcut, h, {2, 3, 5, 4}, random_vector(120, 15));
+  SECTION("16-blocked, 16 -> 32 channels") {
+    LayerHarness hb;
+    ShortcutA blocked(hb.ctx, 2, 8);
+    randomize(hb, 25);
+    check_layer_gradients(blocked, hb, {2, 16, 5, 4}, random_vector(640, 26), {}, Layout::kBlocked16);
+  }
 }
 
 TEST_CASE("Residual basic block gradients, all shortcut kinds", "[layers][gradcheck]") {
@@ -135,6 +172,9 @@ TEST_CASE("Residual basic block gradients, all shortcut kinds", "[layers][gradch
   const Case cases[] = {{"identity", 4, 4, 1, Shortcut::kIdentity},
                         {"option A", 4, 8, 2, Shortcut::kOptionA},
                         {"projection", 4, 6, 2, Shortcut::kProjection}};
+  // The 16-blocked block (with Winograd inside) is checked against PyTorch's float64 result in
+  // torch_parity_test: two batch norms over 12 values per channel and two ReLUs make float32
+  // finite differences of the whole block too noisy at those widths.
   for (const auto& c : cases) {
     SECTION(c.name) {
       LayerHarness h;
@@ -144,7 +184,8 @@ TEST_CASE("Residual basic block gradients, all shortcut kinds", "[layers][gradch
       opt.h = 1e-3;
       opt.atol = 2e-3;
       opt.max_checks_per_tensor = 24;
-      check_layer_gradients(block, h, {3, c.in, 4, 4}, random_vector(3 * c.in * 16, 17), opt);
+      check_layer_gradients(block, h, {3, c.in, 4, 4}, random_vector(3 * c.in * 16, 17), opt,
+                            h.ctx.backend.activation_layout(c.in));
     }
   }
 }

@@ -36,15 +36,16 @@ void check_close(const std::string& what, const float* actual, const std::vector
   CHECK(max_diff <= (max_ref < 1e-5 ? 1e-5 : 1e-4 * max_ref));
 }
 
-// NCHW (PyTorch) <-> channels-last (the engine).
+// NCHW (PyTorch) <-> the engine's layouts.
 std::vector<float> to_nhwc(const std::vector<float>& x, const Shape& nchw) {
   std::vector<float> y(x.size());
-  cpu_backend().nchw_to_nhwc(nchw[0], nchw[1], nchw[2], nchw[3], x.data(), y.data());
+  Tensor t{y.data(), nchw, Layout::kChannelsLast};
+  cpu_backend().from_nchw(x.data(), t);
   return y;
 }
-std::vector<float> to_nchw(const float* x, const Shape& nchw) {
+std::vector<float> to_nchw(const float* x, const Shape& nchw, Layout layout) {
   std::vector<float> y(numel(nchw));
-  cpu_backend().nhwc_to_nchw(nchw[0], nchw[1], nchw[2], nchw[3], x, y.data());
+  cpu_backend().to_nchw(Tensor{const_cast<float*>(x), nchw, layout}, y.data());
   return y;
 }
 
@@ -81,6 +82,7 @@ class Tap final : public Layer {
  public:
   const Tensor& forward(const Tensor& x, Mode) override {
     value.assign(x.data, x.data + x.numel());
+    layout = x.layout;
     return x;
   }
   const Tensor& backward(const Tensor& dy) override {
@@ -88,6 +90,7 @@ class Tap final : public Layer {
     return dy;
   }
   std::vector<float> value, grad;
+  Layout layout = Layout::kChannelsLast;
 };
 
 Tap* add_tap(ImageClassifier& m) {
@@ -118,7 +121,7 @@ TEST_CASE("Conv+BN+ReLU+MaxPool+Linear matches PyTorch forward and backward", "[
       const Result r = train_step(m, f, labels_of(f));
       CHECK(r.loss == Approx(reference(f, smoothing == 0.f ? "loss" : "loss_ls")[0]).epsilon(1e-5));
       if (smoothing == 0.f) check_close("output", m.logits().data, reference(f, "output"));
-      check_close(g + "input", to_nchw(input_grad->grad.data(), f.at("input").shape).data(), reference(f, g + "input"));
+      check_close(g + "input", to_nchw(input_grad->grad.data(), f.at("input").shape, input_grad->layout).data(), reference(f, g + "input"));
       for (const auto& v : m.parameters().views())
         check_close(g + "param." + v.name, m.parameters().grads() + v.offset, reference(f, g + "param." + v.name));
       for (const auto& v : m.buffers().views())
@@ -152,9 +155,9 @@ TEST_CASE("ResNet basic blocks (option-A and identity shortcuts) match PyTorch",
   CHECK(r.loss == Approx(reference(f, "loss")[0]).epsilon(1e-5));
   check_close("output", m.logits().data, reference(f, "output"));
   const Shape block_shape{2, 32, 4, 4};
-  check_close("output.A", to_nchw(out_a->value.data(), block_shape).data(), reference(f, "output.A"));
-  check_close("output.B", to_nchw(out_b->value.data(), block_shape).data(), reference(f, "output.B"));
-  check_close("grad.input", to_nchw(input_grad->grad.data(), f.at("input").shape).data(), reference(fg, "grad.input"));
+  check_close("output.A", to_nchw(out_a->value.data(), block_shape, out_a->layout).data(), reference(f, "output.A"));
+  check_close("output.B", to_nchw(out_b->value.data(), block_shape, out_b->layout).data(), reference(f, "output.B"));
+  check_close("grad.input", to_nchw(input_grad->grad.data(), f.at("input").shape, input_grad->layout).data(), reference(fg, "grad.input"));
   for (const auto& v : m.parameters().views())
     check_close("grad.param." + v.name, m.parameters().grads() + v.offset, reference(fg, "grad.param." + v.name));
   for (const auto& v : m.buffers().views())

@@ -47,8 +47,8 @@ nlohmann::json run_torch(const BenchOptions& o, int threads, bool channels_last)
 int run_bench(const BenchOptions& o) {
   const int threads = configure_threads(o.threads);
   if (o.conv_algorithm == "winograd") models::cpu::set_conv_algorithm(models::cpu::ConvAlgorithm::kWinograd);
-  else if (o.conv_algorithm == "auto") models::cpu::set_conv_algorithm(models::cpu::ConvAlgorithm::kAuto);
-  else if (o.conv_algorithm != "direct")
+  else if (o.conv_algorithm == "direct") models::cpu::set_conv_algorithm(models::cpu::ConvAlgorithm::kDirect);
+  else if (o.conv_algorithm != "auto")
     throw std::invalid_argument("--conv-algorithm must be direct, winograd or auto, got '" + o.conv_algorithm + "'");
 
   auto model = models::make_image_model({o.model, 10, 0.f}, models::cpu_backend(), 0);

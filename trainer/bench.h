@@ -12,7 +12,7 @@ struct BenchOptions {
   int warmup = 3;
   int steps = 10;
   int64_t threads = 0;
-  std::string conv_algorithm = "direct";
+  std::string conv_algorithm = "auto";
   bool torch = true;  // also run the PyTorch reference (default and channels_last layouts)
   std::string torch_python = "/usr/bin/python3";
 };

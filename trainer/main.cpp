@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   bench->add_option("--steps", bo.steps, "Timed steps")->check(CLI::PositiveNumber);
   bench->add_option("--warmup", bo.warmup, "Untimed steps first");
   bench->add_option("--threads", bo.threads, "Threads (0: all cores)");
-  bench->add_option("--conv-algorithm", bo.conv_algorithm, "direct, winograd or auto");
+  bench->add_option("--conv-algorithm", bo.conv_algorithm, "auto (Winograd from 32 channels), direct or winograd");
   bench->add_flag("--no-torch", no_torch, "Skip the PyTorch reference");
 
   CLI11_PARSE(app, argc, argv);

@@ -14,6 +14,13 @@
 namespace trainer::models {
 namespace {
 
+// Element (n, c, h, w) of a {N, C, H, W} activation in its layout.
+inline int64_t offset(const Tensor& t, int64_t n, int64_t c, int64_t h, int64_t w) {
+  const int64_t C = t.shape[1], H = t.shape[2], W = t.shape[3];
+  if (t.layout == Layout::kBlocked16) return (((n * (C / 16) + c / 16) * H + h) * W + w) * 16 + c % 16;
+  return ((n * H + h) * W + w) * C + c;
+}
+
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
@@ -63,48 +70,37 @@ class CpuBackend final : public Backend {
     if (x != y) std::memcpy(y, x, sizeof(float) * n);
   }
 
-  void shortcut_a_forward(int64_t batch, int64_t channels, int64_t h, int64_t w, int64_t stride, int64_t pad,
-                          const float* x, float* y) override {
-    const int64_t oh = (h + stride - 1) / stride, ow = (w + stride - 1) / stride, oc = channels + 2 * pad;
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t n = 0; n < batch; ++n)
-      for (int64_t i = 0; i < oh; ++i)
-        for (int64_t j = 0; j < ow; ++j) {
-          float* out = y + ((n * oh + i) * ow + j) * oc;
-          const float* in = x + ((n * h + i * stride) * w + j * stride) * channels;
-          std::fill(out, out + pad, 0.f);
-          std::memcpy(out + pad, in, sizeof(float) * channels);
-          std::fill(out + pad + channels, out + oc, 0.f);
-        }
+  Layout activation_layout(int64_t channels) const override {
+    return channels % 16 == 0 ? Layout::kBlocked16 : Layout::kChannelsLast;
   }
 
-  void shortcut_a_backward(int64_t batch, int64_t channels, int64_t h, int64_t w, int64_t stride, int64_t pad,
-                           const float* dy, float* dx) override {
-    const int64_t oh = (h + stride - 1) / stride, ow = (w + stride - 1) / stride, oc = channels + 2 * pad;
-    std::memset(dx, 0, sizeof(float) * batch * h * w * channels);
+  void shortcut_a_forward(const Tensor& x, int64_t stride, int64_t pad, Tensor& y) override {
+    const int64_t batch = y.dim(0), oc = y.dim(1), oh = y.dim(2), ow = y.dim(3), channels = x.dim(1);
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t n = 0; n < batch; ++n)
       for (int64_t i = 0; i < oh; ++i)
         for (int64_t j = 0; j < ow; ++j)
-          std::memcpy(dx + ((n * h + i * stride) * w + j * stride) * channels,
-                      dy + ((n * oh + i) * ow + j) * oc + pad, sizeof(float) * channels);
+          for (int64_t c = 0; c < oc; ++c) {
+            const int64_t src = c - pad;
+            y.data[offset(y, n, c, i, j)] =
+                src >= 0 && src < channels ? x.data[offset(x, n, src, i * stride, j * stride)] : 0.f;
+          }
   }
 
-  void nhwc_to_nchw(int64_t batch, int64_t channels, int64_t h, int64_t w, const float* x, float* y) override {
-    const int64_t hw = h * w;
-#pragma omp parallel for schedule(static)
+  void shortcut_a_backward(const Tensor& dy, int64_t stride, int64_t pad, Tensor& dx) override {
+    const int64_t batch = dx.dim(0), channels = dx.dim(1), h = dx.dim(2), w = dx.dim(3);
+#pragma omp parallel for collapse(2) schedule(static)
     for (int64_t n = 0; n < batch; ++n)
-      for (int64_t p = 0; p < hw; ++p)
-        for (int64_t c = 0; c < channels; ++c) y[(n * channels + c) * hw + p] = x[(n * hw + p) * channels + c];
+      for (int64_t i = 0; i < h; ++i)
+        for (int64_t j = 0; j < w; ++j)
+          for (int64_t c = 0; c < channels; ++c)
+            dx.data[offset(dx, n, c, i, j)] = i % stride == 0 && j % stride == 0
+                                                  ? dy.data[offset(dy, n, c + pad, i / stride, j / stride)]
+                                                  : 0.f;
   }
 
-  void nchw_to_nhwc(int64_t batch, int64_t channels, int64_t h, int64_t w, const float* x, float* y) override {
-    const int64_t hw = h * w;
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < batch; ++n)
-      for (int64_t p = 0; p < hw; ++p)
-        for (int64_t c = 0; c < channels; ++c) y[(n * hw + p) * channels + c] = x[(n * channels + c) * hw + p];
-  }
+  void to_nchw(const Tensor& x, float* y) override { cpu::reorder_nchw(x, y, true); }
+  void from_nchw(const float* x, Tensor& y) override { cpu::reorder_nchw(y, const_cast<float*>(x), false); }
 
   double softmax_cross_entropy(int64_t batch, int64_t classes, const float* logits, const int32_t* labels,
                                float smoothing, float* dlogits, int64_t* correct) override {

@@ -2,6 +2,9 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <unordered_map>
 
 #include "models/tensor.h"
@@ -22,41 +25,80 @@ dnnl::stream& stream() {
   return s;
 }
 
-ConvAlgorithm g_conv_algorithm = ConvAlgorithm::kDirect;
+ConvAlgorithm g_conv_algorithm = ConvAlgorithm::kAuto;
 
-// A buffer in a primitive's preferred layout, plus the reorder from (or to) the user's layout.
-// Reordering is skipped when the layouts already agree.
+// Primitives are made with a user-managed scratchpad, and all of them share one process-wide
+// buffer: ops run one at a time, and the library's own per-execution scratchpad allocations were
+// page-faulting fresh memory every step (about a sixth of a ResNet-20 step).
+dnnl::primitive_attr scratchpad_attr() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+memory scratchpad(const memory::desc& md) {
+  static HostBuffer buffer;
+  return memory(md, engine(), buffer.reserve(static_cast<int64_t>(md.get_size() / sizeof(float)) + 1));
+}
+
+// TRAINER_DNNL_VERBOSE=1 prints the implementation oneDNN picked for every primitive we make, to
+// catch a shape that falls off the JIT kernels onto a reference loop.
+template <class PrimitiveDesc>
+void report(const char* what, const PrimitiveDesc& pd, const memory::desc& src) {
+  static const bool verbose = std::getenv("TRAINER_DNNL_VERBOSE") != nullptr;
+  if (!verbose) return;
+  const auto d = src.dims();
+  std::fprintf(stderr, "dnnl: %-10s src %lldx%lldx%lldx%lld: %s\n", what, static_cast<long long>(d[0]),
+               static_cast<long long>(d[1]), static_cast<long long>(d[2]), static_cast<long long>(d[3]),
+               pd.impl_info_str());
+}
+
+template <class PrimitiveDesc>
+void execute(const dnnl::primitive& p, const PrimitiveDesc& pd, std::unordered_map<int, memory> args) {
+  args.insert({DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())});
+  p.execute(stream(), args);
+  stream().wait();
+}
+
+// A buffer in a primitive's preferred layout, with the reorders from and to the user's layout made
+// once. Nothing is copied when the layouts already agree.
 struct Staged {
-  memory::desc want;
+  memory::desc user, want;
   HostBuffer storage;
   memory mem;
+  dnnl::reorder to_want, from_want;
 
-  void prepare(const memory::desc& preferred) {
+  void prepare(const memory::desc& user_md, const memory::desc& preferred) {
+    user = user_md;
     want = preferred;
+    if (same()) return;
     storage.resize(static_cast<int64_t>(want.get_size() / sizeof(float)) + 1);
     mem = memory(want, engine(), storage.data());
+    memory u(user, engine(), nullptr);
+    to_want = dnnl::reorder(u, mem);
+    from_want = dnnl::reorder(mem, u);
   }
-  // Returns a memory in the preferred layout holding `user` (reordering into storage if needed).
-  memory in(const memory::desc& user_md, const float* user) {
-    memory u(user_md, engine(), const_cast<float*>(user));
-    if (user_md == want) return u;
-    dnnl::reorder(u, mem).execute(stream(), u, mem);
+  bool same() const { return user == want; }
+  // A memory in the preferred layout holding `data` (reordered into storage if needed).
+  memory in(const float* data) {
+    memory u(user, engine(), const_cast<float*>(data));
+    if (same()) return u;
+    to_want.execute(stream(), u, mem);
     return mem;
   }
-  // Memory to compute into; call out_done afterwards to move it to the user's buffer.
-  memory out(const memory::desc& user_md, float* user) {
-    if (user_md == want) return memory(user_md, engine(), user);
-    return mem;
-  }
-  void out_done(const memory::desc& user_md, float* user) {
-    if (user_md == want) return;
-    memory u(user_md, engine(), user);
-    dnnl::reorder(mem, u).execute(stream(), mem, u);
+  // Memory to compute into; out_done(data) then moves the result to the user's buffer.
+  memory out(float* data) { return same() ? memory(user, engine(), data) : mem; }
+  void out_done(float* data) {
+    if (same()) return;
+    memory u(user, engine(), data);
+    from_want.execute(stream(), mem, u);
   }
 };
 
-memory::desc nhwc(int64_t n, int64_t c, int64_t h, int64_t w) {
-  return memory::desc({n, c, h, w}, dt::f32, tag::nhwc);
+tag layout_tag(Layout layout) { return layout == Layout::kBlocked16 ? tag::nChw16c : tag::nhwc; }
+
+memory::desc activation_md(int64_t n, int64_t c, int64_t h, int64_t w, Layout layout) {
+  return memory::desc({n, c, h, w}, dt::f32, layout_tag(layout));
 }
 
 class DnnlConv final : public ConvOp {
@@ -67,79 +109,94 @@ class DnnlConv final : public ConvOp {
     // Right padding so the output size is exactly what the geometry says (floor division).
     const memory::dims pad_r{(g.out_h() - 1) * g.stride_h + g.kernel_h - g.in_h - g.pad_h,
                              (g.out_w() - 1) * g.stride_w + g.kernel_w - g.in_w - g.pad_w};
-    src_md_ = nhwc(g.batch, g.in_channels, g.in_h, g.in_w);
-    dst_md_ = nhwc(g.batch, g.out_channels, g.out_h(), g.out_w());
+    src_md_ = activation_md(g.batch, g.in_channels, g.in_h, g.in_w, g.src_layout);
+    dst_md_ = activation_md(g.batch, g.out_channels, g.out_h(), g.out_w(), g.dst_layout);
     user_w_md_ = memory::desc({g.out_channels, g.in_channels, g.kernel_h, g.kernel_w}, dt::f32, tag::oihw);
     bias_md_ = memory::desc({g.out_channels}, dt::f32, tag::x);
     const memory::desc any_w({g.out_channels, g.in_channels, g.kernel_h, g.kernel_w}, dt::f32, tag::any);
     const memory::desc no_bias;
 
     dnnl::algorithm algo = dnnl::algorithm::convolution_direct;
-    const bool winograd_shape = g.kernel_h == 3 && g.kernel_w == 3 && g.stride_h == 1 && g.stride_w == 1;
-    if (g_conv_algorithm == ConvAlgorithm::kAuto) algo = dnnl::algorithm::convolution_auto;
-    if (g_conv_algorithm == ConvAlgorithm::kWinograd && winograd_shape)
+    const bool winograd_shape = g.kernel_h == 3 && g.kernel_w == 3 && g.stride_h == 1 && g.stride_w == 1 &&
+                                g.src_layout == Layout::kBlocked16 && g.dst_layout == Layout::kBlocked16;
+    // Measured on AVX-512 (BENCHMARKS.md): Winograd F(4,3) is 1.5-2x faster than direct from 32
+    // channels up and no faster at 16, so kAuto uses it from 32 channels.
+    const bool wide = g.in_channels >= 32 && g.out_channels >= 32;
+    if (winograd_shape && (g_conv_algorithm == ConvAlgorithm::kWinograd ||
+                           (g_conv_algorithm == ConvAlgorithm::kAuto && wide)))
       algo = dnnl::algorithm::convolution_winograd;
 
-    auto make_fwd = [&](dnnl::algorithm a) {
-      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, a, src_md_, any_w,
+    // The primitives see the input in `src` layout: the tensor's own, or, when oneDNN has no JIT
+    // kernel for it (a 3-channel channels-last image into a 16-blocked output: the stem), whatever
+    // layout it prefers, with the input reordered on the way in and the input gradient on the way out.
+    auto make_fwd = [&](dnnl::algorithm a, const memory::desc& src) {
+      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, a, src, any_w,
                                         g.bias ? bias_md_ : no_bias, dst_md_, strides, pad_l, pad_r);
-      return dnnl::convolution_forward::primitive_desc(d, engine());
+      return dnnl::convolution_forward::primitive_desc(d, scratchpad_attr(), engine());
     };
     try {
-      fwd_pd_ = make_fwd(algo);
+      fwd_pd_ = make_fwd(algo, src_md_);
     } catch (const dnnl::error&) {  // e.g. Winograd unsupported for this shape or ISA
       algo = dnnl::algorithm::convolution_direct;
-      fwd_pd_ = make_fwd(algo);
+      fwd_pd_ = make_fwd(algo, src_md_);
+    }
+    memory::desc src = src_md_;
+    if (std::string(fwd_pd_.impl_info_str()).rfind("ref", 0) == 0) {
+      src = memory::desc(src_md_.dims(), dt::f32, tag::any);
+      fwd_pd_ = make_fwd(algo, src);
     }
     fwd_ = dnnl::convolution_forward(fwd_pd_);
 
-    dnnl::convolution_backward_data::desc bd(algo, src_md_, any_w, dst_md_, strides, pad_l, pad_r);
-    bwd_data_pd_ = dnnl::convolution_backward_data::primitive_desc(bd, engine(), fwd_pd_);
+    dnnl::convolution_backward_data::desc bd(algo, src, any_w, dst_md_, strides, pad_l, pad_r);
+    bwd_data_pd_ = dnnl::convolution_backward_data::primitive_desc(bd, scratchpad_attr(), engine(), fwd_pd_);
     bwd_data_ = dnnl::convolution_backward_data(bwd_data_pd_);
 
-    dnnl::convolution_backward_weights::desc bw(algo, src_md_, any_w, g.bias ? bias_md_ : no_bias,
+    dnnl::convolution_backward_weights::desc bw(algo, src, any_w, g.bias ? bias_md_ : no_bias,
                                                 dst_md_, strides, pad_l, pad_r);
-    bwd_w_pd_ = dnnl::convolution_backward_weights::primitive_desc(bw, engine(), fwd_pd_);
+    bwd_w_pd_ = dnnl::convolution_backward_weights::primitive_desc(bw, scratchpad_attr(), engine(), fwd_pd_);
     bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
 
-    fwd_w_.prepare(fwd_pd_.weights_desc());
-    bwd_w_in_.prepare(bwd_data_pd_.weights_desc());
-    diff_w_.prepare(bwd_w_pd_.diff_weights_desc());
+    report("conv fwd", fwd_pd_, src_md_);
+    report("conv bwd_d", bwd_data_pd_, src_md_);
+    report("conv bwd_w", bwd_w_pd_, src_md_);
+    fwd_src_.prepare(src_md_, fwd_pd_.src_desc());
+    bwd_w_src_.prepare(src_md_, bwd_w_pd_.src_desc());
+    diff_src_.prepare(src_md_, bwd_data_pd_.diff_src_desc());
+    fwd_w_.prepare(user_w_md_, fwd_pd_.weights_desc());
+    bwd_w_in_.prepare(user_w_md_, bwd_data_pd_.weights_desc());
+    diff_w_.prepare(user_w_md_, bwd_w_pd_.diff_weights_desc());
   }
 
   void forward(const float* x, const float* w, const float* b, float* y) override {
-    memory src(src_md_, engine(), const_cast<float*>(x));
+    memory src = fwd_src_.in(x);
     memory dst(dst_md_, engine(), y);
-    memory wm = fwd_w_.in(user_w_md_, w);
+    memory wm = fwd_w_.in(w);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, dst}};
     if (g_.bias) args.insert({DNNL_ARG_BIAS, memory(bias_md_, engine(), const_cast<float*>(b))});
-    fwd_.execute(stream(), args);
-    stream().wait();
+    execute(fwd_, fwd_pd_, std::move(args));
   }
 
   void backward_data(const float* dy, const float* w, float* dx) override {
     memory diff_dst(dst_md_, engine(), const_cast<float*>(dy));
-    memory diff_src(src_md_, engine(), dx);
+    memory diff_src = diff_src_.out(dx);
     // Forward already reordered these weights; reuse that copy when backward wants the same layout.
     memory wm;
-    if (bwd_w_in_.want != fwd_w_.want) wm = bwd_w_in_.in(user_w_md_, w);
-    else if (user_w_md_ == fwd_w_.want) wm = memory(user_w_md_, engine(), const_cast<float*>(w));
+    if (bwd_w_in_.want != fwd_w_.want) wm = bwd_w_in_.in(w);
+    else if (fwd_w_.same()) wm = memory(user_w_md_, engine(), const_cast<float*>(w));
     else wm = fwd_w_.mem;
-    bwd_data_.execute(stream(), {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, wm},
-                                 {DNNL_ARG_DIFF_SRC, diff_src}});
-    stream().wait();
+    execute(bwd_data_, bwd_data_pd_, {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DIFF_SRC, diff_src}});
+    diff_src_.out_done(dx);
   }
 
   void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
-    memory src(src_md_, engine(), const_cast<float*>(x));
+    memory src = bwd_w_src_.in(x);
     memory diff_dst(dst_md_, engine(), const_cast<float*>(dy));
-    memory dwm = diff_w_.out(user_w_md_, dw);
+    memory dwm = diff_w_.out(dw);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst},
                                          {DNNL_ARG_DIFF_WEIGHTS, dwm}};
     if (g_.bias) args.insert({DNNL_ARG_DIFF_BIAS, memory(bias_md_, engine(), db)});
-    bwd_w_.execute(stream(), args);
-    diff_w_.out_done(user_w_md_, dw);
-    stream().wait();
+    execute(bwd_w_, bwd_w_pd_, std::move(args));
+    diff_w_.out_done(dw);
   }
 
  private:
@@ -151,29 +208,31 @@ class DnnlConv final : public ConvOp {
   dnnl::convolution_backward_data bwd_data_;
   dnnl::convolution_backward_weights::primitive_desc bwd_w_pd_;
   dnnl::convolution_backward_weights bwd_w_;
-  Staged fwd_w_, bwd_w_in_, diff_w_;
+  Staged fwd_src_, bwd_w_src_, diff_src_, fwd_w_, bwd_w_in_, diff_w_;
 };
 
 class DnnlBatchNorm final : public BatchNormOp {
  public:
   explicit DnnlBatchNorm(const BatchNormGeometry& g) : g_(g) {
-    md_ = nhwc(g.batch, g.channels, g.h, g.w);
+    md_ = activation_md(g.batch, g.channels, g.h, g.w, g.layout);
     stat_md_ = memory::desc({g.channels}, dt::f32, tag::x);
     using flags = dnnl::normalization_flags;
     auto f = flags::use_scale | flags::use_shift;
     if (g.fuse_relu) f = f | flags::fuse_norm_relu;
     dnnl::batch_normalization_forward::desc train_d(dnnl::prop_kind::forward_training, md_, g.eps, f);
-    train_pd_ = dnnl::batch_normalization_forward::primitive_desc(train_d, engine());
+    train_pd_ = dnnl::batch_normalization_forward::primitive_desc(train_d, scratchpad_attr(), engine());
     train_ = dnnl::batch_normalization_forward(train_pd_);
 
     dnnl::batch_normalization_forward::desc infer_d(dnnl::prop_kind::forward_inference, md_, g.eps,
                                                     f | flags::use_global_stats);
-    infer_pd_ = dnnl::batch_normalization_forward::primitive_desc(infer_d, engine());
+    infer_pd_ = dnnl::batch_normalization_forward::primitive_desc(infer_d, scratchpad_attr(), engine());
     infer_ = dnnl::batch_normalization_forward(infer_pd_);
 
     dnnl::batch_normalization_backward::desc bwd_d(dnnl::prop_kind::backward, md_, md_, g.eps, f);
-    bwd_pd_ = dnnl::batch_normalization_backward::primitive_desc(bwd_d, engine(), train_pd_);
+    bwd_pd_ = dnnl::batch_normalization_backward::primitive_desc(bwd_d, scratchpad_attr(), engine(), train_pd_);
     bwd_ = dnnl::batch_normalization_backward(bwd_pd_);
+    report("bnorm fwd", train_pd_, md_);
+    report("bnorm bwd", bwd_pd_, md_);
     if (g.fuse_relu) {
       workspace_buf_.resize(static_cast<int64_t>(train_pd_.workspace_desc().get_size() / sizeof(float)) + 1);
       workspace_ = memory(train_pd_.workspace_desc(), engine(), workspace_buf_.data());
@@ -187,19 +246,15 @@ class DnnlBatchNorm final : public BatchNormOp {
         {DNNL_ARG_SCALE, mem(stat_md_, gamma)}, {DNNL_ARG_SHIFT, mem(stat_md_, beta)},
         {DNNL_ARG_MEAN, mem(stat_md_, mean)}, {DNNL_ARG_VARIANCE, mem(stat_md_, var)}};
     if (g_.fuse_relu) args.insert({DNNL_ARG_WORKSPACE, workspace_});
-    train_.execute(stream(), args);
-    stream().wait();
+    execute(train_, train_pd_, std::move(args));
   }
 
   void forward_inference(const float* x, const float* gamma, const float* beta, const float* mean,
                          const float* var, float* y) override {
-    infer_.execute(stream(), {{DNNL_ARG_SRC, mem(md_, x)},
-                              {DNNL_ARG_DST, mem(md_, y)},
-                              {DNNL_ARG_SCALE, mem(stat_md_, gamma)},
-                              {DNNL_ARG_SHIFT, mem(stat_md_, beta)},
-                              {DNNL_ARG_MEAN, mem(stat_md_, mean)},
-                              {DNNL_ARG_VARIANCE, mem(stat_md_, var)}});
-    stream().wait();
+    execute(infer_, infer_pd_,
+            {{DNNL_ARG_SRC, mem(md_, x)}, {DNNL_ARG_DST, mem(md_, y)}, {DNNL_ARG_SCALE, mem(stat_md_, gamma)},
+             {DNNL_ARG_SHIFT, mem(stat_md_, beta)}, {DNNL_ARG_MEAN, mem(stat_md_, mean)},
+             {DNNL_ARG_VARIANCE, mem(stat_md_, var)}});
   }
 
   void backward(const float* x, const float* dy, const float* gamma, const float* beta, const float* mean,
@@ -212,8 +267,7 @@ class DnnlBatchNorm final : public BatchNormOp {
         {DNNL_ARG_DIFF_SRC, mem(md_, dx)},
         {DNNL_ARG_DIFF_SCALE, mem(stat_md_, dgamma)}, {DNNL_ARG_DIFF_SHIFT, mem(stat_md_, dbeta)}};
     if (g_.fuse_relu) args.insert({DNNL_ARG_WORKSPACE, workspace_});
-    bwd_.execute(stream(), args);
-    stream().wait();
+    execute(bwd_, bwd_pd_, std::move(args));
   }
 
  private:
@@ -233,8 +287,8 @@ class DnnlBatchNorm final : public BatchNormOp {
 class DnnlPool final : public PoolOp {
  public:
   explicit DnnlPool(const PoolGeometry& g) : g_(g) {
-    src_md_ = nhwc(g.batch, g.channels, g.in_h, g.in_w);
-    dst_md_ = nhwc(g.batch, g.channels, g.out_h(), g.out_w());
+    src_md_ = activation_md(g.batch, g.channels, g.in_h, g.in_w, g.layout);
+    dst_md_ = activation_md(g.batch, g.channels, g.out_h(), g.out_w(), g.layout);
     const auto algo = g.kind == PoolKind::kMax ? dnnl::algorithm::pooling_max
                                                : dnnl::algorithm::pooling_avg_exclude_padding;
     const memory::dims strides{g.stride_h, g.stride_w}, kernel{g.kernel_h, g.kernel_w};
@@ -243,13 +297,17 @@ class DnnlPool final : public PoolOp {
                              (g.out_w() - 1) * g.stride_w + g.kernel_w - g.in_w - g.pad_w};
     dnnl::pooling_forward::desc fd(dnnl::prop_kind::forward_training, algo, src_md_, dst_md_, strides,
                                    kernel, pad_l, pad_r);
-    fwd_pd_ = dnnl::pooling_forward::primitive_desc(fd, engine());
+    fwd_pd_ = dnnl::pooling_forward::primitive_desc(fd, scratchpad_attr(), engine());
     fwd_ = dnnl::pooling_forward(fwd_pd_);
     dnnl::pooling_forward::desc id(dnnl::prop_kind::forward_inference, algo, src_md_, dst_md_, strides,
                                    kernel, pad_l, pad_r);
-    infer_ = dnnl::pooling_forward(dnnl::pooling_forward::primitive_desc(id, engine()));
+    infer_pd_ = dnnl::pooling_forward::primitive_desc(id, scratchpad_attr(), engine());
+    infer_ = dnnl::pooling_forward(infer_pd_);
     dnnl::pooling_backward::desc bd(algo, src_md_, dst_md_, strides, kernel, pad_l, pad_r);
-    bwd_ = dnnl::pooling_backward(dnnl::pooling_backward::primitive_desc(bd, engine(), fwd_pd_));
+    bwd_pd_ = dnnl::pooling_backward::primitive_desc(bd, scratchpad_attr(), engine(), fwd_pd_);
+    bwd_ = dnnl::pooling_backward(bwd_pd_);
+    report("pool fwd", fwd_pd_, src_md_);
+    report("pool bwd", bwd_pd_, src_md_);
     if (g.kind == PoolKind::kMax) {
       workspace_buf_.resize(static_cast<int64_t>(fwd_pd_.workspace_desc().get_size() / sizeof(float)) + 1);
       workspace_ = memory(fwd_pd_.workspace_desc(), engine(), workspace_buf_.data());
@@ -260,23 +318,23 @@ class DnnlPool final : public PoolOp {
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(src_md_, engine(), const_cast<float*>(x))},
                                          {DNNL_ARG_DST, memory(dst_md_, engine(), y)}};
     if (training && g_.kind == PoolKind::kMax) args.insert({DNNL_ARG_WORKSPACE, workspace_});
-    (training ? fwd_ : infer_).execute(stream(), args);
-    stream().wait();
+    if (training) execute(fwd_, fwd_pd_, std::move(args));
+    else execute(infer_, infer_pd_, std::move(args));
   }
 
   void backward(const float* dy, float* dx) override {
     std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, memory(dst_md_, engine(), const_cast<float*>(dy))},
                                          {DNNL_ARG_DIFF_SRC, memory(src_md_, engine(), dx)}};
     if (g_.kind == PoolKind::kMax) args.insert({DNNL_ARG_WORKSPACE, workspace_});
-    bwd_.execute(stream(), args);
-    stream().wait();
+    execute(bwd_, bwd_pd_, std::move(args));
   }
 
  private:
   PoolGeometry g_;
   memory::desc src_md_, dst_md_;
-  dnnl::pooling_forward::primitive_desc fwd_pd_;
+  dnnl::pooling_forward::primitive_desc fwd_pd_, infer_pd_;
   dnnl::pooling_forward fwd_, infer_;
+  dnnl::pooling_backward::primitive_desc bwd_pd_;
   dnnl::pooling_backward bwd_;
   HostBuffer workspace_buf_;
   memory workspace_;
@@ -285,6 +343,15 @@ class DnnlPool final : public PoolOp {
 }  // namespace
 
 void set_conv_algorithm(ConvAlgorithm algorithm) { g_conv_algorithm = algorithm; }
+
+void reorder_nchw(const Tensor& t, float* nchw, bool to_nchw) {
+  const memory::dims dims{t.dim(0), t.dim(1), t.dim(2), t.dim(3)};
+  memory tensor_mem(memory::desc(dims, dt::f32, layout_tag(t.layout)), engine(), t.data);
+  memory nchw_mem(memory::desc(dims, dt::f32, tag::nchw), engine(), nchw);
+  if (to_nchw) dnnl::reorder(tensor_mem, nchw_mem).execute(stream(), tensor_mem, nchw_mem);
+  else dnnl::reorder(nchw_mem, tensor_mem).execute(stream(), nchw_mem, tensor_mem);
+  stream().wait();
+}
 
 std::unique_ptr<ConvOp> make_dnnl_conv(const ConvGeometry& g) { return std::make_unique<DnnlConv>(g); }
 std::unique_ptr<BatchNormOp> make_dnnl_batchnorm(const BatchNormGeometry& g) {

@@ -12,15 +12,16 @@ class ShortcutA final : public Layer {
   ShortcutA(LayerContext ctx, int64_t stride, int64_t pad) : ctx_(ctx), stride_(stride), pad_(pad) {}
   const Tensor& forward(const Tensor& x, Mode) override {
     in_shape_ = x.shape;
+    in_layout_ = x.layout;
     const int64_t n = x.dim(0), c = x.dim(1), h = x.dim(2), w = x.dim(3);
-    Tensor& y = y_.resize({n, c + 2 * pad_, (h + stride_ - 1) / stride_, (w + stride_ - 1) / stride_});
-    ctx_.backend.shortcut_a_forward(n, c, h, w, stride_, pad_, x.data, y.data);
+    Tensor& y = y_.resize({n, c + 2 * pad_, (h + stride_ - 1) / stride_, (w + stride_ - 1) / stride_},
+                          ctx_.backend.activation_layout(c + 2 * pad_));
+    ctx_.backend.shortcut_a_forward(x, stride_, pad_, y);
     return y;
   }
   const Tensor& backward(const Tensor& dy) override {
-    Tensor& dx = dx_.resize(in_shape_);
-    ctx_.backend.shortcut_a_backward(in_shape_[0], in_shape_[1], in_shape_[2], in_shape_[3], stride_, pad_,
-                                     dy.data, dx.data);
+    Tensor& dx = dx_.resize(in_shape_, in_layout_);
+    ctx_.backend.shortcut_a_backward(dy, stride_, pad_, dx);
     return dx;
   }
 
@@ -28,6 +29,7 @@ class ShortcutA final : public Layer {
   LayerContext ctx_;
   int64_t stride_, pad_;
   Shape in_shape_;
+  Layout in_layout_ = Layout::kChannelsLast;
   OwnedTensor y_, dx_;
 };
 

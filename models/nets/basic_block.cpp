@@ -1,5 +1,7 @@
 #include "models/nets/basic_block.h"
 
+#include <stdexcept>
+
 #include "models/layers/shortcut_a.h"
 
 namespace trainer::models {
@@ -42,7 +44,9 @@ const Tensor& BasicBlock::forward(const Tensor& x, Mode mode) {
   const Tensor* side = &x;
   if (shortcut_) side = &shortcut_->forward(x, mode);
   if (shortcut_bn_) side = &shortcut_bn_->forward(*side, mode);
-  Tensor& y = y_.resize(main.shape);
+  if (side->layout != main.layout || side->shape != main.shape)
+    throw std::logic_error("BasicBlock: shortcut and residual branch disagree in shape or layout");
+  Tensor& y = y_.resize(main.shape, main.layout);
   Backend& be = ctx_.backend;
   be.add(y.numel(), main.data, side->data, y.data);
   be.relu_forward(y.numel(), y.data, y.data);
@@ -51,13 +55,13 @@ const Tensor& BasicBlock::forward(const Tensor& x, Mode mode) {
 
 const Tensor& BasicBlock::backward(const Tensor& dy) {
   Backend& be = ctx_.backend;
-  Tensor& dsum = dsum_.resize(dy.shape);
+  Tensor& dsum = dsum_.resize(dy.shape, dy.layout);
   be.relu_backward(dy.numel(), y_.view().data, dy.data, dsum.data);
   const Tensor& dx_main = conv1_.backward(bn1_.backward(conv2_.backward(bn2_.backward(dsum))));
   const Tensor* dx_side = &dsum;
   if (shortcut_bn_) dx_side = &shortcut_bn_->backward(*dx_side);
   if (shortcut_) dx_side = &shortcut_->backward(*dx_side);
-  Tensor& dx = dx_.resize(x_.shape);
+  Tensor& dx = dx_.resize(x_.shape, x_.layout);
   be.add(dx.numel(), dx_main.data, dx_side->data, dx.data);
   return dx;
 }
