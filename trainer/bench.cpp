@@ -9,10 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/cpu/dnnl_ops.h"
 #include "models/model.h"
 #include "optim/sgd.h"
-#include "trainer/run.h"
+#include "trainer/experiment.h"
 
 namespace trainer::app {
 namespace {
@@ -45,11 +44,12 @@ nlohmann::json run_torch(const BenchOptions& o, int threads, bool channels_last)
 }  // namespace
 
 int run_bench(const BenchOptions& o) {
-  const int threads = configure_threads(o.threads);
-  if (o.conv_algorithm == "winograd") models::cpu::set_conv_algorithm(models::cpu::ConvAlgorithm::kWinograd);
-  else if (o.conv_algorithm == "direct") models::cpu::set_conv_algorithm(models::cpu::ConvAlgorithm::kDirect);
-  else if (o.conv_algorithm != "auto")
-    throw std::invalid_argument("--conv-algorithm must be direct, winograd or auto, got '" + o.conv_algorithm + "'");
+  if (o.conv_algorithm != "auto" && o.conv_algorithm != "direct" && o.conv_algorithm != "winograd")
+    throw std::invalid_argument("--conv-algorithm must be auto, direct or winograd, got '" + o.conv_algorithm + "'");
+  Config runtime;
+  runtime.runtime.threads = o.threads;
+  runtime.runtime.conv_algorithm = o.conv_algorithm;
+  const int threads = configure_runtime(runtime, 1);
 
   auto model = models::make_image_model({o.model, 10, 0.f}, models::cpu_backend(), 0);
   auto& params = model->parameters();

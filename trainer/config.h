@@ -23,6 +23,9 @@ inline const std::vector<std::string> kModelArchs = {"resnet20", "resnet32", "re
 inline const std::vector<std::string> kDatasets = {"cifar10"};
 inline const std::vector<std::string> kOptimizers = {"sgd"};
 inline const std::vector<std::string> kSchedules = {"constant", "multistep", "cosine", "exponential"};
+inline const std::vector<std::string> kConvAlgorithms = {"auto", "direct", "winograd"};
+// Must match comm::sync_method_names() (a test checks).
+inline const std::vector<std::string> kSyncMethods = {"dense", "local_sgd"};
 
 struct ExperimentConfig {
   std::string name = "quickstart";
@@ -69,11 +72,28 @@ struct TrainConfig {
   int64_t max_steps = 0;  // 0: no limit
   int64_t log_every_steps = 20;
   int64_t eval_every_steps = 0;  // 0: at the end of each epoch
+  int64_t checkpoint_every = 0;  // 0: only at the end
+  int64_t keep_checkpoints = 2;
 };
 
 struct RuntimeConfig {
   int64_t threads = 0;  // 0: hardware cores / ranks on this node
   bool deterministic = false;
+  std::string conv_algorithm = "auto";
+};
+
+struct SyncConfig {
+  std::string method = "dense";
+  int64_t dense_warmup_steps = 0;
+  double bucket_mb = 25.0;
+  int64_t period = 1;
+};
+
+struct CommConfig {
+  bool log = true;
+  int64_t log_first_step = 0;
+  int64_t log_last_step = -1;
+  int64_t log_every = 1;
 };
 
 struct Config {
@@ -83,6 +103,8 @@ struct Config {
   OptimConfig optim;
   TrainConfig train;
   RuntimeConfig runtime;
+  SyncConfig sync;
+  CommConfig comm;
 };
 
 // Every bad input is a ConfigError whose message is one line naming where the value came from (the

@@ -146,6 +146,11 @@ void visit_config(Cfg& c, Visitor& v) {
         at_least(1));
   v.key("train.eval_every_steps", c.train.eval_every_steps,
         "Evaluate on the test split every N steps (0 = at the end of each epoch).", at_least(0));
+  v.key("train.checkpoint_every", c.train.checkpoint_every,
+        "Write a checkpoint every N steps (0 = only at the end of the run).", at_least(0));
+  v.key("train.keep_checkpoints", c.train.keep_checkpoints,
+        "Complete checkpoints kept on disk; older ones are deleted after a newer one is complete.",
+        at_least(1));
 
   v.section("runtime", "Threads and determinism.");
   v.key("runtime.threads", c.runtime.threads,
@@ -153,7 +158,34 @@ void visit_config(Cfg& c, Visitor& v) {
         "node).",
         closed(0, 4096));
   v.key("runtime.deterministic", c.runtime.deterministic,
-        "Use only deterministic algorithms, so a run repeats bit for bit (possibly slower).");
+        "CPU ops are deterministic for a fixed thread count and world size either way (repeated and "
+        "resumed runs are bit-identical); true also pins convolutions to the direct algorithm, so "
+        "results do not depend on which kernels this CPU offers (and, on CUDA, picks deterministic "
+        "cuDNN algorithms).");
+  v.key("runtime.conv_algorithm", c.runtime.conv_algorithm,
+        "Convolution algorithm on CPU: auto (Winograd F(4,3) for 3x3 stride-1 layers from 32 "
+        "channels, where it measured faster; direct elsewhere), direct, or winograd (wherever "
+        "oneDNN has it).",
+        kConvAlgorithms);
+
+  v.section("sync", "Data parallelism: how gradients (or parameters) are combined across processes.");
+  v.key("sync.method", c.sync.method,
+        "Gradient-sync method: dense (bucketed allreduce of the averaged gradient) or local_sgd "
+        "(local steps, parameters averaged every sync.period steps).",
+        kSyncMethods);
+  v.key("sync.dense_warmup_steps", c.sync.dense_warmup_steps,
+        "The first N steps use dense allreduce whatever the method (synchronous SGD for local_sgd).",
+        at_least(0));
+  v.key("sync.bucket_mb", c.sync.bucket_mb,
+        "Dense allreduce bucket size in MB (PyTorch DDP's default is 25).", open_closed(0, 1e6));
+  v.key("sync.period", c.sync.period, "local_sgd: average parameters every N steps.", at_least(1));
+
+  v.section("comm", "The communication log (comm/rank<R>.jsonl and comm/summary.txt).");
+  v.key("comm.log", c.comm.log, "Record every message and collective of the recorded steps.");
+  v.key("comm.log_first_step", c.comm.log_first_step, "First step recorded.", at_least(0));
+  v.key("comm.log_last_step", c.comm.log_last_step, "Last step recorded (-1 = to the end).", at_least(-1));
+  v.key("comm.log_every", c.comm.log_every, "Record only steps that are multiples of N (sampling).",
+        at_least(1));
 }
 
 // One row of the key table: everything visit_config() says about a key, with its default.

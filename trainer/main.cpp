@@ -1,6 +1,6 @@
 // trainer: one binary, one TOML experiment file.
 //
-//   trainer --config FILE.toml [--set key.path=value]... [--dry-run]
+//   [mpiexec -n P] trainer --config FILE.toml [--set key.path=value]... [--resume DIR|latest] [--dry-run]
 //   trainer make-cifar --out DIR [--train N] [--test N] [--seed S]
 //   trainer bench [--model resnet20] [--batch 128] [--threads N] [--no-torch]
 //   trainer --config-reference          (the documentation of every config key, as Markdown)
@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "comm/communicator.h"
 #include "data/synthetic_cifar.h"
 #include "trainer/bench.h"
 #include "trainer/config.h"
@@ -18,10 +19,17 @@ int main(int argc, char** argv) {
   CLI::App app{"trainer: deep-learning training with compressed data parallelism"};
   std::string config_path;
   std::vector<std::string> overrides;
+  std::string resume;
   bool dry_run = false, reference = false;
   app.add_option("--config", config_path, "TOML experiment file");
   app.add_option("--set", overrides, "Override a key: --set optim.lr=0.05 (repeatable)");
+  app.add_option("--resume", resume, "Continue from a checkpoint folder, or 'latest' in the output folder");
   app.add_flag("--dry-run", dry_run, "Validate, print the resolved config, model and plan, and exit");
+  // Hidden testing hooks (no group: not shown in --help).
+  trainer::app::RunOptions run_options;
+  std::string inject_failure;
+  app.add_option("--stop-after", run_options.stop_after)->group("");
+  app.add_option("--inject-failure", inject_failure, "RANK:STEP")->group("");
   app.add_flag("--config-reference", reference, "Print the reference of every config key (Markdown)");
 
   auto* make_cifar = app.add_subcommand("make-cifar", "Write a synthetic dataset in CIFAR-10 binary format");
@@ -64,15 +72,42 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "error: --config FILE.toml is required (see --help)\n");
       return 2;
     }
-    const trainer::Config config = trainer::load_config(config_path, overrides);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "\nerror: %s\n", e.what());
+    return 1;
+  }
+
+  // A training run: every rank of the job. An error on any rank prints one line and ends the
+  // whole job (MPI_Abort), so no rank is left waiting in a collective.
+  trainer::comm::Communicator& comm = trainer::comm::world();
+  trainer::Config config;
+  try {
+    config = trainer::load_config(config_path, overrides);
+  } catch (const std::exception& e) {  // every rank reads the same file: one message is enough
+    if (comm.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  try {
     if (dry_run) {
-      trainer::app::print_dry_run(config);
+      trainer::app::print_dry_run(config, comm);
       return 0;
     }
-    trainer::app::run_training(config);
+    run_options.resume = resume;
+    if (!inject_failure.empty()) {
+      const auto colon = inject_failure.find(':');
+      run_options.fail_rank = std::stoi(inject_failure.substr(0, colon));
+      run_options.fail_step = std::stoll(inject_failure.substr(colon + 1));
+    }
+    trainer::app::run_training(config, run_options, comm);
     return 0;
   } catch (const std::exception& e) {
     std::fflush(stdout);
+    if (comm.size() > 1) {
+      std::fprintf(stderr, "\nerror (rank %d of %d): %s\n", comm.rank(), comm.size(), e.what());
+      std::fflush(stderr);
+      comm.abort(1);
+    }
     std::fprintf(stderr, "\nerror: %s\n", e.what());
     return 1;
   }

@@ -1,22 +1,19 @@
 #include "trainer/run.h"
 
-#include <omp.h>
-
 #include <chrono>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <thread>
+#include <sstream>
 
-#include "data/cifar.h"
-#include "data/loader.h"
-#include "data/synthetic_cifar.h"
-#include "models/model.h"
+#include "comm/comm_log.h"
+#include "comm/comm_summary.h"
 #include "optim/clip.h"
-#include "optim/schedule.h"
-#include "optim/sgd.h"
+#include "trainer/checkpoint.h"
+#include "trainer/evaluate.h"
+#include "trainer/experiment.h"
 #include "trainer/metrics.h"
 
 namespace trainer::app {
@@ -25,235 +22,291 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+std::string fmt(const char* format, ...) __attribute__((format(printf, 1, 2)));
+std::string fmt(const char* format, ...) {
+  char buf[512];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(buf, sizeof buf, format, args);
+  va_end(args);
+  return buf;
 }
 
-// Makes sure data.root holds a CIFAR-10-format dataset, generating the synthetic one if asked to.
-void prepare_dataset(const DataConfig& d, Progress& progress) {
-  bool present = true;
-  for (const auto& f : data::cifar10_files(d.root, true)) present = present && fs::exists(f);
-  for (const auto& f : data::cifar10_files(d.root, false)) present = present && fs::exists(f);
-  if (present || !d.synthesize_if_missing) return;
-  progress.line("data: generating the synthetic CIFAR-10-format dataset in " + d.root + " (" +
-                std::to_string(d.synthetic_train_size) + " train, " + std::to_string(d.synthetic_test_size) +
-                " test images)");
-  data::write_synthetic_cifar10(d.root, d.synthetic_train_size, d.synthetic_test_size,
-                                static_cast<uint64_t>(d.synthetic_seed));
+// FNV-1a over the parameter bytes: equal on all ranks iff they start from the same weights.
+uint64_t checksum(const float* data, int64_t n) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(data);
+  for (int64_t i = 0; i < n * 4; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  return h;
 }
 
-models::ModelOptions model_options(const Config& c) {
-  return {c.model.arch, c.model.num_classes, static_cast<float>(c.model.label_smoothing)};
+// Every rank must start from the same weights; a mismatch would silently train P different models.
+void check_identical(const models::ParameterStore& params, comm::Communicator& comm) {
+  if (comm.size() == 1) return;
+  const auto h = static_cast<int64_t>(checksum(params.values(), params.size()) >> 1);
+  int64_t lo = h, hi = h;
+  comm.allreduce(&lo, 1, comm::DType::kI64, comm::ReduceOp::kMin, "ALLREDUCE_CHECK");
+  comm.allreduce(&hi, 1, comm::DType::kI64, comm::ReduceOp::kMax, "ALLREDUCE_CHECK");
+  if (lo != hi) throw std::runtime_error("ranks hold different initial weights (parameter checksums differ)");
 }
 
-optim::ScheduleOptions schedule_options(const OptimConfig& o) {
-  optim::ScheduleOptions s;
-  s.kind = optim::schedule_kind_from_name(o.schedule);
-  s.base_lr = o.lr;
-  s.milestones = o.milestones;
-  s.gamma = o.gamma;
-  s.min_lr = o.min_lr;
-  s.warmup_steps = o.warmup_steps;
-  return s;
-}
-
-struct EvalResult {
-  double loss = 0, accuracy = 0;
-  int64_t samples = 0;
-};
-
-EvalResult evaluate(models::ImageClassifier& model, const data::ImageSet& set, const data::Normalization& norm,
-                    const DataConfig& d) {
-  data::LoaderOptions opts;
-  opts.batch_size = d.eval_batch_size;
-  opts.shuffle = false;
-  opts.augment = false;
-  opts.drop_last = false;
-  opts.threads = static_cast<int>(d.loader_threads);
-  data::ImageLoader loader(set, norm, opts);
-  EvalResult r;
-  double loss_sum = 0;
-  int64_t correct = 0;
-  for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
-    data::Batch batch = loader.next();
-    int64_t hits = 0;
-    const double loss = model.forward(models::Tensor{batch.images.data(), {batch.size, 3, 32, 32}},
-                                      batch.labels.data(), models::Mode::kEval, &hits);
-    loss_sum += loss * batch.size;
-    correct += hits;
-    r.samples += batch.size;
+// A resumed run continues metrics.jsonl: drop the records a killed run wrote after the checkpoint.
+void truncate_metrics(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const auto pos = line.find("\"step\":");
+    if (pos != std::string::npos && std::atoll(line.c_str() + pos + 7) > step) continue;
+    kept += line + "\n";
   }
-  r.loss = r.samples ? loss_sum / r.samples : 0;
-  r.accuracy = r.samples ? static_cast<double>(correct) / r.samples : 0;
-  return r;
+  in.close();
+  std::ofstream(path, std::ios::trunc) << kept;
 }
 
 }  // namespace
 
-int configure_threads(int64_t requested) {
-  int threads = static_cast<int>(requested);
-  if (threads <= 0) {
-    // Open MPI tells each rank how many ranks share its node; divide the cores among them.
-    int local_ranks = 1;
-    if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local_ranks = std::max(1, std::atoi(s));
-    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_ranks);
-  }
-  omp_set_num_threads(threads);  // oneDNN (OpenMP runtime) and OpenBLAS (OpenMP build) follow this
-  return threads;
-}
-
-void print_dry_run(const Config& config) {
+void print_dry_run(const Config& config, comm::Communicator& comm) {
+  if (comm.rank() != 0) return;
   std::printf("%s\n", to_toml(config).c_str());
-  auto model = models::make_image_model(model_options(config), models::cpu_backend(),
-                                        static_cast<uint64_t>(config.experiment.seed));
+  auto model = build_model(config);
   const int64_t n = model->parameters().size();
   std::printf("model: %s, %lld parameters in %zu tensors, gradient %.2f MB per step (%lld bytes)\n",
-              config.model.arch.c_str(), static_cast<long long>(n), model->parameters().views().size(),
-              n * 4 / 1e6, static_cast<long long>(n * 4));
-  std::printf("data: %s at %s%s, batch %lld per process\n", config.data.dataset.c_str(), config.data.root.c_str(),
-              config.data.synthesize_if_missing ? " (synthesized if missing)" : "",
-              static_cast<long long>(config.data.batch_size));
-  std::printf("sync: single process (no gradient exchange)\n");
+              config.model.arch.c_str(), static_cast<long long>(n), model->parameters().views().size(), n * 4 / 1e6,
+              static_cast<long long>(n * 4));
+  std::printf("data: %s at %s%s, batch %lld per process x %d processes\n", config.data.dataset.c_str(),
+              config.data.root.c_str(), config.data.synthesize_if_missing ? " (synthesized if missing)" : "",
+              static_cast<long long>(config.data.batch_size), comm.size());
+  auto sync = comm::make_gradient_sync(sync_options(config), comm, n);
+  std::printf("sync: %s\n", sync->describe().c_str());
   std::printf("output: %s\n", output_dir(config).c_str());
 }
 
-RunSummary run_training(const Config& config) {
+RunSummary run_training(const Config& config, const RunOptions& options, comm::Communicator& comm) {
   const auto t_start = Clock::now();
-  Progress progress(Progress::stdout_is_terminal());
-  const int threads = configure_threads(config.runtime.threads);
+  const int rank = comm.rank(), world = comm.size();
+  const bool lead = rank == 0;
+  Progress progress(lead && Progress::stdout_is_terminal());
+  auto say = [&](const std::string& text) {
+    if (lead) progress.line(text);
+  };
+  const int threads = configure_runtime(config, comm.local_size());
   const std::string out = output_dir(config);
-  fs::create_directories(out);
-  {
+  if (lead) {
+    fs::create_directories(out + "/comm");
     std::ofstream f(out + "/config.toml");
     f << to_toml(config);
     if (!f) throw std::runtime_error(out + "/config.toml: write failed");
   }
-  MetricsWriter metrics(out + "/metrics.jsonl");
+  comm.barrier("BARRIER_SETUP");
+  comm::CommLogOptions log_options;
+  log_options.enabled = config.comm.log;
+  log_options.path = out + "/comm/rank" + std::to_string(rank) + ".jsonl";
+  log_options.first_step = config.comm.log_first_step;
+  log_options.last_step = config.comm.log_last_step;
+  log_options.every = config.comm.log_every;
+  comm.log().open(log_options, rank, world);
 
+  Experiment e = build_experiment(config, comm, say);
+  models::ImageClassifier& model = *e.model;
+  models::ParameterStore& params = model.parameters();
+  models::ParameterStore& buffers = model.buffers();
+  comm::SyncBuffers sync_buffers{params.values(), params.grads(), params.size(), buffers.values(), buffers.size(),
+                                 &params.views()};
   const DataConfig& d = config.data;
-  prepare_dataset(d, progress);
-  const data::ImageSet train_set = data::read_cifar10(d.root, true);
-  const data::ImageSet test_set = data::read_cifar10(d.root, false);
-  const data::Normalization norm = data::channel_stats(train_set);
-
-  const uint64_t seed = static_cast<uint64_t>(config.experiment.seed);
-  auto model = models::make_image_model(model_options(config), models::cpu_backend(), seed);
-  models::ParameterStore& params = model->parameters();
-  optim::Sgd sgd(params.size(), {config.optim.momentum, config.optim.nesterov, config.optim.weight_decay,
-                                 config.optim.decoupled_weight_decay});
-  const optim::ScheduleOptions schedule = schedule_options(config.optim);
-
   data::LoaderOptions lo;
   lo.batch_size = d.batch_size;
   lo.shuffle = true;
   lo.augment = d.augment;
   lo.drop_last = true;
-  lo.seed = seed;
+  lo.seed = static_cast<uint64_t>(config.experiment.seed);
+  lo.rank = rank;
+  lo.world = world;
   lo.threads = static_cast<int>(d.loader_threads);
-  data::ImageLoader loader(train_set, norm, lo);
+  data::ImageLoader loader(e.train_set, e.norm, lo);
   const int64_t steps_per_epoch = loader.batches_per_epoch();
-  if (steps_per_epoch == 0)
-    throw std::runtime_error(d.root + ": " + std::to_string(train_set.size()) +
-                             " training images are fewer than one batch of " + std::to_string(d.batch_size));
   int64_t total_steps = config.train.epochs * steps_per_epoch;
   if (config.train.max_steps > 0) total_steps = std::min(total_steps, config.train.max_steps);
 
-  progress.line("trainer: " + config.experiment.name + ": " + config.model.arch + " (" +
-                std::to_string(params.size()) + " parameters) on " + std::to_string(train_set.size()) +
-                " images, " + std::to_string(total_steps) + " steps of batch " + std::to_string(d.batch_size) +
-                ", " + std::to_string(threads) + " threads; output in " + out);
+  const CheckpointIdentity identity{world, rank, config_hash(config), config.model.arch};
+  int64_t first_step = 0;
+  if (!options.resume.empty()) {
+    LoadedCheckpoint ck = load_checkpoint(out, options.resume, identity, params, buffers, comm);
+    if (!ck.warning.empty()) say("warning: " + ck.warning);
+    std::istringstream opt_state(ck.state.optimizer_state), sync_state(ck.state.sync_state);
+    e.optimizer->load(opt_state);
+    e.sync->load(sync_state);
+    first_step = ck.state.step;
+    loader.seek(ck.state.epoch, ck.state.batch_in_epoch);
+    if (lead) truncate_metrics(out + "/metrics.jsonl", first_step);
+    say(fmt("resumed from %s at step %lld", ck.path.c_str(), static_cast<long long>(first_step)));
+  } else {
+    check_identical(params, comm);
+    if (lead) std::ofstream(out + "/metrics.jsonl", std::ios::trunc);
+  }
+  std::unique_ptr<MetricsWriter> metrics;
+  if (lead) metrics = std::make_unique<MetricsWriter>(out + "/metrics.jsonl");
 
-  RunSummary summary;
-  // Interval accumulators, reset at each log line.
-  double loss_sum = 0, t_data = 0, t_compute = 0, t_optim = 0;
-  int64_t interval_steps = 0, interval_samples = 0, interval_correct = 0;
-  auto interval_start = Clock::now();
-  const auto train_start = Clock::now();
+  say(fmt("trainer: %s: %s (%lld parameters) on %lld images, steps %lld..%lld of batch %lld x %d processes, "
+          "%d threads each, sync %s; output in %s",
+          config.experiment.name.c_str(), config.model.arch.c_str(), static_cast<long long>(params.size()),
+          static_cast<long long>(e.train_set.size()), static_cast<long long>(first_step),
+          static_cast<long long>(total_steps), static_cast<long long>(d.batch_size), world, threads,
+          config.sync.method.c_str(), out.c_str()));
 
-  auto run_eval = [&](int64_t step, int64_t epoch) {
-    const auto t0 = Clock::now();
-    EvalResult r = evaluate(*model, test_set, norm, d);
-    summary.final_accuracy = r.accuracy;
-    summary.best_accuracy = std::max(summary.best_accuracy, r.accuracy);
-    metrics.write({{"split", "test"}, {"step", step}, {"epoch", epoch}, {"time_s", ms_since(t_start) / 1e3},
-                   {"loss", r.loss}, {"accuracy", r.accuracy}, {"samples", r.samples}});
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "eval  step %lld epoch %lld: test loss %.4f, accuracy %.2f%% (%lld images, %.1fs)",
-                  static_cast<long long>(step), static_cast<long long>(epoch), r.loss, 100 * r.accuracy,
-                  static_cast<long long>(r.samples), ms_since(t0) / 1e3);
-    progress.line(buf);
+  auto save = [&](int64_t step) {
+    TrainingState state;
+    state.step = step;
+    state.epoch = step / steps_per_epoch;
+    state.batch_in_epoch = step % steps_per_epoch;
+    std::ostringstream opt_state, sync_state;
+    e.optimizer->save(opt_state);
+    e.sync->save(sync_state);
+    state.optimizer_state = opt_state.str();
+    state.sync_state = sync_state.str();
+    save_checkpoint(out, identity, params, buffers, state, comm, static_cast<int>(config.train.keep_checkpoints));
   };
 
-  for (int64_t step = 0; step < total_steps; ++step) {
+  RunSummary summary;
+  double best = 0;
+  auto run_eval = [&](int64_t step, int64_t epoch) {
+    const auto t0 = Clock::now();
+    const EvalResult r = evaluate(model, e.test_set, e.norm, d, comm);
+    summary.final_accuracy = r.accuracy;
+    best = std::max(best, r.accuracy);
+    if (!lead) return;
+    metrics->write({{"split", "test"}, {"step", step}, {"epoch", epoch}, {"time_s", ms_since(t_start) / 1e3},
+                    {"loss", r.loss}, {"accuracy", r.accuracy}, {"samples", r.samples}});
+    progress.line(fmt("eval  step %lld epoch %lld: test loss %.4f, accuracy %.2f%% (%lld images, %.1fs)",
+                      static_cast<long long>(step), static_cast<long long>(epoch), r.loss, 100 * r.accuracy,
+                      static_cast<long long>(r.samples), ms_since(t0) / 1e3));
+  };
+
+  // Interval accumulators, reset at each metrics record.
+  double loss_sum = 0, t_data = 0, t_compute = 0, t_sync = 0, t_optim = 0, density_sum = 0;
+  int64_t interval_steps = 0, interval_samples = 0, interval_correct = 0, sent = 0, received = 0;
+  auto interval_start = Clock::now();
+  const auto train_start = Clock::now();
+  comm::Phase phase = comm::Phase::kDense;
+
+  for (int64_t step = first_step; step < total_steps; ++step) {
     const int64_t epoch = step / steps_per_epoch;
     auto t0 = Clock::now();
     data::Batch batch = loader.next();
     t_data += ms_since(t0);
 
+    if (rank == options.fail_rank && step == options.fail_step)
+      throw std::runtime_error(fmt("injected failure at step %lld (--inject-failure)", static_cast<long long>(step)));
     t0 = Clock::now();
     int64_t correct = 0;
-    const double loss = model->forward(models::Tensor{batch.images.data(), {batch.size, 3, 32, 32}},
-                                       batch.labels.data(), models::Mode::kTrain, &correct);
+    const double loss = model.forward(models::Tensor{batch.images.data(), {batch.size, 3, 32, 32}},
+                                      batch.labels.data(), models::Mode::kTrain, &correct);
     if (!std::isfinite(loss))
-      throw std::runtime_error("training diverged: loss is " + std::to_string(loss) + " at step " +
-                               std::to_string(step) + " (lower optim.lr or set optim.grad_clip_norm)");
-    model->backward();
+      throw std::runtime_error(fmt("training diverged on rank %d: loss is %f at step %lld (lower optim.lr or set "
+                                   "optim.grad_clip_norm)",
+                                   rank, loss, static_cast<long long>(step)));
+    model.backward();
     t_compute += ms_since(t0);
 
     t0 = Clock::now();
-    if (config.optim.grad_clip_norm > 0) optim::clip_grad_norm(params.grads(), params.size(), config.optim.grad_clip_norm);
-    const double lr = optim::learning_rate(schedule, step, steps_per_epoch, total_steps);
-    sgd.step(params.values(), params.grads(), lr);
-    t_optim += ms_since(t0);
+    const comm::SyncStats stats = e.sync->reduce(sync_buffers, step);
+    t_sync += ms_since(t0);
 
+    t0 = Clock::now();
+    if (config.optim.grad_clip_norm > 0)
+      optim::clip_grad_norm(params.grads(), params.size(), config.optim.grad_clip_norm);
+    const double lr = optim::learning_rate(e.schedule, step, steps_per_epoch, total_steps);
+    e.optimizer->step(params.values(), params.grads(), lr);
+    t_optim += ms_since(t0);
+    t0 = Clock::now();
+    e.sync->after_step(sync_buffers, step);
+    t_sync += ms_since(t0);
+
+    int64_t step_sent = 0, step_received = 0;
+    comm.log().take_totals(step_sent, step_received);
+    sent += step_sent;
+    received += step_received;
+    phase = stats.phase;
+    density_sum += stats.density;
     loss_sum += loss;
     interval_steps += 1;
     interval_samples += batch.size;
     interval_correct += correct;
     const int64_t done = step + 1;
     const bool log_now = done % config.train.log_every_steps == 0 || done == total_steps;
-    const double interval_s = ms_since(interval_start) / 1e3;
-    const double rate = interval_samples / std::max(interval_s, 1e-9);
-    const double elapsed = ms_since(train_start) / 1e3;
-    char line[200];
-    std::snprintf(line, sizeof line, "step %lld/%lld  epoch %lld  loss %.4f  lr %.4g  %.0f samples/s  ETA %s",
-                  static_cast<long long>(done), static_cast<long long>(total_steps), static_cast<long long>(epoch),
-                  loss_sum / interval_steps, lr, rate,
-                  format_duration(elapsed / done * (total_steps - done)).c_str());
-    progress.step(line, log_now);
+    if (lead) {
+      const double rate = interval_samples * world / std::max(ms_since(interval_start) / 1e3, 1e-9);
+      const double elapsed = ms_since(train_start) / 1e3;
+      const double busy = t_data + t_compute + t_sync + t_optim;
+      progress.step(fmt("step %lld/%lld  epoch %lld  loss %.4f  lr %.4g  %.0f samples/s  sync %.0f%%  ETA %s",
+                        static_cast<long long>(done), static_cast<long long>(total_steps),
+                        static_cast<long long>(epoch), loss_sum / interval_steps, lr, rate,
+                        busy > 0 ? 100 * t_sync / busy : 0.0,
+                        format_duration(elapsed / (done - first_step) * (total_steps - done)).c_str()),
+                    log_now);
+      if (log_now) {
+        const double k = 1.0 / interval_steps;
+        metrics->write({{"step", done},
+                        {"epoch", epoch},
+                        {"time_s", ms_since(t_start) / 1e3},
+                        {"loss", loss_sum * k},
+                        {"train_accuracy", static_cast<double>(interval_correct) / interval_samples},
+                        {"lr", lr},
+                        {"samples_per_s", rate},
+                        {"t_data_ms", t_data * k},
+                        {"t_compute_ms", t_compute * k},
+                        {"t_sync_ms", t_sync * k},
+                        {"t_optim_ms", t_optim * k},
+                        {"bytes_sent", static_cast<double>(sent) * k},
+                        {"bytes_recv", static_cast<double>(received) * k},
+                        {"density", density_sum * k},
+                        {"phase", comm::phase_name(phase)}});
+      }
+    }
     if (log_now) {
-      const double k = 1.0 / interval_steps;
-      metrics.write({{"step", done}, {"epoch", epoch}, {"time_s", ms_since(t_start) / 1e3},
-                     {"loss", loss_sum * k}, {"train_accuracy", static_cast<double>(interval_correct) / interval_samples},
-                     {"lr", lr}, {"samples_per_s", rate}, {"t_data_ms", t_data * k}, {"t_compute_ms", t_compute * k},
-                     {"t_sync_ms", 0.0}, {"t_optim_ms", t_optim * k}, {"bytes_sent", 0}, {"density", 1.0},
-                     {"phase", "dense"}});
-      loss_sum = t_data = t_compute = t_optim = 0;
-      interval_steps = interval_samples = interval_correct = 0;
+      loss_sum = t_data = t_compute = t_sync = t_optim = density_sum = 0;
+      interval_steps = interval_samples = interval_correct = sent = received = 0;
       interval_start = Clock::now();
     }
-    const bool epoch_end = done % steps_per_epoch == 0;
     const int64_t every = config.train.eval_every_steps;
+    const bool epoch_end = done % steps_per_epoch == 0;
     if ((every > 0 && done % every == 0) || (every == 0 && epoch_end) || done == total_steps) run_eval(done, epoch);
+    const int64_t ck_every = config.train.checkpoint_every;
+    if ((ck_every > 0 && done % ck_every == 0) || done == total_steps) save(done);
+    if (done == options.stop_after) {
+      comm.log().flush();
+      if (lead) progress.line(fmt("stopping after step %lld (--stop-after)", static_cast<long long>(done)));
+      return summary;
+    }
   }
-  progress.finish();
+  if (lead) progress.finish();
+  comm.log().flush();
 
   summary.steps = total_steps;
+  summary.best_accuracy = best;
   summary.seconds = ms_since(t_start) / 1e3;
-  summary.samples_per_s = total_steps * d.batch_size / std::max(ms_since(train_start) / 1e3, 1e-9);
-  char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "done: %lld steps in %s (%.0f samples/s); test accuracy final %.2f%%, best %.2f%%",
-                static_cast<long long>(summary.steps), format_duration(summary.seconds).c_str(),
-                summary.samples_per_s, 100 * summary.final_accuracy, 100 * summary.best_accuracy);
-  progress.line(buf);
-  std::ofstream(out + "/summary.json") << nlohmann::json{{"steps", summary.steps},
-                                                        {"final_accuracy", summary.final_accuracy},
-                                                        {"best_accuracy", summary.best_accuracy},
-                                                        {"seconds", summary.seconds},
-                                                        {"samples_per_s", summary.samples_per_s}}
-                                              .dump(2)
-                                       << "\n";
+  summary.samples_per_s =
+      (total_steps - first_step) * d.batch_size * world / std::max(ms_since(train_start) / 1e3, 1e-9);
+  const std::string table = comm::comm_summary(comm);
+  if (lead) {
+    progress.line(fmt("done: %lld steps in %s (%.0f samples/s); test accuracy final %.2f%%, best %.2f%%",
+                      static_cast<long long>(summary.steps), format_duration(summary.seconds).c_str(),
+                      summary.samples_per_s, 100 * summary.final_accuracy, 100 * summary.best_accuracy));
+    if (world > 1 || config.comm.log) {
+      progress.line("communication (all ranks):\n" + table);
+      comm::write_comm_summary(table, out + "/comm/summary.txt");
+    }
+    std::ofstream(out + "/summary.json") << nlohmann::json{{"steps", summary.steps},
+                                                          {"world_size", world},
+                                                          {"final_accuracy", summary.final_accuracy},
+                                                          {"best_accuracy", summary.best_accuracy},
+                                                          {"seconds", summary.seconds},
+                                                          {"samples_per_s", summary.samples_per_s}}
+                                                .dump(2)
+                                         << "\n";
+  }
   return summary;
 }
 

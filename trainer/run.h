@@ -1,10 +1,22 @@
-// The training loop: data -> forward -> backward -> (gradient sync) -> optimizer -> metrics,
-// with periodic evaluation. One function, read top to bottom (DESIGN.md section 2).
+// The training loop: data -> forward -> backward -> gradient sync -> optimizer -> metrics, with
+// periodic evaluation and checkpoints. One function, read top to bottom (DESIGN.md section 2).
 #pragma once
 
+#include <string>
+
+#include "comm/communicator.h"
 #include "trainer/config.h"
 
 namespace trainer::app {
+
+struct RunOptions {
+  std::string resume;  // "" (fresh run), "latest", or a checkpoint folder
+  // Testing hooks (hidden CLI flags): stop right after this step as if killed (no final
+  // checkpoint), and throw on one rank at one step, to check that the whole job ends.
+  int64_t stop_after = -1;
+  int fail_rank = -1;
+  int64_t fail_step = -1;
+};
 
 struct RunSummary {
   int64_t steps = 0;
@@ -12,15 +24,14 @@ struct RunSummary {
   double seconds = 0, samples_per_s = 0;
 };
 
-// Trains as the config says, writing config.toml, metrics.jsonl and summary.json under the
-// output folder. Throws std::runtime_error (one clear line) on bad data or a diverged loss.
-RunSummary run_training(const Config& config);
+// Trains as the config says on every rank of `comm`. Rank 0 writes config.toml, metrics.jsonl,
+// summary.json and comm/summary.txt under the output folder; every rank writes its
+// comm/rank<R>.jsonl and checkpoint state. Throws std::runtime_error (one clear line) on bad data,
+// a damaged checkpoint or a diverged loss.
+RunSummary run_training(const Config& config, const RunOptions& options, comm::Communicator& comm);
 
-// Applies runtime.threads (0: hardware cores divided by the ranks on this node) to OpenMP, oneDNN
-// and OpenBLAS. Returns the count.
-int configure_threads(int64_t requested);
-
-// Prints what a run would do: resolved config, model summary (parameters, gradient bytes), data.
-void print_dry_run(const Config& config);
+// Prints what a run would do: resolved config, model summary (parameters, gradient bytes), data
+// and the sync plan.
+void print_dry_run(const Config& config, comm::Communicator& comm);
 
 }  // namespace trainer::app

@@ -1,0 +1,86 @@
+// The network seam: every byte a training step sends goes through a Communicator, and every call
+// carries an op tag (DESIGN.md section 3, e.g. "ALLREDUCE_DENSE", "ISEND_INDEX") that the CommLog
+// records with the step, phase, sizes and times. The MPI implementation is the only one today; an
+// NCCL one (device buffers) arrives with the CUDA backend.
+//
+// Sizes are in elements of the given DType unless a name says bytes; counts are 64-bit (messages
+// beyond MPI's int counts are cut into pieces inside). Collectives are called by all ranks in the
+// same order, as in MPI. Each call is one record in the log (comm_log.h): collectives with peer -1,
+// `bytes` what leaves this rank and `bytes_recv` what arrives from other ranks (per call below);
+// a send or receive is recorded when wait/wait_all completes it, timed from the post.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trainer::comm {
+
+class CommLog;
+
+enum class DType { kF32, kF64, kI32, kI64, kU8 };
+enum class ReduceOp { kSum, kMax, kMin };
+int64_t dtype_size(DType t);
+
+// A pending nonblocking send or receive; complete it with Communicator::wait / wait_all.
+struct Request {
+  int64_t id = -1;  // index into the communicator's table of pending operations
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Ranks sharing this node (for dividing cores among threads).
+  virtual int local_size() const = 0;
+
+  // The log every call is recorded in (may be disabled; then recording costs two adds and a
+  // branch). CommLog::Pause makes calls unlogged (the summary's own gathers).
+  virtual CommLog& log() = 0;
+
+  // In place, every op for every type. Logged: count elements sent and count received.
+  virtual void allreduce(void* buffer, int64_t count, DType type, ReduceOp op, const char* tag) = 0;
+  // send: `count` elements from this rank; recv: size() * count elements, rank order. `send` may be
+  // this rank's own block of `recv` (in place). Logged: count sent, (size()-1) * count received.
+  virtual void allgather(const void* send, int64_t count, void* recv, DType type, const char* tag) = 0;
+  // send: send_count elements; recv_counts[r]: what rank r contributes (all ranks pass the same
+  // recv_counts; zeros are fine); recv is laid out in rank order, densely; `send` may be this
+  // rank's own block of `recv`. Logged: send_count sent, the other ranks' counts received.
+  virtual void allgatherv(const void* send, int64_t send_count, void* recv, const std::vector<int64_t>& recv_counts,
+                          DType type, const char* tag) = 0;
+  // send/recv: size() blocks of `count` elements each; block r goes to / comes from rank r. The two
+  // buffers must not overlap. Logged: (size()-1) * count both ways.
+  virtual void alltoall(const void* send, int64_t count, void* recv, DType type, const char* tag) = 0;
+  // Logged: the root sends count, every other rank receives count.
+  virtual void broadcast(void* buffer, int64_t count, DType type, int root, const char* tag) = 0;
+  virtual void barrier(const char* tag) = 0;
+
+  // Point to point. `channel` separates concurrent streams between the same pair (MPI's tag, >= 0);
+  // messages on one channel between one pair arrive in the order they were sent. A receive's
+  // `count` is its capacity and the log records what actually arrived; a message over 2^30 bytes
+  // must be received with exactly the sent count (see set_message_piece_bytes). Buffers must stay untouched until the wait.
+  virtual Request isend(const void* buffer, int64_t count, DType type, int peer, int channel, const char* tag) = 0;
+  virtual Request irecv(void* buffer, int64_t count, DType type, int peer, int channel, const char* tag) = 0;
+  // Completes the request and sets its id to -1; waiting on an id of -1 does nothing.
+  virtual void wait(Request& request) = 0;
+  // Completes all, logging each at the moment it completed (not when the last one did).
+  virtual void wait_all(std::vector<Request>& requests) = 0;
+
+  // Ends every rank of the job now (after this rank printed its error): no rank is left waiting
+  // in a collective for a peer that will never arrive. Writes out this rank's log first.
+  [[noreturn]] virtual void abort(int exit_code) = 0;
+};
+
+// MPI_COMM_WORLD. Initializes MPI on first use (MPI_THREAD_FUNNELED: only the thread that first
+// called world() communicates; works without mpiexec as a world of one) and finalizes it at exit.
+// The log is created disabled; the trainer configures it.
+Communicator& world();
+
+// Messages are cut into pieces of at most this many bytes (default and maximum 2^30) because MPI
+// counts are int. Tests lower it to run the piece paths on small buffers; all ranks must use the
+// same value. Returns the previous one.
+int64_t set_message_piece_bytes(int64_t bytes);
+
+}  // namespace trainer::comm

@@ -1,0 +1,29 @@
+#pragma once
+
+#include "comm/sync/gradient_sync.h"
+
+namespace trainer::comm {
+
+// Dense data parallelism (synchronous SGD): the flat gradient is allreduced in buckets of
+// bucket_mb megabytes (as PyTorch DDP does, so no single message is the whole model) and divided
+// by the world size. Every step sends 2(P-1)/P x 4n bytes per rank with a ring allreduce. No state.
+class DenseSync final : public GradientSync {
+ public:
+  DenseSync(Communicator& comm, int64_t n, double bucket_mb);
+  std::string name() const override { return "dense"; }
+  std::string describe() const override;
+  SyncStats reduce(SyncBuffers& b, int64_t step) override;
+  void save(std::ostream& out) const override;
+  void load(std::istream& in) override;
+
+ private:
+  Communicator& comm_;
+  int64_t n_;
+  int64_t bucket_elements_;
+};
+
+// Allreduce-average of a flat float buffer in buckets, tagged `tag`: what dense gradient sync and
+// parameter averaging (local SGD) both do.
+void allreduce_average(Communicator& comm, float* data, int64_t n, int64_t bucket_elements, const char* tag);
+
+}  // namespace trainer::comm

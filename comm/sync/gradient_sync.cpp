@@ -1,0 +1,61 @@
+#include "comm/sync/gradient_sync.h"
+
+#include <sstream>
+#include <stdexcept>
+
+#include "comm/sync/dense.h"
+#include "comm/sync/local_sgd.h"
+#include "comm/sync/sync_state.h"
+
+namespace trainer::comm {
+namespace {
+
+// The dense warmup of DESIGN.md section 4, as a decorator around any method: the first
+// `warmup_steps` steps are dense allreduce; from then on the method runs (compression starts from
+// zero residuals: the method has not seen a gradient before its first step).
+class WarmupSync final : public GradientSync {
+ public:
+  WarmupSync(std::unique_ptr<GradientSync> method, Communicator& comm, int64_t n, double bucket_mb,
+             int64_t warmup_steps)
+      : method_(std::move(method)), dense_(comm, n, bucket_mb), warmup_steps_(warmup_steps) {}
+  std::string name() const override { return method_->name(); }
+  std::string describe() const override {
+    return "first " + std::to_string(warmup_steps_) + " steps: " + dense_.describe() + "\nthen " + method_->describe();
+  }
+  SyncStats reduce(SyncBuffers& b, int64_t step) override {
+    return step < warmup_steps_ ? dense_.reduce(b, step) : method_->reduce(b, step);
+  }
+  void after_step(SyncBuffers& b, int64_t step) override {
+    if (step >= warmup_steps_) method_->after_step(b, step);
+  }
+  void save(std::ostream& out) const override { method_->save(out); }
+  void load(std::istream& in) override { method_->load(in); }
+
+ private:
+  std::unique_ptr<GradientSync> method_;
+  DenseSync dense_;
+  int64_t warmup_steps_;
+};
+
+}  // namespace
+
+const std::vector<std::string>& sync_method_names() {
+  static const std::vector<std::string> names{"dense", "local_sgd"};
+  return names;
+}
+
+std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communicator& comm, int64_t n) {
+  std::unique_ptr<GradientSync> method;
+  if (o.method == "dense") return std::make_unique<DenseSync>(comm, n, o.bucket_mb);
+  if (o.method == "local_sgd") method = std::make_unique<LocalSgd>(comm, n, o.bucket_mb, o.period);
+  if (!method) {
+    std::string list;
+    for (const auto& name : sync_method_names()) list += (list.empty() ? "" : ", ") + name;
+    throw std::invalid_argument("unknown sync.method '" + o.method + "' (available: " + list + ")");
+  }
+  if (o.dense_warmup_steps > 0)
+    return std::make_unique<WarmupSync>(std::move(method), comm, n, o.bucket_mb, o.dense_warmup_steps);
+  return method;
+}
+
+}  // namespace trainer::comm

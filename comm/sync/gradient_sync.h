@@ -1,0 +1,68 @@
+// The gradient-sync stage: the only place a training step talks to the network (DESIGN.md
+// sections 2 and 4). A method is one class behind this small interface, chosen by
+// `[sync] method` and built by make_gradient_sync(); it owns its state (residuals, thresholds,
+// region bounds, PowerSGD factors, counters) and saves and restores it for exact resume.
+//
+// Per step the trainer calls, in order:
+//   reduce(grads)        after backward: on return grads holds what the optimizer must apply
+//                        (the average over ranks for synchronous methods; the local gradient for
+//                        local SGD between averaging steps)
+//   optimizer step
+//   after_step(params)   after the optimizer: local SGD averages parameters here
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/comm_log.h"
+#include "comm/communicator.h"
+#include "models/parameters.h"
+
+namespace trainer::comm {
+
+// What a step's sync did, for metrics.jsonl.
+struct SyncStats {
+  Phase phase = Phase::kDense;
+  double density = 1.0;  // fraction of gradient entries this rank contributed
+};
+
+// The model's flat buffers as the sync stage sees them.
+struct SyncBuffers {
+  float* params = nullptr;
+  float* grads = nullptr;
+  int64_t n = 0;  // elements of params and grads
+  float* state = nullptr;  // non-trainable model state (BN running statistics), averaged with params
+  int64_t n_state = 0;     // by methods that average parameters
+  const std::vector<models::ParamView>* views = nullptr;  // named tensors, for layer-wise methods
+};
+
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  virtual std::string name() const = 0;
+  // One line per fact for --dry-run: what is sent per step and how much.
+  virtual std::string describe() const = 0;
+  virtual SyncStats reduce(SyncBuffers& b, int64_t step) = 0;
+  virtual void after_step(SyncBuffers& b, int64_t step) {}
+  // Versioned binary state; load() throws std::runtime_error naming what does not match.
+  virtual void save(std::ostream& out) const = 0;
+  virtual void load(std::istream& in) = 0;
+};
+
+struct SyncOptions {
+  std::string method = "dense";
+  int64_t dense_warmup_steps = 0;
+  double bucket_mb = 25.0;  // dense allreduce bucket size (PyTorch DDP's default)
+  int64_t period = 1;       // local SGD: average parameters every `period` steps
+};
+
+// The methods this build provides, for the config's choice list and error messages.
+const std::vector<std::string>& sync_method_names();
+
+// Throws std::invalid_argument naming the available methods for an unknown one.
+std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& options, Communicator& comm, int64_t n);
+
+}  // namespace trainer::comm

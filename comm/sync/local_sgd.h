@@ -1,0 +1,29 @@
+#pragma once
+
+#include "comm/sync/gradient_sync.h"
+
+namespace trainer::comm {
+
+// Local SGD (Stich 2019; Lin et al. 2020, "Don't use large mini-batches, use local SGD"): each
+// rank steps on its own gradient; after every `period`-th step the parameters, and the batch-norm
+// running statistics with them, are averaged by allreduce (ALLREDUCE_PARAMS). Momentum buffers
+// stay local. Communication per rank drops by the factor `period` against dense.
+// The dense warmup (synchronous SGD) is the GradientSync wrapper's job.
+class LocalSgd final : public GradientSync {
+ public:
+  LocalSgd(Communicator& comm, int64_t n, double bucket_mb, int64_t period);
+  std::string name() const override { return "local_sgd"; }
+  std::string describe() const override;
+  SyncStats reduce(SyncBuffers& b, int64_t step) override;
+  void after_step(SyncBuffers& b, int64_t step) override;
+  void save(std::ostream& out) const override;
+  void load(std::istream& in) override;
+
+ private:
+  Communicator& comm_;
+  int64_t n_;
+  int64_t bucket_elements_;
+  int64_t period_;
+};
+
+}  // namespace trainer::comm

@@ -1,0 +1,245 @@
+// The trainer program under mpiexec: bit-identical resume (stopped between checkpoints, on a
+// checkpoint, and killed with SIGKILL), damaged and mismatched checkpoints, the comm log of dense
+// sync, and failure behaviour (an error or a killed process on one rank ends the whole job).
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "data/synthetic_cifar.h"
+#include "models/safetensors.h"
+
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+
+namespace {
+
+struct Outcome {
+  int exit_code;
+  std::string output;
+};
+
+Outcome run(const std::string& command) {
+  std::FILE* pipe = popen(("timeout 600 " + command + " 2>&1").c_str(), "r");
+  REQUIRE(pipe);
+  Outcome o;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, pipe)) o.output += buf;
+  const int status = pclose(pipe);
+  o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return o;
+}
+
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& name) : path(fs::temp_directory_path() / ("trainer_par_" + name)) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+const fs::path& dataset() {
+  static TempDir dir("data");
+  static bool made = false;
+  if (!made) {
+    trainer::data::write_synthetic_cifar10(dir.path.string(), 640, 100, 3);
+    made = true;
+  }
+  return dir.path;
+}
+
+// A small, fast experiment: ResNet-20 at batch 8 per rank on 640 images (40 steps per epoch at P=2).
+std::string trainer_command(int ranks, const fs::path& out, const std::string& extra) {
+  return std::string(TRAINER_MPIEXEC) + " -n " + std::to_string(ranks) + " " + TRAINER_BINARY + " --config " +
+         TRAINER_SOURCE_DIR + "/configs/quickstart_cifar.toml --set data.root=" + dataset().string() +
+         " --set data.synthesize_if_missing=false --set data.batch_size=8 --set data.eval_batch_size=50" +
+         " --set train.epochs=1 --set train.eval_every_steps=1000 --set train.log_every_steps=5" +
+         " --set runtime.threads=1 --set data.loader_threads=1 --set experiment.output_dir=" + out.string() + " " +
+         extra;
+}
+
+// Every tensor of every rank's state in a checkpoint folder, by "rank<R>.state/<tensor>".
+std::map<std::string, std::vector<uint8_t>> rank_states(const fs::path& checkpoint, int ranks) {
+  std::map<std::string, std::vector<uint8_t>> all;
+  for (int r = 0; r < ranks; ++r) {
+    const std::string file = "rank" + std::to_string(r) + ".state";
+    const auto st = trainer::models::read_safetensors((checkpoint / file).string());
+    for (const auto& t : st.tensors) all[file + "/" + t.name] = t.bytes;
+  }
+  return all;
+}
+
+void require_identical_states(const fs::path& a, const fs::path& b, int ranks) {
+  const auto x = rank_states(a, ranks), y = rank_states(b, ranks);
+  REQUIRE(x.size() == y.size());
+  for (const auto& [name, bytes] : x) {
+    INFO(name);
+    REQUIRE(y.count(name));
+    CHECK(bytes == y.at(name));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Resume is bit-identical: between checkpoints, on a checkpoint, dense and local SGD", "[mpi][resume]") {
+  const int P = 2;
+  for (const std::string method : {"dense", "local_sgd"}) {
+    SECTION(method) {
+      const std::string sync = "--set sync.method=" + method + " --set sync.period=3 --set sync.dense_warmup_steps=2" +
+                               " --set train.max_steps=16 --set train.checkpoint_every=5";
+      TempDir ref("ref_" + method);
+      REQUIRE(run(trainer_command(P, ref.path, sync)).exit_code == 0);
+      for (int stop : {7, 10}) {  // 7: between checkpoints 5 and 10; 10: on one
+        TempDir part("part_" + method + std::to_string(stop));
+        Outcome first = run(trainer_command(P, part.path, sync + " --stop-after " + std::to_string(stop)));
+        INFO(first.output);
+        REQUIRE(first.exit_code == 0);
+        Outcome second = run(trainer_command(P, part.path, sync + " --resume latest"));
+        INFO(second.output);
+        REQUIRE(second.exit_code == 0);
+        CHECK_THAT(second.output, Contains("resumed from"));
+        require_identical_states(ref.path / "checkpoints/step_16", part.path / "checkpoints/step_16", P);
+      }
+    }
+  }
+}
+
+TEST_CASE("A job killed with SIGKILL resumes from latest bit-identically", "[mpi][resume]") {
+  const int P = 2;
+  const std::string sync = "--set train.max_steps=30 --set train.checkpoint_every=4";
+  TempDir ref("kill_ref");
+  REQUIRE(run(trainer_command(P, ref.path, sync)).exit_code == 0);
+
+  TempDir part("kill_part");
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    setsid();  // its own process group, so the kill reaches mpiexec and every rank
+    execl("/bin/sh", "sh", "-c", (trainer_command(P, part.path, sync) + " > /dev/null 2>&1").c_str(), nullptr);
+    _exit(127);
+  }
+  const fs::path marker = part.path / "checkpoints/step_12/manifest.json";
+  for (int i = 0; i < 6000 && !fs::exists(marker); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(fs::exists(marker));
+  kill(-pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK(fs::exists(part.path / "checkpoints"));
+  CHECK_FALSE(fs::exists(part.path / "checkpoints/step_30"));
+
+  Outcome resumed = run(trainer_command(P, part.path, sync + " --resume latest"));
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  require_identical_states(ref.path / "checkpoints/step_30", part.path / "checkpoints/step_30", P);
+}
+
+TEST_CASE("Damaged, mismatched and foreign checkpoints are clear errors; latest falls back", "[mpi][resume]") {
+  const int P = 2;
+  const std::string base = "--set train.max_steps=8 --set train.checkpoint_every=4 --set train.keep_checkpoints=3";
+  TempDir dir("damaged");
+  REQUIRE(run(trainer_command(P, dir.path, base)).exit_code == 0);
+  const fs::path newest = dir.path / "checkpoints/step_8";
+  REQUIRE(fs::exists(newest / "manifest.json"));
+  fs::resize_file(newest / "rank1.state", fs::file_size(newest / "rank1.state") / 2);
+
+  Outcome latest = run(trainer_command(P, dir.path, base + " --set train.max_steps=10 --resume latest"));
+  INFO(latest.output);
+  CHECK(latest.exit_code == 0);
+  CHECK_THAT(latest.output, Contains("step_8") && Contains("step_4"));  // the warning names both
+
+  Outcome explicit_damaged = run(trainer_command(P, dir.path, base + " --resume " + newest.string()));
+  CHECK(explicit_damaged.exit_code != 0);
+  CHECK_THAT(explicit_damaged.output, Contains("rank1.state"));
+
+  Outcome world = run(trainer_command(1, dir.path, base + " --resume " + (dir.path / "checkpoints/step_4").string()));
+  CHECK(world.exit_code != 0);
+  CHECK_THAT(world.output, Contains("written by 2 processes") && Contains("this run has 1"));
+
+  Outcome foreign = run(trainer_command(P, dir.path, base + " --set model.arch=resnet32 --resume " +
+                                                          (dir.path / "checkpoints/step_4").string()));
+  CHECK(foreign.exit_code != 0);
+  CHECK_THAT(foreign.output, Contains("step_4"));
+}
+
+TEST_CASE("The comm log of dense sync: one allreduce per bucket per step, bytes = bucket sizes", "[mpi][commlog]") {
+  const int P = 3;
+  TempDir dir("commlog");
+  // ResNet-20 has 269,722 parameters = 1,078,888 bytes; 0.4 MB buckets -> 100,000 floats: 3 buckets.
+  Outcome o = run(trainer_command(P, dir.path, "--set train.max_steps=6 --set sync.bucket_mb=0.4"));
+  INFO(o.output);
+  REQUIRE(o.exit_code == 0);
+  for (int r = 0; r < P; ++r) {
+    std::ifstream log(dir.path / ("comm/rank" + std::to_string(r) + ".jsonl"));
+    REQUIRE(log);
+    std::map<int64_t, std::vector<int64_t>> per_step;
+    std::string line;
+    while (std::getline(log, line)) {
+      auto rec = nlohmann::json::parse(line);
+      if (rec["op"] != "ALLREDUCE_DENSE") continue;
+      CHECK(rec["phase"] == "dense");
+      CHECK(rec["peer"] == -1);
+      CHECK(rec["bytes"] == rec["bytes_recv"]);
+      per_step[rec["step"].get<int64_t>()].push_back(rec["bytes"].get<int64_t>());
+    }
+    CHECK(per_step.size() == 6);
+    for (const auto& [step, sizes] : per_step) CHECK(sizes == std::vector<int64_t>{400000, 400000, 278888});
+  }
+  CHECK(fs::exists(dir.path / "comm/summary.txt"));
+  CHECK_THAT(o.output, Contains("ALLREDUCE_DENSE"));
+}
+
+TEST_CASE("An error on one rank ends every rank promptly with one message", "[mpi][failure]") {
+  TempDir dir("failure");
+  const auto t0 = std::chrono::steady_clock::now();
+  Outcome o = run(trainer_command(3, dir.path, "--set train.max_steps=20 --inject-failure 1:5"));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(o.output);
+  CHECK(o.exit_code != 0);
+  CHECK_THAT(o.output, Contains("rank 1 of 3") && Contains("injected failure at step 5"));
+  CHECK(seconds < 120);
+}
+
+TEST_CASE("A rank killed by a signal ends the job (no hang)", "[mpi][failure]") {
+  TempDir dir("killed_rank");
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    setsid();
+    execl("/bin/sh", "sh", "-c",
+          (trainer_command(2, dir.path, "--set train.max_steps=2000 --set train.checkpoint_every=0") +
+           " > /dev/null 2>&1").c_str(),
+          nullptr);
+    _exit(127);
+  }
+  // Wait for training to be under way, then kill one rank (a trainer process, not mpiexec).
+  const fs::path metrics = dir.path / "metrics.jsonl";
+  for (int i = 0; i < 6000 && (!fs::exists(metrics) || fs::file_size(metrics) == 0); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(fs::exists(metrics));
+  const std::string find = "pgrep -g " + std::to_string(pid) + " -f 'trainer --config' | tail -1";
+  std::FILE* p = popen(find.c_str(), "r");
+  int victim = 0;
+  REQUIRE(std::fscanf(p, "%d", &victim) == 1);
+  pclose(p);
+  kill(victim, SIGKILL);
+  int status = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  pid_t done = 0;
+  while ((done = waitpid(pid, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (done == 0) kill(-pid, SIGKILL), waitpid(pid, &status, 0);
+  CHECK(done == pid);  // the job ended by itself
+}

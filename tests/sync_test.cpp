@@ -1,0 +1,157 @@
+// Multi-rank tests of the gradient-sync stage (run under mpiexec with P = 1, 2, 3, 4): dense data
+// parallelism equals one process with the whole batch; local SGD with period 1 equals dense; with a
+// longer period ranks agree right after averaging and differ in between; the comm log holds exactly
+// what dense must send.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <sstream>
+
+#include "comm/comm_log.h"
+#include "comm/communicator.h"
+#include "comm/sync/gradient_sync.h"
+#include "models/layers/batch_norm.h"
+#include "models/layers/conv2d.h"
+#include "models/layers/flatten.h"
+#include "models/layers/linear.h"
+#include "models/layers/pool2d.h"
+#include "models/layers/relu.h"
+#include "models/model.h"
+#include "optim/sgd.h"
+
+using namespace trainer;
+using namespace trainer::models;
+
+namespace {
+
+// A small CNN without batch norm: its gradient over a batch is the mean of per-sample gradients,
+// so P ranks with b samples each must reproduce one process with P*b samples.
+std::unique_ptr<ImageClassifier> small_cnn(uint64_t seed) {
+  auto m = std::make_unique<ImageClassifier>(cpu_backend(), "small_cnn", 0.f);
+  LayerContext ctx = m->context();
+  m->add(std::make_unique<Conv2d>(ctx, "conv", Conv2dOptions{3, 8, 3, 3, 1, 1, 1, 1, true}));
+  m->add(std::make_unique<ReLU>(ctx));
+  m->add(std::make_unique<Pool2d>(ctx, Pool2dOptions{PoolKind::kMax, 2, 2, 0, false}));
+  m->add(std::make_unique<Flatten>(ctx));
+  m->add(std::make_unique<Linear>(ctx, "fc", 8 * 4 * 4, 10));
+  m->finish(seed);
+  return m;
+}
+
+// The global batch of step `step`: `global` samples of 8x8x3 channels-last images and labels,
+// the same on every rank.
+void global_batch(int64_t step, int64_t global, std::vector<float>& x, std::vector<int32_t>& labels) {
+  std::mt19937_64 rng(1000 + step);
+  std::normal_distribution<float> normal;
+  x.resize(global * 8 * 8 * 3);
+  labels.resize(global);
+  for (auto& v : x) v = normal(rng);
+  for (auto& l : labels) l = static_cast<int32_t>(rng() % 10);
+}
+
+// Trains `steps` steps of SGD with momentum; each rank takes its contiguous slice of every global
+// batch of `per_rank * ranks` samples. ranks = 1 with per_rank = P*b is the single-process reference.
+std::vector<float> train(comm::GradientSync* sync, int rank, int ranks, int64_t per_rank, int steps) {
+  auto model = small_cnn(7);
+  auto& p = model->parameters();
+  optim::Sgd sgd(p.size(), {0.9, false, 1e-4, false});
+  comm::SyncBuffers b{p.values(), p.grads(), p.size(), model->buffers().values(), model->buffers().size(), &p.views()};
+  std::vector<float> x;
+  std::vector<int32_t> labels;
+  for (int step = 0; step < steps; ++step) {
+    global_batch(step, per_rank * ranks, x, labels);
+    const int64_t image = 8 * 8 * 3;
+    model->forward(Tensor{x.data() + rank * per_rank * image, {per_rank, 3, 8, 8}}, labels.data() + rank * per_rank,
+                   Mode::kTrain);
+    model->backward();
+    if (sync) sync->reduce(b, step);
+    sgd.step(p.values(), p.grads(), 0.05);
+    if (sync) sync->after_step(b, step);
+  }
+  return std::vector<float>(p.values(), p.values() + p.size());
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(double(a[i]) - b[i]));
+  return d;
+}
+
+// True when every rank holds bytewise the same vector.
+bool identical_on_all_ranks(comm::Communicator& comm, const std::vector<float>& v) {
+  std::vector<float> root = v;
+  comm.broadcast(root.data(), static_cast<int64_t>(root.size()), comm::DType::kF32, 0, "TEST");
+  int32_t same = std::memcmp(root.data(), v.data(), v.size() * sizeof(float)) == 0;
+  comm.allreduce(&same, 1, comm::DType::kI32, comm::ReduceOp::kMin, "TEST");
+  return same == 1;
+}
+
+}  // namespace
+
+TEST_CASE("Dense data parallelism equals one process with the whole batch", "[sync][mpi]") {
+  comm::Communicator& comm = comm::world();
+  const int P = comm.size();
+  auto probe = small_cnn(7);
+  auto sync = comm::make_gradient_sync({"dense", 0, 0.001, 1}, comm, probe->parameters().size());  // tiny buckets
+  const std::vector<float> parallel = train(sync.get(), comm.rank(), P, 4, 5);
+  const std::vector<float> single = train(nullptr, 0, 1, 4 * P, 5);
+  INFO("max |parallel - single| = " << max_abs_diff(parallel, single));
+  CHECK(max_abs_diff(parallel, single) < 2e-5);
+  CHECK(identical_on_all_ranks(comm, parallel));
+}
+
+TEST_CASE("Local SGD with period 1 equals dense", "[sync][mpi]") {
+  comm::Communicator& comm = comm::world();
+  const int64_t n = small_cnn(7)->parameters().size();
+  auto dense = comm::make_gradient_sync({"dense", 0, 25, 1}, comm, n);
+  auto local = comm::make_gradient_sync({"local_sgd", 0, 25, 1}, comm, n);
+  const auto a = train(dense.get(), comm.rank(), comm.size(), 4, 5);
+  const auto b = train(local.get(), comm.rank(), comm.size(), 4, 5);
+  INFO("max |local - dense| = " << max_abs_diff(a, b));
+  CHECK(max_abs_diff(a, b) < 2e-5);
+}
+
+TEST_CASE("Local SGD with period 3: identical after averaging, different in between", "[sync][mpi]") {
+  comm::Communicator& comm = comm::world();
+  const int64_t n = small_cnn(7)->parameters().size();
+  auto local = comm::make_gradient_sync({"local_sgd", 0, 25, 3}, comm, n);
+  // 6 steps end right after an averaging step (steps 2 and 5 average); 5 steps end in between.
+  const auto after_average = train(local.get(), comm.rank(), comm.size(), 4, 6);
+  CHECK(identical_on_all_ranks(comm, after_average));
+  const auto in_between = train(local.get(), comm.rank(), comm.size(), 4, 5);
+  if (comm.size() > 1) CHECK_FALSE(identical_on_all_ranks(comm, in_between));
+}
+
+TEST_CASE("Dense warmup then local SGD: synchronous for the warmup steps", "[sync][mpi]") {
+  comm::Communicator& comm = comm::world();
+  const int64_t n = small_cnn(7)->parameters().size();
+  auto warm = comm::make_gradient_sync({"local_sgd", 4, 25, 100}, comm, n);
+  CHECK(identical_on_all_ranks(comm, train(warm.get(), comm.rank(), comm.size(), 4, 4)));
+  auto warm2 = comm::make_gradient_sync({"local_sgd", 4, 25, 100}, comm, n);
+  const auto after = train(warm2.get(), comm.rank(), comm.size(), 4, 6);
+  if (comm.size() > 1) CHECK_FALSE(identical_on_all_ranks(comm, after));
+}
+
+TEST_CASE("An unknown sync method is a clear error listing the available ones", "[sync]") {
+  try {
+    comm::make_gradient_sync({"powersgd", 0, 25, 1}, comm::world(), 10);
+    FAIL("expected an error");
+  } catch (const std::invalid_argument& e) {
+    CHECK_THAT(e.what(), Catch::Matchers::Contains("powersgd") && Catch::Matchers::Contains("dense, local_sgd"));
+  }
+}
+
+TEST_CASE("Saved sync state restores, and another method's state is refused", "[sync]") {
+  comm::Communicator& comm = comm::world();
+  auto local = comm::make_gradient_sync({"local_sgd", 0, 25, 3}, comm, 10);
+  std::stringstream state;
+  local->save(state);
+  auto again = comm::make_gradient_sync({"local_sgd", 0, 25, 3}, comm, 10);
+  CHECK_NOTHROW(again->load(state));
+  std::stringstream state2;
+  local->save(state2);
+  auto dense = comm::make_gradient_sync({"dense", 0, 25, 1}, comm, 10);
+  CHECK_THROWS_WITH(dense->load(state2), Catch::Matchers::Contains("local_sgd"));
+}
