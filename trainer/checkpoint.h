@@ -1,0 +1,73 @@
+// Exact checkpoint and resume (DESIGN.md section 3): everything a run needs to continue bit for bit
+// as if it had never stopped, written so that a crash at any moment leaves the previous checkpoint
+// usable.
+//
+// <output_dir>/checkpoints/step_<N>/
+//   model.safetensors  rank 0's weights and buffers (BN running statistics) as F32 tensors under the
+//                      PyTorch state_dict names; metadata: format "pt", arch, step. Loads with
+//                      safetensors.torch.load_file, or with NumPy alone: scripts/read_checkpoint.py
+//                      (which also checks the file against the manifest).
+//   rank<R>.state      one per rank, also safetensors: that rank's full flat parameter and buffer
+//                      arrays (ranks differ between local-SGD averaging steps, and BN statistics are
+//                      per rank), the optimizer and sync-method state (opaque bytes), the step and
+//                      the loader position, and what it may only be resumed with (world size, rank,
+//                      model layout).
+//   manifest.json      written last, by rank 0, once every rank's state file is durable: step, world
+//                      size, config hash, model layout (tensor names and shapes), and each file's
+//                      size and CRC-32 (zlib's), plus a CRC-32 of the manifest itself. A folder
+//                      without a valid manifest is not a checkpoint.
+//
+// Every file is written to a temporary name, fsync'd, renamed and its folder fsync'd. Both
+// functions are collective: every rank of `comm` calls them with the same arguments, and an error
+// on any rank makes every rank throw the same one-line std::runtime_error naming the file (no rank
+// is left waiting in a collective).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "comm/communicator.h"
+#include "models/parameters.h"
+
+namespace trainer {
+
+// What the training loop owns and must get back.
+struct TrainingState {
+  int64_t step = 0;                          // optimizer steps done
+  int64_t epoch = 0, batch_in_epoch = 0;     // loader position of the NEXT batch
+  std::string optimizer_state, sync_state;   // opaque bytes (Sgd::save, GradientSync::save)
+};
+
+// Who is saving or loading. The model's identity is its layout (tensor names and shapes, from the
+// stores); a checkpoint of another layout or world size is refused.
+struct CheckpointIdentity {
+  int world_size = 1;        // must be comm.size() (std::invalid_argument otherwise)
+  int rank = 0;              // must be comm.rank()
+  uint64_t config_hash = 0;  // config_hash(config): a mismatch is a warning (e.g. a new log cadence)
+  std::string arch;          // for messages only
+};
+
+// Writes checkpoints/step_<state.step>/ (replacing an unfinished or older folder of that step), then
+// keeps only the newest `keep` complete checkpoints up to this step (keep < 1 keeps all; folders of
+// later steps, e.g. from a run this one was resumed before, are never touched).
+void save_checkpoint(const std::string& output_dir, const CheckpointIdentity& identity,
+                     const models::ParameterStore& params, const models::ParameterStore& buffers,
+                     const TrainingState& state, comm::Communicator& comm, int keep);
+
+struct LoadedCheckpoint {
+  std::string path;     // the folder loaded
+  std::string warning;  // empty, or one line for rank 0 to print (fallback, config change)
+  TrainingState state;
+};
+
+// which: "latest" or a checkpoint folder. "latest" takes the newest checkpoint under
+// <output_dir>/checkpoints that is complete and valid on every rank; a damaged newer one (no or a
+// corrupt manifest, a missing, truncated or modified file) is skipped and named in the warning.
+// Errors: nothing to load; a damaged explicit folder; another world size or another model (names,
+// shapes) -- these stop "latest" too, since every older checkpoint shares them. On success params
+// and buffers hold the saved values bit for bit; on error they are unchanged.
+LoadedCheckpoint load_checkpoint(const std::string& output_dir, const std::string& which,
+                                 const CheckpointIdentity& identity, models::ParameterStore& params,
+                                 models::ParameterStore& buffers, comm::Communicator& comm);
+
+}  // namespace trainer
