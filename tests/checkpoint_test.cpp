@@ -4,8 +4,8 @@
 //
 // The ranks are a local Communicator that plays rank 0 of a world of `size` with no peers: for
 // size 1 that is exactly a world of one, and size 4 writes a checkpoint whose manifest says four
-// processes (rank 0's file only), which is all the world-size check needs. Multi-rank agreement runs
-// under mpiexec elsewhere.
+// processes (rank 0's file only), which is all the world-size check needs. The hidden [mpi] cases at
+// the end use the real MPI world and run under mpiexec with 2 to 4 ranks.
 #include "trainer/checkpoint.h"
 
 #include <unistd.h>
@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "models/safetensors.h"
 #include "optim/sgd.h"
 
@@ -399,4 +400,109 @@ TEST_CASE("another config hash loads with a warning", "[checkpoint]") {
   const LoadedCheckpoint c = load(t, "latest", loaded, {1, 0, 42, "tinycnn"});
   CHECK(same_bits(m.params, loaded.params));
   CHECK_THAT(c.warning, Contains("another configuration") && Contains(t.step(10).string()));
+}
+
+// ---- several ranks (hidden: run under mpiexec by tests/CMakeLists.txt with "[mpi]") ----
+// Every rank runs every case in the same order, so collectives match; CHECK rather than REQUIRE
+// where a rank leaving early would leave the others waiting.
+
+namespace {
+
+// A folder all ranks share: rank 0 names it, everyone learns the name; removed by rank 0.
+struct SharedDir {
+  fs::path dir;
+  comm::Communicator& comm = comm::world();
+  SharedDir() {
+    char name[512] = {0};
+    if (comm.rank() == 0) {
+      static int counter = 0;
+      const fs::path d = fs::temp_directory_path() /
+                         ("checkpoint_mpi_test_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
+      fs::create_directories(d);
+      std::strncpy(name, d.c_str(), sizeof name - 1);
+    }
+    comm.broadcast(name, sizeof name, comm::DType::kU8, 0, "TEST");
+    dir = name;
+  }
+  ~SharedDir() {
+    comm.barrier("TEST");
+    std::error_code ec;
+    if (comm.rank() == 0) fs::remove_all(dir, ec);
+  }
+  fs::path step(int64_t s) const { return dir / "checkpoints" / ("step_" + std::to_string(s)); }
+  CheckpointIdentity id() const { return {comm.size(), comm.rank(), 7, "tinycnn"}; }
+  // Each rank's own values and sync state: resume must give every rank its own back.
+  void save(Model& m, int64_t step, int keep = 10) {
+    m.fill(static_cast<uint32_t>(100 * step + comm.rank()));
+    TrainingState s = make_state(step);
+    s.sync_state = "rank " + std::to_string(comm.rank()) + " at " + std::to_string(step);
+    save_checkpoint(dir.string(), id(), m.params, m.buffers, s, comm, keep);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("every rank resumes its own state", "[.][mpi]") {
+  SharedDir t;
+  Model m;
+  t.save(m, 10);
+  t.save(m, 20);
+  Model loaded;
+  const LoadedCheckpoint c = load_checkpoint(t.dir.string(), "latest", t.id(), loaded.params, loaded.buffers, t.comm);
+  CHECK(c.path == t.step(20).string());
+  CHECK(c.warning.empty());
+  CHECK(same_bits(m.params, loaded.params));
+  CHECK(same_bits(m.buffers, loaded.buffers));
+  CHECK(c.state.sync_state == "rank " + std::to_string(t.comm.rank()) + " at 20");
+  if (t.comm.rank() == 0)
+    for (int r = 0; r < t.comm.size(); ++r) CHECK(fs::exists(t.step(20) / ("rank" + std::to_string(r) + ".state")));
+}
+
+TEST_CASE("one rank's damaged file makes every rank fall back together", "[.][mpi]") {
+  SharedDir t;
+  Model m, at10;
+  t.save(m, 10);
+  load_checkpoint(t.dir.string(), "latest", t.id(), at10.params, at10.buffers, t.comm);
+  t.save(m, 20);
+  const int last = t.comm.size() - 1;
+  const std::string bad = "rank" + std::to_string(last) + ".state";
+  if (t.comm.rank() == last) flip_byte(t.step(20) / bad, fs::file_size(t.step(20) / bad) - 30);
+  t.comm.barrier("TEST");
+
+  Model loaded;
+  std::string error;
+  try {
+    load_checkpoint(t.dir.string(), t.step(20).string(), t.id(), loaded.params, loaded.buffers, t.comm);
+  } catch (const std::runtime_error& e) {
+    error = e.what();
+  }
+  CHECK_THAT(error, Contains(bad) && Contains("damaged"));  // on every rank, the same line
+
+  const LoadedCheckpoint c = load_checkpoint(t.dir.string(), "latest", t.id(), loaded.params, loaded.buffers, t.comm);
+  CHECK(c.path == t.step(10).string());
+  CHECK_THAT(c.warning, Contains(bad) && Contains("resuming from " + t.step(10).string()));
+  CHECK(same_bits(loaded.params, at10.params));
+}
+
+TEST_CASE("a save that fails on one rank fails on every rank and leaves no manifest", "[.][mpi]") {
+  SharedDir t;
+  Model m;
+  t.save(m, 10);
+  const int last = t.comm.size() - 1;
+  const std::string bad = "rank" + std::to_string(last) + ".state";
+  // A folder where that rank's temporary file must go makes its write fail.
+  if (t.comm.rank() == 0) fs::create_directories(t.step(20) / (bad + ".tmp"));
+  t.comm.barrier("TEST");
+  std::string error;
+  try {
+    t.save(m, 20);
+  } catch (const std::runtime_error& e) {
+    error = e.what();
+  }
+  CHECK_THAT(error, Contains(bad));
+  CHECK(!fs::exists(t.step(20) / "manifest.json"));
+  Model loaded;
+  const LoadedCheckpoint c = load_checkpoint(t.dir.string(), "latest", t.id(), loaded.params, loaded.buffers, t.comm);
+  CHECK(c.path == t.step(10).string());
+  CHECK_THAT(c.warning, Contains("incomplete"));
 }
