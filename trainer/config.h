@@ -25,7 +25,7 @@ inline const std::vector<std::string> kOptimizers = {"sgd"};
 inline const std::vector<std::string> kSchedules = {"constant", "multistep", "cosine", "exponential"};
 inline const std::vector<std::string> kConvAlgorithms = {"auto", "direct", "winograd"};
 // Must match comm::sync_method_names() (a test checks).
-inline const std::vector<std::string> kSyncMethods = {"dense", "local_sgd"};
+inline const std::vector<std::string> kSyncMethods = {"dense", "local_sgd", "oktopk", "topka", "gaussiank", "gtopk"};
 
 struct ExperimentConfig {
   std::string name = "quickstart";
@@ -87,6 +87,12 @@ struct SyncConfig {
   int64_t dense_warmup_steps = 0;
   double bucket_mb = 25.0;
   int64_t period = 1;
+  double density = 0.01;
+  int64_t local_threshold_every = 32;
+  int64_t global_threshold_every = 32;
+  int64_t region_every = 64;
+  int64_t max_in_flight = 4;
+  bool balance = true;
 };
 
 struct CommConfig {

@@ -4,7 +4,11 @@
 #include <stdexcept>
 
 #include "comm/sync/dense.h"
+#include "comm/sync/gaussiank.h"
+#include "comm/sync/gtopk.h"
 #include "comm/sync/local_sgd.h"
+#include "comm/sync/oktopk.h"
+#include "comm/sync/topka.h"
 #include "comm/sync/sync_state.h"
 
 namespace trainer::comm {
@@ -40,7 +44,7 @@ class WarmupSync final : public GradientSync {
 }  // namespace
 
 const std::vector<std::string>& sync_method_names() {
-  static const std::vector<std::string> names{"dense", "local_sgd"};
+  static const std::vector<std::string> names{"dense", "local_sgd", "oktopk", "topka", "gaussiank", "gtopk"};
   return names;
 }
 
@@ -48,6 +52,10 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
   std::unique_ptr<GradientSync> method;
   if (o.method == "dense") return std::make_unique<DenseSync>(comm, n, o.bucket_mb);
   if (o.method == "local_sgd") method = std::make_unique<LocalSgd>(comm, n, o.bucket_mb, o.period);
+  if (o.method == "oktopk") method = std::make_unique<OkTopk>(comm, n, o);
+  if (o.method == "topka") method = std::make_unique<TopkA>(comm, n, o.density);
+  if (o.method == "gaussiank") method = std::make_unique<GaussianK>(comm, n, o.density);
+  if (o.method == "gtopk") method = std::make_unique<GTopk>(comm, n, o.density);
   if (!method) {
     std::string list;
     for (const auto& name : sync_method_names()) list += (list.empty() ? "" : ", ") + name;

@@ -57,6 +57,13 @@ struct SyncOptions {
   int64_t dense_warmup_steps = 0;
   double bucket_mb = 25.0;  // dense allreduce bucket size (PyTorch DDP's default)
   int64_t period = 1;       // local SGD: average parameters every `period` steps
+  // Sparse methods (oktopk, topka, gaussiank, gtopk): k = ceil(density * n) entries per step.
+  double density = 0.01;
+  int64_t local_threshold_every = 32;   // oktopk: exact local threshold every N compressed steps
+  int64_t global_threshold_every = 32;  // oktopk: exact global threshold every N compressed steps
+  int64_t region_every = 64;            // oktopk: region bounds recomputed every N compressed steps
+  int64_t max_in_flight = 4;            // oktopk: peers with messages in flight at once
+  bool balance = true;                  // oktopk: even out the final allgatherv blocks
 };
 
 // The methods this build provides, for the config's choice list and error messages.

@@ -1,0 +1,162 @@
+#include "comm/sync/gaussiank.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <omp.h>
+#include <istream>
+#include <sstream>
+#include <stdexcept>
+
+#include "comm/sync/sync_state.h"
+
+namespace trainer::comm {
+
+double normal_two_sided_quantile(double tail) {
+  // Solve erfc(z / sqrt 2) = tail by Newton's method on log erfc, which is smooth and nearly
+  // linear in z over the range densities use; a dozen steps reach double precision.
+  double z = 2.0;
+  for (int it = 0; it < 50; ++it) {
+    const double f = std::log(std::erfc(z / std::sqrt(2.0))) - std::log(tail);
+    const double pdf2 = std::sqrt(2.0 / M_PI) * std::exp(-z * z / 2);  // -d/dz erfc(z / sqrt 2)
+    const double step = f / (-pdf2 / std::erfc(z / std::sqrt(2.0)));
+    z = std::max(0.0, z - step);
+    if (std::fabs(step) < 1e-12) break;
+  }
+  return z;
+}
+
+GaussianK::GaussianK(Communicator& comm, int64_t n, double density)
+    : comm_(comm), n_(n), k_(top_k_count(density, n)), density_(density), ef_(n) {}
+
+std::string GaussianK::describe() const {
+  const int p = comm_.size();
+  std::ostringstream out;
+  out << "gaussiank: threshold from a normal fit of grad + residual, adjusted until about k = " << k_ << " of "
+      << n_ << " entries pass; ALLGATHER_COUNTS, ALLGATHERV_FINAL of (index, value); per rank about "
+      << 2 * k_ * 4 / 1e6 << " MB sent, " << 2.0 * k_ * (p - 1) * 4 / 1e6 << " MB received at P = " << p
+      << "; error feedback";
+  return out.str();
+}
+
+void GaussianK::accumulate_with_moments(float* g, float* r, double& mean, double& stddev) {
+  // Per-thread partial sums added in thread order (an OpenMP reduction may combine in arrival
+  // order, and the threshold must be the same on a resumed run).
+  const int threads = omp_get_max_threads();
+  partial_.assign(2 * threads, 0.0);
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int64_t begin = n_ * t / T, end = n_ * (t + 1) / T;
+    double sum = 0, sum_sq = 0;
+#pragma omp simd reduction(+ : sum, sum_sq)
+    for (int64_t i = begin; i < end; ++i) {
+      const float a = g[i] + r[i];
+      r[i] = a;
+      g[i] = 0.f;
+      sum += a;
+      sum_sq += static_cast<double>(a) * a;
+    }
+    partial_[2 * t] = sum;
+    partial_[2 * t + 1] = sum_sq;
+  }
+  double sum = 0, sum_sq = 0;
+  for (int t = 0; t < threads; ++t) sum += partial_[2 * t], sum_sq += partial_[2 * t + 1];
+  mean = sum / n_;
+  // Unbiased, as torch.std.
+  stddev = n_ > 1 ? std::sqrt(std::max(0.0, (sum_sq - sum * mean) / (n_ - 1))) : 0.0;
+}
+
+float GaussianK::adjusted_threshold(float t, const float* acc) {
+  constexpr float kScale = 1.012f;
+  constexpr int kMaxLoops = 50, kCollectBelow = 12;
+  auto count_at_least = [&](float x) {
+    int64_t c = 0;
+    for (int64_t i = 0; i < local_.size(); ++i) c += std::fabs(local_.value()[i]) >= x;
+    return c;
+  };
+  // Collect at a bound kCollectBelow factors under t: the downward loop rarely needs more.
+  auto collect_below = [&](float x) {
+    float lo = x;
+    for (int i = 0; i < kCollectBelow; ++i) lo /= kScale;
+    select_at_least(acc, n_, std::max(lo, min_threshold()), local_, scratch_);
+    return lo;
+  };
+  float lo = collect_below(t);
+  int loops = 0;
+  int64_t count = count_at_least(t);
+  if (4 * count < 3 * k_) {
+    while (4 * count < 3 * k_ && loops < kMaxLoops && t > min_threshold()) {
+      t /= kScale;
+      ++loops;
+      if (t < lo) lo = collect_below(t);
+      count = count_at_least(t);
+    }
+  } else {
+    while (4 * count > 5 * k_ && loops < kMaxLoops) {
+      t *= kScale;
+      ++loops;
+      count = count_at_least(t);
+    }
+  }
+  return t;
+}
+
+SyncStats GaussianK::reduce(SyncBuffers& b, int64_t step) {
+  comm_.log().set_step(step, Phase::kCompressed);
+  const int p = comm_.size(), me = comm_.rank();
+  float* acc = ef_.residual();
+  double mean = 0, stddev = 0;
+  accumulate_with_moments(b.grads, acc, mean, stddev);
+  const float fit = static_cast<float>(mean + stddev * normal_two_sided_quantile(std::min(density_, 1.0 - 1e-12)));
+  threshold_ = adjusted_threshold(std::max(fit, min_threshold()), acc);
+  const int64_t mine = keep_at_least(local_, threshold_);
+
+  counts_.resize(p);
+  const auto mine32 = static_cast<int32_t>(mine);
+  comm_.allgather(&mine32, 1, counts_.data(), DType::kI32, "ALLGATHER_COUNTS");
+  block_counts_.resize(p);
+  int64_t total = 0, my_offset = 0;
+  for (int r = 0; r < p; ++r) {
+    if (r == me) my_offset = total;
+    block_counts_[r] = 2 * int64_t{counts_[r]};
+    total += block_counts_[r];
+  }
+  gathered_.resize(total);
+  int32_t* block = gathered_.data() + my_offset;
+  std::memcpy(block, local_.index(), mine * sizeof(int32_t));
+  std::memcpy(block + mine, local_.value(), mine * sizeof(float));
+  comm_.allgatherv(block, 2 * mine, gathered_.data(), block_counts_, DType::kI32, "ALLGATHERV_FINAL");
+
+  lists_.clear();
+  int64_t at = 0;
+  for (int r = 0; r < p; ++r) {
+    const int32_t* index = gathered_.data() + at;
+    lists_.push_back({index, reinterpret_cast<const float*>(index + counts_[r]), counts_[r]});
+    at += block_counts_[r];
+  }
+  merge_sum_all(lists_, merged_, tmp_);
+  scatter_divided(b.grads, merged_.index(), merged_.value(), merged_.size(), static_cast<float>(p));
+  ef_.clear(local_.index(), mine);
+  ++steps_;
+  return {Phase::kCompressed, static_cast<double>(mine) / n_};
+}
+
+void GaussianK::save(std::ostream& out) const {
+  write_sync_header(out, "gaussiank", 1);
+  write_pod(out, steps_);
+  write_pod(out, threshold_);
+  ef_.save(out);
+}
+
+void GaussianK::load(std::istream& in) {
+  read_sync_header(in, "gaussiank", 1);
+  const auto steps = read_pod<int64_t>(in);
+  const auto threshold = read_pod<float>(in);
+  if (!in) throw std::runtime_error("gaussiank state: truncated");
+  ef_.load(in, "gaussiank");
+  steps_ = steps;
+  threshold_ = threshold;
+}
+
+}  // namespace trainer::comm

@@ -1,0 +1,56 @@
+#pragma once
+
+#include "comm/sync/error_feedback.h"
+#include "comm/sync/gradient_sync.h"
+#include "comm/sync/select.h"
+
+namespace trainer::comm {
+
+// Gaussian-k (Shi et al. 2019), a baseline of the Ok-Top-k paper: instead of an exact k-th
+// magnitude, the threshold comes from a normal fit of acc = grad + residual: with mean mu and
+// standard deviation sigma, t = mu + sigma * z where P(|Z| > z) = density for a standard normal Z.
+// Real gradients are not normal, so t is then adjusted, as the reference does, by the factor 1.012
+// at a time (down while fewer than 3k/4 entries reach it, up while more than 5k/4 do; at most 50
+// times each way). The adjustment counts over the entries one selection pass collected at a bound
+// a dozen factors below t, so it costs no further passes over the gradient unless t must go lower.
+// The selection (|acc| >= t) is exchanged with ALLGATHER_COUNTS (one word) and ALLGATHERV_FINAL
+// (index and value blocks of every rank), summed in rank order; grads = sum / P on every rank.
+// Everything selected is contributed: the residual keeps acc minus the selection.
+// Per rank and step: about 2k words sent, 2k(P-1) received.
+class GaussianK final : public GradientSync {
+ public:
+  GaussianK(Communicator& comm, int64_t n, double density);
+  std::string name() const override { return "gaussiank"; }
+  std::string describe() const override;
+  SyncStats reduce(SyncBuffers& b, int64_t step) override;
+  void save(std::ostream& out) const override;
+  void load(std::istream& in) override;
+
+  int64_t k() const { return k_; }
+  ErrorFeedback& error_feedback() { return ef_; }
+  float last_threshold() const { return threshold_; }
+
+ private:
+  // acc into the residual, grads zeroed; returns mean and standard deviation of acc.
+  void accumulate_with_moments(float* grads, float* residual, double& mean, double& stddev);
+  float adjusted_threshold(float t, const float* acc);
+
+  Communicator& comm_;
+  int64_t n_, k_;
+  double density_;
+  ErrorFeedback ef_;
+  int64_t steps_ = 0;
+  float threshold_ = 0.f;  // the last step's final threshold (reported, not reused)
+  SparseList local_, merged_, tmp_;
+  SelectScratch scratch_;
+  std::vector<int32_t> counts_;
+  std::vector<int64_t> block_counts_;
+  std::vector<int32_t> gathered_;  // per rank: [indices][value bits]
+  std::vector<ListRef> lists_;
+  std::vector<double> partial_;  // per-thread moment sums
+};
+
+// The z with P(|Z| > z) = tail for a standard normal Z (0 < tail < 1).
+double normal_two_sided_quantile(double tail);
+
+}  // namespace trainer::comm

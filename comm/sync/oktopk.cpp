@@ -1,0 +1,312 @@
+#include "comm/sync/oktopk.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <istream>
+#include <sstream>
+#include <stdexcept>
+
+#include "comm/sync/sync_state.h"
+
+namespace trainer::comm {
+namespace {
+
+// Point-to-point channels: split and reduce, and the balance moves, each index and value.
+constexpr int kIndexChannel = 1, kValueChannel = 2, kBalanceIndexChannel = 3, kBalanceValueChannel = 4;
+
+uint32_t magnitude_bits(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return bits & 0x7fffffffu;  // |v|: for non-negative floats, bit order is numeric order
+}
+
+float from_bits(uint32_t bits) {
+  float v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+}  // namespace
+
+OkTopk::OkTopk(Communicator& comm, int64_t n, const SyncOptions& o)
+    : comm_(comm),
+      n_(n),
+      k_(top_k_count(o.density, n)),
+      p_(comm.size()),
+      rank_(comm.rank()),
+      local_every_(o.local_threshold_every),
+      global_every_(o.global_threshold_every),
+      region_every_(o.region_every),
+      max_in_flight_(o.max_in_flight),
+      balance_(o.balance),
+      bounds_(comm.size() + 1),
+      ef_(n) {
+  if (local_every_ < 1 || global_every_ < 1 || region_every_ < 1 || max_in_flight_ < 1)
+    throw std::invalid_argument(
+        "oktopk: sync.local_threshold_every, global_threshold_every, region_every and max_in_flight must be >= 1");
+  if (n >= (int64_t{1} << 31)) throw std::invalid_argument("oktopk: int32 indices need n < 2^31");
+  for (int j = 0; j <= p_; ++j) bounds_[j] = n_ * j / p_;
+}
+
+std::string OkTopk::describe() const {
+  std::ostringstream out;
+  const double words = 4 / 1e6;  // MB per word
+  out << "oktopk: k = " << k_ << " of " << n_ << " entries; local threshold exact every " << local_every_
+      << " step(s), global every " << global_every_ << ", regions every " << region_every_ << "\n"
+      << "  ALLREDUCE_REGION (P-1 words), ALLTOALL_COUNTS, ISEND/IRECV_INDEX and _VALUE to P-1 peers ("
+      << max_in_flight_ << " in flight), ALLREDUCE_THRESHOLD (4 x 256 words, exact global steps), "
+      << "ALLGATHER_COUNTS, " << (balance_ ? "balance moves, " : "") << "ALLGATHERV_FINAL\n"
+      << "  per rank about " << 2.0 * k_ * (p_ - 1) / p_ * words << " MB split and reduce + " << 2.0 * k_ / p_ * words
+      << " MB allgatherv block sent (bound 6k(P-1)/P words = " << 6.0 * k_ * (p_ - 1) / p_ * words << " MB at P = "
+      << p_ << "); error feedback";
+  return out.str();
+}
+
+void OkTopk::repartition() {
+  if (p_ == 1) return;
+  std::vector<int64_t> proposal(p_ - 1);
+  const int64_t c = local_.size();
+  for (int j = 1; j < p_; ++j) proposal[j - 1] = c > 0 ? local_.index()[c * j / p_] : n_ * j / p_;
+  comm_.allreduce(proposal.data(), p_ - 1, DType::kI64, ReduceOp::kSum, "ALLREDUCE_REGION");
+  bounds_[0] = 0;
+  bounds_[p_] = n_;
+  for (int j = 1; j < p_; ++j) bounds_[j] = std::clamp(proposal[j - 1] / p_, bounds_[j - 1], n_);
+}
+
+void OkTopk::split_and_reduce() {
+  const int64_t c = local_.size();
+  const int32_t* index = local_.index();
+  region_begin_.resize(p_ + 1);
+  send_counts_.resize(p_);
+  recv_counts_.resize(p_);
+  recv_offsets_.resize(p_);
+  send_index_.resize(c);
+  for (int j = 0; j <= p_; ++j)
+    region_begin_[j] = j == p_ ? c : std::lower_bound(index, index + c, bounds_[j]) - index;
+  for (int j = 0; j < p_; ++j) {
+    send_counts_[j] = static_cast<int32_t>(region_begin_[j + 1] - region_begin_[j]);
+    const auto base = static_cast<int32_t>(bounds_[j]);
+    for (int64_t q = region_begin_[j]; q < region_begin_[j + 1]; ++q) send_index_[q] = index[q] - base;
+  }
+  comm_.alltoall(send_counts_.data(), 1, recv_counts_.data(), DType::kI32, "ALLTOALL_COUNTS");
+  int64_t total = 0;
+  for (int s = 0; s < p_; ++s) {
+    recv_offsets_[s] = total;
+    if (s != rank_) total += recv_counts_[s];
+  }
+  recv_index_.resize(total);
+  recv_value_.resize(total);
+  // Rotated order, a bounded number of peers at a time: every rank sends to a different peer in
+  // each round, so no rank is the target of all others at once.
+  for (int64_t first = 1; first < p_; first += max_in_flight_) {
+    requests_.clear();
+    const int64_t last = std::min<int64_t>(p_, first + max_in_flight_);
+    for (int64_t i = first; i < last; ++i) {
+      const int src = static_cast<int>((rank_ - i + p_) % p_);
+      if (recv_counts_[src] > 0) {
+        requests_.push_back(comm_.irecv(recv_index_.data() + recv_offsets_[src], recv_counts_[src], DType::kI32, src,
+                                        kIndexChannel, "IRECV_INDEX"));
+        requests_.push_back(comm_.irecv(recv_value_.data() + recv_offsets_[src], recv_counts_[src], DType::kF32, src,
+                                        kValueChannel, "IRECV_VALUE"));
+      }
+    }
+    for (int64_t i = first; i < last; ++i) {
+      const int dst = static_cast<int>((rank_ + i) % p_);
+      if (send_counts_[dst] > 0) {
+        requests_.push_back(comm_.isend(send_index_.data() + region_begin_[dst], send_counts_[dst], DType::kI32, dst,
+                                        kIndexChannel, "ISEND_INDEX"));
+        requests_.push_back(comm_.isend(local_.value() + region_begin_[dst], send_counts_[dst], DType::kF32, dst,
+                                        kValueChannel, "ISEND_VALUE"));
+      }
+    }
+    comm_.wait_all(requests_);
+  }
+  // Sum in rank order, this rank's own part in its place, so the floats do not depend on arrival.
+  lists_.clear();
+  for (int s = 0; s < p_; ++s) {
+    if (s == rank_)
+      lists_.push_back({send_index_.data() + region_begin_[s], local_.value() + region_begin_[s], send_counts_[s]});
+    else
+      lists_.push_back({recv_index_.data() + recv_offsets_[s], recv_value_.data() + recv_offsets_[s], recv_counts_[s]});
+  }
+  merge_sum_all(lists_, reduced_, merge_tmp_);
+}
+
+float OkTopk::exact_global_threshold() {
+  // Radix select over the bits of |v| across all regions: the digit of the k-th largest is found
+  // 8 bits at a time from one summed histogram per round; zeros never count (never selected).
+  keys_.clear();
+  for (int64_t q = 0; q < reduced_.size(); ++q) {
+    const uint32_t key = magnitude_bits(reduced_.value()[q]);
+    if (key != 0) keys_.push_back(key);
+  }
+  histogram_.resize(256);
+  uint32_t prefix = 0;
+  int64_t remaining = k_;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    std::fill(histogram_.begin(), histogram_.end(), 0);
+    for (uint32_t key : keys_) ++histogram_[(key >> shift) & 255];
+    comm_.allreduce(histogram_.data(), 256, DType::kI32, ReduceOp::kSum, "ALLREDUCE_THRESHOLD");
+    if (shift == 24) {
+      int64_t total = 0;
+      for (int32_t h : histogram_) total += h;
+      if (total <= k_) return 0.f;  // k or fewer nonzero sums: all of them
+    }
+    int digit = 255;
+    for (; digit > 0 && histogram_[digit] < remaining; --digit) remaining -= histogram_[digit];
+    prefix |= static_cast<uint32_t>(digit) << shift;
+    // Only keys with this digit stay in play for the lower bits.
+    size_t kept = 0;
+    for (uint32_t key : keys_)
+      if (((key >> shift) & 255) == static_cast<uint32_t>(digit)) keys_[kept++] = key;
+    keys_.resize(kept);
+  }
+  return from_bits(prefix);
+}
+
+void OkTopk::gather_output(float* grads) {
+  const int64_t mine = global_.size();
+  counts_.resize(p_);
+  const auto mine32 = static_cast<int32_t>(mine);
+  comm_.allgather(&mine32, 1, counts_.data(), DType::kI32, "ALLGATHER_COUNTS");
+  int64_t total = 0, offset = 0;  // offset: where this rank's entries start in the global order
+  for (int r = 0; r < p_; ++r) {
+    if (r == rank_) offset = total;
+    total += counts_[r];
+  }
+  global_total_ = total;
+  t_global_ = nudge_threshold(t_global_, total, k_);
+  blocks_.resize(p_);
+  block_offsets_.resize(p_);
+  gather_counts_.resize(p_);
+  for (int r = 0; r < p_; ++r) {
+    blocks_[r] = balance_ ? total / p_ + (r < total % p_) : counts_[r];
+    block_offsets_[r] = r == 0 ? 0 : block_offsets_[r - 1] + blocks_[r - 1];
+    gather_counts_[r] = 2 * blocks_[r];
+  }
+  final_.resize(2 * total);
+  const int64_t my_block = blocks_[rank_], my_start = block_offsets_[rank_];
+  int32_t* block_index = final_.data() + 2 * my_start;
+  float* block_value = reinterpret_cast<float*>(block_index + my_block);
+  if (!balance_) {
+    std::memcpy(block_index, global_.index(), mine * sizeof(int32_t));
+    std::memcpy(block_value, global_.value(), mine * sizeof(float));
+  } else {
+    // This rank holds global positions [offset, offset + mine) and must end up with
+    // [my_start, my_start + my_block): send every overlap with another rank's target range, receive
+    // every other rank's overlap with this rank's target, copy its own.
+    requests_.clear();
+    int64_t from = 0;
+    for (int r = 0; r < p_; ++r) {
+      const int64_t their_start = from;
+      from += counts_[r];
+      const int64_t lo = std::max(their_start, my_start), hi = std::min(their_start + counts_[r], my_start + my_block);
+      if (r == rank_ || hi <= lo) continue;
+      requests_.push_back(comm_.irecv(block_index + (lo - my_start), hi - lo, DType::kI32, r, kBalanceIndexChannel,
+                                      "IRECV_INDEX"));
+      requests_.push_back(comm_.irecv(block_value + (lo - my_start), hi - lo, DType::kF32, r, kBalanceValueChannel,
+                                      "IRECV_VALUE"));
+    }
+    for (int r = 0; r < p_; ++r) {
+      const int64_t lo = std::max(offset, block_offsets_[r]), hi = std::min(offset + mine, block_offsets_[r] + blocks_[r]);
+      if (hi <= lo) continue;
+      const int32_t* index = global_.index() + (lo - offset);
+      const float* value = global_.value() + (lo - offset);
+      if (r == rank_) {
+        std::memcpy(block_index + (lo - my_start), index, (hi - lo) * sizeof(int32_t));
+        std::memcpy(block_value + (lo - my_start), value, (hi - lo) * sizeof(float));
+        continue;
+      }
+      requests_.push_back(comm_.isend(index, hi - lo, DType::kI32, r, kBalanceIndexChannel, "ISEND_INDEX"));
+      requests_.push_back(comm_.isend(value, hi - lo, DType::kF32, r, kBalanceValueChannel, "ISEND_VALUE"));
+    }
+    comm_.wait_all(requests_);
+  }
+  comm_.allgatherv(block_index, 2 * my_block, final_.data(), gather_counts_, DType::kI32, "ALLGATHERV_FINAL");
+
+  // Output and residual. The blocks are in global index order, as is local_.
+  const float divisor = static_cast<float>(p_);
+  contributed_ = 0;
+  const int32_t* local_index = local_.index();
+  const int64_t local_count = local_.size();
+  for (int r = 0; r < p_; ++r) {
+    const int64_t count = blocks_[r];
+    if (count == 0) continue;
+    const int32_t* index = final_.data() + 2 * block_offsets_[r];
+    const float* value = reinterpret_cast<const float*>(index + count);
+    scatter_divided(grads, index, value, count, divisor);
+    const int64_t skip = std::lower_bound(local_index, local_index + local_count, index[0]) - local_index;
+    contributed_ += ef_.clear_common(local_index + skip, local_count - skip, index, count);
+  }
+}
+
+SyncStats OkTopk::reduce(SyncBuffers& b, int64_t step) {
+  comm_.log().set_step(step, Phase::kCompressed);
+  float* acc = ef_.residual();
+  // 1. Local selection (grads are zeroed by the same pass; the output is scattered into them).
+  if (iteration_ % local_every_ == 0)
+    t_local_ = select_top_k(b.grads, acc, n_, k_, /*fused=*/true, /*exactly_k=*/false, local_, scratch_);
+  else
+    accumulate_and_select(b.grads, acc, n_, std::max(t_local_, min_threshold()), local_, scratch_);
+  t_local_ = nudge_threshold(t_local_, local_.size(), k_);
+  // 2-3. Regions, split and reduce.
+  if (iteration_ % region_every_ == 0) repartition();
+  split_and_reduce();
+  // 4. Global selection in this rank's region.
+  if (iteration_ % global_every_ == 0) t_global_ = exact_global_threshold();
+  const float t = std::max(t_global_, min_threshold());
+  const auto base = static_cast<int32_t>(bounds_[rank_]);
+  global_.resize(reduced_.size());
+  int64_t kept = 0;
+  for (int64_t q = 0; q < reduced_.size(); ++q) {
+    const float v = reduced_.value()[q];
+    global_.index()[kept] = reduced_.index()[q] + base;
+    global_.value()[kept] = v;
+    kept += std::fabs(v) >= t;
+  }
+  global_.resize(kept);
+  // 5-6. Balance, allgatherv, output and residual.
+  gather_output(b.grads);
+  ++iteration_;
+  return {Phase::kCompressed, static_cast<double>(contributed_) / n_};
+}
+
+void OkTopk::save(std::ostream& out) const {
+  write_sync_header(out, "oktopk", 1);
+  write_pod(out, n_);
+  write_pod(out, static_cast<int64_t>(p_));
+  write_pod(out, iteration_);
+  write_pod(out, t_local_);
+  write_pod(out, t_global_);
+  out.write(reinterpret_cast<const char*>(bounds_.data()), static_cast<std::streamsize>(bounds_.size() * sizeof(int64_t)));
+  ef_.save(out);
+}
+
+void OkTopk::load(std::istream& in) {
+  read_sync_header(in, "oktopk", 1);
+  const auto n = read_pod<int64_t>(in);
+  const auto p = read_pod<int64_t>(in);
+  if (!in) throw std::runtime_error("oktopk state: truncated");
+  if (n != n_)
+    throw std::runtime_error("oktopk state is for " + std::to_string(n) + " gradient entries, this model has " +
+                             std::to_string(n_));
+  if (p != p_)
+    throw std::runtime_error("oktopk state was saved by a run of " + std::to_string(p) + " processes, this run has " +
+                             std::to_string(p_));
+  const auto iteration = read_pod<int64_t>(in);
+  const auto t_local = read_pod<float>(in);
+  const auto t_global = read_pod<float>(in);
+  std::vector<int64_t> bounds(p_ + 1);
+  in.read(reinterpret_cast<char*>(bounds.data()), static_cast<std::streamsize>(bounds.size() * sizeof(int64_t)));
+  if (!in) throw std::runtime_error("oktopk state: truncated");
+  if (bounds[0] != 0 || bounds[p_] != n_ || !std::is_sorted(bounds.begin(), bounds.end()))
+    throw std::runtime_error("oktopk state: region bounds are not a partition of the gradient");
+  ef_.load(in, "oktopk");
+  iteration_ = iteration;
+  t_local_ = t_local;
+  t_global_ = t_global;
+  bounds_ = std::move(bounds);
+}
+
+}  // namespace trainer::comm

@@ -1,0 +1,101 @@
+#pragma once
+
+#include "comm/sync/error_feedback.h"
+#include "comm/sync/gradient_sync.h"
+#include "comm/sync/select.h"
+
+namespace trainer::comm {
+
+// Ok-Top-k (Li & Hoefler, PPoPP 2022, "Near-Optimal Sparse Allreduce"), DESIGN.md section 4. With
+// k = ceil(density * n), one compressed step on every rank:
+//   1. local selection: acc = grad + residual (into the residual, in the selection pass); keep
+//      |acc| >= t_local. t_local is the exact k-th largest |acc| every local_threshold_every steps
+//      and the previous step's, nudged by its count (select.h's nudge_threshold), in between.
+//   2. regions: [0, n) is cut into P contiguous regions holding about the same number of selected
+//      entries; recomputed every region_every steps (and at the first compressed step): each rank
+//      proposes the P - 1 indices that cut its own sorted selection into P equal parts, one
+//      ALLREDUCE_REGION sums the proposals, the bounds are their floor average.
+//   3. split and reduce: the counts per region go out by ALLTOALL_COUNTS; then rank r sends the
+//      (region-local int32 index, float value) pairs of region j to rank j: ISEND_INDEX and
+//      ISEND_VALUE to dst = (r + i) mod P, IRECV_INDEX and IRECV_VALUE from src = (r - i) mod P,
+//      for i = 1 .. P-1, in batches of max_in_flight peers; empty messages are not sent. Rank j
+//      sums what arrived (and its own part) in rank order into its region.
+//   4. global selection: in its region each rank keeps |v| >= t_global. t_global is the exact k-th
+//      largest |v| over all regions every global_threshold_every steps, found by a distributed
+//      radix select on the float bits: four ALLREDUCE_THRESHOLD calls, each summing a 256-bin
+//      histogram (1 KB) of the next 8 bits of the magnitudes still in play; in between it is the
+//      previous step's, nudged by the previous global count.
+//   5. balance and allgatherv: ALLGATHER_COUNTS (one word per rank) tells every rank every
+//      region's count C_j; with balance on, the selection (in global index order) is redistributed
+//      so rank j holds C/P (+1) entries: the moves are point-to-point messages with the same tags
+//      as step 3 (ISEND_INDEX/ISEND_VALUE/IRECV_INDEX/IRECV_VALUE, on their own channels), usually
+//      a few small pieces between neighbours. ALLGATHERV_FINAL then gathers every block of
+//      (global int32 index, float value) and every rank writes grads = value / P at those indices
+//      (zeros elsewhere), bitwise the same on all ranks.
+//   6. residual: acc, except the entries this rank selected locally AND that were selected
+//      globally, which are zeroed (what this rank contributed to the output).
+// Selection rules (select.h): |x| >= t keeps ties, zeros are never selected; when fewer than k
+// nonzero sums exist, all are kept. With both thresholds exact every step the output is exactly
+// the k largest |sums| of the locally selected entries (sums in rank order), divided by P.
+// Volume per rank and step: about 2k(P-1)/P words in step 3, at most that again to balance, and
+// 2k/P words of its own allgatherv block (receiving 2k(P-1)/P): within the 6k(P-1)/P bound.
+// State (saved): the residual, both thresholds, the region bounds and the step counter.
+class OkTopk final : public GradientSync {
+ public:
+  OkTopk(Communicator& comm, int64_t n, const SyncOptions& options);
+  std::string name() const override { return "oktopk"; }
+  std::string describe() const override;
+  SyncStats reduce(SyncBuffers& b, int64_t step) override;
+  void save(std::ostream& out) const override;
+  void load(std::istream& in) override;
+
+  int64_t k() const { return k_; }
+  ErrorFeedback& error_feedback() { return ef_; }
+  float local_threshold() const { return t_local_; }
+  float global_threshold() const { return t_global_; }
+  const std::vector<int64_t>& region_bounds() const { return bounds_; }
+  // The last step's local selection on this rank and global selection over all ranks.
+  int64_t local_count() const { return local_.size(); }
+  int64_t global_count() const { return global_total_; }
+
+ private:
+  void repartition();
+  void split_and_reduce();
+  float exact_global_threshold();
+  void gather_output(float* grads);
+
+  Communicator& comm_;
+  int64_t n_, k_;
+  int p_, rank_;
+  int64_t local_every_, global_every_, region_every_, max_in_flight_;
+  bool balance_;
+
+  // State.
+  int64_t iteration_ = 0;  // compressed steps done
+  float t_local_ = 0.f, t_global_ = 0.f;
+  std::vector<int64_t> bounds_;  // P + 1 region starts; bounds_[P] = n
+  ErrorFeedback ef_;
+
+  // Per-step buffers, reused (they only grow).
+  SelectScratch scratch_;
+  SparseList local_;                     // this rank's selection: global indices, sorted
+  std::vector<int64_t> region_begin_;    // P + 1 positions in local_ where each region starts
+  std::vector<int32_t> send_index_;      // local_'s indices made region-local
+  std::vector<int32_t> send_counts_, recv_counts_;
+  std::vector<int64_t> recv_offsets_;
+  std::vector<int32_t> recv_index_;
+  std::vector<float> recv_value_;
+  std::vector<ListRef> lists_;
+  SparseList reduced_, merge_tmp_;  // this rank's region sums (region-local indices)
+  SparseList global_;               // this rank's global selection (global indices)
+  std::vector<uint32_t> keys_;      // magnitudes' bits in the radix select
+  std::vector<int32_t> histogram_;
+  std::vector<int32_t> counts_;             // global selection per rank
+  std::vector<int64_t> blocks_, block_offsets_, gather_counts_;
+  std::vector<int32_t> final_;              // per rank: [indices][value bits]
+  std::vector<Request> requests_;
+  int64_t contributed_ = 0;
+  int64_t global_total_ = 0;
+};
+
+}  // namespace trainer::comm

@@ -1,0 +1,54 @@
+#include "comm/sync/topka.h"
+
+#include <istream>
+#include <sstream>
+#include <stdexcept>
+
+#include "comm/sync/sync_state.h"
+
+namespace trainer::comm {
+
+TopkA::TopkA(Communicator& comm, int64_t n, double density)
+    : comm_(comm), n_(n), k_(top_k_count(density, n)), ef_(n) {}
+
+std::string TopkA::describe() const {
+  const int p = comm_.size();
+  std::ostringstream out;
+  out << "topka: exact local top-k (k = " << k_ << " of " << n_ << "), 2 ALLGATHER_TOPK of k words (indices, "
+      << "values), local sum; per rank " << 2 * k_ * 4 / 1e6 << " MB sent, " << 2.0 * k_ * (p - 1) * 4 / 1e6
+      << " MB received at P = " << p << "; error feedback";
+  return out.str();
+}
+
+SyncStats TopkA::reduce(SyncBuffers& b, int64_t step) {
+  comm_.log().set_step(step, Phase::kCompressed);
+  const int p = comm_.size();
+  select_top_k(b.grads, ef_.residual(), n_, k_, /*fused=*/true, /*exactly_k=*/true, local_, scratch_);
+  all_index_.resize(p * k_);
+  all_value_.resize(p * k_);
+  comm_.allgather(local_.index(), k_, all_index_.data(), DType::kI32, "ALLGATHER_TOPK");
+  comm_.allgather(local_.value(), k_, all_value_.data(), DType::kF32, "ALLGATHER_TOPK");
+  lists_.clear();
+  for (int r = 0; r < p; ++r) lists_.push_back({all_index_.data() + r * k_, all_value_.data() + r * k_, k_});
+  merge_sum_all(lists_, merged_, tmp_);
+  scatter_divided(b.grads, merged_.index(), merged_.value(), merged_.size(), static_cast<float>(p));
+  ef_.clear(local_.index(), local_.size());
+  ++steps_;
+  return {Phase::kCompressed, static_cast<double>(k_) / n_};
+}
+
+void TopkA::save(std::ostream& out) const {
+  write_sync_header(out, "topka", 1);
+  write_pod(out, steps_);
+  ef_.save(out);
+}
+
+void TopkA::load(std::istream& in) {
+  read_sync_header(in, "topka", 1);
+  const auto steps = read_pod<int64_t>(in);
+  if (!in) throw std::runtime_error("topka state: truncated");
+  ef_.load(in, "topka");
+  steps_ = steps;
+}
+
+}  // namespace trainer::comm

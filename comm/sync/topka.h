@@ -1,0 +1,40 @@
+#pragma once
+
+#include "comm/sync/error_feedback.h"
+#include "comm/sync/gradient_sync.h"
+#include "comm/sync/select.h"
+
+namespace trainer::comm {
+
+// TopkA, the baseline sparse allreduce of the Ok-Top-k paper: every rank selects exactly k entries
+// of acc = grad + residual (the exactly-k rule of select.h: largest magnitudes, ties by lower
+// index), allgathers their indices and then their values (two ALLGATHER_TOPK calls of k words), and
+// sums all P lists locally in rank order; grads = sum / P on every rank. Everything selected is
+// contributed, so the residual keeps acc minus the selected entries.
+// Per rank and step: sends 2k words (its block of each allgather) and receives 2k(P-1) words,
+// the method's volume 2k(P-1) in DESIGN.md section 4 (what a ring allgather forwards).
+class TopkA final : public GradientSync {
+ public:
+  TopkA(Communicator& comm, int64_t n, double density);
+  std::string name() const override { return "topka"; }
+  std::string describe() const override;
+  SyncStats reduce(SyncBuffers& b, int64_t step) override;
+  void save(std::ostream& out) const override;
+  void load(std::istream& in) override;
+
+  int64_t k() const { return k_; }
+  ErrorFeedback& error_feedback() { return ef_; }
+
+ private:
+  Communicator& comm_;
+  int64_t n_, k_;
+  ErrorFeedback ef_;
+  int64_t steps_ = 0;  // compressed steps done
+  SparseList local_, merged_, tmp_;
+  SelectScratch scratch_;
+  std::vector<int32_t> all_index_;  // P blocks of k
+  std::vector<float> all_value_;
+  std::vector<ListRef> lists_;
+};
+
+}  // namespace trainer::comm

@@ -1,0 +1,259 @@
+// The selection kernels of the sparse gradient-sync methods (comm/sync/select.h) against plain
+// definitions computed the slow way: threshold passes, the exact k-th magnitude (small buffers
+// and sampled large ones), the two tie rules, sorted-list sums, and the error-feedback residual.
+#include <catch2/catch.hpp>
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "comm/sync/error_feedback.h"
+#include "comm/sync/gaussiank.h"
+#include "comm/sync/gradient_sync.h"
+#include "comm/sync/select.h"
+#include "trainer/config.h"
+
+using namespace trainer::comm;
+
+namespace {
+
+std::vector<float> normal_vector(int64_t n, uint64_t seed, float scale = 1.f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = normal(rng);
+  return v;
+}
+
+// The k-th largest |x| by sorting everything: the definition.
+float kth_by_sort(const std::vector<float>& x, int64_t k) {
+  std::vector<float> m(x.size());
+  for (size_t i = 0; i < x.size(); ++i) m[i] = std::fabs(x[i]);
+  std::sort(m.begin(), m.end(), std::greater<float>());
+  return m[k - 1];
+}
+
+std::vector<int32_t> indices(const SparseList& l) { return {l.index(), l.index() + l.size()}; }
+
+std::vector<int32_t> at_least(const std::vector<float>& x, float t) {
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < x.size(); ++i)
+    if (std::fabs(x[i]) >= t && x[i] != 0.f) out.push_back(static_cast<int32_t>(i));
+  return out;
+}
+
+// The exactly-k rule by a full sort on (|x| descending, index ascending).
+std::vector<int32_t> exactly_k_by_sort(const std::vector<float>& x, int64_t k) {
+  std::vector<int32_t> order(x.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return std::fabs(x[a]) > std::fabs(x[b]); });
+  order.resize(k);
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+}  // namespace
+
+TEST_CASE("Threshold passes select exactly the entries at or above the bound, in index order", "[select]") {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{17}, int64_t{4097}, int64_t{300001}}) {
+    const auto x = normal_vector(n, 1 + n);
+    for (float lo : {0.f, 0.5f, 2.5f, 10.f}) {
+      SparseList out;
+      SelectScratch scratch;
+      const int64_t count = select_at_least(x.data(), n, lo, out, scratch);
+      std::vector<int32_t> expected;
+      for (int64_t i = 0; i < n; ++i)
+        if (std::fabs(x[i]) >= lo) expected.push_back(static_cast<int32_t>(i));
+      REQUIRE(count == static_cast<int64_t>(expected.size()));
+      CHECK(indices(out) == expected);
+      for (int64_t j = 0; j < count; ++j) CHECK(out.value()[j] == x[out.index()[j]]);
+    }
+  }
+}
+
+TEST_CASE("The fused pass forms grad + residual, zeroes the gradient and selects from the sum", "[select]") {
+  const int64_t n = 200003;
+  auto grad = normal_vector(n, 11);
+  auto residual = normal_vector(n, 12, 0.5f);
+  std::vector<float> acc(n);
+  for (int64_t i = 0; i < n; ++i) acc[i] = grad[i] + residual[i];
+  SparseList out;
+  SelectScratch scratch;
+  accumulate_and_select(grad.data(), residual.data(), n, 2.f, out, scratch);
+  CHECK(residual == acc);
+  CHECK(std::all_of(grad.begin(), grad.end(), [](float g) { return g == 0.f; }));
+  CHECK(indices(out) == at_least(acc, 2.f));
+}
+
+TEST_CASE("Selections do not depend on the thread count", "[select]") {
+  const int64_t n = 500000;
+  const auto x = normal_vector(n, 3);
+  const int saved = omp_get_max_threads();
+  std::vector<std::vector<int32_t>> results;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    SparseList out;
+    SelectScratch scratch;
+    auto res = x;
+    auto g = normal_vector(n, 4);
+    select_top_k(g.data(), res.data(), n, 5000, true, false, out, scratch);
+    results.push_back(indices(out));
+  }
+  omp_set_num_threads(saved);
+  CHECK(results[0] == results[1]);
+  CHECK(results[0] == results[2]);
+}
+
+TEST_CASE("Exact k-th magnitude: small buffers and sampled large ones", "[select]") {
+  for (int64_t n : {int64_t{10}, int64_t{1000}, int64_t{100000}, int64_t{2000000}}) {
+    for (double density : {0.001, 0.02, 0.3}) {
+      const int64_t k = top_k_count(density, n);
+      auto grad = normal_vector(n, 100 + n);
+      auto residual = normal_vector(n, 200 + n, 0.3f);
+      std::vector<float> acc(n);
+      for (int64_t i = 0; i < n; ++i) acc[i] = grad[i] + residual[i];
+      SparseList out;
+      SelectScratch scratch;
+      const float t = select_top_k(grad.data(), residual.data(), n, k, true, false, out, scratch);
+      INFO("n = " << n << ", k = " << k);
+      CHECK(t == kth_by_sort(acc, k));
+      CHECK(indices(out) == at_least(acc, t));
+      // Read-only form on the accumulated buffer, exactly-k rule.
+      SparseList exact;
+      select_top_k(nullptr, acc.data(), n, k, false, true, exact, scratch);
+      CHECK(indices(exact) == exactly_k_by_sort(acc, k));
+    }
+  }
+}
+
+TEST_CASE("Heavy-tailed and clustered gradients still give the exact k-th magnitude", "[select]") {
+  // Most entries tiny, a contiguous layer of large ones: the sample sees the layer only in a few
+  // lines, so the bound may be off; the result must still be exact.
+  const int64_t n = 3000000, k = 60000;
+  auto x = normal_vector(n, 5, 1e-4f);
+  std::mt19937_64 rng(6);
+  std::cauchy_distribution<float> cauchy(0.f, 1.f);
+  for (int64_t i = 1000000; i < 1100000; ++i) x[i] = cauchy(rng);
+  SparseList out;
+  SelectScratch scratch;
+  const float t = select_top_k(nullptr, x.data(), n, k, false, false, out, scratch);
+  CHECK(t == kth_by_sort(x, k));
+  CHECK(out.size() == k);
+}
+
+TEST_CASE("Ties: the threshold rule keeps them all, the exactly-k rule keeps lower indices", "[select]") {
+  std::vector<float> x(100000, 0.f);
+  for (int64_t i = 0; i < 100000; i += 10) x[i] = (i % 20 == 0) ? 1.f : -1.f;  // 10000 entries of magnitude 1
+  x[77777] = 3.f;
+  SparseList out;
+  SelectScratch scratch;
+  float t = select_top_k(nullptr, x.data(), 100000, 100, false, false, out, scratch);
+  CHECK(t == 1.f);
+  CHECK(out.size() == 10001);
+  select_top_k(nullptr, x.data(), 100000, 100, false, true, out, scratch);
+  CHECK(indices(out) == exactly_k_by_sort(x, 100));
+  CHECK(out.size() == 100);
+  CHECK(out.index()[0] == 0);
+  CHECK(std::count(out.index(), out.index() + out.size(), 77777) == 1);
+}
+
+TEST_CASE("Zeros: never selected by a threshold, taken lowest index first when k needs them", "[select]") {
+  std::vector<float> x(1000, 0.f);
+  for (int i : {5, 500, 999}) x[i] = 0.25f * i;
+  SparseList out;
+  SelectScratch scratch;
+  select_top_k(nullptr, x.data(), 1000, 10, false, false, out, scratch);
+  CHECK(indices(out) == std::vector<int32_t>{5, 500, 999});
+  select_top_k(nullptr, x.data(), 1000, 10, false, true, out, scratch);
+  CHECK(indices(out) == std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 500, 999});
+}
+
+TEST_CASE("Sorted-list sums equal dense sums in list order", "[select]") {
+  const int64_t n = 5000;
+  std::mt19937_64 rng(9);
+  std::vector<SparseList> lists(5);
+  std::vector<ListRef> refs;
+  std::vector<float> dense(n, 0.f);
+  std::vector<bool> touched(n, false);
+  for (auto& l : lists) {
+    std::vector<int32_t> idx;
+    for (int64_t i = 0; i < n; ++i)
+      if (rng() % 7 == 0) idx.push_back(static_cast<int32_t>(i));
+    l.resize(idx.size());
+    for (size_t j = 0; j < idx.size(); ++j) {
+      l.index()[j] = idx[j];
+      l.value()[j] = static_cast<float>(static_cast<int64_t>(rng() % 2001) - 1000) / 7.f;
+      dense[idx[j]] = touched[idx[j]] ? dense[idx[j]] + l.value()[j] : l.value()[j];
+      touched[idx[j]] = true;
+    }
+    refs.push_back({l.index(), l.value(), l.size()});
+  }
+  for (size_t count = 1; count <= refs.size(); ++count) {
+    std::vector<ListRef> some(refs.begin(), refs.begin() + count);
+    std::vector<float> expect(n, 0.f);
+    std::vector<bool> seen(n, false);
+    for (const auto& r : some)
+      for (int64_t j = 0; j < r.size; ++j) {
+        expect[r.index[j]] = seen[r.index[j]] ? expect[r.index[j]] + r.value[j] : r.value[j];
+        seen[r.index[j]] = true;
+      }
+    SparseList out, tmp;
+    merge_sum_all(some, out, tmp);
+    std::vector<int32_t> want;
+    for (int64_t i = 0; i < n; ++i)
+      if (seen[i]) want.push_back(static_cast<int32_t>(i));
+    REQUIRE(indices(out) == want);
+    for (int64_t j = 0; j < out.size(); ++j) CHECK(out.value()[j] == expect[out.index()[j]]);
+  }
+}
+
+TEST_CASE("k, the threshold nudge and the normal quantile", "[select]") {
+  CHECK(top_k_count(0.02, 27569568) == 551392);
+  CHECK(top_k_count(0.01, 1000) == 10);
+  CHECK(top_k_count(1e-9, 1000) == 1);
+  CHECK(top_k_count(1.0, 7) == 7);
+  CHECK(nudge_threshold(1.f, 74, 100) == 1.f / 1.012f);
+  CHECK(nudge_threshold(1.f, 75, 100) == 1.f);
+  CHECK(nudge_threshold(1.f, 125, 100) == 1.f);
+  CHECK(nudge_threshold(1.f, 126, 100) == 1.f * 1.012f);
+  CHECK(normal_two_sided_quantile(0.05) == Approx(1.959963985).epsilon(1e-9));
+  CHECK(normal_two_sided_quantile(0.02) == Approx(2.326347874).epsilon(1e-9));
+  CHECK(normal_two_sided_quantile(0.001) == Approx(3.290526731).epsilon(1e-9));
+}
+
+TEST_CASE("Error feedback: lazy zero residual, clearing, and a checked round trip", "[select]") {
+  ErrorFeedback ef(1000);
+  CHECK_FALSE(ef.allocated());
+  std::stringstream empty;
+  ef.save(empty);
+  float* r = ef.residual();
+  CHECK(std::all_of(r, r + 1000, [](float v) { return v == 0.f; }));
+  for (int i = 0; i < 1000; ++i) r[i] = static_cast<float>(i);
+  const int32_t mine[] = {1, 5, 7, 900}, out[] = {0, 5, 6, 7, 999};
+  CHECK(ef.clear_common(mine, 4, out, 5) == 2);
+  CHECK(r[5] == 0.f);
+  CHECK(r[7] == 0.f);
+  CHECK(r[1] == 1.f);
+  CHECK(r[900] == 900.f);
+  std::stringstream saved;
+  ef.save(saved);
+  ErrorFeedback back(1000);
+  back.load(saved, "test");
+  CHECK(std::equal(r, r + 1000, back.residual()));
+  ErrorFeedback none(1000);
+  none.load(empty, "test");
+  CHECK_FALSE(none.allocated());
+  std::stringstream again;
+  ef.save(again);
+  ErrorFeedback wrong(999);
+  CHECK_THROWS_WITH(wrong.load(again, "oktopk"), Catch::Matchers::Contains("1000") && Catch::Matchers::Contains("999"));
+}
+
+TEST_CASE("The config's sync methods are the ones the factory builds", "[select]") {
+  CHECK(trainer::kSyncMethods == sync_method_names());
+}
