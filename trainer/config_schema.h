@@ -170,8 +170,11 @@ void visit_config(Cfg& c, Visitor& v) {
 
   v.section("sync", "Data parallelism: how gradients (or parameters) are combined across processes.");
   v.key("sync.method", c.sync.method,
-        "Gradient-sync method: dense (bucketed allreduce of the averaged gradient) or local_sgd "
-        "(local steps, parameters averaged every sync.period steps).",
+        "Gradient-sync method: dense (bucketed allreduce of the averaged gradient); local_sgd "
+        "(local steps, parameters averaged every sync.period steps); oktopk (Ok-Top-k sparse "
+        "allreduce); topka (local top-k, allgather); gaussiank (normal-fit threshold, allgatherv); "
+        "gtopk (tree of pairwise top-k merges, power-of-two process counts). The sparse methods send "
+        "about sync.density of the entries and keep the rest in an error-feedback residual.",
         kSyncMethods);
   v.key("sync.dense_warmup_steps", c.sync.dense_warmup_steps,
         "The first N steps use dense allreduce whatever the method (synchronous SGD for local_sgd).",
@@ -179,6 +182,25 @@ void visit_config(Cfg& c, Visitor& v) {
   v.key("sync.bucket_mb", c.sync.bucket_mb,
         "Dense allreduce bucket size in MB (PyTorch DDP's default is 25).", open_closed(0, 1e6));
   v.key("sync.period", c.sync.period, "local_sgd: average parameters every N steps.", at_least(1));
+  v.key("sync.density", c.sync.density,
+        "oktopk, topka, gaussiank, gtopk: fraction of gradient entries selected per step, k = "
+        "ceil(density * n).",
+        open_closed(0, 1));
+  v.key("sync.local_threshold_every", c.sync.local_threshold_every,
+        "oktopk: recompute the local threshold exactly (k-th largest magnitude) every N compressed "
+        "steps; in between it is reused and nudged by the selected count.",
+        at_least(1));
+  v.key("sync.global_threshold_every", c.sync.global_threshold_every,
+        "oktopk: recompute the global threshold exactly every N compressed steps; reused and nudged in "
+        "between.",
+        at_least(1));
+  v.key("sync.region_every", c.sync.region_every,
+        "oktopk: recompute the region bounds (balanced by selected counts) every N compressed steps.",
+        at_least(1));
+  v.key("sync.max_in_flight", c.sync.max_in_flight,
+        "oktopk: peers with split-and-reduce messages in flight at once.", closed(1, 1 << 20));
+  v.key("sync.balance", c.sync.balance,
+        "oktopk: even out the globally selected entries across processes before the final allgatherv.");
 
   v.section("comm", "The communication log (comm/rank<R>.jsonl and comm/summary.txt).");
   v.key("comm.log", c.comm.log, "Record every message and collective of the recorded steps.");

@@ -34,7 +34,18 @@ std::unique_ptr<models::ImageClassifier> build_model(const Config& c) {
 }
 
 comm::SyncOptions sync_options(const Config& c) {
-  return {c.sync.method, c.sync.dense_warmup_steps, c.sync.bucket_mb, c.sync.period};
+  comm::SyncOptions o;
+  o.method = c.sync.method;
+  o.dense_warmup_steps = c.sync.dense_warmup_steps;
+  o.bucket_mb = c.sync.bucket_mb;
+  o.period = c.sync.period;
+  o.density = c.sync.density;
+  o.local_threshold_every = c.sync.local_threshold_every;
+  o.global_threshold_every = c.sync.global_threshold_every;
+  o.region_every = c.sync.region_every;
+  o.max_in_flight = c.sync.max_in_flight;
+  o.balance = c.sync.balance;
+  return o;
 }
 
 namespace {
