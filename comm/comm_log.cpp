@@ -1,0 +1,170 @@
+#include "comm/comm_log.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+
+namespace trainer::comm {
+
+namespace {
+
+// Records are written when this many are pending at a step boundary: a few hundred kB per write,
+// and a step's records normally land in one batch.
+constexpr size_t kBatchRecords = 4096;
+// A single step that produces this many is written mid-step, so memory stays bounded.
+constexpr size_t kMaxPendingRecords = 1 << 16;
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+const char* phase_name(Phase phase) { return phase == Phase::kDense ? "dense" : "compressed"; }
+
+const char* op_kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::kAllreduce: return "allreduce";
+    case OpKind::kAllgather: return "allgather";
+    case OpKind::kAllgatherv: return "allgatherv";
+    case OpKind::kAlltoall: return "alltoall";
+    case OpKind::kBroadcast: return "broadcast";
+    case OpKind::kBarrier: return "barrier";
+    case OpKind::kPointToPoint: return "p2p";
+    case OpKind::kOther: return "other";
+  }
+  return "other";
+}
+
+CommLog::~CommLog() { close(); }
+
+void CommLog::open(const CommLogOptions& options, int rank, int world_size) {
+  close();
+  options_ = options;
+  if (options_.every < 1) options_.every = 1;
+  rank_ = rank;
+  world_ = world_size;
+  sent_ = received_ = 0;
+  ops_.clear();
+  last_op_ = 0;
+  last_tag_ = nullptr;
+  phases_[0] = phases_[1] = PhaseStats{};
+  pending_.clear();
+  t0_ns_ = steady_ns();
+  if (options_.enabled) {
+    if (options_.path.empty()) throw std::runtime_error("comm log: enabled but no path given");
+    const std::filesystem::path parent = std::filesystem::path(options_.path).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    file_ = std::fopen(options_.path.c_str(), options_.append ? "ab" : "wb");
+    if (!file_) throw std::runtime_error("comm log: cannot open " + options_.path + " for writing: " + std::strerror(errno));
+    pending_.reserve(kBatchRecords);
+  }
+  active_ = options_.enabled;
+  set_step(step_, phase_);
+}
+
+void CommLog::set_step(int64_t step, Phase phase) {
+  step_ = step;
+  phase_ = phase;
+  in_window_ = options_.enabled && step >= options_.first_step &&
+               (options_.last_step < 0 || step <= options_.last_step) && step % options_.every == 0;
+  if (pending_.size() >= kBatchRecords) write_pending();
+}
+
+int64_t CommLog::now_us() const { return (steady_ns() - t0_ns_) / 1000; }
+
+void CommLog::record_enabled(const char* op, OpKind kind, int64_t size_bytes, int64_t bytes, int64_t bytes_recv,
+                             int peer, int64_t t_start_us, int64_t t_end_us) {
+  // Few distinct tags per run (about ten), so a linear search with a one-entry cache is enough; the
+  // pointer test avoids strcmp when the same literal comes back.
+  OpStats* s = nullptr;
+  if (op == last_tag_ && last_op_ < ops_.size()) {
+    s = &ops_[last_op_];
+  } else {
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      if (ops_[i].op == op) {
+        s = &ops_[i];
+        last_op_ = i;
+        break;
+      }
+    }
+    if (!s) {
+      ops_.push_back(OpStats{});
+      s = &ops_.back();
+      s->op = op;
+      s->kind = kind;
+      last_op_ = ops_.size() - 1;
+    }
+    last_tag_ = op;
+  }
+  const int64_t dt = t_end_us - t_start_us;
+  s->calls += 1;
+  s->bytes += bytes;
+  s->bytes_recv += bytes_recv;
+  s->time_us += dt;
+  s->sizes.push_back(size_bytes);
+  PhaseStats& p = phases_[static_cast<int>(phase_)];
+  p.calls += 1;
+  p.bytes += bytes;
+  p.bytes_recv += bytes_recv;
+  p.time_us += dt;
+
+  if (!in_window_) return;
+  pending_.push_back(CommRecord{step_, phase_, op, bytes, bytes_recv, peer, t_start_us, t_end_us});
+  if (pending_.size() >= kMaxPendingRecords) write_pending();
+}
+
+void CommLog::take_totals(int64_t& sent, int64_t& received) {
+  sent = sent_;
+  received = received_;
+  sent_ = received_ = 0;
+}
+
+void CommLog::write_pending() {
+  if (pending_.empty() || !file_) {
+    pending_.clear();
+    return;
+  }
+  // The field order and names are the published format (DESIGN.md section 3); op tags are plain
+  // identifiers, so they need no escaping.
+  line_buffer_.clear();
+  char line[320];
+  for (const CommRecord& r : pending_) {
+    const int len = std::snprintf(line, sizeof line,
+                                  "{\"step\":%" PRId64 ",\"phase\":\"%s\",\"op\":\"%s\",\"bytes\":%" PRId64
+                                  ",\"bytes_recv\":%" PRId64 ",\"peer\":%d,\"t_start_us\":%" PRId64
+                                  ",\"t_end_us\":%" PRId64 "}\n",
+                                  r.step, phase_name(r.phase), r.op, r.bytes, r.bytes_recv, r.peer, r.t_start_us,
+                                  r.t_end_us);
+    if (len > 0) line_buffer_.append(line, std::min<size_t>(static_cast<size_t>(len), sizeof line - 1));
+  }
+  pending_.clear();
+  if (std::fwrite(line_buffer_.data(), 1, line_buffer_.size(), file_) != line_buffer_.size()) {
+    // A full disk must not kill a training run; stop logging and say so once.
+    std::fprintf(stderr, "comm log: write to %s failed (%s); logging stops\n", options_.path.c_str(),
+                 std::strerror(errno));
+    std::fclose(file_);
+    file_ = nullptr;
+  }
+}
+
+void CommLog::flush() {
+  write_pending();
+  if (file_) std::fflush(file_);
+}
+
+void CommLog::close() {
+  flush();
+  if (file_) std::fclose(file_);
+  file_ = nullptr;
+  active_ = false;
+  in_window_ = false;
+}
+
+}  // namespace trainer::comm
