@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -65,7 +66,7 @@ TEST_CASE("Threshold passes select exactly the entries at or above the bound, in
     for (float lo : {0.f, 0.5f, 2.5f, 10.f}) {
       SparseList out;
       SelectScratch scratch;
-      const int64_t count = select_at_least(x.data(), n, lo, out, scratch);
+      const int64_t count = select_at_least(read_only(x.data()), n, lo, out, scratch);
       std::vector<int32_t> expected;
       for (int64_t i = 0; i < n; ++i)
         if (std::fabs(x[i]) >= lo) expected.push_back(static_cast<int32_t>(i));
@@ -76,17 +77,26 @@ TEST_CASE("Threshold passes select exactly the entries at or above the bound, in
   }
 }
 
-TEST_CASE("The fused pass forms grad + residual, zeroes the gradient and selects from the sum", "[select]") {
+TEST_CASE("The accumulating pass forms grad + residual, applies deferred clears and selects from the sum",
+          "[select]") {
   const int64_t n = 200003;
-  auto grad = normal_vector(n, 11);
+  const auto grad = normal_vector(n, 11);
   auto residual = normal_vector(n, 12, 0.5f);
+  std::vector<uint16_t> flags((n + 15) / 16, 0);
+  std::mt19937_64 rng(13);
   std::vector<float> acc(n);
-  for (int64_t i = 0; i < n; ++i) acc[i] = grad[i] + residual[i];
+  for (int64_t i = 0; i < n; ++i) {
+    const bool cleared = rng() % 5 == 0 || i == n - 1;
+    if (cleared) set_flag(flags.data(), i);
+    acc[i] = grad[i] + (cleared ? 0.f : residual[i]);
+  }
   SparseList out;
   SelectScratch scratch;
-  accumulate_and_select(grad.data(), residual.data(), n, 2.f, out, scratch);
+  const auto grad_before = grad;
+  select_at_least(SelectSource{grad.data(), residual.data(), flags.data()}, n, 2.f, out, scratch);
   CHECK(residual == acc);
-  CHECK(std::all_of(grad.begin(), grad.end(), [](float g) { return g == 0.f; }));
+  CHECK(grad == grad_before);
+  CHECK(std::all_of(flags.begin(), flags.end(), [](uint16_t f) { return f == 0; }));
   CHECK(indices(out) == at_least(acc, 2.f));
 }
 
@@ -101,7 +111,7 @@ TEST_CASE("Selections do not depend on the thread count", "[select]") {
     SelectScratch scratch;
     auto res = x;
     auto g = normal_vector(n, 4);
-    select_top_k(g.data(), res.data(), n, 5000, true, false, out, scratch);
+    select_top_k(SelectSource{g.data(), res.data(), nullptr}, n, 5000, false, out, scratch);
     results.push_back(indices(out));
   }
   omp_set_num_threads(saved);
@@ -119,13 +129,13 @@ TEST_CASE("Exact k-th magnitude: small buffers and sampled large ones", "[select
       for (int64_t i = 0; i < n; ++i) acc[i] = grad[i] + residual[i];
       SparseList out;
       SelectScratch scratch;
-      const float t = select_top_k(grad.data(), residual.data(), n, k, true, false, out, scratch);
+      const float t = select_top_k(SelectSource{grad.data(), residual.data(), nullptr}, n, k, false, out, scratch);
       INFO("n = " << n << ", k = " << k);
       CHECK(t == kth_by_sort(acc, k));
       CHECK(indices(out) == at_least(acc, t));
       // Read-only form on the accumulated buffer, exactly-k rule.
       SparseList exact;
-      select_top_k(nullptr, acc.data(), n, k, false, true, exact, scratch);
+      select_top_k(read_only(acc.data()), n, k, true, exact, scratch);
       CHECK(indices(exact) == exactly_k_by_sort(acc, k));
     }
   }
@@ -141,7 +151,7 @@ TEST_CASE("Heavy-tailed and clustered gradients still give the exact k-th magnit
   for (int64_t i = 1000000; i < 1100000; ++i) x[i] = cauchy(rng);
   SparseList out;
   SelectScratch scratch;
-  const float t = select_top_k(nullptr, x.data(), n, k, false, false, out, scratch);
+  const float t = select_top_k(read_only(x.data()), n, k, false, out, scratch);
   CHECK(t == kth_by_sort(x, k));
   CHECK(out.size() == k);
 }
@@ -152,10 +162,10 @@ TEST_CASE("Ties: the threshold rule keeps them all, the exactly-k rule keeps low
   x[77777] = 3.f;
   SparseList out;
   SelectScratch scratch;
-  float t = select_top_k(nullptr, x.data(), 100000, 100, false, false, out, scratch);
+  float t = select_top_k(read_only(x.data()), 100000, 100, false, out, scratch);
   CHECK(t == 1.f);
   CHECK(out.size() == 10001);
-  select_top_k(nullptr, x.data(), 100000, 100, false, true, out, scratch);
+  select_top_k(read_only(x.data()), 100000, 100, true, out, scratch);
   CHECK(indices(out) == exactly_k_by_sort(x, 100));
   CHECK(out.size() == 100);
   CHECK(out.index()[0] == 0);
@@ -167,9 +177,9 @@ TEST_CASE("Zeros: never selected by a threshold, taken lowest index first when k
   for (int i : {5, 500, 999}) x[i] = 0.25f * i;
   SparseList out;
   SelectScratch scratch;
-  select_top_k(nullptr, x.data(), 1000, 10, false, false, out, scratch);
+  select_top_k(read_only(x.data()), 1000, 10, false, out, scratch);
   CHECK(indices(out) == std::vector<int32_t>{5, 500, 999});
-  select_top_k(nullptr, x.data(), 1000, 10, false, true, out, scratch);
+  select_top_k(read_only(x.data()), 1000, 10, true, out, scratch);
   CHECK(indices(out) == std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 500, 999});
 }
 
@@ -226,7 +236,7 @@ TEST_CASE("k, the threshold nudge and the normal quantile", "[select]") {
   CHECK(normal_two_sided_quantile(0.001) == Approx(3.290526731).epsilon(1e-9));
 }
 
-TEST_CASE("Error feedback: lazy zero residual, clearing, and a checked round trip", "[select]") {
+TEST_CASE("Error feedback: lazy zero residual, deferred clears, and a checked round trip", "[select]") {
   ErrorFeedback ef(1000);
   CHECK_FALSE(ef.allocated());
   std::stringstream empty;
@@ -236,15 +246,32 @@ TEST_CASE("Error feedback: lazy zero residual, clearing, and a checked round tri
   for (int i = 0; i < 1000; ++i) r[i] = static_cast<float>(i);
   const int32_t mine[] = {1, 5, 7, 900}, out[] = {0, 5, 6, 7, 999};
   CHECK(ef.clear_common(mine, 4, out, 5) == 2);
-  CHECK(r[5] == 0.f);
-  CHECK(r[7] == 0.f);
-  CHECK(r[1] == 1.f);
-  CHECK(r[900] == 900.f);
+  const int32_t more[] = {999};
+  ef.clear(more, 1);
+  // Saved with the clears applied, before anything applied them to the buffer.
   std::stringstream saved;
   ef.save(saved);
+  // An accumulating pass applies them: acc = grad + residual with cleared entries as zero.
+  std::vector<float> grad(1000, 1.f);
+  SparseList list;
+  SelectScratch scratch;
+  select_at_least(ef.accumulate(grad.data()), 1000, 1e9f, list, scratch);
+  r = ef.residual();
+  CHECK(r[5] == 1.f);
+  CHECK(r[7] == 1.f);
+  CHECK(r[999] == 1.f);
+  CHECK(r[1] == 2.f);
+  CHECK(r[900] == 901.f);
   ErrorFeedback back(1000);
   back.load(saved, "test");
-  CHECK(std::equal(r, r + 1000, back.residual()));
+  const float* b = back.residual();
+  CHECK(b[5] == 0.f);
+  CHECK(b[7] == 0.f);
+  CHECK(b[999] == 0.f);
+  CHECK(b[900] == 900.f);
+  // residual() applies pending clears too.
+  ef.clear(more, 1);
+  CHECK(ef.residual()[999] == 0.f);
   ErrorFeedback none(1000);
   none.load(empty, "test");
   CHECK_FALSE(none.allocated());
@@ -252,6 +279,40 @@ TEST_CASE("Error feedback: lazy zero residual, clearing, and a checked round tri
   ef.save(again);
   ErrorFeedback wrong(999);
   CHECK_THROWS_WITH(wrong.load(again, "oktopk"), Catch::Matchers::Contains("1000") && Catch::Matchers::Contains("999"));
+}
+
+TEST_CASE("The dense output is written in one pass: values / divisor at the indices, zeros elsewhere", "[select]") {
+  std::mt19937_64 rng(21);
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 3})
+    for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{1000}, int64_t{100003}}) {
+      omp_set_num_threads(threads);
+      // Three runs over ascending index ranges, as oktopk's per-rank blocks.
+      std::vector<std::vector<int32_t>> idx(3);
+      std::vector<std::vector<float>> val(3);
+      std::vector<float> want(n, 0.f);
+      for (int64_t i = 0; i < n; ++i)
+        if (rng() % 9 == 0 || i == n - 1) {
+          const int run = static_cast<int>(3 * i / n);
+          idx[run].push_back(static_cast<int32_t>(i));
+          val[run].push_back(static_cast<float>(static_cast<int>(rng() % 1000)) - 500.f);
+          want[i] = val[run].back() / 3.f;
+        }
+      std::vector<ListRef> runs;
+      for (int r = 0; r < 3; ++r) runs.push_back({idx[r].data(), val[r].data(), static_cast<int64_t>(idx[r].size())});
+      OutputScratch scratch;
+      for (int64_t offset : {int64_t{0}, int64_t{1}}) {  // 64-byte aligned (non-temporal stores) and not
+        float* buffer = static_cast<float*>(std::aligned_alloc(64, ((n + 16) * sizeof(float) + 63) / 64 * 64));
+        std::fill(buffer, buffer + n + 16, 7.f);
+        write_sparse_output(buffer + offset, n, runs, 3.f, scratch);
+        INFO("n = " << n << ", threads " << threads << ", offset " << offset);
+        CHECK(std::equal(want.begin(), want.end(), buffer + offset));
+        CHECK(buffer[n + offset] == 7.f);
+        std::free(buffer);
+      }
+      CHECK(std::all_of(scratch.bits.begin(), scratch.bits.end(), [](uint16_t f) { return f == 0; }));
+    }
+  omp_set_num_threads(saved);
 }
 
 TEST_CASE("The config's sync methods are the ones the factory builds", "[select]") {

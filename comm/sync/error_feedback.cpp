@@ -1,5 +1,6 @@
 #include "comm/sync/error_feedback.h"
 
+#include <algorithm>
 #include <cstring>
 #include <istream>
 #include <ostream>
@@ -10,22 +11,45 @@
 
 namespace trainer::comm {
 
-float* ErrorFeedback::residual() {
+float* ErrorFeedback::storage() {
   if (!residual_) {
     residual_.reset(new float[n_]);
     std::memset(residual_.get(), 0, n_ * sizeof(float));
+    pending_.assign((n_ + 15) / 16, 0);
   }
   return residual_.get();
 }
 
+float* ErrorFeedback::residual() {
+  float* r = storage();
+  if (has_pending_) {
+    for (int64_t w = 0; w < static_cast<int64_t>(pending_.size()); ++w) {
+      if (!pending_[w]) continue;
+      for (int j = 0; j < 16; ++j)
+        if (pending_[w] >> j & 1u) r[16 * w + j] = 0.f;
+      pending_[w] = 0;
+    }
+    has_pending_ = false;
+  }
+  return r;
+}
+
+SelectSource ErrorFeedback::accumulate(const float* grad) {
+  float* r = storage();
+  SelectSource source{grad, r, has_pending_ ? pending_.data() : nullptr};
+  has_pending_ = false;  // the pass resets every flag it applies
+  return source;
+}
+
 void ErrorFeedback::clear(const int32_t* index, int64_t count) {
-  float* r = residual();
-  for (int64_t j = 0; j < count; ++j) r[index[j]] = 0.f;
+  storage();
+  for (int64_t j = 0; j < count; ++j) set_flag(pending_.data(), index[j]);
+  has_pending_ = has_pending_ || count > 0;
 }
 
 int64_t ErrorFeedback::clear_common(const int32_t* mine, int64_t mine_count, const int32_t* output,
                                     int64_t output_count) {
-  float* r = residual();
+  storage();
   int64_t a = 0, b = 0, common = 0;
   while (a < mine_count && b < output_count) {
     if (mine[a] < output[b]) {
@@ -33,17 +57,32 @@ int64_t ErrorFeedback::clear_common(const int32_t* mine, int64_t mine_count, con
     } else if (output[b] < mine[a]) {
       ++b;
     } else {
-      r[mine[a]] = 0.f;
+      set_flag(pending_.data(), mine[a]);
       ++common, ++a, ++b;
     }
   }
+  has_pending_ = has_pending_ || common > 0;
   return common;
 }
 
 void ErrorFeedback::save(std::ostream& out) const {
   write_pod(out, n_);
   write_pod(out, static_cast<uint8_t>(residual_ != nullptr));
-  if (residual_) out.write(reinterpret_cast<const char*>(residual_.get()), static_cast<std::streamsize>(n_ * sizeof(float)));
+  if (!residual_) return;
+  if (!has_pending_) {
+    out.write(reinterpret_cast<const char*>(residual_.get()), static_cast<std::streamsize>(n_ * sizeof(float)));
+    return;
+  }
+  // Pending clears applied on the way out, a chunk at a time (save is const).
+  constexpr int64_t kChunk = int64_t{1} << 20;  // a multiple of 16
+  std::vector<float> chunk(std::min(n_, kChunk));
+  for (int64_t begin = 0; begin < n_; begin += kChunk) {
+    const int64_t count = std::min(kChunk, n_ - begin);
+    std::memcpy(chunk.data(), residual_.get() + begin, count * sizeof(float));
+    for (int64_t i = 0; i < count; ++i)
+      if (pending_[(begin + i) >> 4] >> ((begin + i) & 15) & 1u) chunk[i] = 0.f;
+    out.write(reinterpret_cast<const char*>(chunk.data()), static_cast<std::streamsize>(count * sizeof(float)));
+  }
 }
 
 void ErrorFeedback::load(std::istream& in, const char* what) {
@@ -55,12 +94,16 @@ void ErrorFeedback::load(std::istream& in, const char* what) {
                              " entries, this model has " + std::to_string(n_));
   if (!present) {
     residual_.reset();
+    pending_.clear();
+    has_pending_ = false;
     return;
   }
   std::unique_ptr<float[]> r(new float[n_]);
   in.read(reinterpret_cast<char*>(r.get()), static_cast<std::streamsize>(n_ * sizeof(float)));
   if (!in) throw std::runtime_error(std::string(what) + " state: residual truncated");
   residual_ = std::move(r);
+  pending_.assign((n_ + 15) / 16, 0);
+  has_pending_ = false;
 }
 
 }  // namespace trainer::comm

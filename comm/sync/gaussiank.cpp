@@ -39,7 +39,7 @@ std::string GaussianK::describe() const {
   return out.str();
 }
 
-void GaussianK::accumulate_with_moments(float* g, float* r, double& mean, double& stddev) {
+void GaussianK::accumulate_with_moments(const float* g, float* r, double& mean, double& stddev) {
   // Per-thread partial sums added in thread order (an OpenMP reduction may combine in arrival
   // order, and the threshold must be the same on a resumed run).
   const int threads = omp_get_max_threads();
@@ -53,7 +53,6 @@ void GaussianK::accumulate_with_moments(float* g, float* r, double& mean, double
     for (int64_t i = begin; i < end; ++i) {
       const float a = g[i] + r[i];
       r[i] = a;
-      g[i] = 0.f;
       sum += a;
       sum_sq += static_cast<double>(a) * a;
     }
@@ -79,7 +78,7 @@ float GaussianK::adjusted_threshold(float t, const float* acc) {
   auto collect_below = [&](float x) {
     float lo = x;
     for (int i = 0; i < kCollectBelow; ++i) lo /= kScale;
-    select_at_least(acc, n_, std::max(lo, min_threshold()), local_, scratch_);
+    select_at_least(read_only(acc), n_, std::max(lo, min_threshold()), local_, scratch_);
     return lo;
   };
   float lo = collect_below(t);
@@ -136,7 +135,8 @@ SyncStats GaussianK::reduce(SyncBuffers& b, int64_t step) {
     at += block_counts_[r];
   }
   merge_sum_all(lists_, merged_, tmp_);
-  scatter_divided(b.grads, merged_.index(), merged_.value(), merged_.size(), static_cast<float>(p));
+  lists_.assign(1, {merged_.index(), merged_.value(), merged_.size()});
+  write_sparse_output(b.grads, n_, lists_, static_cast<float>(p), output_);
   ef_.clear(local_.index(), mine);
   ++steps_;
   return {Phase::kCompressed, static_cast<double>(mine) / n_};

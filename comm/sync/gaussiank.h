@@ -31,8 +31,8 @@ class GaussianK final : public GradientSync {
   float last_threshold() const { return threshold_; }
 
  private:
-  // acc into the residual, grads zeroed; returns mean and standard deviation of acc.
-  void accumulate_with_moments(float* grads, float* residual, double& mean, double& stddev);
+  // acc into the residual (pending clears applied first); returns mean and standard deviation of acc.
+  void accumulate_with_moments(const float* grads, float* residual, double& mean, double& stddev);
   float adjusted_threshold(float t, const float* acc);
 
   Communicator& comm_;
@@ -43,6 +43,7 @@ class GaussianK final : public GradientSync {
   float threshold_ = 0.f;  // the last step's final threshold (reported, not reused)
   SparseList local_, merged_, tmp_;
   SelectScratch scratch_;
+  OutputScratch output_;
   std::vector<int32_t> counts_;
   std::vector<int64_t> block_counts_;
   std::vector<int32_t> gathered_;  // per rank: [indices][value bits]

@@ -80,7 +80,7 @@ void GTopk::merge_received(const int32_t* message) {
 SyncStats GTopk::reduce(SyncBuffers& b, int64_t step) {
   comm_.log().set_step(step, Phase::kCompressed);
   const int p = comm_.size(), me = comm_.rank();
-  select_top_k(b.grads, ef_.residual(), n_, k_, /*fused=*/true, /*exactly_k=*/true, local_, scratch_);
+  select_top_k(ef_.accumulate(b.grads), n_, k_, /*exactly_k=*/true, local_, scratch_);
   const int64_t k = local_.size();  // == k_
   const int64_t message_words = (2 + words_) * k;
   message_.resize(message_words);
@@ -106,15 +106,14 @@ SyncStats GTopk::reduce(SyncBuffers& b, int64_t step) {
   const int32_t* index = message_.data();
   const float* value = reinterpret_cast<const float*>(message_.data() + k);
   const auto* mask = reinterpret_cast<const uint32_t*>(message_.data() + 2 * k);
-  scatter_divided(b.grads, index, value, k, static_cast<float>(p));
+  runs_.assign(1, {index, value, k});
+  write_sparse_output(b.grads, n_, runs_, static_cast<float>(p), output_);
   // Clear what reached the output: final entries whose mask holds this rank (all are in local_).
-  float* residual = ef_.residual();
-  int64_t contributed = 0;
+  contributed_.clear();
   for (int64_t j = 0; j < k; ++j)
-    if (mask[j * words_ + me / 32] >> (me % 32) & 1u) {
-      residual[index[j]] = 0.f;
-      ++contributed;
-    }
+    if (mask[j * words_ + me / 32] >> (me % 32) & 1u) contributed_.push_back(index[j]);
+  ef_.clear(contributed_.data(), static_cast<int64_t>(contributed_.size()));
+  const auto contributed = static_cast<int64_t>(contributed_.size());
   ++steps_;
   return {Phase::kCompressed, static_cast<double>(contributed) / n_};
 }

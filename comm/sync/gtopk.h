@@ -50,6 +50,9 @@ class GTopk final : public GradientSync {
   SparseList local_, current_, merged_;
   std::vector<uint32_t> mask_, merged_mask_;  // words_ per entry of current_ / merged_
   SelectScratch scratch_;
+  OutputScratch output_;
+  std::vector<ListRef> runs_;
+  std::vector<int32_t> contributed_;
   std::vector<int32_t> message_;  // k indices, k value bits, k * words_ mask words
 };
 

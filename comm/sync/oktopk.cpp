@@ -14,6 +14,8 @@ namespace {
 
 // Point-to-point channels: split and reduce, and the balance moves, each index and value.
 constexpr int kIndexChannel = 1, kValueChannel = 2, kBalanceIndexChannel = 3, kBalanceValueChannel = 4;
+// Raises of 3% the guards may apply in one step (local and global), as the reference's guard.
+constexpr int kGuardSteps = 5;
 
 uint32_t magnitude_bits(float v) {
   uint32_t bits;
@@ -165,18 +167,55 @@ float OkTopk::exact_global_threshold() {
   return from_bits(prefix);
 }
 
+void OkTopk::select_global(bool exact) {
+  if (exact) t_global_ = exact_global_threshold();
+  // Counts at t and at t raised by 3% up to 5 times, for every rank in one ALLGATHER_COUNTS: all
+  // ranks then take the same lowest candidate that lets at most 3k/2 entries through in total (or
+  // the highest), the reference's reuse-step guard applied to the global threshold. On an exact
+  // step the first candidate passes about k.
+  float candidates[kGuardSteps + 1];
+  candidates[0] = std::max(t_global_, min_threshold());
+  for (int j = 1; j <= kGuardSteps; ++j) candidates[j] = candidates[j - 1] * 1.03f;
+  int32_t mine[kGuardSteps + 1] = {};
+  for (int64_t q = 0; q < reduced_.size(); ++q) {
+    const float a = std::fabs(reduced_.value()[q]);
+    for (int j = 0; j <= kGuardSteps; ++j) mine[j] += a >= candidates[j];
+  }
+  all_counts_.resize(static_cast<size_t>(p_) * (kGuardSteps + 1));
+  comm_.allgather(mine, kGuardSteps + 1, all_counts_.data(), DType::kI32, "ALLGATHER_COUNTS");
+  int chosen = 0;
+  int64_t total = 0;
+  for (; chosen <= kGuardSteps; ++chosen) {
+    total = 0;
+    for (int r = 0; r < p_; ++r) total += all_counts_[r * (kGuardSteps + 1) + chosen];
+    if (2 * total <= 3 * k_ || chosen == kGuardSteps) break;
+  }
+  const float t = candidates[chosen];
+  counts_.resize(p_);
+  for (int r = 0; r < p_; ++r) counts_[r] = all_counts_[r * (kGuardSteps + 1) + chosen];
+  global_total_ = total;
+  if (chosen > 0) t_global_ = t;
+  t_global_ = nudge_threshold(t_global_, total, k_);
+
+  const auto base = static_cast<int32_t>(bounds_[rank_]);
+  global_.resize(reduced_.size());
+  int64_t kept = 0;
+  for (int64_t q = 0; q < reduced_.size(); ++q) {
+    const float v = reduced_.value()[q];
+    global_.index()[kept] = reduced_.index()[q] + base;
+    global_.value()[kept] = v;
+    kept += std::fabs(v) >= t;
+  }
+  global_.resize(kept);
+}
+
 void OkTopk::gather_output(float* grads) {
   const int64_t mine = global_.size();
-  counts_.resize(p_);
-  const auto mine32 = static_cast<int32_t>(mine);
-  comm_.allgather(&mine32, 1, counts_.data(), DType::kI32, "ALLGATHER_COUNTS");
   int64_t total = 0, offset = 0;  // offset: where this rank's entries start in the global order
   for (int r = 0; r < p_; ++r) {
     if (r == rank_) offset = total;
     total += counts_[r];
   }
-  global_total_ = total;
-  t_global_ = nudge_threshold(t_global_, total, k_);
   blocks_.resize(p_);
   block_offsets_.resize(p_);
   gather_counts_.resize(p_);
@@ -226,46 +265,44 @@ void OkTopk::gather_output(float* grads) {
   comm_.allgatherv(block_index, 2 * my_block, final_.data(), gather_counts_, DType::kI32, "ALLGATHERV_FINAL");
 
   // Output and residual. The blocks are in global index order, as is local_.
-  const float divisor = static_cast<float>(p_);
   contributed_ = 0;
   const int32_t* local_index = local_.index();
   const int64_t local_count = local_.size();
+  lists_.clear();
   for (int r = 0; r < p_; ++r) {
     const int64_t count = blocks_[r];
     if (count == 0) continue;
     const int32_t* index = final_.data() + 2 * block_offsets_[r];
-    const float* value = reinterpret_cast<const float*>(index + count);
-    scatter_divided(grads, index, value, count, divisor);
+    lists_.push_back({index, reinterpret_cast<const float*>(index + count), count});
     const int64_t skip = std::lower_bound(local_index, local_index + local_count, index[0]) - local_index;
     contributed_ += ef_.clear_common(local_index + skip, local_count - skip, index, count);
+  }
+  write_sparse_output(grads, n_, lists_, static_cast<float>(p_), output_);
+}
+
+void OkTopk::reuse_local_threshold(const float* grads) {
+  select_at_least(ef_.accumulate(grads), n_, std::max(t_local_, min_threshold()), local_, scratch_);
+  // The reference's guard on reuse steps: while more than 3k/2 entries pass, raise t by 3% (at
+  // most 5 times). Raising only drops collected entries, so this costs no pass over the gradient.
+  for (int loop = 0; loop < kGuardSteps && 2 * local_.size() > 3 * k_; ++loop) {
+    t_local_ *= 1.03f;
+    keep_at_least(local_, t_local_);
   }
 }
 
 SyncStats OkTopk::reduce(SyncBuffers& b, int64_t step) {
   comm_.log().set_step(step, Phase::kCompressed);
-  float* acc = ef_.residual();
-  // 1. Local selection (grads are zeroed by the same pass; the output is scattered into them).
+  // 1. Local selection, acc = grad + residual formed in the same pass.
   if (iteration_ % local_every_ == 0)
-    t_local_ = select_top_k(b.grads, acc, n_, k_, /*fused=*/true, /*exactly_k=*/false, local_, scratch_);
+    t_local_ = select_top_k(ef_.accumulate(b.grads), n_, k_, /*exactly_k=*/false, local_, scratch_);
   else
-    accumulate_and_select(b.grads, acc, n_, std::max(t_local_, min_threshold()), local_, scratch_);
+    reuse_local_threshold(b.grads);
   t_local_ = nudge_threshold(t_local_, local_.size(), k_);
   // 2-3. Regions, split and reduce.
   if (iteration_ % region_every_ == 0) repartition();
   split_and_reduce();
   // 4. Global selection in this rank's region.
-  if (iteration_ % global_every_ == 0) t_global_ = exact_global_threshold();
-  const float t = std::max(t_global_, min_threshold());
-  const auto base = static_cast<int32_t>(bounds_[rank_]);
-  global_.resize(reduced_.size());
-  int64_t kept = 0;
-  for (int64_t q = 0; q < reduced_.size(); ++q) {
-    const float v = reduced_.value()[q];
-    global_.index()[kept] = reduced_.index()[q] + base;
-    global_.value()[kept] = v;
-    kept += std::fabs(v) >= t;
-  }
-  global_.resize(kept);
+  select_global(iteration_ % global_every_ == 0);
   // 5-6. Balance, allgatherv, output and residual.
   gather_output(b.grads);
   ++iteration_;

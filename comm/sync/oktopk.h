@@ -10,7 +10,9 @@ namespace trainer::comm {
 // k = ceil(density * n), one compressed step on every rank:
 //   1. local selection: acc = grad + residual (into the residual, in the selection pass); keep
 //      |acc| >= t_local. t_local is the exact k-th largest |acc| every local_threshold_every steps
-//      and the previous step's, nudged by its count (select.h's nudge_threshold), in between.
+//      and the previous step's, nudged by its count (select.h's nudge_threshold), in between; on
+//      such a reuse step, while more than 3k/2 entries pass, t is raised by 3% (at most 5 times,
+//      as the reference implementation does; counted over the collected entries, no extra pass).
 //   2. regions: [0, n) is cut into P contiguous regions holding about the same number of selected
 //      entries; recomputed every region_every steps (and at the first compressed step): each rank
 //      proposes the P - 1 indices that cut its own sorted selection into P equal parts, one
@@ -24,9 +26,13 @@ namespace trainer::comm {
 //      largest |v| over all regions every global_threshold_every steps, found by a distributed
 //      radix select on the float bits: four ALLREDUCE_THRESHOLD calls, each summing a 256-bin
 //      histogram (1 KB) of the next 8 bits of the magnitudes still in play; in between it is the
-//      previous step's, nudged by the previous global count.
-//   5. balance and allgatherv: ALLGATHER_COUNTS (one word per rank) tells every rank every
-//      region's count C_j; with balance on, the selection (in global index order) is redistributed
+//      previous step's, nudged by the previous global count. The counts at t and at t raised by
+//      3% up to 5 times go out in one ALLGATHER_COUNTS (6 words per rank); every rank takes the
+//      lowest candidate that lets at most 3k/2 entries through in total (the local guard's rule,
+//      which the reference has for the local threshold only), so a reused threshold cannot let the
+//      final allgatherv grow far past k.
+//   5. balance and allgatherv: ALLGATHER_COUNTS (step 4) told every rank every region's count
+//      C_j; with balance on, the selection (in global index order) is redistributed
 //      so rank j holds C/P (+1) entries: the moves are point-to-point messages with the same tags
 //      as step 3 (ISEND_INDEX/ISEND_VALUE/IRECV_INDEX/IRECV_VALUE, on their own channels), usually
 //      a few small pieces between neighbours. ALLGATHERV_FINAL then gathers every block of
@@ -59,9 +65,11 @@ class OkTopk final : public GradientSync {
   int64_t global_count() const { return global_total_; }
 
  private:
+  void reuse_local_threshold(const float* grads);
   void repartition();
   void split_and_reduce();
   float exact_global_threshold();
+  void select_global(bool exact);
   void gather_output(float* grads);
 
   Communicator& comm_;
@@ -78,6 +86,7 @@ class OkTopk final : public GradientSync {
 
   // Per-step buffers, reused (they only grow).
   SelectScratch scratch_;
+  OutputScratch output_;
   SparseList local_;                     // this rank's selection: global indices, sorted
   std::vector<int64_t> region_begin_;    // P + 1 positions in local_ where each region starts
   std::vector<int32_t> send_index_;      // local_'s indices made region-local
@@ -90,6 +99,7 @@ class OkTopk final : public GradientSync {
   SparseList global_;               // this rank's global selection (global indices)
   std::vector<uint32_t> keys_;      // magnitudes' bits in the radix select
   std::vector<int32_t> histogram_;
+  std::vector<int32_t> all_counts_;         // per rank: counts at the guard's candidate thresholds
   std::vector<int32_t> counts_;             // global selection per rank
   std::vector<int64_t> blocks_, block_offsets_, gather_counts_;
   std::vector<int32_t> final_;              // per rank: [indices][value bits]

@@ -51,12 +51,16 @@ namespace {
 // (the compress result is written whole), so the list keeps a block plus 16 spare.
 constexpr int64_t kBlock = 4096;
 
-// One thread's share [begin, end) of a selection pass, appended to `l` (cleared first). Fused:
-// x = grad + residual is written back to residual and grad is zeroed. Branch-free: every element
-// writes its candidate slot and the count advances by the comparison, so a 2% selection rate
-// costs no branch mispredictions.
-template <bool kFused>
-void select_range(float* grad, float* residual, int64_t begin, int64_t end, float lo, SparseList& l) {
+// One thread's share [begin, end) of a selection pass (begin a multiple of 16), appended to `l`
+// (cleared first). kAccumulate: x = grad + residual (flagged residual entries count as zero; the
+// flags are reset) is written back to the residual. Branch-free: every element writes its
+// candidate slot and the count advances by the comparison, so a 2% selection rate costs no branch
+// mispredictions.
+template <bool kAccumulate, bool kFlags>
+void select_range(const SelectSource& src, int64_t begin, int64_t end, float lo, SparseList& l) {
+  const float* grad = src.grad;
+  float* residual = src.residual;
+  uint16_t* flags = src.clear_bits;
   int64_t count = 0;
   l.clear();
   for (int64_t block = begin; block < end; block += kBlock) {
@@ -73,10 +77,16 @@ void select_range(float* grad, float* residual, int64_t begin, int64_t end, floa
     const __m512 vlo = _mm512_set1_ps(lo);
     for (; i + 16 <= block_end; i += 16) {
       __m512 a = _mm512_loadu_ps(grad + i);
-      if constexpr (kFused) {
-        a = _mm512_add_ps(a, _mm512_loadu_ps(residual + i));
+      if constexpr (kAccumulate) {
+        __m512 r;
+        if constexpr (kFlags) {
+          r = _mm512_maskz_loadu_ps(static_cast<__mmask16>(~flags[i >> 4]), residual + i);
+          flags[i >> 4] = 0;
+        } else {
+          r = _mm512_loadu_ps(residual + i);
+        }
+        a = _mm512_add_ps(a, r);
         _mm512_storeu_ps(residual + i, a);
-        _mm512_storeu_ps(grad + i, _mm512_setzero_ps());
       }
       const __mmask16 m = _mm512_cmp_ps_mask(_mm512_abs_ps(a), vlo, _CMP_GE_OQ);
       _mm512_storeu_ps(out_value + count, _mm512_maskz_compress_ps(m, a));
@@ -87,10 +97,15 @@ void select_range(float* grad, float* residual, int64_t begin, int64_t end, floa
 #endif
     for (; i < block_end; ++i) {
       float a = grad[i];
-      if constexpr (kFused) {
-        a += residual[i];
+      if constexpr (kAccumulate) {
+        float r = residual[i];
+        if constexpr (kFlags) {
+          const uint16_t bit = static_cast<uint16_t>(1u << (i & 15));
+          if (flags[i >> 4] & bit) r = 0.f;
+          flags[i >> 4] &= static_cast<uint16_t>(~bit);
+        }
+        a += r;
         residual[i] = a;
-        grad[i] = 0.f;
       }
       out_index[count] = static_cast<int32_t>(i);
       out_value[count] = a;
@@ -102,11 +117,11 @@ void select_range(float* grad, float* residual, int64_t begin, int64_t end, floa
 
 // Runs select_range over OpenMP chunks (16-aligned, contiguous, in thread order) and concatenates
 // the per-thread lists into `out`: thread 0 writes into `out` directly, so one thread copies nothing.
-template <bool kFused>
-int64_t select_parallel(float* grad, float* residual, int64_t n, float lo, SparseList& out, SelectScratch& s) {
+template <bool kAccumulate, bool kFlags>
+int64_t select_parallel(const SelectSource& src, int64_t n, float lo, SparseList& out, SelectScratch& s) {
   const int max_threads = n < (int64_t{1} << 16) ? 1 : omp_get_max_threads();
   if (max_threads <= 1) {
-    select_range<kFused>(grad, residual, 0, n, lo, out);
+    select_range<kAccumulate, kFlags>(src, 0, n, lo, out);
     return out.size();
   }
   if (static_cast<int>(s.per_thread.size()) < max_threads) s.per_thread.resize(max_threads);
@@ -117,7 +132,7 @@ int64_t select_parallel(float* grad, float* residual, int64_t n, float lo, Spars
     if (t == 0) used = T;
     const int64_t begin = (n * t / T) & ~int64_t{15};
     const int64_t end = t + 1 == T ? n : (n * (t + 1) / T) & ~int64_t{15};
-    select_range<kFused>(grad, residual, begin, end, lo, t == 0 ? out : s.per_thread[t]);
+    select_range<kAccumulate, kFlags>(src, begin, end, lo, t == 0 ? out : s.per_thread[t]);
   }
   int64_t total = out.size();
   for (int t = 1; t < used; ++t) total += s.per_thread[t].size();
@@ -139,22 +154,27 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+uint32_t magnitude_key(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return bits & 0x7fffffffu;  // |v|; for non-negative floats bit order is numeric order
+}
+
 }  // namespace
 
-int64_t accumulate_and_select(float* grad, float* residual, int64_t n, float lo, SparseList& out,
-                              SelectScratch& scratch) {
-  if (residual == nullptr) return select_parallel<false>(grad, nullptr, n, lo, out, scratch);
-  return select_parallel<true>(grad, residual, n, lo, out, scratch);
+int64_t select_at_least(const SelectSource& src, int64_t n, float lo, SparseList& out, SelectScratch& scratch) {
+  if (!src.residual) return select_parallel<false, false>(src, n, lo, out, scratch);
+  if (src.clear_bits) return select_parallel<true, true>(src, n, lo, out, scratch);
+  return select_parallel<true, false>(src, n, lo, out, scratch);
 }
 
-int64_t select_at_least(const float* x, int64_t n, float lo, SparseList& out, SelectScratch& scratch) {
-  // The read-only instantiation never writes through the pointer.
-  return select_parallel<false>(const_cast<float*>(x), nullptr, n, lo, out, scratch);
-}
-
-float sampled_lower_bound(const float* grad, const float* residual, int64_t n, int64_t k) {
+float sampled_lower_bound(const SelectSource& src, int64_t n, int64_t k) {
   if (k >= n || n <= 0) return 0.f;
-  auto acc = [&](int64_t i) { return std::fabs(residual ? grad[i] + residual[i] : grad[i]); };
+  auto x = [&](int64_t i) {
+    if (!src.residual) return std::fabs(src.grad[i]);
+    const bool cleared = src.clear_bits && (src.clear_bits[i >> 4] >> (i & 15) & 1u);
+    return std::fabs(src.grad[i] + (cleared ? 0.f : src.residual[i]));
+  };
   // Whole cache lines of 16 floats at 4096 pseudo-random places: 2^16 samples for 8192 line
   // reads (grad and residual), about a millisecond on the paper's 27.5M-entry model.
   constexpr int64_t kLines = 4096, kLine = 16, kSamples = kLines * kLine;
@@ -162,7 +182,7 @@ float sampled_lower_bound(const float* grad, const float* residual, int64_t n, i
   if (n <= 4 * kSamples) {
     // Small buffers: every entry, so the bound is the exact k-th largest magnitude.
     m.resize(n);
-    for (int64_t i = 0; i < n; ++i) m[i] = acc(i);
+    for (int64_t i = 0; i < n; ++i) m[i] = x(i);
     std::nth_element(m.begin(), m.begin() + (n - k), m.end());
     return m[n - k];
   }
@@ -170,7 +190,7 @@ float sampled_lower_bound(const float* grad, const float* residual, int64_t n, i
   const int64_t stride = n / kLines;
   for (int64_t b = 0; b < kLines; ++b) {
     const int64_t start = b * stride + static_cast<int64_t>(splitmix64(b) % static_cast<uint64_t>(stride - kLine + 1));
-    for (int64_t j = 0; j < kLine; ++j) m[b * kLine + j] = acc(start + j);
+    for (int64_t j = 0; j < kLine; ++j) m[b * kLine + j] = x(start + j);
   }
   // Expected samples at or above the true k-th magnitude, plus a margin of about 6 standard
   // deviations of that count (neighbours in a line are correlated, so the binomial deviation is
@@ -184,12 +204,29 @@ float sampled_lower_bound(const float* grad, const float* residual, int64_t n, i
 
 float kth_largest_magnitude(const SparseList& list, int64_t k, SelectScratch& scratch) {
   const int64_t m = list.size();
-  auto& mag = scratch.magnitudes;
-  if (static_cast<int64_t>(mag.size()) < m) mag.resize(m);
   const float* v = list.value();
-  for (int64_t i = 0; i < m; ++i) mag[i] = std::fabs(v[i]);
-  std::nth_element(mag.begin(), mag.begin() + (m - k), mag.begin() + m);
-  return mag[m - k];
+  auto& mag = scratch.magnitudes;
+  if (m < (int64_t{1} << 15)) {
+    if (static_cast<int64_t>(mag.size()) < m) mag.resize(m);
+    for (int64_t i = 0; i < m; ++i) mag[i] = std::fabs(v[i]);
+    std::nth_element(mag.begin(), mag.begin() + (m - k), mag.begin() + m);
+    return mag[m - k];
+  }
+  // Top 16 bits of |v| (sign clear: 32768 buckets, 1/128 of an octave each): walk down from the
+  // largest bucket to the one holding the k-th, then nth_element over that bucket only.
+  auto& hist = scratch.histogram;
+  hist.assign(32768, 0);
+  for (int64_t i = 0; i < m; ++i) ++hist[magnitude_key(v[i]) >> 16];
+  int64_t remaining = k;
+  int bucket = 32767;
+  for (; bucket > 0 && hist[bucket] < remaining; --bucket) remaining -= hist[bucket];
+  const int64_t c = hist[bucket];
+  if (static_cast<int64_t>(mag.size()) < c) mag.resize(c);
+  int64_t at = 0;
+  for (int64_t i = 0; i < m; ++i)
+    if (static_cast<int>(magnitude_key(v[i]) >> 16) == bucket) mag[at++] = std::fabs(v[i]);
+  std::nth_element(mag.begin(), mag.begin() + (c - remaining), mag.begin() + c);
+  return mag[c - remaining];
 }
 
 int64_t keep_at_least(SparseList& list, float t) {
@@ -227,21 +264,20 @@ void keep_top_k(SparseList& list, int64_t k, SelectScratch& scratch, uint32_t* p
   list.resize(kept);
 }
 
-float select_top_k(float* grad, float* residual, int64_t n, int64_t k, bool fused, bool exactly_k,
-                   SparseList& out, SelectScratch& scratch) {
+float select_top_k(const SelectSource& src, int64_t n, int64_t k, bool exactly_k, SparseList& out,
+                   SelectScratch& scratch) {
   out.clear();
   if (n <= 0) return 0.f;
   k = std::clamp<int64_t>(k, 1, n);
   const float floor = exactly_k ? 0.f : min_threshold();
-  const float* x = fused ? (residual ? residual : grad) : residual;
-  float lo = std::max(floor, fused ? sampled_lower_bound(grad, residual, n, k) : sampled_lower_bound(x, nullptr, n, k));
-  int64_t count = fused ? accumulate_and_select(grad, residual, n, lo, out, scratch)
-                        : select_at_least(x, n, lo, out, scratch);
-  // An unlucky sample: fewer than k entries reached the bound. Lower it and read again (acc is
-  // already in place); after two tries take everything eligible.
+  float lo = std::max(floor, sampled_lower_bound(src, n, k));
+  int64_t count = select_at_least(src, n, lo, out, scratch);
+  // An unlucky sample: fewer than k entries reached the bound. Lower it and read again (an
+  // accumulated x is in the residual by now); after two tries take everything eligible.
+  const SelectSource again = read_only(src.residual ? src.residual : src.grad);
   for (int attempt = 0; count < k && lo > floor; ++attempt) {
     lo = attempt < 2 ? std::max(floor, lo * 0.25f) : floor;
-    count = select_at_least(x, n, lo, out, scratch);
+    count = select_at_least(again, n, lo, out, scratch);
   }
   if (count < k) {  // fewer than k nonzero entries (threshold rule): all of them
     float t = std::numeric_limits<float>::infinity();
@@ -304,8 +340,57 @@ void merge_sum_all(const std::vector<ListRef>& lists, SparseList& out, SparseLis
   }
 }
 
-void scatter_divided(float* dst, const int32_t* index, const float* value, int64_t size, float divisor) {
-  for (int64_t j = 0; j < size; ++j) dst[index[j]] = value[j] / divisor;
+void write_sparse_output(float* dst, int64_t n, const std::vector<ListRef>& runs, float divisor,
+                         OutputScratch& s) {
+  const int64_t words = (n + 15) / 16;
+  if (static_cast<int64_t>(s.bits.size()) < words) s.bits.assign(words, 0);
+  int64_t total = 0;
+  for (const auto& r : runs) total += r.size;
+  // 16 spare values: the vector loop loads 16 at a time from the current position.
+  if (static_cast<int64_t>(s.value.size()) < total + 16) s.value.resize(total + 16);
+  if (static_cast<int64_t>(s.index.size()) < total) s.index.resize(total);
+  int64_t q = 0;
+  for (const auto& r : runs)
+    for (int64_t j = 0; j < r.size; ++j, ++q) {
+      set_flag(s.bits.data(), r.index[j]);
+      s.index[q] = r.index[j];
+      s.value[q] = r.value[j] / divisor;
+    }
+  uint16_t* bits = s.bits.data();
+  const int32_t* index = s.index.data();
+  const float* value = s.value.data();
+  const int64_t full = n / 16;  // whole words; the last partial one is written entry by entry
+#if defined(__AVX512F__)
+  const bool aligned = reinterpret_cast<uintptr_t>(dst) % 64 == 0;
+#endif
+#pragma omp parallel
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int64_t w0 = full * t / T, w1 = full * (t + 1) / T;
+    // Where this chunk's values start: entries below its first index.
+    int64_t at = std::lower_bound(index, index + total, static_cast<int32_t>(16 * w0)) - index;
+    int64_t w = w0;
+#if defined(__AVX512F__)
+    for (; w < w1; ++w) {
+      const __mmask16 m = bits[w];
+      bits[w] = 0;
+      const __m512 v = _mm512_maskz_expand_ps(m, _mm512_loadu_ps(value + at));
+      at += __builtin_popcount(m);
+      if (aligned) _mm512_stream_ps(dst + 16 * w, v);
+      else _mm512_storeu_ps(dst + 16 * w, v);
+    }
+    _mm_sfence();
+#endif
+    for (; w < w1; ++w) {
+      for (int j = 0; j < 16; ++j) dst[16 * w + j] = (bits[w] >> j & 1u) ? value[at++] : 0.f;
+      bits[w] = 0;
+    }
+  }
+  if (full < words) {
+    int64_t at = std::lower_bound(index, index + total, static_cast<int32_t>(16 * full)) - index;
+    for (int64_t i = 16 * full; i < n; ++i) dst[i] = (bits[full] >> (i & 15) & 1u) ? value[at++] : 0.f;
+    bits[full] = 0;
+  }
 }
 
 }  // namespace trainer::comm

@@ -5,10 +5,14 @@
 // The rules every method relies on:
 // - Selection never sorts the gradient. A selection is one streaming pass that appends every entry
 //   with |x| >= lo to a list, in index order (AVX-512 compress where the CPU has it, OpenMP chunks
-//   concatenated in thread order). An exact k-th largest magnitude comes from sampling first (a
-//   lower bound lo that lets a little more than k entries through, with a safety margin), then that
-//   one pass, then std::nth_element over the few collected entries only; if the sample was unlucky
+//   concatenated in thread order); error feedback's acc = grad + residual is formed in the same
+//   pass. An exact k-th largest magnitude comes from sampling first (a lower bound lo that lets a
+//   little more than k entries through, with a safety margin), then that one pass, then a
+//   histogram and std::nth_element over the collected entries only; if the sample was unlucky
 //   (fewer than k entries reach lo) the pass is repeated with a lower bound, which only costs time.
+// - On CPUs memory traffic is the cost: per step a method reads grad and residual and writes the
+//   residual and the dense output once each, all as streams. Residual clears are deferred into
+//   the next pass as bit flags; the output is written in one pass (write_sparse_output).
 // - Threshold rule: an entry is selected when |x| >= t. With t the exact k-th largest magnitude
 //   this keeps at least k entries; ties at t are all kept. Exact zeros are never selected by a
 //   threshold (t is raised to the smallest denormal), since sending a zero changes nothing.
@@ -48,29 +52,38 @@ class SparseList {
   int64_t size_ = 0, capacity_ = 0;
 };
 
-// Per-thread lists and a magnitude buffer, kept between calls so that steady-state steps do not
-// allocate.
+// Per-thread lists and buffers, kept between calls so that steady-state steps do not allocate.
 struct SelectScratch {
   std::vector<SparseList> per_thread;
   std::vector<float> magnitudes;
+  std::vector<int32_t> histogram;
 };
 
-// acc = grad + residual in one pass: residual[i] = acc, grad[i] = 0 (the caller scatters its output
-// into grad afterwards), and every i with |acc| >= lo appended to `out` (which is cleared first).
-// `residual` may be null: then acc = grad and grad is left untouched. Returns out.size().
-int64_t accumulate_and_select(float* grad, float* residual, int64_t n, float lo, SparseList& out,
-                              SelectScratch& scratch);
+// Where a selection pass reads its values. Plain: x = grad, read only. Accumulating (residual
+// set): x = grad + residual is formed in the pass and written back into the residual (error
+// feedback's acc, with no pass of its own); entries flagged in clear_bits (one bit per entry, 16
+// per word: ErrorFeedback's deferred clears) count as a zero residual, and the pass resets the
+// flags. The gradient itself is never written.
+struct SelectSource {
+  const float* grad = nullptr;
+  float* residual = nullptr;
+  uint16_t* clear_bits = nullptr;
+};
+inline SelectSource read_only(const float* x) { return {x, nullptr, nullptr}; }
+inline void set_flag(uint16_t* bits, int64_t i) { bits[i >> 4] |= static_cast<uint16_t>(1u << (i & 15)); }
 
-// The read-only form: appends every i with |x[i]| >= lo to `out` (cleared first).
-int64_t select_at_least(const float* x, int64_t n, float lo, SparseList& out, SelectScratch& scratch);
+// One pass: appends every i with |x_i| >= lo to `out` (cleared first), in index order. Returns the
+// count.
+int64_t select_at_least(const SelectSource& source, int64_t n, float lo, SparseList& out, SelectScratch& scratch);
 
-// A lower bound for the k-th largest |grad + residual| (residual may be null) from about 2^16
-// deterministic samples: with high probability at least k and not many more than k entries reach
-// it. Exact (the k-th largest itself) when n is small enough to sample everything. 0 when k is
-// close to n.
-float sampled_lower_bound(const float* grad, const float* residual, int64_t n, int64_t k);
+// A lower bound for the k-th largest |x| from about 2^16 deterministic samples (x as the source
+// would form it, read without writing): with high probability at least k and not many more than
+// k entries reach it. Exact (the k-th largest itself) when n is small enough to sample
+// everything. 0 when k >= n.
+float sampled_lower_bound(const SelectSource& source, int64_t n, int64_t k);
 
-// The k-th largest |value| of a list (1 <= k <= size), by nth_element on a copy of the magnitudes.
+// The k-th largest |value| of a list (1 <= k <= size): a histogram of the top 16 bits of the
+// magnitudes, then nth_element within the one bucket that holds it.
 float kth_largest_magnitude(const SparseList& list, int64_t k, SelectScratch& scratch);
 
 // The threshold rule of the list's own entries: keeps the entries with |v| >= max(t, denormal min),
@@ -82,12 +95,13 @@ int64_t keep_at_least(SparseList& list, float t);
 // `words` uint32 per entry that are kept (compacted) alongside.
 void keep_top_k(SparseList& list, int64_t k, SelectScratch& scratch, uint32_t* payload = nullptr, int words = 0);
 
-// Exact local selection of a gradient-sized buffer: acc = grad + residual as accumulate_and_select
-// (fused = true), or x = residual read only (fused = false, grad ignored), then the exact k-th
-// largest magnitude t. exactly_k = false: `out` holds the threshold rule's entries (|acc| >= t,
-// nonzero); true: exactly k entries by the exactly-k rule. Returns t.
-float select_top_k(float* grad, float* residual, int64_t n, int64_t k, bool fused, bool exactly_k,
-                   SparseList& out, SelectScratch& scratch);
+// Exact selection: sampled bound, one pass of the source, then the exact k-th largest magnitude t
+// among the collected entries (if fewer than k were collected, the pass is repeated with a lower
+// bound, reading the accumulated values back from the residual). exactly_k = false: `out` holds
+// the threshold rule's entries (|x| >= t, nonzero); true: exactly k entries by the exactly-k rule.
+// Returns t.
+float select_top_k(const SelectSource& source, int64_t n, int64_t k, bool exactly_k, SparseList& out,
+                   SelectScratch& scratch);
 
 // out = a + b for index-sorted lists: the union of indices, sorted, with a's value + b's value
 // where both have an entry. `out` must be neither input.
@@ -103,8 +117,17 @@ struct ListRef {
 };
 void merge_sum_all(const std::vector<ListRef>& lists, SparseList& out, SparseList& tmp);
 
-// dst[index[j]] = value[j] / divisor for the list's (unique) indices.
-void scatter_divided(float* dst, const int32_t* index, const float* value, int64_t size, float divisor);
+// The dense output of a sparse step: dst[i] = value / divisor at the listed indices, 0 elsewhere,
+// in one streaming pass (non-temporal stores when dst is 64-byte aligned) rather than a zero fill
+// plus scattered writes. `runs` are index-sorted lists of unique indices, each run's indices above
+// the previous run's.
+struct OutputScratch {
+  std::vector<uint16_t> bits;  // one flag per entry; all zero between calls
+  std::vector<int32_t> index;
+  std::vector<float> value;
+};
+void write_sparse_output(float* dst, int64_t n, const std::vector<ListRef>& runs, float divisor,
+                         OutputScratch& scratch);
 
 // k = ceil(density * n), clamped to [1, n] (n >= 1).
 int64_t top_k_count(double density, int64_t n);

@@ -23,7 +23,7 @@ std::string TopkA::describe() const {
 SyncStats TopkA::reduce(SyncBuffers& b, int64_t step) {
   comm_.log().set_step(step, Phase::kCompressed);
   const int p = comm_.size();
-  select_top_k(b.grads, ef_.residual(), n_, k_, /*fused=*/true, /*exactly_k=*/true, local_, scratch_);
+  select_top_k(ef_.accumulate(b.grads), n_, k_, /*exactly_k=*/true, local_, scratch_);
   all_index_.resize(p * k_);
   all_value_.resize(p * k_);
   comm_.allgather(local_.index(), k_, all_index_.data(), DType::kI32, "ALLGATHER_TOPK");
@@ -31,7 +31,8 @@ SyncStats TopkA::reduce(SyncBuffers& b, int64_t step) {
   lists_.clear();
   for (int r = 0; r < p; ++r) lists_.push_back({all_index_.data() + r * k_, all_value_.data() + r * k_, k_});
   merge_sum_all(lists_, merged_, tmp_);
-  scatter_divided(b.grads, merged_.index(), merged_.value(), merged_.size(), static_cast<float>(p));
+  lists_.assign(1, {merged_.index(), merged_.value(), merged_.size()});
+  write_sparse_output(b.grads, n_, lists_, static_cast<float>(p), output_);
   ef_.clear(local_.index(), local_.size());
   ++steps_;
   return {Phase::kCompressed, static_cast<double>(k_) / n_};

@@ -32,6 +32,7 @@ class TopkA final : public GradientSync {
   int64_t steps_ = 0;  // compressed steps done
   SparseList local_, merged_, tmp_;
   SelectScratch scratch_;
+  OutputScratch output_;
   std::vector<int32_t> all_index_;  // P blocks of k
   std::vector<float> all_value_;
   std::vector<ListRef> lists_;
