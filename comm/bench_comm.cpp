@@ -58,9 +58,9 @@ int run_comm_bench(int64_t n, int steps, double bucket_mb) {
   const int64_t bucket = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024 / sizeof(float)));
 
   // One file per rank in the temp folder; it is removed at the end.
-  const std::string log_path = (std::filesystem::temp_directory_path() /
-                                ("trainer_bench_comm_" + std::to_string(getpid()) + "_rank" + std::to_string(rank) + ".jsonl"))
-                                   .string();
+  const std::string log_name =
+      "trainer_bench_comm_" + std::to_string(getpid()) + "_rank" + std::to_string(rank) + ".jsonl";
+  const std::string log_path = (std::filesystem::temp_directory_path() / log_name).string();
   CommLogOptions on;
   on.enabled = true;
   on.path = log_path;
@@ -139,10 +139,12 @@ int run_comm_bench(int64_t n, int steps, double bucket_mb) {
                       {"steps", steps},  {"bucket_mb", bucket_mb}, {"log_file_bytes", log_bytes}};
   for (size_t c = 0; c < cases.size(); ++c) {
     const double overhead = ms[0] > 0 ? 100.0 * (ms[c] / ms[0] - 1.0) : 0.0;
+    // Microsecond resolution for small messages.
+    const int digits = ms[c] < 1.0 ? 4 : 3;
     if (c == 0) {
-      std::printf("%-40s %10.3f %9s\n", cases[c].label.c_str(), ms[c], "-");
+      std::printf("%-40s %10.*f %9s\n", cases[c].label.c_str(), digits, ms[c], "-");
     } else {
-      std::printf("%-40s %10.3f %+8.1f%%\n", cases[c].label.c_str(), ms[c], overhead);
+      std::printf("%-40s %10.*f %+8.1f%%\n", cases[c].label.c_str(), digits, ms[c], overhead);
       j["overhead_pct"][cases[c].key] = overhead;
     }
     j["ms"][cases[c].key] = ms[c];

@@ -56,13 +56,14 @@ void CommLog::open(const CommLogOptions& options, int rank, int world_size) {
   phases_[0] = phases_[1] = PhaseStats{};
   pending_.clear();
   t0_ns_ = steady_ns();
-  if (options_.enabled) {
-    if (options_.path.empty()) throw std::runtime_error("comm log: enabled but no path given");
+  if (options_.enabled && !options_.path.empty()) {
     const std::filesystem::path parent = std::filesystem::path(options_.path).parent_path();
     std::error_code ec;
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
     file_ = std::fopen(options_.path.c_str(), options_.append ? "ab" : "wb");
-    if (!file_) throw std::runtime_error("comm log: cannot open " + options_.path + " for writing: " + std::strerror(errno));
+    if (!file_) {
+      throw std::runtime_error("comm log: cannot open " + options_.path + " for writing: " + std::strerror(errno));
+    }
     pending_.reserve(kBatchRecords);
   }
   active_ = options_.enabled;
@@ -72,7 +73,7 @@ void CommLog::open(const CommLogOptions& options, int rank, int world_size) {
 void CommLog::set_step(int64_t step, Phase phase) {
   step_ = step;
   phase_ = phase;
-  in_window_ = options_.enabled && step >= options_.first_step &&
+  in_window_ = file_ != nullptr && step >= options_.first_step &&
                (options_.last_step < 0 || step <= options_.last_step) && step % options_.every == 0;
   if (pending_.size() >= kBatchRecords) write_pending();
 }
@@ -151,6 +152,7 @@ void CommLog::write_pending() {
                  std::strerror(errno));
     std::fclose(file_);
     file_ = nullptr;
+    in_window_ = false;
   }
 }
 

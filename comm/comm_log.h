@@ -6,7 +6,7 @@
 //   always          bytes sent/received are added to two counters (take_totals)
 //   enabled         the caller times the call (active()), per-op and per-phase statistics are kept
 //                   for every call, and ...
-//   enabled, in the step window [first_step, last_step] with step % every == 0
+//   enabled, with a path, in the step window [first_step, last_step] with step % every == 0
 //                   ... the call is also appended as a record; records go to the file in batches
 //                   (plain fwrite of a few thousand lines), never one write per call.
 //
@@ -39,8 +39,8 @@ struct CommRecord {
 };
 
 struct CommLogOptions {
-  bool enabled = false;
-  std::string path;            // comm/rank<R>.jsonl (parent folders are created)
+  bool enabled = false;        // time calls and keep statistics (the summary needs them)
+  std::string path;            // comm/rank<R>.jsonl (parent folders are created); empty: no records
   int64_t first_step = 0;      // record steps in [first_step, last_step] ...
   int64_t last_step = -1;      // ... (-1: no end)
   int64_t every = 1;           // ... that are multiples of `every`

@@ -44,10 +44,11 @@ std::string serialize(const CommLog& log) {
     const PhaseStats& p = log.phase_stats(ph);
     phases.push_back({p.calls, p.bytes, p.bytes_recv, p.time_us});
   }
-  return nlohmann::json{{"ops", ops}, {"phases", phases}}.dump();
+  return nlohmann::json{{"enabled", log.enabled()}, {"ops", ops}, {"phases", phases}}.dump();
 }
 
-void merge(const std::string& blob, std::vector<Merged>& ops, PhaseStats phases[2]) {
+// Returns whether that rank's log was enabled.
+bool merge(const std::string& blob, std::vector<Merged>& ops, PhaseStats phases[2]) {
   const nlohmann::json j = nlohmann::json::parse(blob);
   for (const auto& o : j.at("ops")) {
     const std::string name = o.at("op").get<std::string>();
@@ -71,6 +72,7 @@ void merge(const std::string& blob, std::vector<Merged>& ops, PhaseStats phases[
     phases[ph].bytes_recv += p.at(2).get<int64_t>();
     phases[ph].time_us += p.at(3).get<int64_t>();
   }
+  return j.at("enabled").get<bool>();
 }
 
 // The lower median: an actual message size, never a mean of two.
@@ -106,7 +108,7 @@ std::string gbps(double bytes, double time_us, double factor) {
   return s;
 }
 
-std::string table(const std::vector<Merged>& ops, const PhaseStats phases[2], int world_size) {
+std::string table(const std::vector<Merged>& ops, const PhaseStats phases[2], int world_size, int enabled_ranks) {
   size_t w = 16;
   for (const Merged& m : ops) w = std::max(w, m.op.size());
   const int wi = static_cast<int>(w);
@@ -116,6 +118,11 @@ std::string table(const std::vector<Merged>& ops, const PhaseStats phases[2], in
   std::snprintf(line, sizeof line, "communication summary: %d rank%s; calls, bytes and time summed over all ranks\n",
                 world_size, world_size == 1 ? "" : "s");
   out += line;
+  if (enabled_ranks < world_size) {
+    std::snprintf(line, sizeof line, "(the comm log was disabled on %d of %d ranks: their calls are not counted)\n",
+                  world_size - enabled_ranks, world_size);
+    out += line;
+  }
   std::snprintf(line, sizeof line, "%-*s %-10s %9s %12s %12s %10s %10s %10s %12s %10s %7s %10s %10s\n", wi, "op",
                 "kind", "calls", "sent MB", "recv MB", "size min", "size med", "size max", "time ms", "mean ms",
                 "time %", "algbw GB/s", "busbw GB/s");
@@ -198,8 +205,9 @@ std::string comm_summary(Communicator& comm) {
   blobs[0] = mine;
   std::vector<Merged> ops;
   PhaseStats phases[2];
-  for (const std::string& b : blobs) merge(b, ops, phases);
-  return table(ops, phases, world_size);
+  int enabled_ranks = 0;
+  for (const std::string& b : blobs) enabled_ranks += merge(b, ops, phases) ? 1 : 0;
+  return table(ops, phases, world_size, enabled_ranks);
 }
 
 void write_comm_summary(const std::string& text, const std::string& path) {

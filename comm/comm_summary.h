@@ -1,6 +1,8 @@
 // The end-of-run communication summary (DESIGN.md section 3: comm/summary.txt, printed by rank 0):
 // every rank's per-op statistics (comm_log.h) gathered to rank 0 and laid out as a fixed-width
-// table, one row per op tag, then totals per phase (dense, compressed) and the grand total.
+// table, one row per op tag, then totals per phase (dense, compressed) and the grand total. Only
+// calls made while a rank's log was enabled count (CommLogOptions::enabled; a path is not needed);
+// the table says when some ranks had it disabled.
 //
 // Columns, with calls, bytes and time summed over all ranks (the convention of the published Ok-Top-k
 // analyses: 128 dense steps on 8 ranks are 1,024 ALLREDUCE_DENSE calls):

@@ -60,7 +60,8 @@ class Communicator {
   // Point to point. `channel` separates concurrent streams between the same pair (MPI's tag, >= 0);
   // messages on one channel between one pair arrive in the order they were sent. A receive's
   // `count` is its capacity and the log records what actually arrived; a message over 2^30 bytes
-  // must be received with exactly the sent count (see set_message_piece_bytes). Buffers must stay untouched until the wait.
+  // must be received with exactly the sent count (see set_message_piece_bytes). Buffers must stay
+  // untouched until the wait.
   virtual Request isend(const void* buffer, int64_t count, DType type, int peer, int channel, const char* tag) = 0;
   virtual Request irecv(void* buffer, int64_t count, DType type, int peer, int channel, const char* tag) = 0;
   // Completes the request and sets its id to -1; waiting on an id of -1 does nothing.

@@ -396,6 +396,22 @@ TEST_CASE("the step window and sampling limit records, not totals") {
   CHECK(sent == 16);
   CHECK(c.log().op_stats().empty());
 
+  // Enabled without a path: statistics for the summary, no records.
+  CommLogOptions stats_only;
+  stats_only.enabled = true;
+  c.log().open(stats_only, me, p);
+  c.allreduce(x.data(), 4, DType::kF32, ReduceOp::kSum, "ALLREDUCE_DENSE");
+  REQUIRE(c.log().op_stats().size() == 1);
+  CHECK(c.log().op_stats()[0].calls == 1);
+  c.log().take_totals(sent, received);
+  CHECK(sent == 16);
+  const std::string text = comm_summary(c);
+  if (me == 0) CHECK(text.find("disabled") == std::string::npos);
+  c.log().open(CommLogOptions{}, me, p);
+  const std::string disabled_text = comm_summary(c);
+  const std::string note = "the comm log was disabled on " + std::to_string(p) + " of";
+  if (me == 0) CHECK(disabled_text.find(note) != std::string::npos);
+
   // Paused: not even the totals move.
   {
     CommLog::Pause pause(c.log());
