@@ -12,7 +12,9 @@ trainer implements (DESIGN.md section 5), and their parameter counts are asserte
   resnet20 / resnet56  He et al. 2016 CIFAR ResNets, option-A shortcuts (akamaster/pytorch_resnet_cifar10)
   resnet18             CIFAR variant: 3x3 stem 64, no max-pool, 1x1 conv + BN projection shortcuts
   vgg16                CIFAR VGG-16 with BN, conv bias, Linear(512, 10)
-samples_per_s is batch / median step time.
+samples_per_s is batch / median step time. cpu_per_wall (CPU seconds of this process per wall second
+while timing) should be close to --threads; a much lower value means other processes were using the
+cores and the times are inflated.
 """
 
 import argparse
@@ -202,11 +204,15 @@ def main():
         step()
     sync()
     times_ms = []
+    cpu0, wall0 = time.process_time(), time.perf_counter()
     for _ in range(args.steps):
         t0 = time.perf_counter()
         loss = step()
         sync()
         times_ms.append((time.perf_counter() - t0) * 1e3)
+    # CPU seconds of all this process's threads per wall second: about --threads on an idle machine,
+    # well below it when other processes take the cores (then the times are not comparable).
+    cpu_per_wall = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
     if not torch.isfinite(loss).item():
         sys.exit("bench_torch: loss is not finite")
 
@@ -227,6 +233,8 @@ def main():
         "min_ms": round(min(times_ms), 3),
         "max_ms": round(max(times_ms), 3),
         "samples_per_s": round(args.batch / (median / 1e3), 2),
+        "cpu_per_wall": round(cpu_per_wall, 2),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
         "cpu": platform.processor() or platform.machine(),
     }))
 
