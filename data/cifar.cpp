@@ -31,7 +31,8 @@ struct FileCloser {
 void read_one(const std::string& path, const std::string& root, ImageSet& set) {
   std::error_code ec;
   fs::file_status status = fs::status(path, ec);
-  if (ec || !fs::exists(status)) fail_missing(path, root);
+  if (status.type() == fs::file_type::not_found) fail_missing(path, root);
+  if (ec) fail(path + ": cannot access (" + ec.message() + ")");
   if (!fs::is_regular_file(status)) fail(path + ": not a regular file");
   uintmax_t bytes = fs::file_size(path, ec);
   if (ec) fail(path + ": cannot read its size (" + ec.message() + ")");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -114,6 +115,7 @@ ImageLoader::ImageLoader(const ImageSet& set, Normalization norm, LoaderOptions 
   }
   if (opts_.threads < 0) bad("threads must be >= 0, got " + std::to_string(opts_.threads));
   if (set_.size() == 0) bad("the image set is empty");
+  if (set_.size() > INT32_MAX) bad("more than 2^31 - 1 images are not supported");  // int32 orders
   for (int c = 0; c < kCifarChannels; ++c) {
     if (!(norm.std[c] > 0)) bad("normalization std of channel " + std::to_string(c) + " must be > 0");
   }

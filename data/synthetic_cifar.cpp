@@ -139,8 +139,8 @@ struct Scene {
   bool square_patch;            // pattern classes: patch outline
   double period, phase;         // pattern classes: stripe period / checker cell (pixels)
   double shade_amp, shade_angle;  // solid classes: a gentle shading across the object
-  bool distractor;
-  double dx, dy, dr;            // distractor blob, drawn behind the object
+  bool distractor;              // half of the images: a small blob of any colour, behind the object
+  double dx, dy, dr;
   Colour dcol;
   double noise;                 // additive Gaussian pixel noise (standard deviation, [0,1] scale)
 };
@@ -148,9 +148,9 @@ struct Scene {
 Scene draw_scene(int label, Rng& rng) {
   Scene s{};
   s.label = label;
-  // Colour is a hint, never the answer: a third of the objects take any hue, the rest sit near
-  // their class hue with a jitter that overlaps the neighbouring classes.
-  double hue = rng.chance(0.35) ? rng.uniform() : label / 10.0 + 0.05 * rng.normal();
+  // Colour is a hint, never the answer: 30% of the objects take any hue, the rest sit near their
+  // class hue with a jitter that overlaps the neighbouring classes.
+  double hue = rng.chance(0.3) ? rng.uniform() : label / 10.0 + 0.05 * rng.normal();
   s.fg = hsv(hue, rng.uniform(0.45, 1.0), rng.uniform(0.45, 1.0));
   s.bg = hsv(rng.uniform(), rng.uniform(0.0, 0.6), rng.uniform(0.1, 0.95));
   // The object must be visible; redraw the background a few times, then fall back to the
@@ -178,7 +178,7 @@ Scene draw_scene(int label, Rng& rng) {
   bool pattern = label == kHStripes || label == kVStripes || label == kChecker || label == kDiagonal;
   s.cx = 16 + rng.uniform(-6.0, 6.0);
   s.cy = 16 + rng.uniform(-6.0, 6.0);
-  s.r = pattern ? rng.uniform(7.0, 11.0) : rng.uniform(6.5, 11.0);
+  s.r = pattern ? rng.uniform(7.5, 11.0) : rng.uniform(7.0, 11.0);
   // Solid shapes take any rotation; pattern classes are defined by their orientation, so they only
   // wobble (diagonal stripes lean either way, which also makes them closed under a flip).
   double wobble = 0.15 * rng.normal();
@@ -193,12 +193,12 @@ Scene draw_scene(int label, Rng& rng) {
   s.shade_amp = rng.uniform(0.0, 0.25);
   s.shade_angle = rng.uniform(0.0, 2 * kPi);
 
-  s.distractor = rng.chance(0.6);
+  s.distractor = rng.chance(0.5);
   s.dx = rng.uniform(3.0, 29.0);
   s.dy = rng.uniform(3.0, 29.0);
-  s.dr = rng.uniform(1.5, 2.5);
+  s.dr = rng.uniform(1.5, 2.2);
   s.dcol = hsv(rng.uniform(), rng.uniform(0.0, 1.0), rng.uniform(0.2, 1.0));
-  s.noise = rng.uniform(0.02, 0.07);
+  s.noise = rng.uniform(0.02, 0.05);
   return s;
 }
 

@@ -4,12 +4,14 @@
 // data that a ResNet actually has to learn: ten classes that differ by shape and texture (disc,
 // square, triangle, cross, ring, horizontal stripes, vertical stripes, checker, diagonal stripes,
 // two blobs), drawn with a class-typical but jittered and often random colour, at random position,
-// size and rotation, over random backgrounds (colour, gradient, blotches), with a distractor blob and
-// pixel noise. No pixel or global colour statistic separates the classes.
+// size and rotation, over random backgrounds (colour, gradient, blotches), often a distractor blob, and
+// pixel noise. No pixel or global colour statistic separates the classes (tests/data_test.cpp checks
+// that the nearest class-mean colour stays near chance).
 //
 // Every image comes from its own generator seeded by (seed, split, index), so the bytes depend only
-// on the arguments: not on thread count, and not on the standard library (the uniform and normal
-// transforms are our own; std::normal_distribution differs between libstdc++ and libc++).
+// on the arguments: not on thread count, and not on the C++ standard library (the uniform and normal
+// transforms are our own; std::normal_distribution differs between libstdc++ and libc++). A libm
+// whose sin/cos/log differ in the last bit could, rarely, move a pixel by one grey level.
 // scripts/calibrate_synthetic_cifar.py measures how hard the result is for a PyTorch ResNet.
 #pragma once
 
