@@ -145,7 +145,7 @@ TEST_CASE("A job killed with SIGKILL resumes from latest bit-identically", "[mpi
   require_identical_states(ref.path / "checkpoints/step_30", part.path / "checkpoints/step_30", P);
 }
 
-TEST_CASE("Damaged, mismatched and foreign checkpoints are clear errors; latest falls back", "[mpi][resume]") {
+TEST_CASE("Damaged, mismatched and foreign checkpoints are clear errors and latest falls back", "[mpi][resume]") {
   const int P = 2;
   const std::string base = "--set train.max_steps=8 --set train.checkpoint_every=4 --set train.keep_checkpoints=3";
   TempDir dir("damaged");

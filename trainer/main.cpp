@@ -3,13 +3,17 @@
 //   [mpiexec -n P] trainer --config FILE.toml [--set key.path=value]... [--resume DIR|latest] [--dry-run]
 //   trainer make-cifar --out DIR [--train N] [--test N] [--seed S]
 //   trainer bench [--model resnet20] [--batch 128] [--threads N] [--no-torch]
+//   mpiexec -n P trainer bench comm [--n N]     (Communicator + log overhead vs bare MPI_Allreduce)
+//   mpiexec -n P trainer bench sync [--n N]     (every sync method on synthetic gradients)
 //   trainer --config-reference          (the documentation of every config key, as Markdown)
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <exception>
 
+#include "comm/bench_comm.h"
 #include "comm/communicator.h"
+#include "comm/sync/sparse_bench.h"
 #include "data/synthetic_cifar.h"
 #include "trainer/bench.h"
 #include "trainer/config.h"
@@ -51,6 +55,20 @@ int main(int argc, char** argv) {
   bench->add_option("--threads", bo.threads, "Threads (0: all cores)");
   bench->add_option("--conv-algorithm", bo.conv_algorithm, "auto (Winograd from 32 channels), direct or winograd");
   bench->add_flag("--no-torch", no_torch, "Skip the PyTorch reference");
+  auto* bench_comm = bench->add_subcommand("comm", "Dense sync vs bare MPI_Allreduce (run under mpiexec)");
+  int64_t comm_n = trainer::comm::kBenchCommDefaultN;
+  int comm_steps = 20;
+  double comm_bucket_mb = 25.0;
+  bench_comm->add_option("--n", comm_n, "Gradient elements (default: the paper's LSTM, 27,569,568)");
+  bench_comm->add_option("--steps", comm_steps, "Timed steps");
+  bench_comm->add_option("--bucket-mb", comm_bucket_mb, "Bucket size of the bucketed case");
+  auto* bench_sync = bench->add_subcommand("sync", "Every sync method on synthetic gradients (under mpiexec)");
+  trainer::comm::SyncBenchOptions so;
+  bench_sync->add_option("--n", so.n, "Gradient elements (default: the paper's LSTM, 27,569,568)");
+  bench_sync->add_option("--density", so.density, "Density of the sparse methods");
+  bench_sync->add_option("--steps", so.steps, "Timed steps per method");
+  bench_sync->add_option("--warmup", so.warmup, "Compressed steps before timing");
+  bench_sync->add_option("--methods", so.methods, "Methods to time");
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -64,6 +82,11 @@ int main(int argc, char** argv) {
                   static_cast<long long>(n_test), cifar_out.c_str());
       return 0;
     }
+    if (bench_comm->parsed()) {
+      trainer::comm::world();
+      return trainer::comm::run_comm_bench(comm_n, comm_steps, comm_bucket_mb);
+    }
+    if (bench_sync->parsed()) return trainer::comm::run_sync_bench(so);
     if (bench->parsed()) {
       bo.torch = !no_torch;
       return trainer::app::run_bench(bo);

@@ -88,7 +88,9 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   const auto t_start = Clock::now();
   const int rank = comm.rank(), world = comm.size();
   const bool lead = rank == 0;
-  Progress progress(lead && Progress::stdout_is_terminal());
+  // Under mpiexec a rank's stdout is a pseudo-terminal even when the job's output goes to a file,
+  // so the live line is only used by a process started directly from a terminal.
+  Progress progress(lead && world == 1 && Progress::stdout_is_terminal());
   auto say = [&](const std::string& text) {
     if (lead) progress.line(text);
   };
@@ -107,6 +109,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   log_options.first_step = config.comm.log_first_step;
   log_options.last_step = config.comm.log_last_step;
   log_options.every = config.comm.log_every;
+  log_options.append = !options.resume.empty();  // a resumed run continues its records
   comm.log().open(log_options, rank, world);
 
   Experiment e = build_experiment(config, comm, say);
