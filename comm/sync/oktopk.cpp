@@ -58,7 +58,7 @@ std::string OkTopk::describe() const {
       << " step(s), global every " << global_every_ << ", regions every " << region_every_ << "\n"
       << "  ALLREDUCE_REGION (P-1 words), ALLTOALL_COUNTS, ISEND/IRECV_INDEX and _VALUE to P-1 peers ("
       << max_in_flight_ << " in flight), ALLREDUCE_THRESHOLD (4 x 256 words, exact global steps), "
-      << "ALLGATHER_COUNTS, " << (balance_ ? "balance moves, " : "") << "ALLGATHERV_FINAL\n"
+      << "ALLGATHER_COUNTS (6 words), " << (balance_ ? "balance moves, " : "") << "ALLGATHERV_FINAL\n"
       << "  per rank about " << 2.0 * k_ * (p_ - 1) / p_ * words << " MB split and reduce + " << 2.0 * k_ / p_ * words
       << " MB allgatherv block sent (bound 6k(P-1)/P words = " << 6.0 * k_ * (p_ - 1) / p_ * words << " MB at P = "
       << p_ << "); error feedback";
@@ -67,13 +67,13 @@ std::string OkTopk::describe() const {
 
 void OkTopk::repartition() {
   if (p_ == 1) return;
-  std::vector<int64_t> proposal(p_ - 1);
+  proposal_.resize(p_ - 1);
   const int64_t c = local_.size();
-  for (int j = 1; j < p_; ++j) proposal[j - 1] = c > 0 ? local_.index()[c * j / p_] : n_ * j / p_;
-  comm_.allreduce(proposal.data(), p_ - 1, DType::kI64, ReduceOp::kSum, "ALLREDUCE_REGION");
+  for (int j = 1; j < p_; ++j) proposal_[j - 1] = c > 0 ? local_.index()[c * j / p_] : n_ * j / p_;
+  comm_.allreduce(proposal_.data(), p_ - 1, DType::kI64, ReduceOp::kSum, "ALLREDUCE_REGION");
   bounds_[0] = 0;
   bounds_[p_] = n_;
-  for (int j = 1; j < p_; ++j) bounds_[j] = std::clamp(proposal[j - 1] / p_, bounds_[j - 1], n_);
+  for (int j = 1; j < p_; ++j) bounds_[j] = std::clamp(proposal_[j - 1] / p_, bounds_[j - 1], n_);
 }
 
 void OkTopk::split_and_reduce() {

@@ -87,6 +87,7 @@ class OkTopk final : public GradientSync {
   // Per-step buffers, reused (they only grow).
   SelectScratch scratch_;
   OutputScratch output_;
+  std::vector<int64_t> proposal_;        // region bounds this rank proposes
   SparseList local_;                     // this rank's selection: global indices, sorted
   std::vector<int64_t> region_begin_;    // P + 1 positions in local_ where each region starts
   std::vector<int32_t> send_index_;      // local_'s indices made region-local
