@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/comm_log.h"
+#include "comm/sync/gradient_sync.h"
 #include "comm/communicator.h"
 
 namespace trainer::comm {
@@ -55,7 +56,6 @@ int run_comm_bench(int64_t n, int steps, double bucket_mb) {
   for (int64_t i = 0; i < n; ++i) grad[i] = static_cast<float>((i % 1000) * 1e-3 + rank);
   float* g = grad.data();
   const float inv_p = 1.0f / static_cast<float>(p);
-  const int64_t bucket = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024 / sizeof(float)));
 
   // One file per rank in the temp folder; it is removed at the end.
   const std::string log_name =
@@ -68,7 +68,12 @@ int run_comm_bench(int64_t n, int steps, double bucket_mb) {
   const CommLogOptions off;
 
   char bucket_label[64];
-  std::snprintf(bucket_label, sizeof bucket_label, "(d) %g MiB buckets, log enabled", bucket_mb);
+  std::snprintf(bucket_label, sizeof bucket_label, "(e) DenseSync, %g MB buckets, log on", bucket_mb);
+  // The gradient-sync stage itself (comm/sync/dense.h), as the trainer runs it: with the whole
+  // buffer as one bucket (the same message as (a)), and with the configured bucket size.
+  auto whole = make_gradient_sync({"dense", 0, static_cast<double>(n) * 4 / 1e6 + 1, 1}, comm, n);
+  auto bucketed = make_gradient_sync({"dense", 0, bucket_mb, 1}, comm, n);
+  SyncBuffers buffers{nullptr, g, n, nullptr, 0, nullptr};
   std::vector<BenchCase> cases = {
       {"mpi", "(a) bare MPI_Allreduce + scale", false,
        [&](int64_t) {
@@ -91,15 +96,9 @@ int run_comm_bench(int64_t n, int steps, double bucket_mb) {
          comm.allreduce(g, n, DType::kF32, ReduceOp::kSum, "ALLREDUCE_DENSE");
          scale(g, n, inv_p);
        }},
-      {"bucketed", bucket_label, true,
-       [&](int64_t step) {
-         comm.log().set_step(step, Phase::kDense);
-         for (int64_t off = 0; off < n; off += bucket) {
-           const int64_t c = std::min(bucket, n - off);
-           comm.allreduce(g + off, c, DType::kF32, ReduceOp::kSum, "ALLREDUCE_DENSE");
-           scale(g + off, c, inv_p);
-         }
-       }},
+      {"dense_sync", "(d) DenseSync, one bucket, log enabled", true,
+       [&](int64_t step) { whole->reduce(buffers, step); }},
+      {"dense_sync_buckets", bucket_label, true, [&](int64_t step) { bucketed->reduce(buffers, step); }},
   };
 
   // times[c][s]: this rank's time of case c at timed step s.

@@ -6,8 +6,9 @@
 //   (a) MPI_Allreduce(MPI_IN_PLACE) of the whole buffer, bare MPI
 //   (b) the same through the Communicator, log disabled
 //   (c) the same with the log enabled (records written to a temporary file)
-//   (d) the buffer cut into bucket_mb-MiB buckets, each allreduced through the Communicator, log
-//       enabled (to be replaced by the dense GradientSync)
+//   (d) the dense GradientSync (comm/sync/dense.h) with the whole buffer as one bucket, log enabled:
+//       the stage's own overhead on the same message as (a)
+//   (e) the dense GradientSync with bucket_mb-MB buckets (the trainer's sync.bucket_mb), log enabled
 // A step's time is the slowest rank's; the table shows the median over `steps` steps (after 2
 // warmup steps) and each case's overhead relative to (a). Rank 0 prints the table and one JSON line.
 #pragma once

@@ -12,8 +12,8 @@ bool ConvGeometry::operator==(const ConvGeometry& o) const {
 }
 
 bool BatchNormGeometry::operator==(const BatchNormGeometry& o) const {
-  return std::tie(batch, channels, h, w, eps, fuse_relu, layout) ==
-         std::tie(o.batch, o.channels, o.h, o.w, o.eps, o.fuse_relu, o.layout);
+  return std::tie(batch, channels, h, w, eps, fuse_relu, frozen_stats, layout) ==
+         std::tie(o.batch, o.channels, o.h, o.w, o.eps, o.fuse_relu, o.frozen_stats, o.layout);
 }
 
 bool PoolGeometry::operator==(const PoolGeometry& o) const {

@@ -43,6 +43,10 @@ struct BatchNormGeometry {
   int64_t batch = 0, channels = 0, h = 1, w = 1;
   float eps = 1e-5f;
   bool fuse_relu = false;  // y = relu(bn(x)); backward then takes the gradient of the ReLU output
+  // forward_training normalizes with the mean/var it is given (inputs, not outputs) and backward
+  // treats them as constants: batch norm with frozen statistics, which makes a batch's gradient
+  // the mean of its samples' gradients (so data parallelism equals one process exactly).
+  bool frozen_stats = false;
   Layout layout = Layout::kChannelsLast;
   bool operator==(const BatchNormGeometry& o) const;
 };

@@ -15,6 +15,7 @@ struct ModelOptions {
   std::string arch = "resnet20";
   int64_t num_classes = 10;
   float label_smoothing = 0.f;
+  bool freeze_batchnorm = false;  // every BatchNorm trains with its running statistics (frozen BN)
 };
 
 class ImageClassifier {

@@ -90,6 +90,24 @@ TEST_CASE("BatchNorm2d gradients, plain and with fused ReLU", "[layers][gradchec
   }
 }
 
+TEST_CASE("BatchNorm2d gradients with frozen statistics", "[layers][gradcheck]") {
+  for (Layout layout : {Layout::kChannelsLast, Layout::kBlocked16}) {
+    SECTION(layout == Layout::kBlocked16 ? "16-blocked" : "channels-last") {
+      LayerHarness h;
+      BatchNorm2d bn(h.ctx, "bn", {16, 1e-5f, 0.1f, false, /*frozen=*/true});
+      randomize(h, 27);
+      auto stats = random_vector(h.buffers.size(), 28, 0.3f);
+      for (int64_t c = 0; c < 16; ++c) {  // running_mean, then running_var (kept positive)
+        h.buffers.values()[c] = stats[c];
+        h.buffers.values()[16 + c] = 0.5f + std::fabs(stats[16 + c]);
+      }
+      std::vector<float> before(h.buffers.values(), h.buffers.values() + h.buffers.size());
+      check_layer_gradients(bn, h, {2, 16, 3, 2}, random_vector(2 * 16 * 3 * 2, 29), {}, layout);
+      CHECK(std::equal(before.begin(), before.end(), h.buffers.values()));  // running stats untouched
+    }
+  }
+}
+
 TEST_CASE("BatchNorm2d running statistics follow PyTorch (unbiased variance, momentum 0.1)", "[layers]") {
   LayerHarness h;
   BatchNorm2d bn(h.ctx, "bn", {2});

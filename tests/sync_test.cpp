@@ -53,8 +53,24 @@ void global_batch(int64_t step, int64_t global, std::vector<float>& x, std::vect
 
 // Trains `steps` steps of SGD with momentum; each rank takes its contiguous slice of every global
 // batch of `per_rank * ranks` samples. ranks = 1 with per_rank = P*b is the single-process reference.
-std::vector<float> train(comm::GradientSync* sync, int rank, int ranks, int64_t per_rank, int steps) {
-  auto model = small_cnn(7);
+using ModelFactory = std::unique_ptr<ImageClassifier> (*)(uint64_t);
+
+// ResNet-20 with frozen batch norm (running statistics made non-trivial): the BN model for which
+// P ranks with b samples equal one process with P*b samples.
+std::unique_ptr<ImageClassifier> frozen_bn_resnet20(uint64_t seed) {
+  ModelOptions options{"resnet20", 10, 0.f, /*freeze_batchnorm=*/true};
+  auto m = make_image_model(options, cpu_backend(), seed);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(0.5f, 1.5f);
+  for (const auto& v : m->buffers().views())
+    for (int64_t i = 0; i < v.numel(); ++i)
+      m->buffers().values()[v.offset + i] = v.name.find("running_var") != std::string::npos ? u(rng) : u(rng) - 1.f;
+  return m;
+}
+
+std::vector<float> train(comm::GradientSync* sync, int rank, int ranks, int64_t per_rank, int steps,
+                         ModelFactory make_model = small_cnn) {
+  auto model = make_model(7);
   auto& p = model->parameters();
   optim::Sgd sgd(p.size(), {0.9, false, 1e-4, false});
   comm::SyncBuffers b{p.values(), p.grads(), p.size(), model->buffers().values(), model->buffers().size(), &p.views()};
@@ -99,6 +115,17 @@ TEST_CASE("Dense data parallelism equals one process with the whole batch", "[sy
   const std::vector<float> single = train(nullptr, 0, 1, 4 * P, 5);
   INFO("max |parallel - single| = " << max_abs_diff(parallel, single));
   CHECK(max_abs_diff(parallel, single) < 2e-5);
+  CHECK(identical_on_all_ranks(comm, parallel));
+}
+
+TEST_CASE("Dense data parallelism with frozen batch norm (ResNet-20) equals one process", "[sync][mpi]") {
+  comm::Communicator& comm = comm::world();
+  const int P = comm.size();
+  auto sync = comm::make_gradient_sync({"dense", 0, 25, 1}, comm, frozen_bn_resnet20(7)->parameters().size());
+  const auto parallel = train(sync.get(), comm.rank(), P, 2, 3, frozen_bn_resnet20);
+  const auto single = train(nullptr, 0, 1, 2 * P, 3, frozen_bn_resnet20);
+  INFO("max |parallel - single| = " << max_abs_diff(parallel, single));
+  CHECK(max_abs_diff(parallel, single) < 5e-5);
   CHECK(identical_on_all_ranks(comm, parallel));
 }
 

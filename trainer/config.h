@@ -37,6 +37,7 @@ struct ModelConfig {
   std::string arch = "resnet20";
   int64_t num_classes = 10;
   double label_smoothing = 0.0;
+  bool freeze_batchnorm = false;
 };
 
 struct DataConfig {

@@ -83,6 +83,10 @@ void visit_config(Cfg& c, Visitor& v) {
         "Label smoothing of the cross-entropy targets, as in PyTorch's CrossEntropyLoss (0 = none).",
         closed_open(0, 1));
 
+  v.key("model.freeze_batchnorm", c.model.freeze_batchnorm,
+        "Train every BatchNorm with its running statistics, left unchanged (frozen BN, as for "
+        "fine-tuning); a batch's gradient is then the mean of its samples' gradients.");
+
   v.section("data", "The dataset and the input pipeline.");
   v.key("data.dataset", c.data.dataset, "Dataset format read from data.root.", kDatasets);
   v.key("data.root", c.data.root,

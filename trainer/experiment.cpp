@@ -29,7 +29,8 @@ int configure_runtime(const Config& config, int local_ranks) {
 }
 
 std::unique_ptr<models::ImageClassifier> build_model(const Config& c) {
-  return models::make_image_model({c.model.arch, c.model.num_classes, static_cast<float>(c.model.label_smoothing)},
+  return models::make_image_model({c.model.arch, c.model.num_classes, static_cast<float>(c.model.label_smoothing),
+                                   c.model.freeze_batchnorm},
                                   models::cpu_backend(), static_cast<uint64_t>(c.experiment.seed));
 }
 

@@ -219,12 +219,16 @@ class DnnlBatchNorm final : public BatchNormOp {
     using flags = dnnl::normalization_flags;
     auto f = flags::use_scale | flags::use_shift;
     if (g.fuse_relu) f = f | flags::fuse_norm_relu;
+    // Frozen statistics: training normalizes with the given (running) mean and variance, which are
+    // inputs, and backward treats them as constants.
+    if (g.frozen_stats) f = f | flags::use_global_stats;
     dnnl::batch_normalization_forward::desc train_d(dnnl::prop_kind::forward_training, md_, g.eps, f);
     train_pd_ = dnnl::batch_normalization_forward::primitive_desc(train_d, scratchpad_attr(), engine());
     train_ = dnnl::batch_normalization_forward(train_pd_);
 
     dnnl::batch_normalization_forward::desc infer_d(dnnl::prop_kind::forward_inference, md_, g.eps,
                                                     f | flags::use_global_stats);
+    // (with frozen_stats, f already holds use_global_stats)
     infer_pd_ = dnnl::batch_normalization_forward::primitive_desc(infer_d, scratchpad_attr(), engine());
     infer_ = dnnl::batch_normalization_forward(infer_pd_);
 

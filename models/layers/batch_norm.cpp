@@ -1,5 +1,6 @@
 #include "models/layers/batch_norm.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace trainer::models {
@@ -28,7 +29,7 @@ const Tensor& BatchNorm2d::forward(const Tensor& x, Mode mode) {
     throw std::invalid_argument("BatchNorm2d: expected input {N, " + std::to_string(opt_.channels) +
                                 ", ...}, got " + shape_string(x.shape));
   BatchNormGeometry g{x.dim(0), x.dim(1), x.rank() == 4 ? x.dim(2) : 1, x.rank() == 4 ? x.dim(3) : 1, opt_.eps,
-                      opt_.relu, x.layout};
+                      opt_.relu, opt_.frozen && mode == Mode::kTrain, x.layout};
   op_ = &ops_.get(g, [this](const BatchNormGeometry& geometry) { return ctx_.backend.make_batchnorm(geometry); });
   x_ = x;
   Tensor& y = y_.resize(x.shape, x.layout);
@@ -38,6 +39,13 @@ const Tensor& BatchNorm2d::forward(const Tensor& x, Mode mode) {
   float* running_var = ctx_.buffers.value(running_var_).data;
   if (mode == Mode::kEval) {
     op_->forward_inference(x.data, gamma, beta, running_mean, running_var, y.data);
+    return y;
+  }
+  if (opt_.frozen) {
+    // The statistics the normalization (and backward) use are the running ones, left unchanged.
+    std::copy(running_mean, running_mean + opt_.channels, batch_mean_.data());
+    std::copy(running_var, running_var + opt_.channels, batch_var_.data());
+    op_->forward_training(x.data, gamma, beta, y.data, batch_mean_.data(), batch_var_.data());
     return y;
   }
   op_->forward_training(x.data, gamma, beta, y.data, batch_mean_.data(), batch_var_.data());

@@ -9,11 +9,14 @@ struct BatchNormOptions {
   float eps = 1e-5f;
   float momentum = 0.1f;  // PyTorch's convention: running = (1 - momentum) * running + momentum * batch
   bool relu = false;      // fuse a ReLU after the normalization (one pass instead of two)
+  // Train with the running statistics instead of batch statistics (and leave them unchanged):
+  // PyTorch's BatchNorm in eval mode under a training loop ("frozen BN", as in fine-tuning).
+  bool frozen = false;
 };
 
-// BatchNorm2d over channels-last {N, C, H, W} (also {N, C}). Training normalizes with batch
-// statistics and updates running statistics (unbiased variance, as PyTorch); evaluation uses the
-// running statistics. weight (gamma) starts at 1, bias (beta) at 0.
+// BatchNorm2d over {N, C, H, W} (also {N, C}). Training normalizes with batch statistics and
+// updates running statistics (unbiased variance, as PyTorch); evaluation uses the running
+// statistics, and so does training when `frozen`. weight (gamma) starts at 1, bias (beta) at 0.
 class BatchNorm2d final : public Layer {
  public:
   BatchNorm2d(LayerContext ctx, const std::string& name, const BatchNormOptions& options);

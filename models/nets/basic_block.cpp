@@ -14,18 +14,19 @@ Conv2dOptions conv3x3(int64_t in, int64_t out, int64_t stride) {
 }  // namespace
 
 BasicBlock::BasicBlock(LayerContext ctx, const std::string& name, int64_t in_planes, int64_t planes,
-                       int64_t stride, Shortcut shortcut)
+                       int64_t stride, Shortcut shortcut, bool frozen_bn)
     : ctx_(ctx),
       conv1_(ctx, name + ".conv1", conv3x3(in_planes, planes, stride)),
-      bn1_(ctx, name + ".bn1", {planes, 1e-5f, 0.1f, /*relu=*/true}),
+      bn1_(ctx, name + ".bn1", {planes, 1e-5f, 0.1f, /*relu=*/true, frozen_bn}),
       conv2_(ctx, name + ".conv2", conv3x3(planes, planes, 1)),
-      bn2_(ctx, name + ".bn2", {planes, 1e-5f, 0.1f, false}) {
+      bn2_(ctx, name + ".bn2", {planes, 1e-5f, 0.1f, false, frozen_bn}) {
   if (shortcut == Shortcut::kOptionA) {
     shortcut_ = std::make_unique<ShortcutA>(ctx, stride, (planes - in_planes) / 2);
   } else if (shortcut == Shortcut::kProjection) {
     shortcut_ = std::make_unique<Conv2d>(ctx, name + ".shortcut.0",
                                          Conv2dOptions{in_planes, planes, 1, 1, stride, stride, 0, 0, false});
-    shortcut_bn_ = std::make_unique<BatchNorm2d>(ctx, name + ".shortcut.1", BatchNormOptions{planes});
+    shortcut_bn_ = std::make_unique<BatchNorm2d>(ctx, name + ".shortcut.1",
+                                                 BatchNormOptions{planes, 1e-5f, 0.1f, false, frozen_bn});
   }
 }
 

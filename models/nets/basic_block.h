@@ -15,7 +15,7 @@ enum class Shortcut { kIdentity, kOptionA, kProjection };
 class BasicBlock final : public Layer {
  public:
   BasicBlock(LayerContext ctx, const std::string& name, int64_t in_planes, int64_t planes, int64_t stride,
-             Shortcut shortcut);
+             Shortcut shortcut, bool frozen_bn = false);
   const Tensor& forward(const Tensor& x, Mode mode) override;
   const Tensor& backward(const Tensor& dy) override;
   void init(Rng& rng) override;

@@ -16,10 +16,10 @@ namespace {
 
 // He et al. 2016, section 4.2: 3x3 conv 16, three stages of n blocks (16, 32, 64), option-A
 // shortcuts, global average pool, Linear(64 -> classes). Depth = 6n + 2.
-void build_resnet_cifar(ImageClassifier& m, int blocks_per_stage, int64_t classes) {
+void build_resnet_cifar(ImageClassifier& m, int blocks_per_stage, int64_t classes, bool frozen) {
   LayerContext ctx = m.context();
   m.add(std::make_unique<Conv2d>(ctx, "conv1", Conv2dOptions{3, 16, 3, 3, 1, 1, 1, 1, false}));
-  m.add(std::make_unique<BatchNorm2d>(ctx, "bn1", BatchNormOptions{16, 1e-5f, 0.1f, true}));
+  m.add(std::make_unique<BatchNorm2d>(ctx, "bn1", BatchNormOptions{16, 1e-5f, 0.1f, true, frozen}));
   int64_t in = 16;
   const int64_t widths[3] = {16, 32, 64};
   for (int stage = 0; stage < 3; ++stage) {
@@ -27,7 +27,7 @@ void build_resnet_cifar(ImageClassifier& m, int blocks_per_stage, int64_t classe
       const int64_t stride = (stage > 0 && b == 0) ? 2 : 1;
       const Shortcut sc = (stride != 1 || in != widths[stage]) ? Shortcut::kOptionA : Shortcut::kIdentity;
       m.add(std::make_unique<BasicBlock>(ctx, "layer" + std::to_string(stage + 1) + "." + std::to_string(b), in,
-                                         widths[stage], stride, sc));
+                                         widths[stage], stride, sc, frozen));
       in = widths[stage];
     }
   }
@@ -38,10 +38,10 @@ void build_resnet_cifar(ImageClassifier& m, int blocks_per_stage, int64_t classe
 
 // ResNet-18 for CIFAR: 3x3 stem, no max-pool, [2, 2, 2, 2] blocks of 64..512 with 1x1 conv + BN
 // projection shortcuts, 4x4 average pool, Linear(512 -> classes).
-void build_resnet18(ImageClassifier& m, int64_t classes) {
+void build_resnet18(ImageClassifier& m, int64_t classes, bool frozen) {
   LayerContext ctx = m.context();
   m.add(std::make_unique<Conv2d>(ctx, "conv1", Conv2dOptions{3, 64, 3, 3, 1, 1, 1, 1, false}));
-  m.add(std::make_unique<BatchNorm2d>(ctx, "bn1", BatchNormOptions{64, 1e-5f, 0.1f, true}));
+  m.add(std::make_unique<BatchNorm2d>(ctx, "bn1", BatchNormOptions{64, 1e-5f, 0.1f, true, frozen}));
   int64_t in = 64;
   const int64_t widths[4] = {64, 128, 256, 512};
   for (int stage = 0; stage < 4; ++stage) {
@@ -49,7 +49,7 @@ void build_resnet18(ImageClassifier& m, int64_t classes) {
       const int64_t stride = (stage > 0 && b == 0) ? 2 : 1;
       const Shortcut sc = (stride != 1 || in != widths[stage]) ? Shortcut::kProjection : Shortcut::kIdentity;
       m.add(std::make_unique<BasicBlock>(ctx, "layer" + std::to_string(stage + 1) + "." + std::to_string(b), in,
-                                         widths[stage], stride, sc));
+                                         widths[stage], stride, sc, frozen));
       in = widths[stage];
     }
   }
@@ -60,7 +60,7 @@ void build_resnet18(ImageClassifier& m, int64_t classes) {
 
 // VGG-16 with batch norm (Simonyan & Zisserman 2015; CIFAR variant): 13 conv3x3 with bias, each
 // + BN + ReLU, five max-pools, Linear(512 -> classes). Names follow nn.Sequential indices.
-void build_vgg16(ImageClassifier& m, int64_t classes) {
+void build_vgg16(ImageClassifier& m, int64_t classes, bool frozen) {
   LayerContext ctx = m.context();
   const int cfg[] = {64, 64, -1, 128, 128, -1, 256, 256, 256, -1, 512, 512, 512, -1, 512, 512, 512, -1};
   int64_t in = 3;
@@ -74,7 +74,7 @@ void build_vgg16(ImageClassifier& m, int64_t classes) {
     m.add(std::make_unique<Conv2d>(ctx, "features." + std::to_string(index),
                                    Conv2dOptions{in, c, 3, 3, 1, 1, 1, 1, true}));
     m.add(std::make_unique<BatchNorm2d>(ctx, "features." + std::to_string(index + 1),
-                                        BatchNormOptions{c, 1e-5f, 0.1f, true}));
+                                        BatchNormOptions{c, 1e-5f, 0.1f, true, frozen}));
     index += 3;
     in = c;
   }
@@ -92,11 +92,12 @@ const std::vector<std::string>& image_model_names() {
 std::unique_ptr<ImageClassifier> make_image_model(const ModelOptions& options, Backend& backend, uint64_t seed) {
   auto m = std::make_unique<ImageClassifier>(backend, options.arch, options.label_smoothing);
   const std::string& a = options.arch;
-  if (a == "resnet20") build_resnet_cifar(*m, 3, options.num_classes);
-  else if (a == "resnet32") build_resnet_cifar(*m, 5, options.num_classes);
-  else if (a == "resnet56") build_resnet_cifar(*m, 9, options.num_classes);
-  else if (a == "resnet18") build_resnet18(*m, options.num_classes);
-  else if (a == "vgg16") build_vgg16(*m, options.num_classes);
+  const bool frozen = options.freeze_batchnorm;
+  if (a == "resnet20") build_resnet_cifar(*m, 3, options.num_classes, frozen);
+  else if (a == "resnet32") build_resnet_cifar(*m, 5, options.num_classes, frozen);
+  else if (a == "resnet56") build_resnet_cifar(*m, 9, options.num_classes, frozen);
+  else if (a == "resnet18") build_resnet18(*m, options.num_classes, frozen);
+  else if (a == "vgg16") build_vgg16(*m, options.num_classes, frozen);
   else throw std::invalid_argument("unknown image model '" + a + "'");
   m->finish(seed);
   return m;
