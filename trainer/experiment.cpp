@@ -3,15 +3,12 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <functional>
 #include <thread>
 
-#include "data/synthetic_cifar.h"
 #include "models/cpu/dnnl_ops.h"
 
 namespace trainer::app {
-namespace fs = std::filesystem;
 
 int configure_runtime(const Config& config, int local_ranks) {
   int threads = static_cast<int>(config.runtime.threads);
@@ -26,12 +23,6 @@ int configure_runtime(const Config& config, int local_ranks) {
   if (config.runtime.deterministic) algorithm = ConvAlgorithm::kDirect;
   models::cpu::set_conv_algorithm(algorithm);
   return threads;
-}
-
-std::unique_ptr<models::ImageClassifier> build_model(const Config& c) {
-  return models::make_image_model({c.model.arch, c.model.num_classes, static_cast<float>(c.model.label_smoothing),
-                                   c.model.freeze_batchnorm},
-                                  models::cpu_backend(), static_cast<uint64_t>(c.experiment.seed));
 }
 
 comm::SyncOptions sync_options(const Config& c) {
@@ -51,13 +42,6 @@ comm::SyncOptions sync_options(const Config& c) {
 
 namespace {
 
-bool dataset_present(const std::string& root) {
-  for (bool train : {true, false})
-    for (const auto& f : data::cifar10_files(root, train))
-      if (!fs::exists(f)) return false;
-  return true;
-}
-
 optim::ScheduleOptions schedule_options(const OptimConfig& o) {
   optim::ScheduleOptions s;
   s.kind = optim::schedule_kind_from_name(o.schedule);
@@ -73,28 +57,14 @@ optim::ScheduleOptions schedule_options(const OptimConfig& o) {
 
 Experiment build_experiment(const Config& config, comm::Communicator& comm,
                             const std::function<void(const std::string&)>& announce) {
-  const DataConfig& d = config.data;
-  if (d.synthesize_if_missing && !dataset_present(d.root)) {
-    if (comm.rank() == 0) {
-      announce("data: generating the synthetic CIFAR-10-format dataset in " + d.root + " (" +
-               std::to_string(d.synthetic_train_size) + " train, " + std::to_string(d.synthetic_test_size) +
-               " test images)");
-      data::write_synthetic_cifar10(d.root, d.synthetic_train_size, d.synthetic_test_size,
-                                    static_cast<uint64_t>(d.synthetic_seed));
-    }
-    comm.barrier("BARRIER_SETUP");
-  }
   Experiment e;
-  e.train_set = data::read_cifar10(d.root, true);
-  e.test_set = data::read_cifar10(d.root, false);
-  e.norm = data::channel_stats(e.train_set);
-  e.model = build_model(config);
+  e.task = make_task(config, comm, announce);
   const OptimConfig& o = config.optim;
-  e.optimizer = std::make_unique<optim::Sgd>(e.model->parameters().size(),
-                                             optim::SgdOptions{o.momentum, o.nesterov, o.weight_decay,
-                                                               o.decoupled_weight_decay});
+  const int64_t n = e.task->parameters().size();
+  e.optimizer = std::make_unique<optim::Sgd>(n, optim::SgdOptions{o.momentum, o.nesterov, o.weight_decay,
+                                                                  o.decoupled_weight_decay});
   e.schedule = schedule_options(o);
-  e.sync = comm::make_gradient_sync(sync_options(config), comm, e.model->parameters().size());
+  e.sync = comm::make_gradient_sync(sync_options(config), comm, n);
   return e;
 }
 

@@ -12,7 +12,6 @@
 #include "comm/comm_summary.h"
 #include "optim/clip.h"
 #include "trainer/checkpoint.h"
-#include "trainer/evaluate.h"
 #include "trainer/experiment.h"
 #include "trainer/metrics.h"
 
@@ -71,10 +70,10 @@ void truncate_metrics(const std::string& path, int64_t step) {
 void print_dry_run(const Config& config, comm::Communicator& comm) {
   if (comm.rank() != 0) return;
   std::printf("%s\n", to_toml(config).c_str());
-  auto model = build_model(config);
-  const int64_t n = model->parameters().size();
+  size_t tensors = 0;
+  const int64_t n = model_parameter_count(config, &tensors);
   std::printf("model: %s, %lld parameters in %zu tensors, gradient %.2f MB per step (%lld bytes)\n",
-              config.model.arch.c_str(), static_cast<long long>(n), model->parameters().views().size(), n * 4 / 1e6,
+              config.model.arch.c_str(), static_cast<long long>(n), tensors, n * 4 / 1e6,
               static_cast<long long>(n * 4));
   std::printf("data: %s at %s%s, batch %lld per process x %d processes\n", config.data.dataset.c_str(),
               config.data.root.c_str(), config.data.synthesize_if_missing ? " (synthesized if missing)" : "",
@@ -113,23 +112,13 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   comm.log().open(log_options, rank, world);
 
   Experiment e = build_experiment(config, comm, say);
-  models::ImageClassifier& model = *e.model;
-  models::ParameterStore& params = model.parameters();
-  models::ParameterStore& buffers = model.buffers();
+  Task& task = *e.task;
+  models::ParameterStore& params = task.parameters();
+  models::ParameterStore& buffers = task.buffers();
   comm::SyncBuffers sync_buffers{params.values(), params.grads(), params.size(), buffers.values(), buffers.size(),
                                  &params.views()};
   const DataConfig& d = config.data;
-  data::LoaderOptions lo;
-  lo.batch_size = d.batch_size;
-  lo.shuffle = true;
-  lo.augment = d.augment;
-  lo.drop_last = true;
-  lo.seed = static_cast<uint64_t>(config.experiment.seed);
-  lo.rank = rank;
-  lo.world = world;
-  lo.threads = static_cast<int>(d.loader_threads);
-  data::ImageLoader loader(e.train_set, e.norm, lo);
-  const int64_t steps_per_epoch = loader.batches_per_epoch();
+  const int64_t steps_per_epoch = task.steps_per_epoch();
   int64_t total_steps = config.train.epochs * steps_per_epoch;
   if (config.train.max_steps > 0) total_steps = std::min(total_steps, config.train.max_steps);
 
@@ -142,7 +131,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     e.optimizer->load(opt_state);
     e.sync->load(sync_state);
     first_step = ck.state.step;
-    loader.seek(ck.state.epoch, ck.state.batch_in_epoch);
+    task.seek(ck.state.epoch, ck.state.batch_in_epoch);
     if (lead) truncate_metrics(out + "/metrics.jsonl", first_step);
     say(fmt("resumed from %s at step %lld", ck.path.c_str(), static_cast<long long>(first_step)));
   } else {
@@ -155,7 +144,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   say(fmt("trainer: %s: %s (%lld parameters) on %lld images, steps %lld..%lld of batch %lld x %d processes, "
           "%d threads each, sync %s; output in %s",
           config.experiment.name.c_str(), config.model.arch.c_str(), static_cast<long long>(params.size()),
-          static_cast<long long>(e.train_set.size()), static_cast<long long>(first_step),
+          static_cast<long long>(task.train_examples()), static_cast<long long>(first_step),
           static_cast<long long>(total_steps), static_cast<long long>(d.batch_size), world, threads,
           config.sync.method.c_str(), out.c_str()));
 
@@ -176,15 +165,18 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   double best = 0;
   auto run_eval = [&](int64_t step, int64_t epoch) {
     const auto t0 = Clock::now();
-    const EvalResult r = evaluate(model, e.test_set, e.norm, d, comm);
-    summary.final_accuracy = r.accuracy;
-    best = std::max(best, r.accuracy);
+    nlohmann::json r = task.evaluate(comm);
+    if (r.contains("accuracy")) {
+      summary.final_accuracy = r["accuracy"].get<double>();
+      best = std::max(best, summary.final_accuracy);
+    }
     if (!lead) return;
-    metrics->write({{"split", "test"}, {"step", step}, {"epoch", epoch}, {"time_s", ms_since(t_start) / 1e3},
-                    {"loss", r.loss}, {"accuracy", r.accuracy}, {"samples", r.samples}});
-    progress.line(fmt("eval  step %lld epoch %lld: test loss %.4f, accuracy %.2f%% (%lld images, %.1fs)",
-                      static_cast<long long>(step), static_cast<long long>(epoch), r.loss, 100 * r.accuracy,
-                      static_cast<long long>(r.samples), ms_since(t0) / 1e3));
+    r["step"] = step;
+    r["epoch"] = epoch;
+    r["time_s"] = ms_since(t_start) / 1e3;
+    metrics->write(r);
+    progress.line(fmt("eval  step %lld epoch %lld: %s (%.1fs)", static_cast<long long>(step),
+                      static_cast<long long>(epoch), task.describe_eval(r).c_str(), ms_since(t0) / 1e3));
   };
 
   // Interval accumulators, reset at each metrics record.
@@ -197,20 +189,18 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   for (int64_t step = first_step; step < total_steps; ++step) {
     const int64_t epoch = step / steps_per_epoch;
     auto t0 = Clock::now();
-    data::Batch batch = loader.next();
+    task.load_batch();
     t_data += ms_since(t0);
 
     if (rank == options.fail_rank && step == options.fail_step)
       throw std::runtime_error(fmt("injected failure at step %lld (--inject-failure)", static_cast<long long>(step)));
     t0 = Clock::now();
-    int64_t correct = 0;
-    const double loss = model.forward(models::Tensor{batch.images.data(), {batch.size, 3, 32, 32}},
-                                      batch.labels.data(), models::Mode::kTrain, &correct);
+    const StepResult result = task.forward_backward();
+    const double loss = result.loss;
     if (!std::isfinite(loss))
       throw std::runtime_error(fmt("training diverged on rank %d: loss is %f at step %lld (lower optim.lr or set "
                                    "optim.grad_clip_norm)",
                                    rank, loss, static_cast<long long>(step)));
-    model.backward();
     t_compute += ms_since(t0);
 
     t0 = Clock::now();
@@ -235,8 +225,8 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     density_sum += stats.density;
     loss_sum += loss;
     interval_steps += 1;
-    interval_samples += batch.size;
-    interval_correct += correct;
+    interval_samples += result.samples;
+    interval_correct += result.correct;
     const int64_t done = step + 1;
     const bool log_now = done % config.train.log_every_steps == 0 || done == total_steps;
     if (lead) {

@@ -1,0 +1,102 @@
+#include "trainer/image_task.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "data/synthetic_cifar.h"
+
+namespace trainer::app {
+namespace fs = std::filesystem;
+
+namespace {
+
+bool dataset_present(const std::string& root) {
+  for (bool train : {true, false})
+    for (const auto& f : data::cifar10_files(root, train))
+      if (!fs::exists(f)) return false;
+  return true;
+}
+
+}  // namespace
+
+std::unique_ptr<models::ImageClassifier> ImageTask::build_model(const Config& c) {
+  return models::make_image_model({c.model.arch, c.model.num_classes, static_cast<float>(c.model.label_smoothing),
+                                   c.model.freeze_batchnorm},
+                                  models::cpu_backend(), static_cast<uint64_t>(c.experiment.seed));
+}
+
+ImageTask::ImageTask(const Config& config, comm::Communicator& comm,
+                     const std::function<void(const std::string&)>& announce)
+    : data_(config.data) {
+  const DataConfig& d = config.data;
+  if (d.synthesize_if_missing && !dataset_present(d.root)) {
+    if (comm.rank() == 0) {
+      announce("data: generating the synthetic CIFAR-10-format dataset in " + d.root + " (" +
+               std::to_string(d.synthetic_train_size) + " train, " + std::to_string(d.synthetic_test_size) +
+               " test images)");
+      data::write_synthetic_cifar10(d.root, d.synthetic_train_size, d.synthetic_test_size,
+                                    static_cast<uint64_t>(d.synthetic_seed));
+    }
+    comm.barrier("BARRIER_SETUP");
+  }
+  train_set_ = data::read_cifar10(d.root, true);
+  test_set_ = data::read_cifar10(d.root, false);
+  norm_ = data::channel_stats(train_set_);
+  model_ = build_model(config);
+  data::LoaderOptions lo;
+  lo.batch_size = d.batch_size;
+  lo.shuffle = true;
+  lo.augment = d.augment;
+  lo.drop_last = true;
+  lo.seed = static_cast<uint64_t>(config.experiment.seed);
+  lo.rank = comm.rank();
+  lo.world = comm.size();
+  lo.threads = static_cast<int>(d.loader_threads);
+  loader_ = std::make_unique<data::ImageLoader>(train_set_, norm_, lo);
+}
+
+StepResult ImageTask::forward_backward() {
+  StepResult r;
+  r.samples = batch_.size;
+  r.loss = model_->forward(models::Tensor{batch_.images.data(), {batch_.size, 3, 32, 32}}, batch_.labels.data(),
+                           models::Mode::kTrain, &r.correct);
+  model_->backward();
+  return r;
+}
+
+nlohmann::json ImageTask::evaluate(comm::Communicator& comm) {
+  data::LoaderOptions opts;
+  opts.batch_size = data_.eval_batch_size;
+  opts.shuffle = false;
+  opts.augment = false;
+  opts.drop_last = false;
+  opts.rank = comm.rank();
+  opts.world = comm.size();
+  opts.threads = static_cast<int>(data_.loader_threads);
+  data::ImageLoader loader(test_set_, norm_, opts);
+  // {loss sum, correct, samples}, summed over ranks in one small allreduce.
+  double totals[3] = {0, 0, 0};
+  for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
+    data::Batch batch = loader.next();
+    if (batch.size == 0) continue;  // a rank's share of the last, partial batch can be empty
+    int64_t hits = 0;
+    const double loss = model_->forward(models::Tensor{batch.images.data(), {batch.size, 3, 32, 32}},
+                                        batch.labels.data(), models::Mode::kEval, &hits);
+    totals[0] += loss * batch.size;
+    totals[1] += static_cast<double>(hits);
+    totals[2] += static_cast<double>(batch.size);
+  }
+  comm.allreduce(totals, 3, comm::DType::kF64, comm::ReduceOp::kSum, "ALLREDUCE_EVAL");
+  const double n = totals[2];
+  return {{"split", "test"}, {"loss", n ? totals[0] / n : 0.0}, {"accuracy", n ? totals[1] / n : 0.0},
+          {"samples", static_cast<int64_t>(n)}};
+}
+
+std::string ImageTask::describe_eval(const nlohmann::json& r) const {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "test loss %.4f, accuracy %.2f%% (%lld images)", r["loss"].get<double>(),
+                100 * r["accuracy"].get<double>(), static_cast<long long>(r["samples"].get<int64_t>()));
+  return buf;
+}
+
+}  // namespace trainer::app

@@ -1,0 +1,35 @@
+// Image classification on CIFAR-10-format data (ResNets, VGG-16).
+#pragma once
+
+#include "data/cifar.h"
+#include "data/loader.h"
+#include "models/model.h"
+#include "trainer/task.h"
+
+namespace trainer::app {
+
+class ImageTask final : public Task {
+ public:
+  ImageTask(const Config& config, comm::Communicator& comm, const std::function<void(const std::string&)>& announce);
+  models::ParameterStore& parameters() override { return model_->parameters(); }
+  models::ParameterStore& buffers() override { return model_->buffers(); }
+  int64_t train_examples() const override { return train_set_.size(); }
+  int64_t steps_per_epoch() const override { return loader_->batches_per_epoch(); }
+  void seek(int64_t epoch, int64_t batch_in_epoch) override { loader_->seek(epoch, batch_in_epoch); }
+  void load_batch() override { batch_ = loader_->next(); }
+  StepResult forward_backward() override;
+  nlohmann::json evaluate(comm::Communicator& comm) override;
+  std::string describe_eval(const nlohmann::json& record) const override;
+
+  static std::unique_ptr<models::ImageClassifier> build_model(const Config& config);
+
+ private:
+  DataConfig data_;
+  data::ImageSet train_set_, test_set_;
+  data::Normalization norm_{};
+  std::unique_ptr<models::ImageClassifier> model_;
+  std::unique_ptr<data::ImageLoader> loader_;
+  data::Batch batch_;
+};
+
+}  // namespace trainer::app
