@@ -22,4 +22,8 @@ bool PoolGeometry::operator==(const PoolGeometry& o) const {
                   o.pad_w, o.kind, o.layout);
 }
 
+bool LstmGeometry::operator==(const LstmGeometry& o) const {
+  return std::tie(seq_len, batch, input, hidden) == std::tie(o.seq_len, o.batch, o.input, o.hidden);
+}
+
 }  // namespace trainer::models

@@ -85,6 +85,28 @@ class PoolOp {
   virtual void backward(const float* dy, float* dx) = 0;
 };
 
+// One direction of one LSTM layer over full-length sequences from a zero initial state: PyTorch's
+// torch.nn.LSTM cell (gates i, f, g, o in that order; weights in its layout), so weights
+// interchange. Variable lengths, the reverse direction and stacking are the layer's business
+// (models/layers/lstm.h): it masks and reverses sequences around this op.
+struct LstmGeometry {
+  int64_t seq_len = 0, batch = 0, input = 0, hidden = 0;
+  bool operator==(const LstmGeometry& o) const;
+};
+
+class LstmOp {
+ public:
+  virtual ~LstmOp() = default;
+  // x {T, N, I} time-major; w_ih {4H, I}, w_hh {4H, H}, b_ih {4H}, b_hh {4H}; y {T, N, H}.
+  // Training keeps what backward needs (gate activations and cell states) inside the op.
+  virtual void forward(const float* x, const float* w_ih, const float* w_hh, const float* b_ih,
+                       const float* b_hh, float* y, bool training) = 0;
+  // Gradients of the last training forward, given its x, weights and output y (unchanged since).
+  // Overwrites dx, dw_ih, dw_hh, db_ih, db_hh (the two biases get the same gradient).
+  virtual void backward(const float* x, const float* w_ih, const float* w_hh, const float* y, const float* dy,
+                        float* dx, float* dw_ih, float* dw_hh, float* db_ih, float* db_hh) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -95,6 +117,7 @@ class Backend {
   virtual std::unique_ptr<ConvOp> make_conv(const ConvGeometry& g) = 0;
   virtual std::unique_ptr<BatchNormOp> make_batchnorm(const BatchNormGeometry& g) = 0;
   virtual std::unique_ptr<PoolOp> make_pool(const PoolGeometry& g) = 0;
+  virtual std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g) = 0;
 
   // C = alpha * op(A) * op(B) + beta * C, row-major; op(X) = X^T when trans_X.
   virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -127,6 +150,53 @@ class Backend {
   virtual double softmax_cross_entropy(int64_t batch, int64_t classes, const float* logits,
                                        const int32_t* labels, float smoothing, float* dlogits,
                                        int64_t* correct) = 0;
+
+  // ---- Sequences (speech models). A batch of sequences is time-major {T, N, C} with the true
+  // lengths in a host array (lengths[n] <= T); rows (t, n) with t >= lengths[n] are padding.
+
+  // dst row (t, n) = src row (t', n) for t < lengths[n], with t' = lengths[n] - 1 - t when `reverse`
+  // (each sequence reversed within its own length) else t'= t; padding rows of dst are zeroed. Rows
+  // are `cols` floats, `src_ld` / `dst_ld` floats apart, so this also moves one direction of a
+  // bidirectional LSTM in or out of the concatenated features. src and dst must not overlap.
+  virtual void sequence_gather(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, bool reverse,
+                               const float* src, int64_t src_ld, float* dst, int64_t dst_ld) = 0;
+  // The valid rows of x {T, N, C}, in (t, n) order, packed into {sum(lengths), C}; and back, with
+  // zeros in the padding rows.
+  virtual void pack_sequences(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, const float* x,
+                              float* packed) = 0;
+  virtual void unpack_sequences(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths,
+                                const float* packed, float* x) = 0;
+
+  // y = min(max(x, lo), hi); backward passes dy where lo < y < hi (PyTorch's Hardtanh gradient).
+  virtual void hardtanh_forward(int64_t n, float lo, float hi, const float* x, float* y) = 0;
+  virtual void hardtanh_backward(int64_t n, float lo, float hi, const float* y, const float* dy, float* dx) = 0;
+
+  // Lookahead convolution (Wang et al. 2016) over x {T, N, C}: y[t, n, c] = sum_{k=0..context}
+  // w[c, k] * x[t + k, n, c], with x zero past T. Backward overwrites dx and dw {C, context + 1}.
+  virtual void lookahead_forward(int64_t steps, int64_t batch, int64_t channels, int64_t context, const float* x,
+                                 const float* w, float* y) = 0;
+  virtual void lookahead_backward(int64_t steps, int64_t batch, int64_t channels, int64_t context,
+                                  const float* x, const float* w, const float* dy, float* dx, float* dw) = 0;
+
+  // CTC loss (Graves et al. 2006; blank = 0) of each utterance from unnormalized logits
+  // {T, N, classes} through a log-softmax over classes: losses[n] = -log p(labels_n | frames 0 ..
+  // frames[n]-1 of n). labels holds every utterance's label_lengths[n] ids back to back. dlogits,
+  // when non-null, receives grad_scale * d losses[n] / d logits (zero in padding frames). An
+  // utterance whose labels cannot be aligned within its frames gets an infinite loss and a zero
+  // gradient (PyTorch's ctc_loss gives inf and, with zero_infinity, the zero gradient).
+  virtual void ctc_loss(int64_t steps, int64_t batch, int64_t classes, const float* logits, const int32_t* frames,
+                        const int32_t* labels, const int32_t* label_lengths, float grad_scale, double* losses,
+                        float* dlogits) = 0;
+
+  // An image {N, C, H, W} (any layout) <-> the time-major sequence {W, N, C*H} over its width, with
+  // feature c*H + h: PyTorch's x.view(N, C*H, W).permute(2, 0, 1), how a convolutional front end
+  // feeds an RNN running along time = width.
+  virtual void image_to_sequence(const Tensor& x, float* y) = 0;
+  virtual void sequence_to_image(const float* y, Tensor& x) = 0;
+  // Zeroes, in place, the columns w >= lengths[n] of every image n of x {N, C, H, W} (any layout).
+  virtual void mask_width(const Tensor& x, const int32_t* lengths) = 0;
+  // y[b, j, i] = x[b, i, j] for x {batch, rows, cols} row-major.
+  virtual void transpose(int64_t batch, int64_t rows, int64_t cols, const float* x, float* y) = 0;
 };
 
 // The CPU backend (oneDNN primitives, OpenBLAS, OpenMP loops). One per process.

@@ -10,6 +10,8 @@
 
 #include "models/backend.h"
 #include "models/cpu/dnnl_ops.h"
+#include "models/cpu/lstm_ops.h"
+#include "models/cpu/sequence_ops.h"
 
 namespace trainer::models {
 namespace {
@@ -30,6 +32,7 @@ class CpuBackend final : public Backend {
     return cpu::make_dnnl_batchnorm(g);
   }
   std::unique_ptr<PoolOp> make_pool(const PoolGeometry& g) override { return cpu::make_dnnl_pool(g); }
+  std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g) override { return cpu::make_lstm(g); }
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
@@ -131,6 +134,47 @@ class CpuBackend final : public Backend {
     }
     if (correct) *correct = hits;
     return loss / batch;
+  }
+
+  // Sequence ops (speech models): loops in sequence_ops.cpp and ctc.cpp.
+  void sequence_gather(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, bool reverse,
+                       const float* src, int64_t src_ld, float* dst, int64_t dst_ld) override {
+    cpu::sequence_gather(steps, batch, cols, lengths, reverse, src, src_ld, dst, dst_ld);
+  }
+  void pack_sequences(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, const float* x,
+                      float* packed) override {
+    cpu::pack_sequences(steps, batch, cols, lengths, x, packed);
+  }
+  void unpack_sequences(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, const float* packed,
+                        float* x) override {
+    cpu::unpack_sequences(steps, batch, cols, lengths, packed, x);
+  }
+  void hardtanh_forward(int64_t n, float lo, float hi, const float* x, float* y) override {
+    cpu::hardtanh_forward(n, lo, hi, x, y);
+  }
+  void hardtanh_backward(int64_t n, float lo, float hi, const float* y, const float* dy, float* dx) override {
+    cpu::hardtanh_backward(n, lo, hi, y, dy, dx);
+  }
+  void lookahead_forward(int64_t steps, int64_t batch, int64_t channels, int64_t context, const float* x,
+                         const float* w, float* y) override {
+    cpu::lookahead_forward(steps, batch, channels, context, x, w, y);
+  }
+  void lookahead_backward(int64_t steps, int64_t batch, int64_t channels, int64_t context, const float* x,
+                          const float* w, const float* dy, float* dx, float* dw) override {
+    cpu::lookahead_backward(steps, batch, channels, context, x, w, dy, dx, dw);
+  }
+  void ctc_loss(int64_t steps, int64_t batch, int64_t classes, const float* logits, const int32_t* frames,
+                const int32_t* labels, const int32_t* label_lengths, float grad_scale, double* losses,
+                float* dlogits) override {
+    cpu::ctc_loss(steps, batch, classes, logits, frames, labels, label_lengths, grad_scale, losses, dlogits);
+  }
+  void image_to_sequence(const Tensor& x, float* y) override { cpu::image_sequence_reorder(x, y, true); }
+  void sequence_to_image(const float* y, Tensor& x) override {
+    cpu::image_sequence_reorder(x, const_cast<float*>(y), false);
+  }
+  void mask_width(const Tensor& x, const int32_t* lengths) override { cpu::mask_width(x, lengths); }
+  void transpose(int64_t batch, int64_t rows, int64_t cols, const float* x, float* y) override {
+    cpu::transpose(batch, rows, cols, x, y);
   }
 };
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "models/cpu/dnnl_context.h"
 #include "models/tensor.h"
 
 namespace trainer::models::cpu {
@@ -345,6 +346,12 @@ class DnnlPool final : public PoolOp {
 };
 
 }  // namespace
+
+// The same engine, stream and scratchpad for ops in other files (dnnl_context.h).
+dnnl::engine& dnnl_engine() { return engine(); }
+dnnl::stream& dnnl_stream() { return stream(); }
+dnnl::primitive_attr dnnl_scratchpad_attr() { return scratchpad_attr(); }
+dnnl::memory dnnl_scratchpad(const dnnl::memory::desc& md) { return scratchpad(md); }
 
 void set_conv_algorithm(ConvAlgorithm algorithm) { g_conv_algorithm = algorithm; }
 

@@ -1,0 +1,53 @@
+#pragma once
+
+#include <vector>
+
+#include "models/layers/sequence.h"
+
+namespace trainer::models {
+
+struct LstmOptions {
+  int64_t input_size = 0, hidden_size = 0, num_layers = 1;
+  bool bidirectional = false;
+};
+
+// torch.nn.LSTM (time-major, zero initial state, no dropout) over a padded batch with lengths,
+// computing what PyTorch computes on the packed sequence: x {T, N, input} -> y {T, N, D*hidden}
+// (D = 2 when bidirectional: the forward direction's features, then the reverse direction's).
+// Outputs past a sequence's length are zero and its reverse direction starts at its own last step;
+// padding rows of x are never read. Parameters carry PyTorch's names, shapes and order
+// (<name>.weight_ih_l{k}[_reverse] {4H, in}, weight_hh_l{k}[_reverse] {4H, H},
+// bias_ih_l{k}[_reverse] {4H}, bias_hh_l{k}[_reverse] {4H}; gates i, f, g, o), so state dicts and
+// parameter counts interchange. Initialization as PyTorch: everything U(-1/sqrt(H), 1/sqrt(H)).
+class Lstm final : public SequenceLayer {
+ public:
+  Lstm(LayerContext ctx, const std::string& name, const LstmOptions& options);
+  const Tensor& forward(const Tensor& x, Mode mode) override;
+  const Tensor& backward(const Tensor& dy) override;
+  void init(Rng& rng) override;
+  double forward_flops() const override { return flops_; }
+
+ private:
+  // One direction of one layer: its parameters, op and buffers (time reversed for the reverse
+  // direction, so the op always runs left to right from each sequence's first valid step).
+  struct Direction {
+    int w_ih = -1, w_hh = -1, b_ih = -1, b_hh = -1;
+    bool reverse = false;
+    OpCache<LstmGeometry, LstmOp> ops;
+    LstmOp* op = nullptr;
+    OwnedTensor x_reversed, y, dy, dx;
+  };
+  int64_t directions() const { return opt_.bidirectional ? 2 : 1; }
+
+  LayerContext ctx_;
+  LstmOptions opt_;
+  double flops_ = 0;
+  std::vector<Direction> dirs_;       // layer-major: dirs_[layer * directions() + d]
+  std::vector<OwnedTensor> outputs_;  // each layer's output {T, N, D*H}
+  std::vector<OwnedTensor> grads_;    // each layer's input gradient
+  OwnedTensor reversed_grad_;
+  Tensor x_;  // a copy of the input view
+  const int32_t* lengths_ = nullptr;
+};
+
+}  // namespace trainer::models
