@@ -635,7 +635,7 @@ TEST_CASE("batches carry padded features, true lengths and concatenated labels",
   REQUIRE(sorted_ids == std::vector<int64_t>{0, 1, 2});  // identity order, longest first in the batch
 }
 
-TEST_CASE("seek resumes exactly; output does not depend on threads; augmentation is seeded",
+TEST_CASE("seek resumes exactly, output does not depend on threads, augmentation is seeded",
           "[speech][loader]") {
   SpeechSet set = make_set(40, 5);
   SpeechLoaderOptions o;
