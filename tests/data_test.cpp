@@ -391,7 +391,7 @@ TEST_CASE("every sample appears once per epoch across ranks, and ranks split the
   }
 }
 
-TEST_CASE("epochs are reshuffled; the order depends on the seed", "[data][loader]") {
+TEST_CASE("epochs are reshuffled and the order depends on the seed", "[data][loader]") {
   ImageSet set = make_set(64);
   auto order_of = [&](uint64_t seed, int epochs) {
     LoaderOptions o;
