@@ -93,7 +93,8 @@ void ctc_loss(int64_t steps, int64_t batch, int64_t classes, const float* logits
               float* dlogits) {
   std::vector<int64_t> label_start(batch + 1, 0);
   for (int64_t n = 0; n < batch; ++n) label_start[n + 1] = label_start[n] + label_lengths[n];
-#pragma omp parallel for schedule(dynamic)
+  // One utterance costs T*S exponentials or so: worth a thread only for real batches.
+#pragma omp parallel for schedule(dynamic) if(steps * batch * classes >= (1 << 14))
   for (int64_t n = 0; n < batch; ++n) {
     const int64_t T = std::min<int64_t>(frames[n], steps), C = classes;
     // Log-softmax of this utterance's frames, in double.

@@ -20,6 +20,10 @@
 namespace trainer::models::cpu {
 namespace {
 
+// Below this many floats a loop runs on one thread: starting a parallel region costs more than
+// the work (per step, the gate loop touches 4*N*H floats).
+constexpr int64_t kParallelMin = 1 << 13;
+
 // exp on floats in a form the compiler vectorizes (std::exp does not vectorize without
 // -ffast-math): Cephes' expf polynomial after range reduction by ln 2, about 1 ulp.
 inline float vexp(float x) {
@@ -66,7 +70,7 @@ class GemmLstm final : public LstmOp {
     float* gates = gates_.data();
     std::vector<float> bias(G);
     for (int64_t j = 0; j < G; ++j) bias[j] = b_ih[j] + b_hh[j];
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(T * N * G >= kParallelMin)
     for (int64_t r = 0; r < T * N; ++r) std::memcpy(gates + r * G, bias.data(), sizeof(float) * G);
     sgemm(false, true, T * N, G, I, x, I, w_ih, I, 1.f, gates, G);
     for (int64_t t = 0; t < T; ++t) {
@@ -75,7 +79,7 @@ class GemmLstm final : public LstmOp {
       const float* c_prev = t > 0 ? cells_.data() + (t - 1) * N * H : nullptr;
       float* c = cells_.data() + t * N * H;
       float* h = y + t * N * H;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(N * G >= kParallelMin)
       for (int64_t n = 0; n < N; ++n) {
         float* gn = gt + n * G;
 #pragma omp simd
@@ -108,7 +112,7 @@ class GemmLstm final : public LstmOp {
       const float* c_prev = t > 0 ? cells_.data() + (t - 1) * N * H : nullptr;
       const float* dyt = dy + t * N * H;
       float* dgt = dgates + t * N * G;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(N * G >= kParallelMin)
       for (int64_t n = 0; n < N; ++n) {
         const float* gn = gt + n * G;
         float* dgn = dgt + n * G;
@@ -135,7 +139,7 @@ class GemmLstm final : public LstmOp {
     // Bias gradient: column sums in double (so they do not depend on the batch's rounding), in
     // blocks of columns so the rows are read contiguously.
     constexpr int64_t kBlock = 64;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(T * N * G >= kParallelMin)
     for (int64_t j0 = 0; j0 < G; j0 += kBlock) {
       const int64_t width = std::min(kBlock, G - j0);
       double sum[kBlock] = {};

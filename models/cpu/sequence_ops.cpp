@@ -8,10 +8,15 @@
 #include "models/cpu/dnnl_context.h"
 
 namespace trainer::models::cpu {
+namespace {
+// Below this many floats a loop runs on one thread: starting a parallel region costs more than
+// the work, and far more when the cores are shared (a barrier waits out another process's turn).
+constexpr int64_t kParallelMin = 1 << 15;
+}  // namespace
 
 void sequence_gather(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, bool reverse,
                      const float* src, int64_t src_ld, float* dst, int64_t dst_ld) {
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if(steps * batch * cols >= kParallelMin)
   for (int64_t t = 0; t < steps; ++t)
     for (int64_t n = 0; n < batch; ++n) {
       float* out = dst + (t * batch + n) * dst_ld;
@@ -38,7 +43,7 @@ std::vector<int64_t> packed_rows(int64_t steps, int64_t batch, const int32_t* le
 void pack_sequences(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, const float* x,
                     float* packed) {
   const std::vector<int64_t> row = packed_rows(steps, batch, lengths);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(steps * batch * cols >= kParallelMin)
   for (int64_t i = 0; i < steps * batch; ++i)
     if (row[i] >= 0) std::memcpy(packed + row[i] * cols, x + i * cols, sizeof(float) * cols);
 }
@@ -46,7 +51,7 @@ void pack_sequences(int64_t steps, int64_t batch, int64_t cols, const int32_t* l
 void unpack_sequences(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, const float* packed,
                       float* x) {
   const std::vector<int64_t> row = packed_rows(steps, batch, lengths);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(steps * batch * cols >= kParallelMin)
   for (int64_t i = 0; i < steps * batch; ++i) {
     if (row[i] >= 0) std::memcpy(x + i * cols, packed + row[i] * cols, sizeof(float) * cols);
     else std::memset(x + i * cols, 0, sizeof(float) * cols);
@@ -54,12 +59,12 @@ void unpack_sequences(int64_t steps, int64_t batch, int64_t cols, const int32_t*
 }
 
 void hardtanh_forward(int64_t n, float lo, float hi, const float* x, float* y) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if(n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) y[i] = std::min(std::max(x[i], lo), hi);
 }
 
 void hardtanh_backward(int64_t n, float lo, float hi, const float* y, const float* dy, float* dx) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if(n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > lo && y[i] < hi ? dy[i] : 0.f;
 }
 
@@ -71,7 +76,7 @@ void lookahead_forward(int64_t steps, int64_t batch, int64_t channels, int64_t c
   for (int64_t c = 0; c < channels; ++c)
     for (int64_t k = 0; k < taps; ++k) wt[k * channels + c] = w[c * taps + k];
   const int64_t row = batch * channels;  // one time step
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(steps * batch * channels * taps >= kParallelMin)
   for (int64_t t = 0; t < steps; ++t) {
     float* out = y + t * row;
     std::fill(out, out + row, 0.f);
@@ -93,7 +98,7 @@ void lookahead_backward(int64_t steps, int64_t batch, int64_t channels, int64_t 
     for (int64_t k = 0; k < taps; ++k) wt[k * channels + c] = w[c * taps + k];
   const int64_t row = batch * channels;
   // dx[s] = sum_k w[:, k] * dy[s - k]: the transpose of forward's sliding window.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(steps * batch * channels * taps >= kParallelMin)
   for (int64_t s = 0; s < steps; ++s) {
     float* out = dx + s * row;
     std::fill(out, out + row, 0.f);
@@ -106,7 +111,7 @@ void lookahead_backward(int64_t steps, int64_t batch, int64_t channels, int64_t 
     }
   }
   // dw[c, k] = sum_{t, n} dy[t, n, c] * x[t + k, n, c], summed in double (T*N terms per weight).
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if(steps * batch * channels * taps >= kParallelMin)
   for (int64_t k = 0; k < taps; ++k) {
     std::vector<double> acc(channels, 0.0);
     for (int64_t t = 0; t + k < steps; ++t) {
@@ -140,7 +145,7 @@ void mask_width(const Tensor& x, const int32_t* lengths) {
   // channels-last, (n, c/16, h) rows of W*16 for 16-blocked.
   const bool blocked = x.layout == Layout::kBlocked16;
   const int64_t inner = blocked ? 16 : C, rows_per_image = blocked ? (C / 16) * H : H;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if(x.numel() >= kParallelMin)
   for (int64_t n = 0; n < N; ++n)
     for (int64_t r = 0; r < rows_per_image; ++r) {
       const int64_t keep = std::min<int64_t>(std::max<int32_t>(lengths[n], 0), W);
@@ -151,7 +156,7 @@ void mask_width(const Tensor& x, const int32_t* lengths) {
 
 void transpose(int64_t batch, int64_t rows, int64_t cols, const float* x, float* y) {
   constexpr int64_t kTile = 32;
-#pragma omp parallel for collapse(3) schedule(static)
+#pragma omp parallel for collapse(3) schedule(static) if(batch * rows * cols >= kParallelMin)
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t i0 = 0; i0 < rows; i0 += kTile)
       for (int64_t j0 = 0; j0 < cols; j0 += kTile) {

@@ -1,0 +1,50 @@
+// The interface the trainer drives speech models through (DeepSpeech now, LAS later): a batch of
+// padded feature sequences with their lengths and label sequences in, a mean loss out, gradients
+// into the flat gradient buffer, greedy transcripts for evaluation.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/layers/layer.h"
+
+namespace trainer::models {
+
+// Class ids of the character models: 0 is the CTC blank, then apostrophe, A-Z, space (29 classes,
+// deepspeech.pytorch's labels.json order).
+constexpr const char* kSpeechLabels = "_'ABCDEFGHIJKLMNOPQRSTUVWXYZ ";
+constexpr int64_t kSpeechClasses = 29;
+
+// One batch, host memory. What data/speech_loader.h produces.
+struct SpeechInput {
+  const float* features = nullptr;  // batch x max_frames x feature_dim, row-major, zero padded
+  int64_t batch = 0, max_frames = 0, feature_dim = 0;
+  const int32_t* frames = nullptr;         // true number of frames of each utterance
+  const int32_t* labels = nullptr;         // every utterance's class ids (1..28), back to back
+  const int32_t* label_lengths = nullptr;  // labels per utterance
+};
+
+class SpeechModel {
+ public:
+  virtual ~SpeechModel() = default;
+  virtual ParameterStore& parameters() = 0;
+  virtual ParameterStore& buffers() = 0;
+  // The mean loss over the batch (Mode::kTrain keeps what backward() needs).
+  virtual double forward(const SpeechInput& input, Mode mode) = 0;
+  // Writes the gradient of the last training forward's loss into parameters().grads().
+  virtual void backward() = 0;
+  // Greedy transcripts (class ids, blanks and repeats removed) from an evaluation forward; labels
+  // are not read.
+  virtual std::vector<std::vector<int32_t>> decode(const SpeechInput& input) = 0;
+  // Multiply-add FLOPs of the last forward (2 per multiply-add).
+  virtual double forward_flops() const { return 0; }
+};
+
+// The speech models by name: "deepspeech" (DESIGN.md section 5). Parameters are initialized from
+// `seed`; the same seed gives the same weights on every rank.
+std::unique_ptr<SpeechModel> make_speech_model(const std::string& arch, Backend& backend, uint64_t seed);
+const std::vector<std::string>& speech_model_names();
+
+}  // namespace trainer::models

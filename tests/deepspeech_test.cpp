@@ -1,0 +1,190 @@
+// DeepSpeech: the exact parameter count and names, a smoke step of the full model, a finite-
+// difference check of the whole small network (masks, reorders and the CTC head wired right),
+// independence of an utterance's outputs from its batch's padding, and memorization of a few
+// utterances (loss near zero, greedy decoding returns the labels).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+
+#include "gradcheck.h"
+#include "models/nets/deepspeech.h"
+
+using namespace trainer::models;
+using trainer::testing::random_vector;
+
+namespace {
+
+// A batch of random features with the given frame counts and labels, owning its arrays.
+struct Batch {
+  std::vector<float> features;
+  std::vector<int32_t> frames, labels, label_lengths;
+  int64_t max_frames = 0, feature_dim = 0;
+
+  Batch(int64_t dim, std::vector<int32_t> frame_counts, const std::vector<std::vector<int32_t>>& targets,
+        uint64_t seed)
+      : frames(std::move(frame_counts)), feature_dim(dim) {
+    max_frames = *std::max_element(frames.begin(), frames.end());
+    features = random_vector(static_cast<int64_t>(frames.size()) * max_frames * dim, seed);
+    for (size_t n = 0; n < frames.size(); ++n)  // the loader zero-pads
+      for (int64_t t = frames[n]; t < max_frames; ++t)
+        std::fill_n(features.begin() + (n * max_frames + t) * dim, dim, 0.f);
+    for (const auto& t : targets) {
+      labels.insert(labels.end(), t.begin(), t.end());
+      label_lengths.push_back(static_cast<int32_t>(t.size()));
+    }
+  }
+  SpeechInput input() const {
+    return {features.data(), static_cast<int64_t>(frames.size()), max_frames, feature_dim, frames.data(),
+            labels.data(), label_lengths.data()};
+  }
+};
+
+DeepSpeechOptions tiny() {
+  DeepSpeechOptions o;
+  o.feature_dim = 8;  // -> 4 -> 2 bins after the convolutions
+  o.conv_channels = 2;
+  o.hidden = 4;
+  o.rnn_layers = 2;
+  o.context = 2;
+  o.classes = 5;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("deepspeech has 27,569,568 parameters under deepspeech.pytorch's names", "[deepspeech]") {
+  auto model = make_speech_model("deepspeech", cpu_backend(), 1);
+  ParameterStore& p = model->parameters();
+  CHECK(p.size() == 27569568);
+  CHECK(p.size() * 4 == 110278272);
+  const auto& v = p.views();
+  CHECK(v.front().name == "conv.seq_module.0.weight");
+  CHECK(v.front().shape == Shape{32, 1, 41, 11});
+  CHECK(p.value(p.find("conv.seq_module.3.weight")).shape == Shape{32, 32, 21, 11});
+  CHECK(p.value(p.find("rnns.0.rnn.weight_ih_l0")).shape == Shape{3200, 1312});
+  CHECK(p.value(p.find("rnns.4.rnn.bias_hh_l0")).shape == Shape{3200});
+  CHECK(p.find("rnns.0.batch_norm.module.weight") == -1);  // the first LSTM has no batch norm
+  CHECK(p.value(p.find("rnns.1.batch_norm.module.weight")).shape == Shape{800});
+  CHECK(p.value(p.find("lookahead.0.weight")).shape == Shape{800, 21});
+  CHECK(v.back().name == "fc.0.module.1.weight");
+  CHECK(v.back().shape == Shape{29, 800});
+  CHECK(model->buffers().find("fc.0.module.0.running_var") >= 0);
+  CHECK_THROWS_WITH(make_speech_model("deepspeach", cpu_backend(), 1), Catch::Contains("known: deepspeech"));
+}
+
+TEST_CASE("deepspeech: one training step on 2 utterances of up to 60 frames", "[deepspeech]") {
+  DeepSpeech model(cpu_backend(), DeepSpeechOptions{}, 2);
+  CHECK(DeepSpeech::output_frames(60) == 30);
+  CHECK(DeepSpeech::output_frames(45) == 23);
+  Batch b(161, {60, 45}, {{8, 5, 12, 12, 15}, {20, 28, 9}}, 3);
+  const double loss = model.forward(b.input(), Mode::kTrain);
+  CHECK(std::isfinite(loss));
+  CHECK(loss > 0);
+  CHECK(model.logits().shape == Shape{30, 2, 29});
+  CHECK(model.forward_flops() > 1e9);
+  model.backward();
+  const ParameterStore& p = model.parameters();
+  double norm = 0;
+  for (int64_t i = 0; i < p.size(); ++i) norm += double(p.grads()[i]) * p.grads()[i];
+  CHECK(std::isfinite(norm));
+  CHECK(norm > 0);
+  for (const auto& v : p.views()) {  // every tensor receives a gradient
+    double sum = 0;
+    for (int64_t i = 0; i < v.numel(); ++i) sum += std::fabs(p.grads()[v.offset + i]);
+    INFO(v.name);
+    CHECK(sum > 0);
+  }
+}
+
+TEST_CASE("deepspeech gradients of a tiny model against finite differences", "[deepspeech][gradcheck]") {
+  // Logits are few and the CTC loss smooth; batch norms see 22 frames. The objective is the mean
+  // CTC loss itself, computed in float32 by the network and in double by the loss.
+  DeepSpeech model(cpu_backend(), tiny(), 4);
+  Batch b(8, {14, 10}, {{1, 2, 2}, {3, 4}}, 5);
+  model.forward(b.input(), Mode::kTrain);
+  model.backward();
+  ParameterStore& p = model.parameters();
+  std::vector<float> analytic(p.grads(), p.grads() + p.size());
+  const double h = 1e-2;
+  int64_t checked = 0, kinks = 0;
+  for (const auto& v : p.views()) {
+    const int64_t step = std::max<int64_t>(1, v.numel() / 6);
+    for (int64_t i = 0; i < v.numel(); i += step) {
+      float& w = p.values()[v.offset + i];
+      const float saved = w;
+      const double center = model.forward(b.input(), Mode::kTrain);
+      w = static_cast<float>(saved + h);
+      const double plus = model.forward(b.input(), Mode::kTrain);
+      w = static_cast<float>(saved - h);
+      const double minus = model.forward(b.input(), Mode::kTrain);
+      w = saved;
+      const double numeric = (plus - minus) / (2 * h);
+      ++checked;
+      // A Hardtanh switching inside [-h, h] makes the one-sided slopes disagree: skip the point.
+      if (std::fabs((plus - center) - (center - minus)) / h > 0.1 * (std::fabs(numeric) + 0.1)) {
+        ++kinks;
+        continue;
+      }
+      INFO(v.name << "[" << i << "]: analytic " << analytic[v.offset + i] << " numeric " << numeric);
+      CHECK(std::fabs(analytic[v.offset + i] - numeric) <= 2e-3 + 2e-2 * std::fabs(numeric));
+    }
+  }
+  INFO(kinks << " of " << checked << " skipped at kinks");
+  CHECK(kinks * 10 <= checked);
+}
+
+TEST_CASE("deepspeech: an utterance's outputs do not depend on the padding of its batch", "[deepspeech]") {
+  // Evaluation mode (running statistics): the short utterance alone and beside a longer one.
+  DeepSpeechOptions o = tiny();
+  o.hidden = 6;
+  DeepSpeech model(cpu_backend(), o, 6);
+  Batch pair(8, {24, 15}, {{1}, {2}}, 7);
+  Batch alone(8, {15}, {{2}}, 8);
+  std::copy_n(pair.features.begin() + 24 * 8, 15 * 8, alone.features.begin());
+  model.forward(pair.input(), Mode::kEval);
+  const int64_t steps = model.logits().dim(0);
+  std::vector<float> in_pair;
+  for (int64_t t = 0; t < DeepSpeech::output_frames(15); ++t)
+    for (int64_t c = 0; c < 5; ++c) in_pair.push_back(model.logits().data[(t * 2 + 1) * 5 + c]);
+  CHECK(steps == DeepSpeech::output_frames(24));
+  model.forward(alone.input(), Mode::kEval);
+  REQUIRE(model.logits().numel() == static_cast<int64_t>(in_pair.size()));
+  for (size_t i = 0; i < in_pair.size(); ++i) CHECK(model.logits().data[i] == Approx(in_pair[i]).margin(1e-5));
+}
+
+TEST_CASE("deepspeech memorizes 4 utterances: CTC loss near zero, greedy decoding = labels", "[deepspeech]") {
+  DeepSpeechOptions o;
+  o.feature_dim = 16;
+  o.conv_channels = 8;
+  o.hidden = 48;
+  o.rnn_layers = 2;
+  o.context = 4;
+  DeepSpeech model(cpu_backend(), o, 9);
+  const std::vector<std::vector<int32_t>> targets{{8, 5, 12, 12, 15}, {23, 15, 18}, {4, 1, 28, 2}, {19, 9, 24}};
+  Batch b(16, {40, 36, 31, 28}, targets, 10);
+
+  // Adam on the flat buffers (lr 1e-2): the test stands alone, without optim/.
+  ParameterStore& p = model.parameters();
+  std::vector<double> m(p.size(), 0.0), v(p.size(), 0.0);
+  const double lr = 1e-2, b1 = 0.9, b2 = 0.999;
+  double loss = 0;
+  int step = 0;
+  for (step = 1; step <= 400; ++step) {
+    loss = model.forward(b.input(), Mode::kTrain);
+    if (loss < 0.02) break;
+    model.backward();
+    for (int64_t i = 0; i < p.size(); ++i) {
+      const double g = p.grads()[i];
+      m[i] = b1 * m[i] + (1 - b1) * g;
+      v[i] = b2 * v[i] + (1 - b2) * g * g;
+      const double mh = m[i] / (1 - std::pow(b1, step)), vh = v[i] / (1 - std::pow(b2, step));
+      p.values()[i] -= static_cast<float>(lr * mh / (std::sqrt(vh) + 1e-8));
+    }
+  }
+  INFO("loss " << loss << " after " << step << " steps");
+  CHECK(loss < 0.02);
+  // Running statistics catch up with the final weights, then evaluation-mode decoding.
+  for (int i = 0; i < 30; ++i) model.forward(b.input(), Mode::kTrain);
+  CHECK(model.decode(b.input()) == targets);
+}
