@@ -106,11 +106,145 @@ def ctc():
     return {"ctc_loss.safetensors": (store, meta)}
 
 
+# ---------------------------------------------------------------------------------------------------
+# A tiny DeepSpeech (the structure of models/nets/deepspeech.h at small sizes), written here from the
+# architecture description with deepspeech.pytorch's module names, so state_dict names match.
+
+def on_valid_frames(module, x, lengths):
+    """module applied to the valid frames of a padded {T, N, C} batch only (rows in (t, n) order);
+    zeros in the padding."""
+    valid = torch.arange(x.shape[0])[:, None] < lengths[None, :]  # {T, N}
+    out = module(x[valid])
+    y = x.new_zeros(x.shape[:2] + out.shape[1:])
+    y[valid] = out
+    return y
+
+
+class SequenceBN(nn.Module):
+    """BatchNorm1d over the valid frames of a padded {T, N, C} batch."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.module = nn.BatchNorm1d(channels)
+
+    def forward(self, x, lengths):
+        return on_valid_frames(self.module, x, lengths)
+
+
+class RnnBlock(nn.Module):
+    def __init__(self, inputs, hidden, batch_norm):
+        super().__init__()
+        if batch_norm:
+            self.batch_norm = SequenceBN(inputs)
+        self.rnn = nn.LSTM(inputs, hidden)
+
+    def forward(self, x, lengths):
+        if hasattr(self, "batch_norm"):
+            x = self.batch_norm(x, lengths)
+        out, _ = self.rnn(pack_padded_sequence(x, lengths, enforce_sorted=False))
+        out, _ = pad_packed_sequence(out, total_length=x.shape[0])
+        return out
+
+
+class LookaheadConv(nn.Module):
+    """y[t, n, c] = sum_k w[c, k] x[t + k, n, c], zero past the end."""
+
+    def __init__(self, channels, context):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, context + 1).uniform_(-0.5, 0.5))
+
+    def forward(self, x):
+        taps = self.weight.shape[1]
+        padded = torch.cat([x, x.new_zeros((taps - 1,) + x.shape[1:])], 0)
+        return sum(self.weight[:, k] * padded[k:k + x.shape[0]] for k in range(taps))
+
+
+class TinyDeepSpeech(nn.Module):
+    def __init__(self, features, channels, hidden, layers, context, classes):
+        super().__init__()
+        self.conv = nn.Module()
+        self.conv.seq_module = nn.Sequential(
+            nn.Conv2d(1, channels, (41, 11), (2, 2), (20, 5)), nn.BatchNorm2d(channels), nn.Hardtanh(0, 20),
+            nn.Conv2d(channels, channels, (21, 11), (2, 1), (10, 5)), nn.BatchNorm2d(channels),
+            nn.Hardtanh(0, 20))
+        freq = ((features + 40 - 41) // 2 + 1 + 20 - 21) // 2 + 1
+        self.rnns = nn.Sequential(*[RnnBlock(channels * freq if k == 0 else hidden, hidden, k > 0)
+                                    for k in range(layers)])
+        self.lookahead = nn.Sequential(LookaheadConv(hidden, context), nn.Hardtanh(0, 20))
+        self.fc = nn.Sequential(nn.Module())
+        self.fc[0].module = nn.Sequential(nn.BatchNorm1d(hidden), nn.Linear(hidden, classes, bias=False))
+
+    def forward(self, x, lengths):
+        """x {N, 1, F, T}; returns logits {T', N, classes} and the output lengths."""
+        lengths = (lengths + 10 - 11) // 2 + 1
+        for m in self.conv.seq_module:  # zero the frames past each length after every stage
+            x = m(x)
+            x = x * (torch.arange(x.shape[3])[None, :] < lengths[:, None]).to(x.dtype)[:, None, None, :]
+        n, c, f, t = x.shape
+        x = x.reshape(n, c * f, t).permute(2, 0, 1)
+        for block in self.rnns:
+            x = block(x, lengths)
+        x = self.lookahead(x)
+        return on_valid_frames(self.fc[0].module, x, lengths), lengths
+
+
+def deepspeech_tiny():
+    torch.manual_seed(5)
+    gen = torch.Generator().manual_seed(6)
+    F_, T_ = 8, 14
+    net = TinyDeepSpeech(F_, channels=2, hidden=4, layers=2, context=2, classes=5)
+    for m in net.modules():  # batch-norm affine parameters away from 1/0
+        if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
+            with torch.no_grad():
+                m.weight.copy_(torch.rand(m.weight.shape, generator=gen) + 0.5)
+                m.bias.copy_(torch.randn(m.bias.shape, generator=gen) * 0.1)
+    frames = torch.tensor([14, 10])
+    features = torch.randn(2, T_, F_, generator=gen)  # {N, T, F} as the loader gives
+    features[1, 10:] = 0
+    targets = [[1, 2, 2], [3, 4]]
+    labels = torch.tensor([c for t in targets for c in t])
+    label_lengths = torch.tensor([len(t) for t in targets])
+
+    store = {"features": np_of(features), "frames": frames.numpy().astype("int32"),
+             "labels": labels.numpy().astype("int32"), "label_lengths": label_lengths.numpy().astype("int32")}
+    for n, p in net.named_parameters():
+        store["param." + n] = np_of(p)
+    for prefix, dtype in (("", torch.float32), ("f64.", torch.float64)):
+        m = copy.deepcopy(net).to(dtype)
+        m.train()
+        x = features.to(dtype).transpose(1, 2).unsqueeze(1)  # {N, 1, F, T}
+        logits, out_lengths = m(x, frames)
+        loss = F.ctc_loss(logits.log_softmax(2), labels, out_lengths, label_lengths, blank=0,
+                          reduction="sum") / 2
+        loss.backward()
+        store[prefix + "logits"] = np_of(logits)
+        store[prefix + "loss"] = np_of(loss)
+        for n, p in m.named_parameters():
+            store[f"{prefix}grad.param.{n}"] = np_of(p.grad)
+        for n, b in m.named_buffers():
+            if not n.endswith("num_batches_tracked"):
+                store[f"{prefix}buffer.{n}"] = np_of(b)
+        m.eval()
+        with torch.no_grad():
+            store[prefix + "logits_eval"] = np_of(m(x, frames)[0])
+    meta = dict(META)
+    meta.update({
+        "architecture": ("DeepSpeech structure at small sizes: features 8, conv channels 2, LSTM hidden 4, "
+                         "2 LSTM layers, lookahead context 2, 5 classes; sequence-wise batch norms over valid "
+                         "frames; masks after every conv stage"),
+        "inputs": ("features {N=2, T=14, F=8} (the loader's layout; utterance 1 zero past frame 10), "
+                   "frames [14, 10], labels [1 2 2 | 3 4]"),
+        "outputs": ("logits {T'=7, N, 5} of one train-mode forward, loss = ctc_loss(sum) / N, grad.param.*, "
+                    "buffer.* after it, logits_eval = eval-mode forward with those buffers"),
+    })
+    return {"ctc_deepspeech_tiny.safetensors": (store, meta)}
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "tests", "fixtures")
     torch.set_num_threads(1)
-    for make in (lstm_bidir, ctc):
+    for make in (lstm_bidir, ctc, deepspeech_tiny):
         for fname, (store, meta) in make().items():
             path = os.path.join(out, fname)
             size = write_safetensors(path, store, meta)

@@ -1,5 +1,6 @@
-// DeepSpeech: the exact parameter count and names, a smoke step of the full model, a finite-
-// difference check of the whole small network (masks, reorders and the CTC head wired right),
+// DeepSpeech: the exact parameter count and names, a smoke step of the full model, parity of a
+// tiny one with PyTorch (tests/fixtures/ctc_deepspeech_tiny.safetensors, made by
+// scripts/make_speech_fixtures.py), a finite-difference check of the whole small network,
 // independence of an utterance's outputs from its batch's padding, and memorization of a few
 // utterances (loss near zero, greedy decoding returns the labels).
 #include <catch2/catch.hpp>
@@ -9,6 +10,7 @@
 
 #include "gradcheck.h"
 #include "models/nets/deepspeech.h"
+#include "models/safetensors.h"
 
 using namespace trainer::models;
 using trainer::testing::random_vector;
@@ -95,6 +97,43 @@ TEST_CASE("deepspeech: one training step on 2 utterances of up to 60 frames", "[
     INFO(v.name);
     CHECK(sum > 0);
   }
+}
+
+TEST_CASE("deepspeech matches a PyTorch model of the same structure (tiny sizes)", "[deepspeech][parity]") {
+  const auto f = read_safetensors(std::string(TRAINER_FIXTURES) + "/ctc_deepspeech_tiny.safetensors");
+  auto ref = [&](const std::string& name) { return f.at("f64." + name).as_f64(); };
+  auto check_close = [](const std::string& what, const float* actual, const std::vector<double>& expected) {
+    double max_ref = 0, max_diff = 0;
+    for (size_t i = 0; i < expected.size(); ++i) {
+      max_ref = std::max(max_ref, std::fabs(expected[i]));
+      max_diff = std::max(max_diff, std::fabs(actual[i] - expected[i]));
+    }
+    INFO(what << ": max |difference| " << max_diff << ", max |reference| " << max_ref);
+    CHECK(max_diff <= 1e-4 * max_ref);
+  };
+  auto i32 = [&](const std::string& name) {
+    auto v = f.at(name).as_i64();
+    return std::vector<int32_t>(v.begin(), v.end());
+  };
+  DeepSpeech model(cpu_backend(), tiny(), 1);
+  ParameterStore& p = model.parameters();
+  for (const auto& v : p.views()) {
+    auto values = f.at("param." + v.name).as_f32();
+    REQUIRE(static_cast<int64_t>(values.size()) == v.numel());
+    std::copy(values.begin(), values.end(), p.values() + v.offset);
+  }
+  const std::vector<float> features = f.at("features").as_f32();
+  const auto frames = i32("frames"), labels = i32("labels"), label_lengths = i32("label_lengths");
+  const SpeechInput in{features.data(), 2, 14, 8, frames.data(), labels.data(), label_lengths.data()};
+  const double loss = model.forward(in, Mode::kTrain);
+  CHECK(loss == Approx(ref("loss")[0]).epsilon(1e-4));
+  check_close("logits", model.logits().data, ref("logits"));
+  model.backward();
+  for (const auto& v : p.views()) check_close("grad.param." + v.name, p.grads() + v.offset, ref("grad.param." + v.name));
+  for (const auto& v : model.buffers().views())
+    check_close("buffer." + v.name, model.buffers().values() + v.offset, ref("buffer." + v.name));
+  model.forward(in, Mode::kEval);
+  check_close("logits_eval", model.logits().data, ref("logits_eval"));
 }
 
 TEST_CASE("deepspeech gradients of a tiny model against finite differences", "[deepspeech][gradcheck]") {
