@@ -19,8 +19,9 @@ namespace trainer {
 // The closed sets of names some keys accept, kept once so that validation, the documentation and
 // the factories that build these things agree. A new model, dataset or schedule adds its name here.
 inline const std::vector<std::string> kModelArchs = {"resnet20", "resnet32", "resnet56", "resnet18",
-                                                     "vgg16"};
-inline const std::vector<std::string> kDatasets = {"cifar10"};
+                                                     "vgg16",    "deepspeech"};
+inline const std::vector<std::string> kDatasets = {"cifar10", "an4"};
+inline const std::vector<std::string> kSpeechFeatures = {"spectrogram", "logmel"};
 inline const std::vector<std::string> kOptimizers = {"sgd"};
 inline const std::vector<std::string> kSchedules = {"constant", "multistep", "cosine", "exponential"};
 inline const std::vector<std::string> kConvAlgorithms = {"auto", "direct", "winograd"};
@@ -51,6 +52,11 @@ struct DataConfig {
   int64_t eval_batch_size = 500;
   bool augment = true;
   int64_t loader_threads = 2;
+  std::string features = "spectrogram";  // an4
+  int64_t mel_bins = 80;
+  bool skip_bad_audio = false;
+  double speed_perturb = 0.0;
+  double gain_perturb_db = 0.0;
 };
 
 struct OptimConfig {
@@ -75,6 +81,7 @@ struct TrainConfig {
   int64_t eval_every_steps = 0;  // 0: at the end of each epoch
   int64_t checkpoint_every = 0;  // 0: only at the end
   int64_t keep_checkpoints = 2;
+  int64_t eval_examples = 3;
 };
 
 struct RuntimeConfig {

@@ -112,6 +112,18 @@ void visit_config(Cfg& c, Visitor& v) {
         "Augment training examples (cifar10: random crop with 4-pixel padding, horizontal flip).");
   v.key("data.loader_threads", c.data.loader_threads,
         "Background threads that read and augment batches.", closed(1, 64));
+  v.key("data.features", c.data.features,
+        "an4: spectrogram (161 bins of log1p |STFT|, Hamming 20 ms, hop 10 ms: the Ok-Top-k paper's "
+        "DeepSpeech input) or logmel (data.mel_bins log-mel filterbanks, for LAS).",
+        kSpeechFeatures);
+  v.key("data.mel_bins", c.data.mel_bins, "an4, logmel: number of mel filters.", closed(8, 161));
+  v.key("data.skip_bad_audio", c.data.skip_bad_audio,
+        "an4: skip unreadable or mismatched utterances with a warning (counted) instead of stopping.");
+  v.key("data.speed_perturb", c.data.speed_perturb,
+        "an4: speed augmentation, a factor drawn from [1 - x, 1 + x] per utterance (0 = off).",
+        closed_open(0, 1));
+  v.key("data.gain_perturb_db", c.data.gain_perturb_db,
+        "an4: gain augmentation, drawn from [-x, +x] dB per utterance (0 = off).", closed(0, 60));
 
   v.section("optim", "Optimizer, learning-rate schedule and gradient clipping.");
   v.key("optim.name", c.optim.name, "Optimizer.", kOptimizers);
@@ -155,6 +167,8 @@ void visit_config(Cfg& c, Visitor& v) {
   v.key("train.keep_checkpoints", c.train.keep_checkpoints,
         "Complete checkpoints kept on disk; older ones are deleted after a newer one is complete.",
         at_least(1));
+  v.key("train.eval_examples", c.train.eval_examples,
+        "an4: reference/hypothesis pairs shown with each evaluation.", closed(0, 100));
 
   v.section("runtime", "Threads and determinism.");
   v.key("runtime.threads", c.runtime.threads,

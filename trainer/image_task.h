@@ -20,6 +20,7 @@ class ImageTask final : public Task {
   StepResult forward_backward() override;
   nlohmann::json evaluate(comm::Communicator& comm) override;
   std::string describe_eval(const nlohmann::json& record) const override;
+  bool classifies() const override { return true; }
 
   static std::unique_ptr<models::ImageClassifier> build_model(const Config& config);
 

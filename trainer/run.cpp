@@ -163,6 +163,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
 
   RunSummary summary;
   double best = 0;
+  nlohmann::json last_eval;
   auto run_eval = [&](int64_t step, int64_t epoch) {
     const auto t0 = Clock::now();
     nlohmann::json r = task.evaluate(comm);
@@ -170,6 +171,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
       summary.final_accuracy = r["accuracy"].get<double>();
       best = std::max(best, summary.final_accuracy);
     }
+    last_eval = r;
     if (!lead) return;
     r["step"] = step;
     r["epoch"] = epoch;
@@ -241,11 +243,10 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
                     log_now);
       if (log_now) {
         const double k = 1.0 / interval_steps;
-        metrics->write({{"step", done},
+        nlohmann::json record{{"step", done},
                         {"epoch", epoch},
                         {"time_s", ms_since(t_start) / 1e3},
                         {"loss", loss_sum * k},
-                        {"train_accuracy", static_cast<double>(interval_correct) / interval_samples},
                         {"lr", lr},
                         {"samples_per_s", rate},
                         {"t_data_ms", t_data * k},
@@ -255,7 +256,10 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
                         {"bytes_sent", static_cast<double>(sent) * k},
                         {"bytes_recv", static_cast<double>(received) * k},
                         {"density", density_sum * k},
-                        {"phase", comm::phase_name(phase)}});
+                        {"phase", comm::phase_name(phase)}};
+        if (task.classifies())
+          record["train_accuracy"] = static_cast<double>(interval_correct) / interval_samples;
+        metrics->write(record);
       }
     }
     if (log_now) {
@@ -284,21 +288,22 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
       (total_steps - first_step) * d.batch_size * world / std::max(ms_since(train_start) / 1e3, 1e-9);
   const std::string table = comm::comm_summary(comm);
   if (lead) {
-    progress.line(fmt("done: %lld steps in %s (%.0f samples/s); test accuracy final %.2f%%, best %.2f%%",
-                      static_cast<long long>(summary.steps), format_duration(summary.seconds).c_str(),
-                      summary.samples_per_s, 100 * summary.final_accuracy, 100 * summary.best_accuracy));
-    if (world > 1 || config.comm.log) {
-      progress.line("communication (all ranks):\n" + table);
-      comm::write_comm_summary(table, out + "/comm/summary.txt");
+    std::string result = last_eval.is_null() ? "no evaluation" : "final " + task.describe_eval(last_eval);
+    if (last_eval.contains("accuracy")) result += fmt("; best accuracy %.2f%%", 100 * summary.best_accuracy);
+    progress.line(fmt("done: %lld steps in %s (%.1f samples/s); %s", static_cast<long long>(summary.steps),
+                      format_duration(summary.seconds).c_str(), summary.samples_per_s, result.c_str()));
+    if (world > 1) progress.line("communication (all ranks):\n" + table);
+    if (config.comm.log) comm::write_comm_summary(table, out + "/comm/summary.txt");
+    nlohmann::json record{{"steps", summary.steps},
+                          {"world_size", world},
+                          {"seconds", summary.seconds},
+                          {"samples_per_s", summary.samples_per_s},
+                          {"final_eval", last_eval}};
+    if (last_eval.contains("accuracy")) {
+      record["final_accuracy"] = summary.final_accuracy;
+      record["best_accuracy"] = summary.best_accuracy;
     }
-    std::ofstream(out + "/summary.json") << nlohmann::json{{"steps", summary.steps},
-                                                          {"world_size", world},
-                                                          {"final_accuracy", summary.final_accuracy},
-                                                          {"best_accuracy", summary.best_accuracy},
-                                                          {"seconds", summary.seconds},
-                                                          {"samples_per_s", summary.samples_per_s}}
-                                                .dump(2)
-                                         << "\n";
+    std::ofstream(out + "/summary.json") << record.dump(2) << "\n";
   }
   return summary;
 }

@@ -1,16 +1,41 @@
 #include "trainer/task.h"
 
+#include <stdexcept>
+
 #include "trainer/image_task.h"
+#include "trainer/speech_task.h"
 
 namespace trainer::app {
+namespace {
+
+bool is_speech(const Config& config) { return config.model.arch == "deepspeech"; }
+
+// Image models read CIFAR-format data and speech models AN4: a mismatch is a config error.
+void check_pairing(const Config& config) {
+  const bool speech_data = config.data.dataset == "an4";
+  if (is_speech(config) != speech_data)
+    throw std::invalid_argument("model.arch = \"" + config.model.arch + "\" cannot train on data.dataset = \"" +
+                                config.data.dataset + "\" (" + (is_speech(config) ? "use an4" : "use cifar10") +
+                                ")");
+}
+
+}  // namespace
 
 // The one place that maps a config to a task.
 std::unique_ptr<Task> make_task(const Config& config, comm::Communicator& comm,
                                 const std::function<void(const std::string&)>& announce) {
+  check_pairing(config);
+  if (is_speech(config)) return std::make_unique<SpeechTask>(config, comm, announce);
   return std::make_unique<ImageTask>(config, comm, announce);
 }
 
 int64_t model_parameter_count(const Config& config, size_t* tensors) {
+  check_pairing(config);
+  if (is_speech(config)) {
+    auto model = SpeechTask::build_model(config);
+    if (tensors) *tensors = model->parameters().views().size();
+    return model->parameters().size();
+  }
   auto model = ImageTask::build_model(config);
   if (tensors) *tensors = model->parameters().views().size();
   return model->parameters().size();

@@ -41,6 +41,8 @@ class Task {
   virtual nlohmann::json evaluate(comm::Communicator& comm) = 0;
   // ... and its one-line human form.
   virtual std::string describe_eval(const nlohmann::json& record) const = 0;
+  // True when StepResult::correct means something (metrics then report train_accuracy).
+  virtual bool classifies() const = 0;
 };
 
 // The task the config asks for (by model.arch / data.dataset). Generates the synthetic dataset
