@@ -4,7 +4,10 @@
 //  - kGemm: OpenBLAS GEMMs: the input projection of all time steps in one GEMM, then per step one
 //    recurrent GEMM and a fused loop over the gate nonlinearities; backward mirrors it and gets the
 //    weight gradients from one GEMM each over all time steps.
-// Both compute the same function; which one is faster is measured (the default is the faster).
+// Both compute the same function. The default is oneDNN, the faster at DeepSpeech's shapes (T 150,
+// N 8, hidden 800, one thread, forward + backward): 375 ms against 550 ms from input 800, 512 against
+// 680 ms from input 1312 (torch.nn.LSTM: 880 and 1000 ms). OpenBLAS repacks W_hh for each small
+// per-step GEMM, where oneDNN keeps it packed.
 #pragma once
 
 #include <memory>

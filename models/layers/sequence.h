@@ -18,13 +18,13 @@ class SequenceLayer : public Layer {
   void set_lengths(std::vector<int32_t> lengths) { given_ = std::move(lengths); }
 
  protected:
-  // The lengths for a forward over x {T, N, ...}, checked against T and N; valid until the next
-  // forward (backward uses them).
+  // The lengths for a forward over x {T, N, ...}, checked against T and N; a copy that stays valid
+  // until the next forward (backward uses it), whatever set_lengths is given meanwhile.
   const int32_t* lengths_for(const Tensor& x, const char* layer) {
     const int64_t steps = x.dim(0), batch = x.dim(1);
     if (given_.empty()) {
-      full_.assign(batch, static_cast<int32_t>(steps));
-      return full_.data();
+      current_.assign(batch, static_cast<int32_t>(steps));
+      return current_.data();
     }
     if (static_cast<int64_t>(given_.size()) != batch)
       throw std::invalid_argument(std::string(layer) + ": " + std::to_string(given_.size()) +
@@ -33,11 +33,12 @@ class SequenceLayer : public Layer {
       if (length < 0 || length > steps)
         throw std::invalid_argument(std::string(layer) + ": sequence length " + std::to_string(length) +
                                     " outside [0, " + std::to_string(steps) + "]");
-    return given_.data();
+    current_ = given_;
+    return current_.data();
   }
 
  private:
-  std::vector<int32_t> given_, full_;
+  std::vector<int32_t> given_, current_;
 };
 
 }  // namespace trainer::models
