@@ -75,6 +75,41 @@ TEST_CASE("deepspeech has 27,569,568 parameters under deepspeech.pytorch's names
   CHECK_THROWS_WITH(make_speech_model("deepspeach", cpu_backend(), 1), Catch::Contains("known: deepspeech"));
 }
 
+TEST_CASE("Backend: image <-> sequence reorder and width masks in both layouts", "[deepspeech]") {
+  // {N, C, H, W} -> {W, N, C*H} with feature c*H + h, as PyTorch's view + permute.
+  const int64_t N = 2, C = 32, H = 3, W = 5;
+  std::vector<float> nchw(N * C * H * W);
+  for (size_t i = 0; i < nchw.size(); ++i) nchw[i] = static_cast<float>(i);
+  for (Layout layout : {Layout::kChannelsLast, Layout::kBlocked16}) {
+    std::vector<float> image(nchw.size()), sequence(nchw.size()), back(nchw.size());
+    Tensor x{image.data(), {N, C, H, W}, layout};
+    cpu_backend().from_nchw(nchw.data(), x);
+    cpu_backend().image_to_sequence(x, sequence.data());
+    bool ok = true;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t w = 0; w < W; ++w)
+            ok &= sequence[(w * N + n) * C * H + c * H + h] == nchw[((n * C + c) * H + h) * W + w];
+    CHECK(ok);
+    Tensor y{back.data(), {N, C, H, W}, layout};
+    cpu_backend().sequence_to_image(sequence.data(), y);
+    CHECK(back == image);
+    const std::vector<int32_t> lengths{3, 5};
+    cpu_backend().mask_width(y, lengths.data());
+    std::vector<float> masked(nchw.size());
+    cpu_backend().to_nchw(y, masked.data());
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t w = 0; w < W; ++w) {
+            const int64_t i = ((n * C + c) * H + h) * W + w;
+            ok &= masked[i] == (w < lengths[n] ? nchw[i] : 0.f);
+          }
+    CHECK(ok);
+  }
+}
+
 TEST_CASE("deepspeech: one training step on 2 utterances of up to 60 frames", "[deepspeech]") {
   DeepSpeech model(cpu_backend(), DeepSpeechOptions{}, 2);
   CHECK(DeepSpeech::output_frames(60) == 30);
