@@ -203,7 +203,9 @@ TEST_CASE("Sorted-list sums equal dense sums in list order", "[select]") {
     }
     refs.push_back({l.index(), l.value(), l.size()});
   }
-  for (size_t count = 1; count <= refs.size(); ++count) {
+  // Up to 5 lists take the one-pass merge; 20 lists (the same ones repeated) the pairwise one.
+  for (int copy = 0; copy < 3; ++copy) refs.insert(refs.end(), refs.begin(), refs.begin() + 5);
+  for (size_t count : {size_t{1}, size_t{2}, size_t{3}, size_t{5}, size_t{17}, size_t{20}}) {
     std::vector<ListRef> some(refs.begin(), refs.begin() + count);
     std::vector<float> expect(n, 0.f);
     std::vector<bool> seen(n, false);
@@ -244,10 +246,10 @@ TEST_CASE("Error feedback: lazy zero residual, deferred clears, and a checked ro
   float* r = ef.residual();
   CHECK(std::all_of(r, r + 1000, [](float v) { return v == 0.f; }));
   for (int i = 0; i < 1000; ++i) r[i] = static_cast<float>(i);
-  const int32_t mine[] = {1, 5, 7, 900}, out[] = {0, 5, 6, 7, 999};
-  CHECK(ef.clear_common(mine, 4, out, 5) == 2);
+  const int32_t some[] = {5, 7};
+  ef.clear(some, 2);
   const int32_t more[] = {999};
-  ef.clear(more, 1);
+  set_flag(ef.clear_flags(), more[0]);
   // Saved with the clears applied, before anything applied them to the buffer.
   std::stringstream saved;
   ef.save(saved);
@@ -291,8 +293,10 @@ TEST_CASE("The dense output is written in one pass: values / divisor at the indi
       std::vector<std::vector<int32_t>> idx(3);
       std::vector<std::vector<float>> val(3);
       std::vector<float> want(n, 0.f);
+      std::vector<char> in_output(n, 0);
       for (int64_t i = 0; i < n; ++i)
         if (rng() % 9 == 0 || i == n - 1) {
+          in_output[i] = 1;
           const int run = static_cast<int>(3 * i / n);
           idx[run].push_back(static_cast<int32_t>(i));
           val[run].push_back(static_cast<float>(static_cast<int>(rng() % 1000)) - 500.f);
@@ -304,10 +308,21 @@ TEST_CASE("The dense output is written in one pass: values / divisor at the indi
       for (int64_t offset : {int64_t{0}, int64_t{1}}) {  // 64-byte aligned (non-temporal stores) and not
         float* buffer = static_cast<float*>(std::aligned_alloc(64, ((n + 16) * sizeof(float) + 63) / 64 * 64));
         std::fill(buffer, buffer + n + 16, 7.f);
-        write_sparse_output(buffer + offset, n, runs, 3.f, scratch);
+        // This rank's own selection: some entries of the output and some others.
+        std::vector<uint16_t> mine((n + 15) / 16, 0), clear((n + 15) / 16, 0), want_clear((n + 15) / 16, 0);
+        int64_t want_common = 0;
+        for (int64_t i = 0; i < n; ++i)
+          if (rng() % 3 == 0) {
+            set_flag(mine.data(), i);
+            if (in_output[i]) set_flag(want_clear.data(), i), ++want_common;
+          }
+        const int64_t common = write_sparse_output(buffer + offset, n, runs, 3.f, scratch, mine.data(), clear.data());
         INFO("n = " << n << ", threads " << threads << ", offset " << offset);
         CHECK(std::equal(want.begin(), want.end(), buffer + offset));
         CHECK(buffer[n + offset] == 7.f);
+        CHECK(common == want_common);
+        CHECK(clear == want_clear);
+        CHECK(std::all_of(mine.begin(), mine.end(), [](uint16_t f) { return f == 0; }));
         std::free(buffer);
       }
       CHECK(std::all_of(scratch.bits.begin(), scratch.bits.end(), [](uint16_t f) { return f == 0; }));

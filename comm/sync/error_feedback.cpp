@@ -47,22 +47,10 @@ void ErrorFeedback::clear(const int32_t* index, int64_t count) {
   has_pending_ = has_pending_ || count > 0;
 }
 
-int64_t ErrorFeedback::clear_common(const int32_t* mine, int64_t mine_count, const int32_t* output,
-                                    int64_t output_count) {
+uint16_t* ErrorFeedback::clear_flags() {
   storage();
-  int64_t a = 0, b = 0, common = 0;
-  while (a < mine_count && b < output_count) {
-    if (mine[a] < output[b]) {
-      ++a;
-    } else if (output[b] < mine[a]) {
-      ++b;
-    } else {
-      set_flag(pending_.data(), mine[a]);
-      ++common, ++a, ++b;
-    }
-  }
-  has_pending_ = has_pending_ || common > 0;
-  return common;
+  has_pending_ = true;
+  return pending_.data();
 }
 
 void ErrorFeedback::save(std::ostream& out) const {

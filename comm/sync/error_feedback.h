@@ -34,9 +34,9 @@ class ErrorFeedback {
   SelectSource accumulate(const float* grad);
   // Clears the residual at the given indices (what this rank contributed in full); deferred.
   void clear(const int32_t* index, int64_t count);
-  // Clears the indices present in both sorted lists (this rank's selection and the step's output)
-  // and returns how many there were; deferred. Both lists strictly increasing.
-  int64_t clear_common(const int32_t* mine, int64_t mine_count, const int32_t* output, int64_t output_count);
+  // The deferred-clear flags themselves (one bit per entry, 16 per word), for a pass that decides
+  // what to clear (write_sparse_output); flags set there are applied like clear()'s.
+  uint16_t* clear_flags();
 
   void save(std::ostream& out) const;
   // Throws std::runtime_error (prefixed with `what`) when the saved size differs or data is short.

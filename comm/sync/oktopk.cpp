@@ -264,20 +264,17 @@ void OkTopk::gather_output(float* grads) {
   }
   comm_.allgatherv(block_index, 2 * my_block, final_.data(), gather_counts_, DType::kI32, "ALLGATHERV_FINAL");
 
-  // Output and residual. The blocks are in global index order, as is local_.
-  contributed_ = 0;
-  const int32_t* local_index = local_.index();
-  const int64_t local_count = local_.size();
+  // Output and residual in one pass: the blocks are the output in global index order; the
+  // entries of local_ among them are what this rank contributed, cleared from the residual.
   lists_.clear();
   for (int r = 0; r < p_; ++r) {
     const int64_t count = blocks_[r];
-    if (count == 0) continue;
     const int32_t* index = final_.data() + 2 * block_offsets_[r];
-    lists_.push_back({index, reinterpret_cast<const float*>(index + count), count});
-    const int64_t skip = std::lower_bound(local_index, local_index + local_count, index[0]) - local_index;
-    contributed_ += ef_.clear_common(local_index + skip, local_count - skip, index, count);
+    if (count > 0) lists_.push_back({index, reinterpret_cast<const float*>(index + count), count});
   }
-  write_sparse_output(grads, n_, lists_, static_cast<float>(p_), output_);
+  mine_.resize((n_ + 15) / 16);
+  for (int64_t j = 0; j < local_.size(); ++j) set_flag(mine_.data(), local_.index()[j]);
+  contributed_ = write_sparse_output(grads, n_, lists_, static_cast<float>(p_), output_, mine_.data(), ef_.clear_flags());
 }
 
 void OkTopk::reuse_local_threshold(const float* grads) {

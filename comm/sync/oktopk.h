@@ -104,6 +104,7 @@ class OkTopk final : public GradientSync {
   std::vector<int32_t> counts_;             // global selection per rank
   std::vector<int64_t> blocks_, block_offsets_, gather_counts_;
   std::vector<int32_t> final_;              // per rank: [indices][value bits]
+  std::vector<uint16_t> mine_;              // flags of local_ for the output pass (zero between steps)
   std::vector<Request> requests_;
   int64_t contributed_ = 0;
   int64_t global_total_ = 0;

@@ -319,29 +319,64 @@ void merge_sum(const int32_t* ai, const float* av, int64_t na, const int32_t* bi
 }
 
 void merge_sum_all(const std::vector<ListRef>& lists, SparseList& out, SparseList& tmp) {
-  if (lists.empty()) {
+  const size_t count = lists.size();
+  if (count == 0) {
     out.clear();
     return;
   }
-  const int64_t merges = static_cast<int64_t>(lists.size()) - 1;
-  if (merges == 0) {
+  if (count == 1) {
     out.resize(lists[0].size);
     std::memcpy(out.index(), lists[0].index, lists[0].size * sizeof(int32_t));
     std::memcpy(out.value(), lists[0].value, lists[0].size * sizeof(float));
     return;
   }
-  // Ping-pong so that the last merge lands in `out`.
-  SparseList* dst = merges % 2 == 1 ? &out : &tmp;
-  SparseList* other = merges % 2 == 1 ? &tmp : &out;
-  merge_sum(lists[0].index, lists[0].value, lists[0].size, lists[1].index, lists[1].value, lists[1].size, *dst);
-  for (size_t j = 2; j < lists.size(); ++j) {
-    std::swap(dst, other);
-    merge_sum(other->index(), other->value(), other->size(), lists[j].index, lists[j].value, lists[j].size, *dst);
+  if (count > 16) {
+    // Pairwise, ping-ponging so that the last merge lands in `out`.
+    const size_t merges = count - 1;
+    SparseList* dst = merges % 2 == 1 ? &out : &tmp;
+    SparseList* other = merges % 2 == 1 ? &tmp : &out;
+    merge_sum(lists[0].index, lists[0].value, lists[0].size, lists[1].index, lists[1].value, lists[1].size, *dst);
+    for (size_t j = 2; j < count; ++j) {
+      std::swap(dst, other);
+      merge_sum(other->index(), other->value(), other->size(), lists[j].index, lists[j].value, lists[j].size, *dst);
+    }
+    return;
   }
+  // One pass over all lists at once (P is small): each output index is the smallest head; the
+  // lists holding it add their values in list order. Exhausted lists show an index no entry has.
+  constexpr int32_t kDone = std::numeric_limits<int32_t>::max();
+  int64_t total = 0, pos[16] = {};
+  int32_t head[16];
+  for (size_t j = 0; j < count; ++j) {
+    total += lists[j].size;
+    head[j] = lists[j].size > 0 ? lists[j].index[0] : kDone;
+  }
+  out.resize(total);
+  int32_t* oi = out.index();
+  float* ov = out.value();
+  int64_t o = 0;
+  for (;;) {
+    int32_t m = head[0];
+    for (size_t j = 1; j < count; ++j) m = std::min(m, head[j]);
+    if (m == kDone) break;
+    float v = 0.f;
+    bool first = true;
+    for (size_t j = 0; j < count; ++j) {
+      if (head[j] != m) continue;
+      const float x = lists[j].value[pos[j]];
+      v = first ? x : v + x;
+      first = false;
+      ++pos[j];
+      head[j] = pos[j] < lists[j].size ? lists[j].index[pos[j]] : kDone;
+    }
+    oi[o] = m;
+    ov[o++] = v;
+  }
+  out.resize(o);
 }
 
-void write_sparse_output(float* dst, int64_t n, const std::vector<ListRef>& runs, float divisor,
-                         OutputScratch& s) {
+int64_t write_sparse_output(float* dst, int64_t n, const std::vector<ListRef>& runs, float divisor,
+                            OutputScratch& s, uint16_t* mine, uint16_t* clear) {
   const int64_t words = (n + 15) / 16;
   if (static_cast<int64_t>(s.bits.size()) < words) s.bits.assign(words, 0);
   int64_t total = 0;
@@ -363,7 +398,16 @@ void write_sparse_output(float* dst, int64_t n, const std::vector<ListRef>& runs
 #if defined(__AVX512F__)
   const bool aligned = reinterpret_cast<uintptr_t>(dst) % 64 == 0;
 #endif
-#pragma omp parallel
+  // Entries of this rank's selection that are in the output: flagged for clearing, counted.
+  auto contributed = [&](int64_t w) -> int {
+    if (!mine) return 0;
+    const uint16_t both = mine[w] & bits[w];
+    mine[w] = 0;
+    clear[w] |= both;
+    return __builtin_popcount(both);
+  };
+  int64_t common = 0;
+#pragma omp parallel reduction(+ : common)
   {
     const int t = omp_get_thread_num(), T = omp_get_num_threads();
     const int64_t w0 = full * t / T, w1 = full * (t + 1) / T;
@@ -373,6 +417,7 @@ void write_sparse_output(float* dst, int64_t n, const std::vector<ListRef>& runs
 #if defined(__AVX512F__)
     for (; w < w1; ++w) {
       const __mmask16 m = bits[w];
+      common += contributed(w);
       bits[w] = 0;
       const __m512 v = _mm512_maskz_expand_ps(m, _mm512_loadu_ps(value + at));
       at += __builtin_popcount(m);
@@ -383,14 +428,17 @@ void write_sparse_output(float* dst, int64_t n, const std::vector<ListRef>& runs
 #endif
     for (; w < w1; ++w) {
       for (int j = 0; j < 16; ++j) dst[16 * w + j] = (bits[w] >> j & 1u) ? value[at++] : 0.f;
+      common += contributed(w);
       bits[w] = 0;
     }
   }
   if (full < words) {
     int64_t at = std::lower_bound(index, index + total, static_cast<int32_t>(16 * full)) - index;
     for (int64_t i = 16 * full; i < n; ++i) dst[i] = (bits[full] >> (i & 15) & 1u) ? value[at++] : 0.f;
+    common += contributed(full);
     bits[full] = 0;
   }
+  return common;
 }
 
 }  // namespace trainer::comm

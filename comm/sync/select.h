@@ -120,14 +120,16 @@ void merge_sum_all(const std::vector<ListRef>& lists, SparseList& out, SparseLis
 // The dense output of a sparse step: dst[i] = value / divisor at the listed indices, 0 elsewhere,
 // in one streaming pass (non-temporal stores when dst is 64-byte aligned) rather than a zero fill
 // plus scattered writes. `runs` are index-sorted lists of unique indices, each run's indices above
-// the previous run's.
+// the previous run's. With `mine` (flags of this rank's own selection, reset by the pass) and
+// `clear` (error feedback's deferred clears), the same pass flags in `clear` every entry of this
+// rank's selection that is in the output, and returns how many (else 0).
 struct OutputScratch {
   std::vector<uint16_t> bits;  // one flag per entry; all zero between calls
   std::vector<int32_t> index;
   std::vector<float> value;
 };
-void write_sparse_output(float* dst, int64_t n, const std::vector<ListRef>& runs, float divisor,
-                         OutputScratch& scratch);
+int64_t write_sparse_output(float* dst, int64_t n, const std::vector<ListRef>& runs, float divisor,
+                            OutputScratch& scratch, uint16_t* mine = nullptr, uint16_t* clear = nullptr);
 
 // k = ceil(density * n), clamped to [1, n] (n >= 1).
 int64_t top_k_count(double density, int64_t n);
