@@ -101,7 +101,7 @@ TEST_CASE("values outside their range or choices are errors", "[config]") {
         "configs/x.toml: optim.milestones element -1 is out of range [0, inf)");
   CHECK(error_of("[model]\narch = \"resnet21\"\n") ==
         "configs/x.toml: model.arch = \"resnet21\" is not one of resnet20, resnet32, resnet56, resnet18, "
-        "vgg16 (did you mean \"resnet20\"?)");
+        "vgg16, deepspeech (did you mean \"resnet20\"?)");
   CHECK(error_of("[optim]\nschedule = \"step\"\n") ==
         "configs/x.toml: optim.schedule = \"step\" is not one of constant, multistep, cosine, exponential");
 }

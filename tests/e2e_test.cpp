@@ -72,6 +72,20 @@ TEST_CASE("Wrong type and out-of-range values name the key", "[e2e]") {
   CHECK_THAT(o.output, Contains("train.epochs"));
 }
 
+TEST_CASE("A model on the wrong kind of data is one clear error", "[e2e]") {
+  const Outcome o = run_trainer("--config " + std::string(TRAINER_SOURCE_DIR) +
+                                "/configs/quickstart_cifar.toml --set model.arch=deepspeech --dry-run");
+  CHECK(o.exit_code != 0);
+  CHECK_THAT(o.output, Contains("model.arch = \"deepspeech\" cannot train on data.dataset = \"cifar10\""));
+}
+
+TEST_CASE("Dry run of the paper's LSTM experiment: 27,569,568 parameters, 110,278,272 bytes", "[e2e]") {
+  const Outcome o = run_trainer("--config " + std::string(TRAINER_SOURCE_DIR) + "/configs/an4_oktopk_paper.toml --dry-run");
+  INFO(o.output);
+  CHECK(o.exit_code == 0);
+  CHECK_THAT(o.output, Contains("27569568 parameters") && Contains("110278272 bytes") && Contains("oktopk"));
+}
+
 TEST_CASE("Dry run prints the model's parameter count and gradient size", "[e2e]") {
   const Outcome o = run_trainer("--config " + std::string(TRAINER_SOURCE_DIR) +
                                 "/configs/cifar10_resnet20.toml --dry-run");

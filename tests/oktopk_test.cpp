@@ -6,28 +6,27 @@
 // The dense references keep every rank's residual (each rank generates every rank's gradients) and
 // follow the rules of comm/sync/select.h: thresholds keep ties and never zeros, exactly-k breaks
 // ties by lower index, sums over ranks are formed in rank order.
-#include <catch2/catch.hpp>
+#include "comm/sync/oktopk.h"
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <set>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
 #include "comm/sync/gaussiank.h"
 #include "comm/sync/gradient_sync.h"
 #include "comm/sync/gtopk.h"
-#include "comm/sync/oktopk.h"
 #include "comm/sync/select.h"
 #include "comm/sync/topka.h"
 
@@ -210,8 +209,10 @@ struct Mismatch {
 Mismatch compare(const std::vector<float>& got, const std::vector<float>& want) {
   Mismatch m;
   for (size_t i = 0; i < got.size(); ++i) {
-    if ((got[i] != 0.f) != (want[i] != 0.f)) ++m.support;
-    else if (std::fabs(got[i] - want[i]) > 1e-6f * std::max(1.f, std::fabs(want[i]))) ++m.value;
+    if ((got[i] != 0.f) != (want[i] != 0.f))
+      ++m.support;
+    else if (std::fabs(got[i] - want[i]) > 1e-6f * std::max(1.f, std::fabs(want[i])))
+      ++m.value;
   }
   return m;
 }
@@ -268,9 +269,9 @@ TEST_CASE("gtopk equals its definition: pairwise merge and reselect, then broadc
   Communicator& comm = comm::world();
   const int64_t n = 12007;
   if (!is_power_of_two(comm.size())) {
-    CHECK_THROWS_WITH(comm::make_gradient_sync(options("gtopk", 0.02), comm, n),
-                      Catch::Matchers::Contains("power-of-two") &&
-                          Catch::Matchers::Contains(std::to_string(comm.size())));
+    CHECK_THROWS_WITH(
+        comm::make_gradient_sync(options("gtopk", 0.02), comm, n),
+        Catch::Matchers::Contains("power-of-two") && Catch::Matchers::Contains(std::to_string(comm.size())));
     return;
   }
   comm::GTopk sync(comm, n, 0.02);
@@ -351,7 +352,7 @@ void check_mass(Sync& sync, int64_t n, int steps) {
   }
   CHECK(partial_entries == 0);
   INFO("largest |sum over ranks of contributions - P x output| " << worst_step << " (largest contribution " << scale
-                                                                  << ")");
+                                                                 << ")");
   CHECK(worst_step <= 1e-5 * std::max(1.0, scale));
   const float* residual = sync.error_feedback().residual();
   double worst = 0;
@@ -431,8 +432,7 @@ std::map<int64_t, StepVolume> logged_volume(const comm::SyncOptions& o, int64_t 
 
 }  // namespace
 
-TEST_CASE("Bytes per rank and step from the comm log: oktopk within 6k(P-1)/P words, topka 2k(P-1)",
-          "[oktopk][mpi]") {
+TEST_CASE("Bytes per rank and step from the comm log: oktopk within 6k(P-1)/P words, topka 2k(P-1)", "[oktopk][mpi]") {
   Communicator& comm = comm::world();
   const int p = comm.size();
   const int64_t n = 200003;
@@ -449,9 +449,9 @@ TEST_CASE("Bytes per rank and step from the comm log: oktopk within 6k(P-1)/P wo
         INFO("step " << step << ": sent " << v.bytes << " B, received " << v.bytes_recv << " B, bound " << bound);
         CHECK(v.bytes <= bound);
         CHECK(v.bytes_recv <= bound);
-        const std::set<std::string> allowed{"ALLREDUCE_REGION", "ALLTOALL_COUNTS", "ISEND_INDEX",      "IRECV_INDEX",
-                                            "ISEND_VALUE",      "IRECV_VALUE",     "ALLREDUCE_THRESHOLD",
-                                            "ALLGATHER_COUNTS", "ALLGATHERV_FINAL"};
+        const std::set<std::string> allowed{"ALLREDUCE_REGION",    "ALLTOALL_COUNTS",  "ISEND_INDEX",
+                                            "IRECV_INDEX",         "ISEND_VALUE",      "IRECV_VALUE",
+                                            "ALLREDUCE_THRESHOLD", "ALLGATHER_COUNTS", "ALLGATHERV_FINAL"};
         for (const auto& op : v.ops) CHECK(allowed.count(op) == 1);
         CHECK(v.ops.count("ALLGATHERV_FINAL") == 1);
         CHECK(v.ops.count("ISEND_INDEX") == 1);

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -138,6 +139,16 @@ TEST_CASE("A job killed with SIGKILL resumes from latest bit-identically", "[mpi
   kill(-pid, SIGKILL);
   int status = 0;
   waitpid(pid, &status, 0);
+  // mpiexec may have put the ranks in process groups of their own: kill every process of this job
+  // (they all carry the output folder on their command line) and wait until none is left, so no
+  // orphan keeps writing checkpoints beside the resumed job.
+  // ("[t]rainer" matches "trainer" but not the shell running pgrep, whose command line holds "[t]")
+  const std::string pattern = "'[t]rainer .*" + part.path.string() + "'";
+  for (int i = 0; i < 500; ++i) {
+    std::system(("pkill -9 -f " + pattern + " > /dev/null 2>&1").c_str());
+    if (std::system(("pgrep -f " + pattern + " > /dev/null 2>&1").c_str()) != 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   CHECK(fs::exists(part.path / "checkpoints"));
   CHECK_FALSE(fs::exists(part.path / "checkpoints/step_30"));
 

@@ -1,13 +1,14 @@
 // The selection kernels of the sparse gradient-sync methods (comm/sync/select.h) against plain
 // definitions computed the slow way: threshold passes, the exact k-th magnitude (small buffers
 // and sampled large ones), the two tie rules, sorted-list sums, and the error-feedback residual.
-#include <catch2/catch.hpp>
+#include "comm/sync/select.h"
 
 #include <omp.h>
 
 #include <algorithm>
-#include <cstdlib>
+#include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -16,7 +17,6 @@
 #include "comm/sync/error_feedback.h"
 #include "comm/sync/gaussiank.h"
 #include "comm/sync/gradient_sync.h"
-#include "comm/sync/select.h"
 #include "trainer/config.h"
 
 using namespace trainer::comm;
@@ -77,8 +77,7 @@ TEST_CASE("Threshold passes select exactly the entries at or above the bound, in
   }
 }
 
-TEST_CASE("The accumulating pass forms grad + residual, applies deferred clears and selects from the sum",
-          "[select]") {
+TEST_CASE("The accumulating pass forms grad + residual, applies deferred clears and selects from the sum", "[select]") {
   const int64_t n = 200003;
   const auto grad = normal_vector(n, 11);
   auto residual = normal_vector(n, 12, 0.5f);
