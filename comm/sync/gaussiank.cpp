@@ -1,9 +1,10 @@
 #include "comm/sync/gaussiank.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <omp.h>
 #include <istream>
 #include <sstream>
 #include <stdexcept>
@@ -32,10 +33,9 @@ GaussianK::GaussianK(Communicator& comm, int64_t n, double density)
 std::string GaussianK::describe() const {
   const int p = comm_.size();
   std::ostringstream out;
-  out << "gaussiank: threshold from a normal fit of grad + residual, adjusted until about k = " << k_ << " of "
-      << n_ << " entries pass; ALLGATHER_COUNTS, ALLGATHERV_FINAL of (index, value); per rank about "
-      << 2 * k_ * 4 / 1e6 << " MB sent, " << 2.0 * k_ * (p - 1) * 4 / 1e6 << " MB received at P = " << p
-      << "; error feedback";
+  out << "gaussiank: threshold from a normal fit of grad + residual, adjusted until about k = " << k_ << " of " << n_
+      << " entries pass; ALLGATHER_COUNTS, ALLGATHERV_FINAL of (index, value); per rank about " << 2 * k_ * 4 / 1e6
+      << " MB sent, " << 2.0 * k_ * (p - 1) * 4 / 1e6 << " MB received at P = " << p << "; error feedback";
   return out.str();
 }
 

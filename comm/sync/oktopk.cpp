@@ -60,8 +60,8 @@ std::string OkTopk::describe() const {
       << max_in_flight_ << " in flight), ALLREDUCE_THRESHOLD (4 x 256 words, exact global steps), "
       << "ALLGATHER_COUNTS (6 words), " << (balance_ ? "balance moves, " : "") << "ALLGATHERV_FINAL\n"
       << "  per rank about " << 2.0 * k_ * (p_ - 1) / p_ * words << " MB split and reduce + " << 2.0 * k_ / p_ * words
-      << " MB allgatherv block sent (bound 6k(P-1)/P words = " << 6.0 * k_ * (p_ - 1) / p_ * words << " MB at P = "
-      << p_ << "); error feedback";
+      << " MB allgatherv block sent (bound 6k(P-1)/P words = " << 6.0 * k_ * (p_ - 1) / p_ * words
+      << " MB at P = " << p_ << "); error feedback";
   return out.str();
 }
 
@@ -84,8 +84,7 @@ void OkTopk::split_and_reduce() {
   recv_counts_.resize(p_);
   recv_offsets_.resize(p_);
   send_index_.resize(c);
-  for (int j = 0; j <= p_; ++j)
-    region_begin_[j] = j == p_ ? c : std::lower_bound(index, index + c, bounds_[j]) - index;
+  for (int j = 0; j <= p_; ++j) region_begin_[j] = j == p_ ? c : std::lower_bound(index, index + c, bounds_[j]) - index;
   for (int j = 0; j < p_; ++j) {
     send_counts_[j] = static_cast<int32_t>(region_begin_[j + 1] - region_begin_[j]);
     const auto base = static_cast<int32_t>(bounds_[j]);
@@ -242,13 +241,14 @@ void OkTopk::gather_output(float* grads) {
       from += counts_[r];
       const int64_t lo = std::max(their_start, my_start), hi = std::min(their_start + counts_[r], my_start + my_block);
       if (r == rank_ || hi <= lo) continue;
-      requests_.push_back(comm_.irecv(block_index + (lo - my_start), hi - lo, DType::kI32, r, kBalanceIndexChannel,
-                                      "IRECV_INDEX"));
-      requests_.push_back(comm_.irecv(block_value + (lo - my_start), hi - lo, DType::kF32, r, kBalanceValueChannel,
-                                      "IRECV_VALUE"));
+      requests_.push_back(
+          comm_.irecv(block_index + (lo - my_start), hi - lo, DType::kI32, r, kBalanceIndexChannel, "IRECV_INDEX"));
+      requests_.push_back(
+          comm_.irecv(block_value + (lo - my_start), hi - lo, DType::kF32, r, kBalanceValueChannel, "IRECV_VALUE"));
     }
     for (int r = 0; r < p_; ++r) {
-      const int64_t lo = std::max(offset, block_offsets_[r]), hi = std::min(offset + mine, block_offsets_[r] + blocks_[r]);
+      const int64_t lo = std::max(offset, block_offsets_[r]),
+                    hi = std::min(offset + mine, block_offsets_[r] + blocks_[r]);
       if (hi <= lo) continue;
       const int32_t* index = global_.index() + (lo - offset);
       const float* value = global_.value() + (lo - offset);
@@ -274,7 +274,8 @@ void OkTopk::gather_output(float* grads) {
   }
   mine_.resize((n_ + 15) / 16);
   for (int64_t j = 0; j < local_.size(); ++j) set_flag(mine_.data(), local_.index()[j]);
-  contributed_ = write_sparse_output(grads, n_, lists_, static_cast<float>(p_), output_, mine_.data(), ef_.clear_flags());
+  contributed_ =
+      write_sparse_output(grads, n_, lists_, static_cast<float>(p_), output_, mine_.data(), ef_.clear_flags());
 }
 
 void OkTopk::reuse_local_threshold(const float* grads) {
@@ -313,7 +314,8 @@ void OkTopk::save(std::ostream& out) const {
   write_pod(out, iteration_);
   write_pod(out, t_local_);
   write_pod(out, t_global_);
-  out.write(reinterpret_cast<const char*>(bounds_.data()), static_cast<std::streamsize>(bounds_.size() * sizeof(int64_t)));
+  out.write(reinterpret_cast<const char*>(bounds_.data()),
+            static_cast<std::streamsize>(bounds_.size() * sizeof(int64_t)));
   ef_.save(out);
 }
 

@@ -39,7 +39,9 @@ namespace trainer::comm {
 //      (global int32 index, float value) and every rank writes grads = value / P at those indices
 //      (zeros elsewhere), bitwise the same on all ranks.
 //   6. residual: acc, except the entries this rank selected locally AND that were selected
-//      globally, which are zeroed (what this rank contributed to the output).
+//      globally, which are zeroed (what this rank contributed to the output); found in the pass
+//      that writes the output (flags of local_ AND the output) and applied, as error_feedback.h
+//      defers clears, by the next selection pass.
 // Selection rules (select.h): |x| >= t keeps ties, zeros are never selected; when fewer than k
 // nonzero sums exist, all are kept. With both thresholds exact every step the output is exactly
 // the k largest |sums| of the locally selected entries (sums in rank order), divided by P.
@@ -87,10 +89,10 @@ class OkTopk final : public GradientSync {
   // Per-step buffers, reused (they only grow).
   SelectScratch scratch_;
   OutputScratch output_;
-  std::vector<int64_t> proposal_;        // region bounds this rank proposes
-  SparseList local_;                     // this rank's selection: global indices, sorted
-  std::vector<int64_t> region_begin_;    // P + 1 positions in local_ where each region starts
-  std::vector<int32_t> send_index_;      // local_'s indices made region-local
+  std::vector<int64_t> proposal_;      // region bounds this rank proposes
+  SparseList local_;                   // this rank's selection: global indices, sorted
+  std::vector<int64_t> region_begin_;  // P + 1 positions in local_ where each region starts
+  std::vector<int32_t> send_index_;    // local_'s indices made region-local
   std::vector<int32_t> send_counts_, recv_counts_;
   std::vector<int64_t> recv_offsets_;
   std::vector<int32_t> recv_index_;
@@ -100,11 +102,11 @@ class OkTopk final : public GradientSync {
   SparseList global_;               // this rank's global selection (global indices)
   std::vector<uint32_t> keys_;      // magnitudes' bits in the radix select
   std::vector<int32_t> histogram_;
-  std::vector<int32_t> all_counts_;         // per rank: counts at the guard's candidate thresholds
-  std::vector<int32_t> counts_;             // global selection per rank
+  std::vector<int32_t> all_counts_;  // per rank: counts at the guard's candidate thresholds
+  std::vector<int32_t> counts_;      // global selection per rank
   std::vector<int64_t> blocks_, block_offsets_, gather_counts_;
-  std::vector<int32_t> final_;              // per rank: [indices][value bits]
-  std::vector<uint16_t> mine_;              // flags of local_ for the output pass (zero between steps)
+  std::vector<int32_t> final_;  // per rank: [indices][value bits]
+  std::vector<uint16_t> mine_;  // flags of local_ for the output pass (zero between steps)
   std::vector<Request> requests_;
   int64_t contributed_ = 0;
   int64_t global_total_ = 0;

@@ -285,8 +285,10 @@ float select_top_k(const SelectSource& src, int64_t n, int64_t k, bool exactly_k
     return count ? t : floor;
   }
   const float t = kth_largest_magnitude(out, k, scratch);
-  if (exactly_k) keep_top_k(out, k, scratch);
-  else keep_at_least(out, t);
+  if (exactly_k)
+    keep_top_k(out, k, scratch);
+  else
+    keep_at_least(out, t);
   return t;
 }
 
@@ -375,8 +377,8 @@ void merge_sum_all(const std::vector<ListRef>& lists, SparseList& out, SparseLis
   out.resize(o);
 }
 
-int64_t write_sparse_output(float* dst, int64_t n, const std::vector<ListRef>& runs, float divisor,
-                            OutputScratch& s, uint16_t* mine, uint16_t* clear) {
+int64_t write_sparse_output(float* dst, int64_t n, const std::vector<ListRef>& runs, float divisor, OutputScratch& s,
+                            uint16_t* mine, uint16_t* clear) {
   const int64_t words = (n + 15) / 16;
   if (static_cast<int64_t>(s.bits.size()) < words) s.bits.assign(words, 0);
   int64_t total = 0;
@@ -421,8 +423,10 @@ int64_t write_sparse_output(float* dst, int64_t n, const std::vector<ListRef>& r
       bits[w] = 0;
       const __m512 v = _mm512_maskz_expand_ps(m, _mm512_loadu_ps(value + at));
       at += __builtin_popcount(m);
-      if (aligned) _mm512_stream_ps(dst + 16 * w, v);
-      else _mm512_storeu_ps(dst + 16 * w, v);
+      if (aligned)
+        _mm512_stream_ps(dst + 16 * w, v);
+      else
+        _mm512_storeu_ps(dst + 16 * w, v);
     }
     _mm_sfence();
 #endif

@@ -9,9 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <stdexcept>
-
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
@@ -89,7 +88,8 @@ double max_over_ranks(Communicator& comm, double v) {
   return v;
 }
 
-MethodResult bench_method(Communicator& comm, const Pools& pools, const SyncBenchOptions& o, const std::string& method) {
+MethodResult bench_method(Communicator& comm, const Pools& pools, const SyncBenchOptions& o,
+                          const std::string& method) {
   const int p = comm.size();
   const int64_t n = o.n, k = top_k_count(o.density, n);
   SyncOptions so;
@@ -207,11 +207,13 @@ nlohmann::json bench_selection(const Pools& pools, int64_t n, int64_t k, int thr
   const int64_t exact_count = out.size();
   const double pass_ms = time([&] { select_at_least(read_only(x.data()), n, t_exact, out, scratch); });
   // The accumulating forms on grad + residual (the residual grows a little every repetition).
-  const double fused_exact_ms = time_with(
-      reset_residual, [&] { select_top_k(SelectSource{grad.data(), residual.data(), nullptr}, n, k, false, out, scratch); });
+  const double fused_exact_ms = time_with(reset_residual, [&] {
+    select_top_k(SelectSource{grad.data(), residual.data(), nullptr}, n, k, false, out, scratch);
+  });
   const float t_acc = kth_largest_magnitude(out, k, scratch);
-  const double fused_ms = time_with(
-      reset_residual, [&] { select_at_least(SelectSource{grad.data(), residual.data(), nullptr}, n, t_acc, out, scratch); });
+  const double fused_ms = time_with(reset_residual, [&] {
+    select_at_least(SelectSource{grad.data(), residual.data(), nullptr}, n, t_acc, out, scratch);
+  });
   const std::vector<ListRef> runs{{out.index(), out.value(), out.size()}};
   std::unique_ptr<float, void (*)(void*)> dst(static_cast<float*>(std::aligned_alloc(64, ((n * 4 + 63) / 64) * 64)),
                                               std::free);
@@ -260,12 +262,12 @@ int run_sync_bench(const SyncBenchOptions& o) {
   const int64_t k = top_k_count(o.density, o.n);
   const Pools pools(o.n, rank);
   if (rank == 0)
-    std::printf("bench sync: n = %lld, density %.4g (k = %lld), P = %d, %d thread(s) per rank; %d warmup + %d timed "
-                "steps (baselines 2 + 16)\n",
-                static_cast<long long>(o.n), o.density, static_cast<long long>(k), p, omp_get_max_threads(), o.warmup,
-                o.steps);
-  nlohmann::json report{{"bench", "sync"}, {"n", o.n}, {"density", o.density}, {"k", k}, {"P", p},
-                        {"threads_per_rank", omp_get_max_threads()}};
+    std::printf(
+        "bench sync: n = %lld, density %.4g (k = %lld), P = %d, %d thread(s) per rank; %d warmup + %d timed "
+        "steps (baselines 2 + 16)\n",
+        static_cast<long long>(o.n), o.density, static_cast<long long>(k), p, omp_get_max_threads(), o.warmup, o.steps);
+  nlohmann::json report{{"bench", "sync"}, {"n", o.n}, {"density", o.density},
+                        {"k", k},          {"P", p},   {"threads_per_rank", omp_get_max_threads()}};
   std::vector<MethodResult> results;
   for (const auto& m : o.methods) {
     if (m == "gtopk" && (p & (p - 1)) != 0) continue;
@@ -296,15 +298,16 @@ int run_sync_bench(const SyncBenchOptions& o) {
                                    {"local_over_k", r.local_over_k},
                                    {"global_over_k", r.global_over_k}});
     }
-    std::printf("  sent/recv: the comm log's per-rank totals (a collective counts this rank's own block); ratio = "
-                "max(sent, recv) / theory\n");
+    std::printf(
+        "  sent/recv: the comm log's per-rank totals (a collective counts this rank's own block); ratio = "
+        "max(sent, recv) / theory\n");
   }
   if (o.selection) {
     if (rank == 0) {
       std::printf("selection on rank 0 alone (%lld floats = %.0f MB, k = %lld):\n", static_cast<long long>(o.n),
                   o.n * 4 / 1e6, static_cast<long long>(k));
-      std::printf("  %-7s %8s %8s %8s %8s %8s %8s %8s %8s %8s %9s %8s\n", "threads", "read", "exact", "x read",
-                  "pass", "x read", "read 2", "acc pass", "acc exact", "output", "nth", "x exact");
+      std::printf("  %-7s %8s %8s %8s %8s %8s %8s %8s %8s %8s %9s %8s\n", "threads", "read", "exact", "x read", "pass",
+                  "x read", "read 2", "acc pass", "acc exact", "output", "nth", "x exact");
       std::vector<int> counts{1};
       if (omp_get_num_procs() > 1) counts.push_back(omp_get_num_procs());
       for (int threads : counts) {
@@ -318,11 +321,12 @@ int run_sync_bench(const SyncBenchOptions& o) {
                     s["nth_element_agrees"].get<bool>() ? "" : "  (nth_element disagrees!)");
         report["selection"].push_back(s);
       }
-      std::printf("  ms, medians. read: one streaming read of the buffer (a sum); exact: exact top-k (sampled bound, "
-                  "one pass, histogram + nth_element over the collected entries); pass: the threshold pass alone "
-                  "(a reuse step); read 2: reading two buffers; acc pass / acc exact: the same forming grad + "
-                  "residual into the residual; output: writing the dense output of k entries; nth: "
-                  "std::nth_element on a prepared |x| copy\n");
+      std::printf(
+          "  ms, medians. read: one streaming read of the buffer (a sum); exact: exact top-k (sampled bound, "
+          "one pass, histogram + nth_element over the collected entries); pass: the threshold pass alone "
+          "(a reuse step); read 2: reading two buffers; acc pass / acc exact: the same forming grad + "
+          "residual into the residual; output: writing the dense output of k entries; nth: "
+          "std::nth_element on a prepared |x| copy\n");
     }
     comm.barrier("BENCH");
   }

@@ -8,8 +8,7 @@
 
 namespace trainer::comm {
 
-TopkA::TopkA(Communicator& comm, int64_t n, double density)
-    : comm_(comm), n_(n), k_(top_k_count(density, n)), ef_(n) {}
+TopkA::TopkA(Communicator& comm, int64_t n, double density) : comm_(comm), n_(n), k_(top_k_count(density, n)), ef_(n) {}
 
 std::string TopkA::describe() const {
   const int p = comm_.size();
