@@ -168,7 +168,7 @@ int64_t select_at_least(const SelectSource& src, int64_t n, float lo, SparseList
   return select_parallel<true, false>(src, n, lo, out, scratch);
 }
 
-float sampled_lower_bound(const SelectSource& src, int64_t n, int64_t k) {
+float sampled_lower_bound(const SelectSource& src, int64_t n, int64_t k, SelectScratch& scratch) {
   if (k >= n || n <= 0) return 0.f;
   auto x = [&](int64_t i) {
     if (!src.residual) return std::fabs(src.grad[i]);
@@ -178,7 +178,7 @@ float sampled_lower_bound(const SelectSource& src, int64_t n, int64_t k) {
   // Whole cache lines of 16 floats at 4096 pseudo-random places: 2^16 samples for 8192 line
   // reads (grad and residual), about a millisecond on the paper's 27.5M-entry model.
   constexpr int64_t kLines = 4096, kLine = 16, kSamples = kLines * kLine;
-  std::vector<float> m;
+  std::vector<float>& m = scratch.samples;
   if (n <= 4 * kSamples) {
     // Small buffers: every entry, so the bound is the exact k-th largest magnitude.
     m.resize(n);
@@ -270,7 +270,7 @@ float select_top_k(const SelectSource& src, int64_t n, int64_t k, bool exactly_k
   if (n <= 0) return 0.f;
   k = std::clamp<int64_t>(k, 1, n);
   const float floor = exactly_k ? 0.f : min_threshold();
-  float lo = std::max(floor, sampled_lower_bound(src, n, k));
+  float lo = std::max(floor, sampled_lower_bound(src, n, k, scratch));
   int64_t count = select_at_least(src, n, lo, out, scratch);
   // An unlucky sample: fewer than k entries reached the bound. Lower it and read again (an
   // accumulated x is in the residual by now); after two tries take everything eligible.

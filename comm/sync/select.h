@@ -56,6 +56,7 @@ class SparseList {
 struct SelectScratch {
   std::vector<SparseList> per_thread;
   std::vector<float> magnitudes;
+  std::vector<float> samples;
   std::vector<int32_t> histogram;
 };
 
@@ -80,7 +81,7 @@ int64_t select_at_least(const SelectSource& source, int64_t n, float lo, SparseL
 // would form it, read without writing): with high probability at least k and not many more than
 // k entries reach it. Exact (the k-th largest itself) when n is small enough to sample
 // everything. 0 when k >= n.
-float sampled_lower_bound(const SelectSource& source, int64_t n, int64_t k);
+float sampled_lower_bound(const SelectSource& source, int64_t n, int64_t k, SelectScratch& scratch);
 
 // The k-th largest |value| of a list (1 <= k <= size): a histogram of the top 16 bits of the
 // magnitudes, then nth_element within the one bucket that holds it.
