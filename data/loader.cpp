@@ -131,18 +131,10 @@ ImageLoader::ImageLoader(const ImageSet& set, Normalization norm, LoaderOptions 
   for (int c = 0; c < kCifarChannels; ++c) {
     for (int v = 0; v < 256; ++v) lut_[c][v] = static_cast<float>((v / 255.0 - norm.mean[c]) / norm.std[c]);
   }
-  depth_ = std::max(2, opts_.threads + 1);
-  for (int t = 0; t < opts_.threads; ++t) workers_.emplace_back([this] { worker_loop(); });
+  prefetch_ = std::make_unique<Prefetcher<Batch>>(opts_.threads, [this](int64_t s) { return make_batch(s); });
 }
 
-ImageLoader::~ImageLoader() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-  }
-  work_cv_.notify_all();
-  for (std::thread& t : workers_) t.join();
-}
+ImageLoader::~ImageLoader() = default;
 
 std::shared_ptr<const std::vector<int32_t>> ImageLoader::order(int64_t epoch) {
   std::lock_guard<std::mutex> lock(order_mutex_);
@@ -185,51 +177,15 @@ Batch ImageLoader::make_batch(int64_t sequence) {
   return batch;
 }
 
-void ImageLoader::worker_loop() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  for (;;) {
-    work_cv_.wait(lock, [this] { return stop_ || claimed_ < next_ + depth_; });
-    if (stop_) return;
-    const int64_t sequence = claimed_++;
-    const uint64_t generation = generation_;
-    lock.unlock();
-    Slot slot;
-    try {
-      slot.batch = make_batch(sequence);
-    } catch (...) {
-      slot.error = std::current_exception();
-    }
-    lock.lock();
-    if (generation == generation_) {  // otherwise a seek() made this batch obsolete
-      ready_.emplace(sequence, std::move(slot));
-      ready_cv_.notify_all();
-    }
-  }
-}
-
 void ImageLoader::seek(int64_t epoch, int64_t batch_index) {
   if (epoch < 0 || batch_index < 0 || batch_index > batches_per_epoch_) {
     throw std::invalid_argument("data loader: cannot seek to epoch " + std::to_string(epoch) + " batch " +
                                 std::to_string(batch_index) + " (batches per epoch: " +
                                 std::to_string(batches_per_epoch_) + ")");
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  ++generation_;
-  ready_.clear();
-  next_ = claimed_ = epoch * batches_per_epoch_ + batch_index;
-  work_cv_.notify_all();
+  prefetch_->restart(epoch * batches_per_epoch_ + batch_index);
 }
 
-Batch ImageLoader::next() {
-  if (workers_.empty()) return make_batch(next_++);
-  std::unique_lock<std::mutex> lock(mutex_);
-  ready_cv_.wait(lock, [this] { return ready_.count(next_) != 0; });
-  Slot slot = std::move(ready_.extract(next_).mapped());
-  ++next_;
-  lock.unlock();
-  work_cv_.notify_all();
-  if (slot.error) std::rethrow_exception(slot.error);
-  return std::move(slot.batch);
-}
+Batch ImageLoader::next() { return prefetch_->next(); }
 
 }  // namespace trainer::data

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "data/cifar.h"
+#include "data/prefetch.h"
 
 namespace trainer::data {
 
@@ -89,7 +90,6 @@ class ImageLoader {
   // s / batches_per_epoch.
   Batch make_batch(int64_t sequence);
   std::shared_ptr<const std::vector<int32_t>> order(int64_t epoch);
-  void worker_loop();
 
   const ImageSet& set_;
   LoaderOptions opts_;
@@ -100,23 +100,8 @@ class ImageLoader {
   std::mutex order_mutex_;
   std::map<int64_t, std::shared_ptr<const std::vector<int32_t>>> orders_;
 
-  // Work queue. Workers claim sequence numbers in order, at most depth_ ahead of the consumer;
-  // results wait in ready_ until next() takes them. seek() bumps generation_, so results of
-  // batches claimed before it are dropped when they arrive.
-  struct Slot {
-    Batch batch;
-    std::exception_ptr error;
-  };
-  std::mutex mutex_;
-  std::condition_variable work_cv_;   // workers: a sequence number may be claimed, or stop
-  std::condition_variable ready_cv_;  // consumer: a batch arrived
-  std::map<int64_t, Slot> ready_;
-  int64_t next_ = 0;      // sequence next() returns
-  int64_t claimed_ = 0;   // next sequence a worker claims
-  int64_t depth_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
-  std::vector<std::thread> workers_;
+  // Background preparation (data/prefetch.h); last, so its workers stop before the rest goes.
+  std::unique_ptr<Prefetcher<Batch>> prefetch_;
 };
 
 }  // namespace trainer::data

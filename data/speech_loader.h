@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "data/an4.h"
+#include "data/prefetch.h"
 
 namespace trainer::data {
 
@@ -88,7 +89,6 @@ class SpeechLoader {
 
  private:
   SpeechBatch make_batch(int64_t sequence);  // sequence s = batch s % per_epoch of epoch s / per_epoch
-  void worker_loop();
 
   const SpeechSet& set_;
   SpeechLoaderOptions opts_;
@@ -98,19 +98,8 @@ class SpeechLoader {
   std::mutex order_mutex_;
   std::map<int64_t, std::shared_ptr<const std::vector<int32_t>>> orders_;
 
-  // Work queue, as in ImageLoader: workers claim sequence numbers at most depth_ ahead of next();
-  // seek() bumps generation_ so batches claimed before it are dropped.
-  struct Slot {
-    SpeechBatch batch;
-    std::exception_ptr error;
-  };
-  std::mutex mutex_;
-  std::condition_variable work_cv_, ready_cv_;
-  std::map<int64_t, Slot> ready_;
-  int64_t next_ = 0, claimed_ = 0, depth_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
-  std::vector<std::thread> workers_;
+  // Background preparation (data/prefetch.h); last, so its workers stop before the rest goes.
+  std::unique_ptr<Prefetcher<SpeechBatch>> prefetch_;
 };
 
 }  // namespace trainer::data
