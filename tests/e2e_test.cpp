@@ -12,38 +12,17 @@
 #include <nlohmann/json.hpp>
 
 #include "data/synthetic_cifar.h"
+#include "process.h"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
+using trainer::testing::Outcome;
+using trainer::testing::run_command;
+using trainer::testing::TempDir;
 
 namespace {
 
-struct Outcome {
-  int exit_code;
-  std::string output;  // stdout and stderr together
-};
-
-Outcome run_trainer(const std::string& args) {
-  const std::string cmd = std::string(TRAINER_BINARY) + " " + args + " 2>&1";
-  std::FILE* pipe = popen(cmd.c_str(), "r");
-  REQUIRE(pipe);
-  Outcome o;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe)) o.output += buf;
-  const int status = pclose(pipe);
-  o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return o;
-}
-
-// A fresh folder under the system temp dir, removed at scope exit.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) : path(fs::temp_directory_path() / ("trainer_e2e_" + name)) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+Outcome run_trainer(const std::string& args) { return run_command(std::string(TRAINER_BINARY) + " " + args); }
 
 std::string write_file(const fs::path& path, const std::string& text) {
   std::ofstream(path) << text;

@@ -20,36 +20,17 @@
 
 #include "data/synthetic_cifar.h"
 #include "models/safetensors.h"
+#include "process.h"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
+using trainer::testing::Outcome;
+using trainer::testing::run_command;
+using trainer::testing::TempDir;
 
 namespace {
 
-struct Outcome {
-  int exit_code;
-  std::string output;
-};
-
-Outcome run(const std::string& command) {
-  std::FILE* pipe = popen(("timeout 600 " + command + " 2>&1").c_str(), "r");
-  REQUIRE(pipe);
-  Outcome o;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe)) o.output += buf;
-  const int status = pclose(pipe);
-  o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return o;
-}
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) : path(fs::temp_directory_path() / ("trainer_par_" + name)) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+Outcome run(const std::string& command) { return run_command(command); }
 
 const fs::path& dataset() {
   static TempDir dir("data");
