@@ -3,7 +3,8 @@
 #pragma once
 
 #include <cstdint>
-#include <iosfwd>
+#include <istream>
+#include <ostream>
 #include <string>
 
 namespace trainer::comm {
