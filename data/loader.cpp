@@ -1,4 +1,5 @@
 #include "data/loader.h"
+#include "data/seeding.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,31 +16,6 @@ namespace {
 constexpr int kPad = 4;  // random-crop padding on each side, in pixels
 constexpr uint64_t kOrderStream = 0x6f72646572ull;    // "order": the epoch permutation
 constexpr uint64_t kAugmentStream = 0x61756776ull;    // "augv": per-sample crop and flip
-
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// A seed that depends on all four words (and their order), for independent streams per epoch/sample.
-uint64_t mix(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b) {
-  uint64_t s = seed;
-  s = splitmix64(s) ^ stream;
-  s = splitmix64(s) ^ a;
-  s = splitmix64(s) ^ b;
-  return splitmix64(s);
-}
-
-// Uniform integer in [0, n) by rejection: std::uniform_int_distribution's algorithm differs between
-// standard libraries, and the order must be the same everywhere a checkpoint may be resumed.
-uint64_t below(std::mt19937_64& rng, uint64_t n) {
-  uint64_t limit = ~0ull - (~0ull % n);
-  uint64_t x;
-  do x = rng(); while (x >= limit);
-  return x % n;
-}
 
 struct Augmentation {
   int ox = kPad, oy = kPad;  // crop origin in the padded image; (kPad, kPad) is the identity
@@ -142,10 +118,7 @@ std::shared_ptr<const std::vector<int32_t>> ImageLoader::order(int64_t epoch) {
   if (it != orders_.end()) return it->second;
   auto perm = std::make_shared<std::vector<int32_t>>(set_.size());
   for (int64_t i = 0; i < set_.size(); ++i) (*perm)[i] = static_cast<int32_t>(i);
-  if (opts_.shuffle) {
-    std::mt19937_64 rng(mix(opts_.seed, kOrderStream, static_cast<uint64_t>(epoch), 0));
-    for (int64_t i = set_.size() - 1; i > 0; --i) std::swap((*perm)[i], (*perm)[below(rng, i + 1)]);
-  }
+  if (opts_.shuffle) shuffle(*perm, mix(opts_.seed, kOrderStream, static_cast<uint64_t>(epoch), 0));
   // Workers near an epoch boundary need two orders at once; a few more cover tiny epochs. An
   // evicted order that is still in use lives on in its shared_ptr.
   if (orders_.size() >= 4) orders_.erase(orders_.begin());

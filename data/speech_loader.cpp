@@ -1,4 +1,5 @@
 #include "data/speech_loader.h"
+#include "data/seeding.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,36 +16,6 @@ namespace {
 constexpr uint64_t kOrderStream = 0x6f72646572ull;  // "order": epoch permutation / batch order
 constexpr uint64_t kDropStream = 0x64726f70ull;     // "drop": who sits out an epoch with drop_last
 constexpr uint64_t kAugmentStream = 0x61756773ull;  // "augs": per-utterance speed and gain
-
-// The same seeding helpers as loader.cpp (kept private there): splitmix64 mixing, and integers by
-// rejection because std::uniform_int_distribution differs between standard libraries.
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-uint64_t mix(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b) {
-  uint64_t s = seed;
-  s = splitmix64(s) ^ stream;
-  s = splitmix64(s) ^ a;
-  s = splitmix64(s) ^ b;
-  return splitmix64(s);
-}
-
-uint64_t below(std::mt19937_64& rng, uint64_t n) {
-  uint64_t limit = ~0ull - (~0ull % n);
-  uint64_t x;
-  do x = rng(); while (x >= limit);
-  return x % n;
-}
-
-template <typename T>
-void shuffle(std::vector<T>& v, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  for (int64_t i = static_cast<int64_t>(v.size()) - 1; i > 0; --i) std::swap(v[i], v[below(rng, i + 1)]);
-}
 
 double uniform01(uint64_t& state) { return (splitmix64(state) >> 11) * 0x1.0p-53; }
 
