@@ -23,28 +23,14 @@
 #include "data/loader.h"
 #include "data/synthetic_cifar.h"
 
+#include "process.h"
+
 namespace fs = std::filesystem;
 using namespace trainer::data;
 using Catch::Matchers::Contains;
+using trainer::testing::TempDir;
 
 namespace {
-
-// A fresh folder under the system temp dir, removed with everything in it at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("trainer_data_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -1,4 +1,4 @@
-// Running the trainer program from tests: a command's exit code and output, and scratch folders.
+// Shared test helpers: running a command (exit code and output) and scratch folders.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -29,16 +30,22 @@ inline Outcome run_command(const std::string& command) {
   return o;
 }
 
-// A fresh folder under the system temp dir, unique to this process, removed at scope exit.
+// A fresh folder under the system temp dir, unique to this process (and to this object when no
+// name is given), removed with everything in it at scope exit.
 struct TempDir {
   std::filesystem::path path;
-  explicit TempDir(const std::string& name)
-      : path(std::filesystem::temp_directory_path() /
-             ("trainer_test_" + std::to_string(getpid()) + "_" + name)) {
+  explicit TempDir(const std::string& name = "") {
+    static std::atomic<int> counter{0};
+    path = std::filesystem::temp_directory_path() /
+           ("trainer_test_" + std::to_string(getpid()) + "_" + (name.empty() ? std::to_string(counter++) : name));
     std::filesystem::remove_all(path);
     std::filesystem::create_directories(path);
   }
-  ~TempDir() { std::filesystem::remove_all(path); }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return (path / name).string(); }
 };
 
 }  // namespace trainer::testing

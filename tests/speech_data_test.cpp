@@ -26,27 +26,14 @@
 #include "data/features.h"
 #include "data/speech_loader.h"
 
+#include "process.h"
+
 namespace fs = std::filesystem;
 using namespace trainer::data;
 using Catch::Matchers::Contains;
+using trainer::testing::TempDir;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("trainer_speech_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 void write_text(const std::string& path, const std::string& text) {
   fs::create_directories(fs::path(path).parent_path());
