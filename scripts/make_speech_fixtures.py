@@ -25,6 +25,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence  # noqa
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_torch_fixtures import np_of, write_safetensors  # noqa: E402
+from torch_speech_models import DeepSpeech, deepspeech_loss  # noqa: E402
 
 META = {
     "generator": "scripts/make_speech_fixtures.py",
@@ -107,92 +108,14 @@ def ctc():
 
 
 # ---------------------------------------------------------------------------------------------------
-# A tiny DeepSpeech (the structure of models/nets/deepspeech.h at small sizes), written here from the
-# architecture description with deepspeech.pytorch's module names, so state_dict names match.
-
-def on_valid_frames(module, x, lengths):
-    """module applied to the valid frames of a padded {T, N, C} batch only (rows in (t, n) order);
-    zeros in the padding."""
-    valid = torch.arange(x.shape[0])[:, None] < lengths[None, :]  # {T, N}
-    out = module(x[valid])
-    y = x.new_zeros(x.shape[:2] + out.shape[1:])
-    y[valid] = out
-    return y
-
-
-class SequenceBN(nn.Module):
-    """BatchNorm1d over the valid frames of a padded {T, N, C} batch."""
-
-    def __init__(self, channels):
-        super().__init__()
-        self.module = nn.BatchNorm1d(channels)
-
-    def forward(self, x, lengths):
-        return on_valid_frames(self.module, x, lengths)
-
-
-class RnnBlock(nn.Module):
-    def __init__(self, inputs, hidden, batch_norm):
-        super().__init__()
-        if batch_norm:
-            self.batch_norm = SequenceBN(inputs)
-        self.rnn = nn.LSTM(inputs, hidden)
-
-    def forward(self, x, lengths):
-        if hasattr(self, "batch_norm"):
-            x = self.batch_norm(x, lengths)
-        out, _ = self.rnn(pack_padded_sequence(x, lengths, enforce_sorted=False))
-        out, _ = pad_packed_sequence(out, total_length=x.shape[0])
-        return out
-
-
-class LookaheadConv(nn.Module):
-    """y[t, n, c] = sum_k w[c, k] x[t + k, n, c], zero past the end."""
-
-    def __init__(self, channels, context):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(channels, context + 1).uniform_(-0.5, 0.5))
-
-    def forward(self, x):
-        taps = self.weight.shape[1]
-        padded = torch.cat([x, x.new_zeros((taps - 1,) + x.shape[1:])], 0)
-        return sum(self.weight[:, k] * padded[k:k + x.shape[0]] for k in range(taps))
-
-
-class TinyDeepSpeech(nn.Module):
-    def __init__(self, features, channels, hidden, layers, context, classes):
-        super().__init__()
-        self.conv = nn.Module()
-        self.conv.seq_module = nn.Sequential(
-            nn.Conv2d(1, channels, (41, 11), (2, 2), (20, 5)), nn.BatchNorm2d(channels), nn.Hardtanh(0, 20),
-            nn.Conv2d(channels, channels, (21, 11), (2, 1), (10, 5)), nn.BatchNorm2d(channels),
-            nn.Hardtanh(0, 20))
-        freq = ((features + 40 - 41) // 2 + 1 + 20 - 21) // 2 + 1
-        self.rnns = nn.Sequential(*[RnnBlock(channels * freq if k == 0 else hidden, hidden, k > 0)
-                                    for k in range(layers)])
-        self.lookahead = nn.Sequential(LookaheadConv(hidden, context), nn.Hardtanh(0, 20))
-        self.fc = nn.Sequential(nn.Module())
-        self.fc[0].module = nn.Sequential(nn.BatchNorm1d(hidden), nn.Linear(hidden, classes, bias=False))
-
-    def forward(self, x, lengths):
-        """x {N, 1, F, T}; returns logits {T', N, classes} and the output lengths."""
-        lengths = (lengths + 10 - 11) // 2 + 1
-        for m in self.conv.seq_module:  # zero the frames past each length after every stage
-            x = m(x)
-            x = x * (torch.arange(x.shape[3])[None, :] < lengths[:, None]).to(x.dtype)[:, None, None, :]
-        n, c, f, t = x.shape
-        x = x.reshape(n, c * f, t).permute(2, 0, 1)
-        for block in self.rnns:
-            x = block(x, lengths)
-        x = self.lookahead(x)
-        return on_valid_frames(self.fc[0].module, x, lengths), lengths
-
+# A tiny DeepSpeech: the structure of models/nets/deepspeech.h at small sizes (the torch.nn model in
+# torch_speech_models.py, with deepspeech.pytorch's module names, so state_dict names match).
 
 def deepspeech_tiny():
     torch.manual_seed(5)
     gen = torch.Generator().manual_seed(6)
     F_, T_ = 8, 14
-    net = TinyDeepSpeech(F_, channels=2, hidden=4, layers=2, context=2, classes=5)
+    net = DeepSpeech(F_, channels=2, hidden=4, layers=2, context=2, classes=5)
     for m in net.modules():  # batch-norm affine parameters away from 1/0
         if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
             with torch.no_grad():
@@ -212,10 +135,7 @@ def deepspeech_tiny():
     for prefix, dtype in (("", torch.float32), ("f64.", torch.float64)):
         m = copy.deepcopy(net).to(dtype)
         m.train()
-        x = features.to(dtype).transpose(1, 2).unsqueeze(1)  # {N, 1, F, T}
-        logits, out_lengths = m(x, frames)
-        loss = F.ctc_loss(logits.log_softmax(2), labels, out_lengths, label_lengths, blank=0,
-                          reduction="sum") / 2
+        loss, logits, _ = deepspeech_loss(m, features.to(dtype), frames, targets)
         loss.backward()
         store[prefix + "logits"] = np_of(logits)
         store[prefix + "loss"] = np_of(loss)
@@ -226,6 +146,7 @@ def deepspeech_tiny():
                 store[f"{prefix}buffer.{n}"] = np_of(b)
         m.eval()
         with torch.no_grad():
+            x = features.to(dtype).transpose(1, 2).unsqueeze(1)  # {N, 1, F, T}
             store[prefix + "logits_eval"] = np_of(m(x, frames)[0])
     meta = dict(META)
     meta.update({

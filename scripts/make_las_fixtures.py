@@ -1,0 +1,133 @@
+#!/usr/bin/python3
+"""PyTorch reference fixture for Listen, Attend and Spell (tests/fixtures/las_tiny.safetensors).
+
+Run with Debian's Python, which has python3-torch and python3-numpy:
+
+    /usr/bin/python3 scripts/make_las_fixtures.py          # writes into tests/fixtures/
+
+The model is torch_speech_models.Las (the structure of models/nets/las.h) at tiny sizes. The
+fixture is committed; the tests never need torch. Output is deterministic (fixed seeds, one thread).
+Conventions as make_speech_fixtures.py: "param.<name>" (float32 initial weights), "grad.param.<name>",
+"f64.<name>" for the float64 result of the same computation; features in the loader's layout
+{N, T, F}; logits {U, N, classes} (U = longest transcript + 1; rows u > L_n of utterance n are
+computed but not part of the loss).
+"""
+
+import copy
+import os
+import sys
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_torch_fixtures import np_of, write_safetensors  # noqa: E402
+from torch_speech_models import LAS_PARAMETERS, Las, las_greedy_decode, las_loss, las_targets  # noqa: E402
+
+TINY = dict(feature_dim=6, listener_hidden=4, pyramid_layers=2, attention_dim=5, embedding_dim=3,
+            speller_hidden=7, speller_layers=2, classes=33)
+SMOOTHING = 0.1
+DECODE_STEPS = 8
+
+
+def las_tiny():
+    # The an4 configuration of DESIGN.md section 5 (the defaults) has exactly this many parameters.
+    default_count = sum(p.numel() for p in Las().parameters())
+    assert default_count == LAS_PARAMETERS, f"default Las has {default_count} parameters, expected {LAS_PARAMETERS}"
+
+    torch.manual_seed(7)
+    gen = torch.Generator().manual_seed(8)
+    net = Las(**TINY)
+    N, T = 3, 17
+    frames = torch.tensor([17, 12, 9])  # unsorted after the first; listener lengths 4, 3, 2
+    # Padding frames hold junk: the model must not read them (PyTorch's packed sequences cannot).
+    features = torch.randn(N, T, TINY["feature_dim"], generator=gen)
+    targets = [[8, 5, 12, 12, 15], [28, 1], [20, 9, 14, 25]]  # different lengths, repeats, space, apostrophe
+    labels = torch.tensor([c for t in targets for c in t])
+    label_lengths = torch.tensor([len(t) for t in targets])
+
+    store = {"features": np_of(features), "frames": frames.numpy().astype("int32"),
+             "labels": labels.numpy().astype("int32"), "label_lengths": label_lengths.numpy().astype("int32"),
+             "listener_lengths": (frames >> TINY["pyramid_layers"]).numpy().astype("int32"),
+             "targets": las_targets(targets)[0].numpy().astype("int32")}
+    for n, p in net.named_parameters():
+        store["param." + n] = np_of(p)
+    losses = {}
+    for prefix, dtype in (("", torch.float32), ("f64.", torch.float64)):
+        m = copy.deepcopy(net).to(dtype)
+        loss, logits = las_loss(m, features.to(dtype), frames, targets, SMOOTHING, teacher_forcing=1.0)
+        loss.backward()
+        losses[dtype] = loss.item()
+        store[prefix + "loss"] = np_of(loss)
+        store[prefix + "logits"] = np_of(logits)
+        for n, p in m.named_parameters():
+            assert p.grad is not None and p.grad.abs().sum() > 0, f"{n}: no gradient"
+            store[f"{prefix}grad.param.{n}"] = np_of(p.grad)
+
+    # The padding frames do not matter: other junk there gives the same loss (float64).
+    m = copy.deepcopy(net).to(torch.float64)
+    junk = features.clone().to(torch.float64)
+    for n in range(N):
+        junk[n, frames[n]:] = torch.randn(T - frames[n], TINY["feature_dim"], generator=gen, dtype=torch.float64)
+    assert abs(las_loss(m, junk, frames, targets, SMOOTHING)[0].item() - losses[torch.float64]) < 1e-12
+
+    # Greedy decoding (float64) of the untrained model: the argmax of every step is kept (also
+    # ids no transcript uses), up to <eos> or DECODE_STEPS tokens; every step's top-2 margin is
+    # checked so that float32 arithmetic picks the same tokens.
+    m = copy.deepcopy(net).to(torch.float64)
+    decoded = las_greedy_decode(m, features.to(torch.float64), frames, max_steps=DECODE_STEPS)
+    margins = greedy_margins(m, features.to(torch.float64), frames, decoded)
+    assert min(margins) > 1e-3, f"greedy decoding has a near tie (margin {min(margins)})"
+    store["greedy_tokens"] = torch.tensor([c for d in decoded for c in d]).numpy().astype("int32")
+    store["greedy_lengths"] = torch.tensor([len(d) for d in decoded]).numpy().astype("int32")
+
+    meta = {
+        "generator": "scripts/make_las_fixtures.py (model: scripts/torch_speech_models.py Las)",
+        "torch_version": torch.__version__,
+        "architecture": ("Las(" + ", ".join(f"{k}={v}" for k, v in TINY.items()) +
+                         "), PyTorch default init (seed 7); <sos> 29, <eos> 30"),
+        "parameter_order": ",".join(n for n, _ in net.named_parameters()),
+        "default_parameters": str(default_count),
+        "inputs": ("features {N=3, T=17, F=6} (padding frames random junk), frames [17, 12, 9] (I32), labels "
+                   "[8 5 12 12 15 | 28 1 | 20 9 14 25] concatenated with label_lengths [5, 2, 4]; listener_lengths "
+                   "= frames >> 2; targets {U=6, N} = labels then <eos> (30), padded with 30"),
+        "outputs": ("loss = las_loss(label_smoothing=0.1, teacher_forcing=1.0): CrossEntropyLoss(label_smoothing) "
+                    "mean over the 14 target tokens; logits {U=6, N=3, 33} (rows u > L_n not in the loss); "
+                    "grad.param.* = d loss / d param"),
+        "greedy": (f"greedy_tokens / greedy_lengths: float64 greedy decoding of the initial model, up to <eos> "
+                   f"(excluded) or {DECODE_STEPS} tokens, raw argmax ids; top-2 margin >= {min(margins):.4f}"),
+    }
+    return {"las_tiny.safetensors": (store, meta)}
+
+
+def greedy_margins(model, features, frames, decoded):
+    """Top-2 logit gap of every step of a greedy decode (the inputs replayed from its result)."""
+    with torch.no_grad():
+        h, keys, mask = model.listen(features, frames)
+        n = features.shape[0]
+        context, states = model.initial_state(n, features.dtype)
+        tokens = torch.full((n,), 29, dtype=torch.long)
+        margins = []
+        for t in range(max(len(d) for d in decoded) + 1):
+            out, context, states = model.step(tokens, context, states, h, keys, mask)
+            top = out.topk(2, 1).values
+            margins += [(top[i, 0] - top[i, 1]).item() for i in range(n) if t <= len(decoded[i]) and
+                        (t < len(decoded[i]) or len(decoded[i]) < DECODE_STEPS)]
+            tokens = out.argmax(1)
+        return margins
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "tests", "fixtures")
+    torch.set_num_threads(1)
+    for fname, (store, meta) in las_tiny().items():
+        path = os.path.join(out, fname)
+        size = write_safetensors(path, store, meta)
+        print(f"{os.path.relpath(path)}: {len(store)} tensors, {size} bytes")
+
+
+if __name__ == "__main__":
+    main()
