@@ -3,16 +3,18 @@
 #include <stdexcept>
 
 #include "models/nets/deepspeech.h"
+#include "models/nets/las.h"
 
 namespace trainer::models {
 
 const std::vector<std::string>& speech_model_names() {
-  static const std::vector<std::string> names{"deepspeech"};
+  static const std::vector<std::string> names{"deepspeech", "las"};
   return names;
 }
 
 std::unique_ptr<SpeechModel> make_speech_model(const std::string& arch, Backend& backend, uint64_t seed) {
   if (arch == "deepspeech") return make_deepspeech(backend, DeepSpeechOptions{}, seed);
+  if (arch == "las") return make_las(backend, LasOptions{}, seed);
   std::string known;
   for (const auto& name : speech_model_names()) known += (known.empty() ? "" : ", ") + name;
   throw std::invalid_argument("unknown speech model '" + arch + "' (known: " + known + ")");

@@ -1,4 +1,4 @@
-// The interface the trainer drives speech models through (DeepSpeech now, LAS later): a batch of
+// The interface the trainer drives speech models through (DeepSpeech, Listen-Attend-Spell): a batch of
 // padded feature sequences with their lengths and label sequences in, a mean loss out, gradients
 // into the flat gradient buffer, greedy transcripts for evaluation.
 #pragma once
@@ -24,6 +24,7 @@ struct SpeechInput {
   const int32_t* frames = nullptr;         // true number of frames of each utterance
   const int32_t* labels = nullptr;         // every utterance's class ids (1..28), back to back
   const int32_t* label_lengths = nullptr;  // labels per utterance
+  uint64_t seed = 0;  // the batch's random choices inside the model (LAS teacher forcing)
 };
 
 class SpeechModel {
@@ -42,7 +43,8 @@ class SpeechModel {
   virtual double forward_flops() const { return 0; }
 };
 
-// The speech models by name: "deepspeech" (DESIGN.md section 5). Parameters are initialized from
+// The speech models by name at their default (an4) sizes: "deepspeech" and "las" (DESIGN.md
+// section 5). Parameters are initialized from
 // `seed`; the same seed gives the same weights on every rank.
 std::unique_ptr<SpeechModel> make_speech_model(const std::string& arch, Backend& backend, uint64_t seed);
 const std::vector<std::string>& speech_model_names();

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages trainer needs. Idempotent and quiet when everything is present.
-#   scripts/install_deps.sh           build + test dependencies
+#   scripts/install_deps.sh           build + test dependencies, and espeak-ng and sox, which
+#                                     synthesize the default speech corpus (the main job's data)
 #   scripts/install_deps.sh --bench   also PyTorch (reference timings and test-fixture generation)
-#   scripts/install_deps.sh --speech  also espeak-ng and sox (synthetic speech corpus)
 set -euo pipefail
 
 packages=(
@@ -13,12 +13,12 @@ packages=(
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev catch2
   libsndfile1-dev libfftw3-dev
   python3 python3-numpy
+  espeak-ng sox                     # scripts/make_speech_corpus
 )
 for arg in "$@"; do
   case "$arg" in
     --bench) packages+=(python3-torch python3-matplotlib) ;;
-    --speech) packages+=(espeak-ng sox) ;;
-    *) echo "install_deps.sh: unknown option '$arg' (use --bench, --speech)" >&2; exit 2 ;;
+    *) echo "install_deps.sh: unknown option '$arg' (use --bench)" >&2; exit 2 ;;
   esac
 done
 

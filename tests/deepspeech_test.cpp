@@ -8,39 +8,16 @@
 #include <algorithm>
 #include <cmath>
 
-#include "gradcheck.h"
 #include "models/nets/deepspeech.h"
 #include "models/safetensors.h"
+#include "speech_testing.h"
 
 using namespace trainer::models;
 using trainer::testing::random_vector;
 
 namespace {
 
-// A batch of random features with the given frame counts and labels, owning its arrays.
-struct Batch {
-  std::vector<float> features;
-  std::vector<int32_t> frames, labels, label_lengths;
-  int64_t max_frames = 0, feature_dim = 0;
-
-  Batch(int64_t dim, std::vector<int32_t> frame_counts, const std::vector<std::vector<int32_t>>& targets,
-        uint64_t seed)
-      : frames(std::move(frame_counts)), feature_dim(dim) {
-    max_frames = *std::max_element(frames.begin(), frames.end());
-    features = random_vector(static_cast<int64_t>(frames.size()) * max_frames * dim, seed);
-    for (size_t n = 0; n < frames.size(); ++n)  // the loader zero-pads
-      for (int64_t t = frames[n]; t < max_frames; ++t)
-        std::fill_n(features.begin() + (n * max_frames + t) * dim, dim, 0.f);
-    for (const auto& t : targets) {
-      labels.insert(labels.end(), t.begin(), t.end());
-      label_lengths.push_back(static_cast<int32_t>(t.size()));
-    }
-  }
-  SpeechInput input() const {
-    return {features.data(), static_cast<int64_t>(frames.size()), max_frames, feature_dim, frames.data(),
-            labels.data(), label_lengths.data()};
-  }
-};
+using Batch = trainer::testing::SpeechTestBatch;
 
 DeepSpeechOptions tiny() {
   DeepSpeechOptions o;
@@ -176,36 +153,7 @@ TEST_CASE("deepspeech gradients of a tiny model against finite differences", "[d
   // CTC loss itself, computed in float32 by the network and in double by the loss.
   DeepSpeech model(cpu_backend(), tiny(), 4);
   Batch b(8, {14, 10}, {{1, 2, 2}, {3, 4}}, 5);
-  model.forward(b.input(), Mode::kTrain);
-  model.backward();
-  ParameterStore& p = model.parameters();
-  std::vector<float> analytic(p.grads(), p.grads() + p.size());
-  const double h = 1e-2;
-  int64_t checked = 0, kinks = 0;
-  for (const auto& v : p.views()) {
-    const int64_t step = std::max<int64_t>(1, v.numel() / 6);
-    for (int64_t i = 0; i < v.numel(); i += step) {
-      float& w = p.values()[v.offset + i];
-      const float saved = w;
-      const double center = model.forward(b.input(), Mode::kTrain);
-      w = static_cast<float>(saved + h);
-      const double plus = model.forward(b.input(), Mode::kTrain);
-      w = static_cast<float>(saved - h);
-      const double minus = model.forward(b.input(), Mode::kTrain);
-      w = saved;
-      const double numeric = (plus - minus) / (2 * h);
-      ++checked;
-      // A Hardtanh switching inside [-h, h] makes the one-sided slopes disagree: skip the point.
-      if (std::fabs((plus - center) - (center - minus)) / h > 0.1 * (std::fabs(numeric) + 0.1)) {
-        ++kinks;
-        continue;
-      }
-      INFO(v.name << "[" << i << "]: analytic " << analytic[v.offset + i] << " numeric " << numeric);
-      CHECK(std::fabs(analytic[v.offset + i] - numeric) <= 2e-3 + 2e-2 * std::fabs(numeric));
-    }
-  }
-  INFO(kinks << " of " << checked << " skipped at kinks");
-  CHECK(kinks * 10 <= checked);
+  trainer::testing::check_model_gradients(model, b.input());
 }
 
 TEST_CASE("deepspeech: an utterance's outputs do not depend on the padding of its batch", "[deepspeech]") {
@@ -238,23 +186,14 @@ TEST_CASE("deepspeech memorizes 4 utterances: CTC loss near zero, greedy decodin
   const std::vector<std::vector<int32_t>> targets{{8, 5, 12, 12, 15}, {23, 15, 18}, {4, 1, 28, 2}, {19, 9, 24}};
   Batch b(16, {40, 36, 31, 28}, targets, 10);
 
-  // Adam on the flat buffers (lr 1e-2): the test stands alone, without optim/.
-  ParameterStore& p = model.parameters();
-  std::vector<double> m(p.size(), 0.0), v(p.size(), 0.0);
-  const double lr = 1e-2, b1 = 0.9, b2 = 0.999;
+  trainer::testing::Adam adam(1e-2);
   double loss = 0;
   int step = 0;
   for (step = 1; step <= 400; ++step) {
     loss = model.forward(b.input(), Mode::kTrain);
     if (loss < 0.02) break;
     model.backward();
-    for (int64_t i = 0; i < p.size(); ++i) {
-      const double g = p.grads()[i];
-      m[i] = b1 * m[i] + (1 - b1) * g;
-      v[i] = b2 * v[i] + (1 - b2) * g * g;
-      const double mh = m[i] / (1 - std::pow(b1, step)), vh = v[i] / (1 - std::pow(b2, step));
-      p.values()[i] -= static_cast<float>(lr * mh / (std::sqrt(vh) + 1e-8));
-    }
+    adam.step(model.parameters());
   }
   INFO("loss " << loss << " after " << step << " steps");
   CHECK(loss < 0.02);

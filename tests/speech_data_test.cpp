@@ -735,7 +735,7 @@ TEST_CASE("prepare_an4 unpacks CMU's tarballs into the layout", "[speech][script
 
 TEST_CASE("make_speech_corpus writes a deterministic AN4-layout corpus", "[speech][scripts]") {
   if (run_shell("command -v espeak-ng > /dev/null && command -v sox > /dev/null && command -v python3 > /dev/null") != 0) {
-    WARN("espeak-ng, sox or python3 missing (scripts/install_deps.sh --speech): corpus script not tested");
+    WARN("espeak-ng, sox or python3 missing (scripts/install_deps.sh): corpus script not tested");
     return;
   }
   TempDir dir;

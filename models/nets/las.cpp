@@ -1,0 +1,681 @@
+#include "models/nets/las.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <stdexcept>
+
+namespace trainer::models {
+namespace {
+
+float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
+
+// One LSTM cell's nonlinearity over `rows` rows: gates {rows, 4H} hold the pre-activations of
+// i, f, g, o on entry and their activations on exit; c = f * c_prev + i * g, h = o * tanh(c).
+void cell_forward(int64_t rows, int64_t H, float* gates, const float* c_prev, float* c, float* h, float* tanh_c) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* g = gates + r * 4 * H;
+    for (int64_t k = 0; k < H; ++k) {
+      const float i = sigmoid(g[k]), f = sigmoid(g[H + k]), cand = std::tanh(g[2 * H + k]),
+                  o = sigmoid(g[3 * H + k]);
+      g[k] = i, g[H + k] = f, g[2 * H + k] = cand, g[3 * H + k] = o;
+      const float cell = f * c_prev[r * H + k] + i * cand;
+      const float t = std::tanh(cell);
+      c[r * H + k] = cell;
+      tanh_c[r * H + k] = t;
+      h[r * H + k] = o * t;
+    }
+  }
+}
+
+// Its backward: from dh and the cell-state gradient dc (replaced by the gradient of c_prev), the
+// gradients of the gate pre-activations.
+void cell_backward(int64_t rows, int64_t H, const float* gates, const float* c_prev, const float* tanh_c,
+                   const float* dh, float* dc, float* dgates) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gates + r * 4 * H;
+    float* d = dgates + r * 4 * H;
+    for (int64_t k = 0; k < H; ++k) {
+      const float i = g[k], f = g[H + k], cand = g[2 * H + k], o = g[3 * H + k];
+      const float t = tanh_c[r * H + k], grad_h = dh[r * H + k];
+      const float dcell = dc[r * H + k] + grad_h * o * (1.f - t * t);
+      d[k] = dcell * cand * i * (1.f - i);
+      d[H + k] = dcell * c_prev[r * H + k] * f * (1.f - f);
+      d[2 * H + k] = dcell * i * (1.f - cand * cand);
+      d[3 * H + k] = grad_h * t * o * (1.f - o);
+      dc[r * H + k] = dcell * f;
+    }
+  }
+}
+
+void relu_inplace(int64_t n, float* x) {
+  for (int64_t i = 0; i < n; ++i) x[i] = std::max(x[i], 0.f);
+}
+
+int32_t argmax(const float* x, int64_t n) { return static_cast<int32_t>(std::max_element(x, x + n) - x); }
+
+void uniform_init(Tensor t, float bound, Rng& rng) {
+  std::uniform_real_distribution<float> uniform(-bound, bound);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data[i] = uniform(rng);
+}
+
+}  // namespace
+
+// Pointers to one speller step: inputs (tokens, previous context and states) and where the step
+// writes (states, the records backward reads, logits). Training points them into the per-step
+// records; decoding into ping-pong buffers.
+struct Las::Step {
+  const int32_t* tokens = nullptr;
+  const float* context_prev = nullptr;  // rows x C with stride context_stride; null = zeros
+  int64_t context_stride = 0;
+  std::vector<const float*> h_prev, c_prev;  // per cell, rows x Hs
+  std::vector<float*> h, c, gates, tanh_c;   // per cell
+  float* input = nullptr;    // rows x (E + C): [embedding ; previous context]
+  float* query = nullptr;    // rows x A, after the ReLU
+  float* alpha = nullptr;    // rows x T' attention weights (zero past each utterance's length)
+  float* state_context = nullptr;  // rows x (Hs + C): [s_t ; c_t], the output layer's input
+  float* logits = nullptr;   // rows x classes
+};
+
+struct Las::Workspace {
+  // Listener.
+  OwnedTensor time_major;                // {T, N, F}
+  std::vector<OwnedTensor> pyramid;      // input of pblstm k: {T_k, N, 4 Hl}
+  std::vector<OwnedTensor> pyramid_grad; // gradient of each BLSTM's output
+  OwnedTensor values, keys;              // {N, T', C}, {N, T', A} (keys after the ReLU)
+  OwnedTensor dvalues, dkeys, dlistener; // the speller's gradients of values and keys; time-major
+  // Speller records of the last forward, step-major {U, N, ...}; states have U + 1 rows of steps,
+  // step 0 being the zero initial state.
+  int64_t steps = 0;
+  std::vector<int32_t> tokens;  // {U, N}
+  std::vector<OwnedTensor> h, c, gates, tanh_c, dgates;
+  OwnedTensor input, query, alpha, state_context, logits;
+  std::vector<float> bias_sum;  // per cell, b_ih + b_hh
+  // The loss: the target rows (step * N + n) in order, and their logit gradients.
+  std::vector<int32_t> target_rows, targets;
+  OwnedTensor packed_logits, packed_grad;
+  // Backward scratch.
+  OwnedTensor dlogits, dstate_context, dquery, denergy, dcontext, dstate, dh, dc, dinput, dcarry;
+  // Decoding.
+  std::vector<OwnedTensor> dec_h[2], dec_c[2];
+  OwnedTensor dec_sc[2], dec_gates, dec_tanh, dec_input, dec_query, dec_alpha, dec_logits;
+};
+
+Las::Las(Backend& backend, const LasOptions& options, uint64_t seed)
+    : backend_(backend), opt_(options), ws_(std::make_unique<Workspace>()) {
+  if (opt_.feature_dim < 1 || opt_.listener_hidden < 1 || opt_.pyramid_layers < 0 || opt_.attention_dim < 1 ||
+      opt_.embedding_dim < 1 || opt_.speller_hidden < 1 || opt_.speller_layers < 1 || opt_.classes <= kLasEos ||
+      opt_.beam_width < 1 || opt_.max_decode_steps < 1)
+    throw std::invalid_argument("las: sizes must be positive and classes above " + std::to_string(kLasEos));
+  LayerContext ctx{backend_, params_, buffers_};
+  const int64_t Hl = opt_.listener_hidden, C = 2 * Hl, Hs = opt_.speller_hidden;
+  blstm_ = std::make_unique<Lstm>(ctx, "listener.blstm", LstmOptions{opt_.feature_dim, Hl, 1, true});
+  for (int64_t k = 0; k < opt_.pyramid_layers; ++k)
+    pblstm_.push_back(
+        std::make_unique<Lstm>(ctx, "listener.pblstm." + std::to_string(k), LstmOptions{2 * C, Hl, 1, true}));
+  auto affine = [&](const std::string& name, int64_t in, int64_t out) {
+    return Affine{params_.declare(name + ".weight", {out, in}), params_.declare(name + ".bias", {out}), in, out};
+  };
+  query_ = affine("attention.query", Hs, opt_.attention_dim);
+  key_ = affine("attention.key", C, opt_.attention_dim);
+  embedding_ = params_.declare("speller.embedding.weight", {opt_.classes, opt_.embedding_dim});
+  for (int64_t j = 0; j < opt_.speller_layers; ++j) {
+    const std::string name = "speller.cells." + std::to_string(j);
+    Cell cell;
+    cell.input = j == 0 ? opt_.embedding_dim + C : Hs;
+    cell.w_ih = params_.declare(name + ".weight_ih", {4 * Hs, cell.input});
+    cell.w_hh = params_.declare(name + ".weight_hh", {4 * Hs, Hs});
+    cell.b_ih = params_.declare(name + ".bias_ih", {4 * Hs});
+    cell.b_hh = params_.declare(name + ".bias_hh", {4 * Hs});
+    cells_.push_back(cell);
+  }
+  output_ = affine("speller.output", Hs + C, opt_.classes);
+  params_.allocate();
+  buffers_.allocate();
+  init(seed);
+}
+
+Las::~Las() = default;
+
+void Las::init(uint64_t seed) {
+  // PyTorch's defaults, in module order from one generator.
+  Rng rng(seed);
+  blstm_->init(rng);
+  for (auto& layer : pblstm_) layer->init(rng);
+  for (const Affine* a : {&query_, &key_}) {
+    const float bound = 1.f / std::sqrt(static_cast<float>(a->in));
+    uniform_init(params_.value(a->weight), bound, rng);
+    uniform_init(params_.value(a->bias), bound, rng);
+  }
+  std::normal_distribution<float> normal(0.f, 1.f);
+  Tensor embedding = params_.value(embedding_);
+  for (int64_t i = 0; i < embedding.numel(); ++i) embedding.data[i] = normal(rng);
+  const float cell_bound = 1.f / std::sqrt(static_cast<float>(opt_.speller_hidden));
+  for (const Cell& cell : cells_)
+    for (int id : {cell.w_ih, cell.w_hh, cell.b_ih, cell.b_hh}) uniform_init(params_.value(id), cell_bound, rng);
+  const float out_bound = 1.f / std::sqrt(static_cast<float>(output_.in));
+  uniform_init(params_.value(output_.weight), out_bound, rng);
+  uniform_init(params_.value(output_.bias), out_bound, rng);
+}
+
+// ---- Listener ------------------------------------------------------------------------------
+
+void Las::listen(const SpeechInput& in, Mode mode) {
+  if (in.batch < 1 || in.max_frames < 1 || in.feature_dim != opt_.feature_dim)
+    throw std::invalid_argument("las: expected a batch of {N, T, " + std::to_string(opt_.feature_dim) +
+                                "} features, got {" + std::to_string(in.batch) + ", " + std::to_string(in.max_frames) +
+                                ", " + std::to_string(in.feature_dim) + "}");
+  const int64_t N = in.batch, T = in.max_frames, F = in.feature_dim, P = opt_.pyramid_layers;
+  const int64_t C = 2 * opt_.listener_hidden;
+  Workspace& w = *ws_;
+  lengths_.assign(P + 1, std::vector<int32_t>(N));
+  for (int64_t n = 0; n < N; ++n) {
+    const int32_t frames = in.frames[n];
+    if (frames < 1 || frames > T || (frames >> P) < 1)
+      throw std::invalid_argument("las: utterance " + std::to_string(n) + " has " + std::to_string(frames) +
+                                  " frames; the listener needs between " + std::to_string(int64_t{1} << P) +
+                                  " and " + std::to_string(T));
+    for (int64_t k = 0; k <= P; ++k) lengths_[k][n] = frames >> k;
+  }
+  // {N, T, F} -> time-major {T, N, F}.
+  Tensor& x = w.time_major.resize({T, N, F});
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n)
+      std::memcpy(x.data + (t * N + n) * F, in.features + (n * T + t) * F, F * sizeof(float));
+  blstm_->set_lengths(lengths_[0]);
+  const Tensor* h = &blstm_->forward(x, mode);
+  flops_ = blstm_->forward_flops();
+  w.pyramid.resize(P);
+  for (int64_t k = 0; k < P; ++k) {
+    // Neighbouring frames side by side: row (t, n) = [h(2t, n) ; h(2t + 1, n)].
+    const int64_t steps = h->dim(0) / 2;
+    Tensor& pairs = w.pyramid[k].resize({steps, N, 2 * C});
+    for (int64_t t = 0; t < steps; ++t)
+      for (int64_t n = 0; n < N; ++n) {
+        std::memcpy(pairs.data + (t * N + n) * 2 * C, h->data + (2 * t * N + n) * C, C * sizeof(float));
+        std::memcpy(pairs.data + (t * N + n) * 2 * C + C, h->data + ((2 * t + 1) * N + n) * C, C * sizeof(float));
+      }
+    pblstm_[k]->set_lengths(lengths_[k + 1]);
+    h = &pblstm_[k]->forward(pairs, mode);
+    flops_ += pblstm_[k]->forward_flops();
+  }
+  // Attention reads each utterance's frames contiguously: values {N, T', C}, keys {N, T', A}.
+  const int64_t Tl = h->dim(0), A = opt_.attention_dim;
+  Tensor& values = w.values.resize({N, Tl, C});
+  for (int64_t t = 0; t < Tl; ++t)
+    for (int64_t n = 0; n < N; ++n)
+      std::memcpy(values.data + (n * Tl + t) * C, h->data + (t * N + n) * C, C * sizeof(float));
+  Tensor& keys = w.keys.resize({N, Tl, A});
+  backend_.broadcast_rows(N * Tl, A, params_.value(key_.bias).data, keys.data);
+  backend_.gemm(false, true, N * Tl, A, C, 1.f, values.data, C, params_.value(key_.weight).data, C, 1.f, keys.data, A);
+  relu_inplace(keys.numel(), keys.data);
+  flops_ += 2.0 * N * Tl * C * A;
+}
+
+void Las::listener_backward() {
+  Workspace& w = *ws_;
+  const int64_t N = w.values.view().dim(0), Tl = w.values.view().dim(1), C = 2 * opt_.listener_hidden,
+                A = opt_.attention_dim;
+  // Through the keys' ReLU and Linear, adding into the values' gradient.
+  Tensor dkeys = w.dkeys.view();
+  Tensor dvalues = w.dvalues.view();
+  const float* keys = w.keys.view().data;
+  for (int64_t i = 0; i < dkeys.numel(); ++i)
+    if (keys[i] <= 0.f) dkeys.data[i] = 0.f;
+  backend_.gemm(true, false, A, C, N * Tl, 1.f, dkeys.data, A, w.values.view().data, C, 0.f,
+                params_.grad(key_.weight).data, C);
+  backend_.sum_rows(N * Tl, A, dkeys.data, params_.grad(key_.bias).data);
+  backend_.gemm(false, false, N * Tl, C, A, 1.f, dkeys.data, A, params_.value(key_.weight).data, C, 1.f,
+                dvalues.data, C);
+  // Back to time-major, then down the pyramid.
+  Tensor& d = w.dlistener.resize({Tl, N, C});
+  for (int64_t t = 0; t < Tl; ++t)
+    for (int64_t n = 0; n < N; ++n)
+      std::memcpy(d.data + (t * N + n) * C, dvalues.data + (n * Tl + t) * C, C * sizeof(float));
+  const Tensor* grad = &d;
+  const int64_t P = opt_.pyramid_layers;
+  w.pyramid_grad.resize(P);
+  for (int64_t k = P - 1; k >= 0; --k) {
+    const Tensor& dpairs = pblstm_[k]->backward(*grad);
+    // The previous BLSTM's output had T_k frames; an odd last one was dropped (zero gradient).
+    const int64_t steps = dpairs.dim(0);
+    const int64_t below = k == 0 ? w.time_major.view().dim(0) : w.pyramid[k - 1].view().dim(0);
+    Tensor& dh = w.pyramid_grad[k].resize({below, N, C});
+    std::memset(dh.data, 0, dh.numel() * sizeof(float));
+    for (int64_t t = 0; t < steps; ++t)
+      for (int64_t n = 0; n < N; ++n) {
+        std::memcpy(dh.data + (2 * t * N + n) * C, dpairs.data + (t * N + n) * 2 * C, C * sizeof(float));
+        std::memcpy(dh.data + ((2 * t + 1) * N + n) * C, dpairs.data + (t * N + n) * 2 * C + C, C * sizeof(float));
+      }
+    grad = &dh;
+  }
+  blstm_->backward(*grad);  // the features' gradient is not needed
+}
+
+// ---- Speller -------------------------------------------------------------------------------
+
+void Las::speller_step(const Step& s, int64_t rows, const int32_t* row_utterance) {
+  const int64_t E = opt_.embedding_dim, C = 2 * opt_.listener_hidden, Hs = opt_.speller_hidden,
+                A = opt_.attention_dim, V = opt_.classes, in0 = E + C;
+  Workspace& w = *ws_;
+  const float* embedding = params_.value(embedding_).data;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(s.input + r * in0, embedding + s.tokens[r] * E, E * sizeof(float));
+    if (s.context_prev)
+      std::memcpy(s.input + r * in0 + E, s.context_prev + r * s.context_stride, C * sizeof(float));
+    else
+      std::memset(s.input + r * in0 + E, 0, C * sizeof(float));
+  }
+  const float* x = s.input;
+  for (size_t j = 0; j < cells_.size(); ++j) {
+    const Cell& cell = cells_[j];
+    backend_.broadcast_rows(rows, 4 * Hs, w.bias_sum.data() + j * 4 * Hs, s.gates[j]);
+    backend_.gemm(false, true, rows, 4 * Hs, cell.input, 1.f, x, cell.input, params_.value(cell.w_ih).data,
+                  cell.input, 1.f, s.gates[j], 4 * Hs);
+    backend_.gemm(false, true, rows, 4 * Hs, Hs, 1.f, s.h_prev[j], Hs, params_.value(cell.w_hh).data, Hs, 1.f,
+                  s.gates[j], 4 * Hs);
+    cell_forward(rows, Hs, s.gates[j], s.c_prev[j], s.c[j], s.h[j], s.tanh_c[j]);
+    x = s.h[j];
+    flops_ += 2.0 * rows * 4 * Hs * (cell.input + Hs);
+  }
+  // Attention on the top cell's state s_t.
+  const int64_t SC = Hs + C, Tl = ws_->values.view().dim(1);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(s.state_context + r * SC, x + r * Hs, Hs * sizeof(float));
+  backend_.broadcast_rows(rows, A, params_.value(query_.bias).data, s.query);
+  backend_.gemm(false, true, rows, A, Hs, 1.f, x, Hs, params_.value(query_.weight).data, Hs, 1.f, s.query, A);
+  relu_inplace(rows * A, s.query);
+  const float* keys = w.keys.view().data;
+  const float* values = w.values.view().data;
+  const std::vector<int32_t>& lengths = lengths_.back();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t u = row_utterance ? row_utterance[r] : r, len = lengths[u];
+    float* alpha = s.alpha + r * Tl;
+    backend_.gemm(false, false, len, 1, A, 1.f, keys + u * Tl * A, A, s.query + r * A, 1, 0.f, alpha, 1);
+    const float top = *std::max_element(alpha, alpha + len);
+    float sum = 0.f;
+    for (int64_t t = 0; t < len; ++t) sum += alpha[t] = std::exp(alpha[t] - top);
+    for (int64_t t = 0; t < len; ++t) alpha[t] /= sum;
+    std::fill(alpha + len, alpha + Tl, 0.f);
+    backend_.gemm(true, false, C, 1, len, 1.f, values + u * Tl * C, C, alpha, 1, 0.f, s.state_context + r * SC + Hs, 1);
+    flops_ += 2.0 * len * (A + C);
+  }
+  backend_.broadcast_rows(rows, V, params_.value(output_.bias).data, s.logits);
+  backend_.gemm(false, true, rows, V, SC, 1.f, s.state_context, SC, params_.value(output_.weight).data, SC, 1.f,
+                s.logits, V);
+  flops_ += 2.0 * rows * (Hs * A + SC * V);
+}
+
+Tensor Las::logits() const {
+  return Tensor{ws_->logits.view().data, {ws_->steps, lengths_.empty() ? 0 : int64_t(lengths_[0].size()), opt_.classes}};
+}
+
+double Las::forward(const SpeechInput& in, Mode mode) {
+  listen(in, mode);
+  Workspace& w = *ws_;
+  const int64_t N = in.batch, E = opt_.embedding_dim, C = 2 * opt_.listener_hidden, Hs = opt_.speller_hidden,
+                A = opt_.attention_dim, V = opt_.classes, SC = Hs + C, Tl = w.values.view().dim(1);
+  // Targets: the transcript then <eos>; U = the longest + 1 steps.
+  std::vector<int64_t> offsets(N + 1, 0);
+  int64_t U = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    offsets[n + 1] = offsets[n] + in.label_lengths[n];
+    U = std::max<int64_t>(U, in.label_lengths[n] + 1);
+  }
+  auto target = [&](int64_t t, int64_t n) -> int32_t {
+    if (t < in.label_lengths[n]) return in.labels[offsets[n] + t];
+    return t == in.label_lengths[n] ? kLasEos : -1;
+  };
+  w.steps = U;
+  const size_t L = cells_.size();
+  w.h.resize(L), w.c.resize(L), w.gates.resize(L), w.tanh_c.resize(L);
+  w.bias_sum.resize(L * 4 * Hs);
+  for (size_t j = 0; j < L; ++j) {
+    w.h[j].resize({U + 1, N, Hs});
+    w.c[j].resize({U + 1, N, Hs});
+    std::memset(w.h[j].view().data, 0, N * Hs * sizeof(float));
+    std::memset(w.c[j].view().data, 0, N * Hs * sizeof(float));
+    w.gates[j].resize({U, N, 4 * Hs});
+    w.tanh_c[j].resize({U, N, Hs});
+    backend_.add(4 * Hs, params_.value(cells_[j].b_ih).data, params_.value(cells_[j].b_hh).data,
+                 w.bias_sum.data() + j * 4 * Hs);
+  }
+  float* input = w.input.resize({U, N, E + C}).data;
+  float* query = w.query.resize({U, N, A}).data;
+  float* alpha = w.alpha.resize({U, N, Tl}).data;
+  float* state_context = w.state_context.resize({U, N, SC}).data;
+  float* logits = w.logits.resize({U, N, V}).data;
+  w.tokens.assign(U * N, kLasSos);
+
+  // Teacher forcing draws in a fixed order (step, utterance) from the batch's seed.
+  const bool sample = mode == Mode::kTrain && opt_.teacher_forcing < 1.0;
+  std::mt19937_64 rng(in.seed);
+  std::uniform_real_distribution<double> coin(0.0, 1.0);
+  Step s;
+  s.h_prev.resize(L), s.c_prev.resize(L), s.h.resize(L), s.c.resize(L), s.gates.resize(L), s.tanh_c.resize(L);
+  for (int64_t t = 0; t < U; ++t) {
+    int32_t* tokens = w.tokens.data() + t * N;
+    if (t > 0)
+      for (int64_t n = 0; n < N; ++n) {
+        const int32_t previous = target(t - 1, n);
+        const int32_t truth = previous >= 0 ? previous : kLasEos;  // past the end: <eos> (no loss there)
+        tokens[n] = sample && coin(rng) >= opt_.teacher_forcing ? argmax(logits + ((t - 1) * N + n) * V, V) : truth;
+      }
+    s.tokens = tokens;
+    s.context_prev = t > 0 ? state_context + (t - 1) * N * SC + Hs : nullptr;
+    s.context_stride = SC;
+    for (size_t j = 0; j < L; ++j) {
+      s.h_prev[j] = w.h[j].view().data + t * N * Hs;
+      s.c_prev[j] = w.c[j].view().data + t * N * Hs;
+      s.h[j] = w.h[j].view().data + (t + 1) * N * Hs;
+      s.c[j] = w.c[j].view().data + (t + 1) * N * Hs;
+      s.gates[j] = w.gates[j].view().data + t * N * 4 * Hs;
+      s.tanh_c[j] = w.tanh_c[j].view().data + t * N * Hs;
+    }
+    s.input = input + t * N * (E + C);
+    s.query = query + t * N * A;
+    s.alpha = alpha + t * N * Tl;
+    s.state_context = state_context + t * N * SC;
+    s.logits = logits + t * N * V;
+    speller_step(s, N, nullptr);
+  }
+
+  // The loss over the target rows, packed.
+  w.target_rows.clear();
+  w.targets.clear();
+  for (int64_t t = 0; t < U; ++t)
+    for (int64_t n = 0; n < N; ++n)
+      if (const int32_t y = target(t, n); y >= 0) {
+        if (y >= V) throw std::invalid_argument("las: label " + std::to_string(y) + " outside the vocabulary");
+        w.target_rows.push_back(static_cast<int32_t>(t * N + n));
+        w.targets.push_back(y);
+      }
+  const int64_t M = static_cast<int64_t>(w.targets.size());
+  float* packed = w.packed_logits.resize({M, V}).data;
+  for (int64_t m = 0; m < M; ++m) std::memcpy(packed + m * V, logits + w.target_rows[m] * V, V * sizeof(float));
+  int64_t correct = 0;
+  return backend_.softmax_cross_entropy(M, V, packed, w.targets.data(), static_cast<float>(opt_.label_smoothing),
+                                        w.packed_grad.resize({M, V}).data, &correct);
+}
+
+void Las::backward() {
+  Workspace& w = *ws_;
+  const int64_t U = w.steps, N = static_cast<int64_t>(lengths_[0].size()), E = opt_.embedding_dim,
+                C = 2 * opt_.listener_hidden, Hs = opt_.speller_hidden, A = opt_.attention_dim, V = opt_.classes,
+                SC = Hs + C, Tl = w.values.view().dim(1), UN = U * N;
+  const size_t L = cells_.size();
+
+  // Output layer, all steps at once.
+  float* dlogits = w.dlogits.resize({U, N, V}).data;
+  std::memset(dlogits, 0, UN * V * sizeof(float));
+  const float* packed_grad = w.packed_grad.view().data;
+  for (size_t m = 0; m < w.target_rows.size(); ++m)
+    std::memcpy(dlogits + w.target_rows[m] * V, packed_grad + m * V, V * sizeof(float));
+  const float* state_context = w.state_context.view().data;
+  float* dsc = w.dstate_context.resize({U, N, SC}).data;
+  backend_.gemm(false, false, UN, SC, V, 1.f, dlogits, V, params_.value(output_.weight).data, SC, 0.f, dsc, SC);
+  backend_.gemm(true, false, V, SC, UN, 1.f, dlogits, V, state_context, SC, 0.f, params_.grad(output_.weight).data, SC);
+  backend_.sum_rows(UN, V, dlogits, params_.grad(output_.bias).data);
+
+  // Back through time. Carried between steps: each cell's dh and dc, and the gradient of the
+  // context the next step took as input.
+  const float* query = w.query.view().data;
+  const float* alpha = w.alpha.view().data;
+  const float* keys = w.keys.view().data;
+  const float* values = w.values.view().data;
+  float* dquery = w.dquery.resize({U, N, A}).data;
+  float* denergy = w.denergy.resize({U, N, Tl}).data;
+  float* dcontext = w.dcontext.resize({U, N, C}).data;
+  float* dstate = w.dstate.resize({N, Hs}).data;
+  float* dh = w.dh.resize({int64_t(L), N, Hs}).data;
+  float* dc = w.dc.resize({int64_t(L), N, Hs}).data;
+  float* dinput = w.dinput.resize({N, E + C}).data;
+  float* dcarry = w.dcarry.resize({N, C}).data;
+  std::memset(dh, 0, L * N * Hs * sizeof(float));
+  std::memset(dc, 0, L * N * Hs * sizeof(float));
+  std::memset(dcarry, 0, N * C * sizeof(float));
+  w.dgates.resize(L);
+  for (size_t j = 0; j < L; ++j) w.dgates[j].resize({U, N, 4 * Hs});
+  Tensor dembedding = params_.grad(embedding_);
+  std::memset(dembedding.data, 0, dembedding.numel() * sizeof(float));
+  const std::vector<int32_t>& lengths = lengths_.back();
+  std::vector<float> dalpha(Tl);
+
+  for (int64_t t = U - 1; t >= 0; --t) {
+    // The context c_t: the output layer's and the next step's input's gradients.
+    float* dctx = dcontext + t * N * C;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < C; ++k) dctx[n * C + k] = dsc[(t * N + n) * SC + Hs + k] + dcarry[n * C + k];
+    // Attention: alpha = softmax(K q), c = V^T alpha.
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t len = lengths[n];
+      const float* a = alpha + (t * N + n) * Tl;
+      backend_.gemm(false, false, len, 1, C, 1.f, values + n * Tl * C, C, dctx + n * C, 1, 0.f, dalpha.data(), 1);
+      float dot = 0.f;
+      for (int64_t k = 0; k < len; ++k) dot += a[k] * dalpha[k];
+      float* de = denergy + (t * N + n) * Tl;
+      for (int64_t k = 0; k < len; ++k) de[k] = a[k] * (dalpha[k] - dot);
+      std::fill(de + len, de + Tl, 0.f);
+      backend_.gemm(true, false, A, 1, len, 1.f, keys + n * Tl * A, A, de, 1, 0.f, dquery + (t * N + n) * A, 1);
+    }
+    float* dq = dquery + t * N * A;
+    const float* q = query + t * N * A;
+    for (int64_t i = 0; i < N * A; ++i)
+      if (q[i] <= 0.f) dq[i] = 0.f;
+    // s_t: the output layer's gradient plus the query's.
+    for (int64_t n = 0; n < N; ++n) std::memcpy(dstate + n * Hs, dsc + (t * N + n) * SC, Hs * sizeof(float));
+    backend_.gemm(false, false, N, Hs, A, 1.f, dq, A, params_.value(query_.weight).data, Hs, 1.f, dstate, Hs);
+    // The cells, top down: the gradient from above plus the one carried from step t + 1.
+    const float* from_above = dstate;
+    for (size_t jj = L; jj-- > 0;) {
+      const Cell& cell = cells_[jj];
+      float* dh_j = dh + jj * N * Hs;
+      backend_.add(N * Hs, dh_j, from_above, dh_j);
+      float* dg = w.dgates[jj].view().data + t * N * 4 * Hs;
+      cell_backward(N, Hs, w.gates[jj].view().data + t * N * 4 * Hs, w.c[jj].view().data + t * N * Hs,
+                    w.tanh_c[jj].view().data + t * N * Hs, dh_j, dc + jj * N * Hs, dg);
+      // dh for step t - 1 (this cell's recurrence), and the gradient of this cell's input.
+      backend_.gemm(false, false, N, Hs, 4 * Hs, 1.f, dg, 4 * Hs, params_.value(cell.w_hh).data, Hs, 0.f, dh_j, Hs);
+      float* dx = jj > 0 ? dstate : dinput;  // dstate is free once the top cell has read it
+      backend_.gemm(false, false, N, cell.input, 4 * Hs, 1.f, dg, 4 * Hs, params_.value(cell.w_ih).data, cell.input,
+                    0.f, dx, cell.input);
+      from_above = dx;
+    }
+    const int32_t* tokens = w.tokens.data() + t * N;
+    for (int64_t n = 0; n < N; ++n) {
+      float* row = dembedding.data + tokens[n] * E;
+      for (int64_t k = 0; k < E; ++k) row[k] += dinput[n * (E + C) + k];
+      std::memcpy(dcarry + n * C, dinput + n * (E + C) + E, C * sizeof(float));
+    }
+  }
+
+  // Weight gradients, all steps at once.
+  backend_.gemm(true, false, A, Hs, UN, 1.f, dquery, A, state_context, SC, 0.f, params_.grad(query_.weight).data, Hs);
+  backend_.sum_rows(UN, A, dquery, params_.grad(query_.bias).data);
+  for (size_t j = 0; j < L; ++j) {
+    const Cell& cell = cells_[j];
+    const float* dg = w.dgates[j].view().data;
+    const float* x = j == 0 ? w.input.view().data : w.h[j - 1].view().data + N * Hs;  // h[j-1] at steps 1..U
+    backend_.gemm(true, false, 4 * Hs, cell.input, UN, 1.f, dg, 4 * Hs, x, cell.input, 0.f,
+                  params_.grad(cell.w_ih).data, cell.input);
+    backend_.gemm(true, false, 4 * Hs, Hs, UN, 1.f, dg, 4 * Hs, w.h[j].view().data, Hs, 0.f,
+                  params_.grad(cell.w_hh).data, Hs);
+    backend_.sum_rows(UN, 4 * Hs, dg, params_.grad(cell.b_ih).data);
+    backend_.copy(4 * Hs, params_.grad(cell.b_ih).data, params_.grad(cell.b_hh).data);
+  }
+  // The attention's keys and values: per utterance, sums over steps as one GEMM each.
+  float* dkeys = w.dkeys.resize({N, Tl, A}).data;
+  float* dvalues = w.dvalues.resize({N, Tl, C}).data;
+  for (int64_t n = 0; n < N; ++n) {
+    backend_.gemm(true, false, Tl, A, U, 1.f, denergy + n * Tl, N * Tl, query + n * A, N * A, 0.f,
+                  dkeys + n * Tl * A, A);
+    backend_.gemm(true, false, Tl, C, U, 1.f, alpha + n * Tl, N * Tl, dcontext + n * C, N * C, 0.f,
+                  dvalues + n * Tl * C, C);
+  }
+  listener_backward();
+}
+
+// ---- Decoding ------------------------------------------------------------------------------
+
+std::vector<std::vector<int32_t>> Las::decode(const SpeechInput& input) {
+  return opt_.beam_width > 1 ? decode_beam(input, opt_.beam_width) : decode_greedy(input);
+}
+
+std::vector<std::vector<int32_t>> Las::decode_greedy(const SpeechInput& input) {
+  return decode_beam(input, 1);
+}
+
+std::vector<std::vector<int32_t>> Las::decode_beam(const SpeechInput& input, int64_t B) {
+  if (B < 1) throw std::invalid_argument("las: beam width must be at least 1");
+  listen(input, Mode::kEval);
+  Workspace& w = *ws_;
+  const int64_t N = input.batch, R = N * B, E = opt_.embedding_dim, C = 2 * opt_.listener_hidden,
+                Hs = opt_.speller_hidden, A = opt_.attention_dim, V = opt_.classes, SC = Hs + C,
+                Tl = w.values.view().dim(1);
+  const size_t L = cells_.size();
+  w.bias_sum.resize(L * 4 * Hs);
+  for (size_t j = 0; j < L; ++j)
+    backend_.add(4 * Hs, params_.value(cells_[j].b_ih).data, params_.value(cells_[j].b_hh).data,
+                 w.bias_sum.data() + j * 4 * Hs);
+  // A step reads the states of the hypotheses in [0] and writes the next states into [1]; the
+  // surviving hypotheses' rows are then gathered from [1] back into [0].
+  for (int b = 0; b < 2; ++b) {
+    w.dec_h[b].resize(L);
+    w.dec_c[b].resize(L);
+    for (size_t j = 0; j < L; ++j) {
+      std::memset(w.dec_h[b][j].resize({R, Hs}).data, 0, R * Hs * sizeof(float));
+      std::memset(w.dec_c[b][j].resize({R, Hs}).data, 0, R * Hs * sizeof(float));
+    }
+    w.dec_sc[b].resize({R, SC});
+  }
+  w.dec_gates.resize({R, 4 * Hs});
+  w.dec_tanh.resize({R, Hs});
+  w.dec_input.resize({R, E + C});
+  w.dec_query.resize({R, A});
+  w.dec_alpha.resize({R, Tl});
+  float* logits = w.dec_logits.resize({R, V}).data;
+
+  constexpr double kDead = -std::numeric_limits<double>::infinity();
+  std::vector<int32_t> row_utterance(R), tokens(R, kLasSos), next_tokens(R);
+  std::vector<double> score(R, kDead), next_score(R);
+  std::vector<std::vector<int32_t>> hyp(R), next_hyp(R);
+  std::vector<int64_t> parent(R);
+  for (int64_t r = 0; r < R; ++r) {
+    row_utterance[r] = static_cast<int32_t>(r / B);
+    if (r % B == 0) score[r] = 0.0;  // one live hypothesis per utterance at the start
+  }
+  struct Finished {
+    double normalized;
+    std::vector<int32_t> tokens;
+  };
+  std::vector<std::vector<Finished>> finished(N);
+  std::vector<char> done(N, 0);
+  std::vector<double> logp(V);
+  struct Candidate {
+    double score;
+    int64_t row;
+    int32_t token;
+  };
+  std::vector<Candidate> candidates;
+
+  Step s;
+  s.h_prev.resize(L), s.c_prev.resize(L), s.h.resize(L), s.c.resize(L), s.gates.resize(L), s.tanh_c.resize(L);
+  // Gates and tanh(c) are scratch when nothing is kept for backward; the cells run one after
+  // another, so they share them.
+  constexpr int cur = 0, nxt = 1;
+  for (int64_t t = 0; t < opt_.max_decode_steps; ++t) {
+    s.tokens = tokens.data();
+    s.context_prev = t > 0 ? w.dec_sc[cur].view().data + Hs : nullptr;
+    s.context_stride = SC;
+    for (size_t j = 0; j < L; ++j) {
+      s.h_prev[j] = w.dec_h[cur][j].view().data;
+      s.c_prev[j] = w.dec_c[cur][j].view().data;
+      s.h[j] = w.dec_h[nxt][j].view().data;
+      s.c[j] = w.dec_c[nxt][j].view().data;
+      s.gates[j] = w.dec_gates.view().data;
+      s.tanh_c[j] = w.dec_tanh.view().data;
+    }
+    s.input = w.dec_input.view().data;
+    s.query = w.dec_query.view().data;
+    s.alpha = w.dec_alpha.view().data;
+    s.state_context = w.dec_sc[nxt].view().data;
+    s.logits = logits;
+    speller_step(s, R, row_utterance.data());
+
+    // Expand every live hypothesis; per utterance keep the best B that did not end, and set aside
+    // those that ended with <eos>.
+    std::fill(next_score.begin(), next_score.end(), kDead);
+    for (int64_t n = 0; n < N; ++n) {
+      if (done[n]) continue;
+      candidates.clear();
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t r = n * B + b;
+        if (score[r] == kDead) continue;
+        const float* z = logits + r * V;
+        const float top = *std::max_element(z, z + V);
+        double sum = 0.0;
+        for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(z[v]) - top);
+        const double log_sum = top + std::log(sum);
+        for (int64_t v = 0; v < V; ++v) candidates.push_back({score[r] + z[v] - log_sum, r, static_cast<int32_t>(v)});
+      }
+      const size_t keep = std::min<size_t>(candidates.size(), 2 * B);
+      std::partial_sort(candidates.begin(), candidates.begin() + keep, candidates.end(),
+                        [](const Candidate& a, const Candidate& b) { return a.score > b.score; });
+      int64_t kept = 0;
+      for (size_t i = 0; i < keep && kept < B; ++i) {
+        const Candidate& cand = candidates[i];
+        if (cand.token == kLasEos) {
+          finished[n].push_back({cand.score / (hyp[cand.row].size() + 1), hyp[cand.row]});
+          continue;
+        }
+        const int64_t r = n * B + kept++;
+        next_score[r] = cand.score;
+        next_tokens[r] = cand.token;
+        parent[r] = cand.row;
+      }
+      // Done when nothing lives on, or when B hypotheses have ended and the best of them beats
+      // every live one at its current normalized score (a cheap end test: a live hypothesis's
+      // normalized score can still rise, but rarely past a finished leader).
+      double best_finished = kDead, best_live = kDead;
+      for (const Finished& f : finished[n]) best_finished = std::max(best_finished, f.normalized);
+      for (int64_t b = 0; b < kept; ++b) {
+        const int64_t r = n * B + b;
+        best_live = std::max(best_live, next_score[r] / (hyp[parent[r]].size() + 2));
+      }
+      if (kept == 0 || (static_cast<int64_t>(finished[n].size()) >= B && best_finished >= best_live)) done[n] = 1;
+    }
+    if (std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) break;
+    // Gather the survivors' states (rows of [nxt]) into [cur].
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t p = next_score[r] == kDead ? r : parent[r];
+      for (size_t j = 0; j < L; ++j) {
+        std::memcpy(w.dec_h[cur][j].view().data + r * Hs, w.dec_h[nxt][j].view().data + p * Hs, Hs * sizeof(float));
+        std::memcpy(w.dec_c[cur][j].view().data + r * Hs, w.dec_c[nxt][j].view().data + p * Hs, Hs * sizeof(float));
+      }
+      std::memcpy(w.dec_sc[cur].view().data + r * SC, w.dec_sc[nxt].view().data + p * SC, SC * sizeof(float));
+      next_hyp[r] = hyp[p];
+      if (next_score[r] != kDead) next_hyp[r].push_back(next_tokens[r]);
+      tokens[r] = next_score[r] == kDead ? kLasEos : next_tokens[r];
+    }
+    hyp.swap(next_hyp);
+    score.swap(next_score);
+  }
+  std::vector<std::vector<int32_t>> result(N);
+  for (int64_t n = 0; n < N; ++n) {
+    double best = kDead;
+    for (const Finished& f : finished[n])
+      if (f.normalized > best) best = f.normalized, result[n] = f.tokens;
+    if (best == kDead)  // nothing ended within max_decode_steps: the best live hypothesis
+      for (int64_t b = 0; b < B; ++b)
+        if (const int64_t r = n * B + b; score[r] != kDead && score[r] / (hyp[r].size() + 1) > best)
+          best = score[r] / (hyp[r].size() + 1), result[n] = hyp[r];
+  }
+  return result;
+}
+
+std::unique_ptr<SpeechModel> make_las(Backend& backend, const LasOptions& options, uint64_t seed) {
+  return std::make_unique<Las>(backend, options, seed);
+}
+
+}  // namespace trainer::models

@@ -1,0 +1,100 @@
+// Helpers shared by the speech model tests: a batch of random features that owns its arrays, Adam
+// on a model's flat buffers (the tests stand alone, without optim/), and a finite-difference check
+// of a whole model's loss against its backward.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "gradcheck.h"
+#include "models/speech_model.h"
+
+namespace trainer::testing {
+
+// Random features with the given frame counts (zero padded, as the loader pads) and labels.
+struct SpeechTestBatch {
+  std::vector<float> features;
+  std::vector<int32_t> frames, labels, label_lengths;
+  int64_t max_frames = 0, feature_dim = 0;
+
+  SpeechTestBatch(int64_t dim, std::vector<int32_t> frame_counts, const std::vector<std::vector<int32_t>>& targets,
+                  uint64_t seed)
+      : frames(std::move(frame_counts)), feature_dim(dim) {
+    max_frames = *std::max_element(frames.begin(), frames.end());
+    features = random_vector(static_cast<int64_t>(frames.size()) * max_frames * dim, seed);
+    for (size_t n = 0; n < frames.size(); ++n)
+      for (int64_t t = frames[n]; t < max_frames; ++t)
+        std::fill_n(features.begin() + (n * max_frames + t) * dim, dim, 0.f);
+    for (const auto& t : targets) {
+      labels.insert(labels.end(), t.begin(), t.end());
+      label_lengths.push_back(static_cast<int32_t>(t.size()));
+    }
+  }
+  models::SpeechInput input() const {
+    return {features.data(), static_cast<int64_t>(frames.size()), max_frames, feature_dim, frames.data(),
+            labels.data(), label_lengths.data()};
+  }
+};
+
+class Adam {
+ public:
+  explicit Adam(double lr) : lr_(lr) {}
+  void step(models::ParameterStore& p) {
+    if (m_.empty()) m_.assign(p.size(), 0.0), v_.assign(p.size(), 0.0);
+    ++t_;
+    const double b1 = 0.9, b2 = 0.999, c1 = 1 - std::pow(b1, t_), c2 = 1 - std::pow(b2, t_);
+    for (int64_t i = 0; i < p.size(); ++i) {
+      const double g = p.grads()[i];
+      m_[i] = b1 * m_[i] + (1 - b1) * g;
+      v_[i] = b2 * v_[i] + (1 - b2) * g * g;
+      p.values()[i] -= static_cast<float>(lr_ * (m_[i] / c1) / (std::sqrt(v_[i] / c2) + 1e-8));
+    }
+  }
+
+ private:
+  double lr_;
+  int t_ = 0;
+  std::vector<double> m_, v_;
+};
+
+// Central differences of the model's training loss (float32 network, loss accumulated in double)
+// against backward(), on up to `per_tensor` elements of every parameter tensor. A point where the
+// one-sided slopes disagree has a kink (Hardtanh, ReLU) inside [-h, h] and is skipped; at most 10%
+// may be.
+inline void check_model_gradients(models::SpeechModel& model, const models::SpeechInput& input, double h = 1e-2,
+                                  int per_tensor = 6, double atol = 2e-3, double rtol = 2e-2) {
+  using models::Mode;
+  model.forward(input, Mode::kTrain);
+  model.backward();
+  models::ParameterStore& p = model.parameters();
+  std::vector<float> analytic(p.grads(), p.grads() + p.size());
+  int64_t checked = 0, kinks = 0;
+  for (const auto& v : p.views()) {
+    const int64_t step = std::max<int64_t>(1, v.numel() / per_tensor);
+    for (int64_t i = 0; i < v.numel(); i += step) {
+      float& w = p.values()[v.offset + i];
+      const float saved = w;
+      const double center = model.forward(input, Mode::kTrain);
+      w = static_cast<float>(saved + h);
+      const double plus = model.forward(input, Mode::kTrain);
+      w = static_cast<float>(saved - h);
+      const double minus = model.forward(input, Mode::kTrain);
+      w = saved;
+      const double numeric = (plus - minus) / (2 * h);
+      ++checked;
+      if (std::fabs((plus - center) - (center - minus)) / h > 0.1 * (std::fabs(numeric) + 0.1)) {
+        ++kinks;
+        continue;
+      }
+      INFO(v.name << "[" << i << "]: analytic " << analytic[v.offset + i] << " numeric " << numeric);
+      CHECK(std::fabs(analytic[v.offset + i] - numeric) <= atol + rtol * std::fabs(numeric));
+    }
+  }
+  INFO(kinks << " of " << checked << " skipped at kinks");
+  CHECK(kinks * 10 <= checked);
+}
+
+}  // namespace trainer::testing
