@@ -40,6 +40,15 @@ def las_tiny():
     torch.manual_seed(7)
     gen = torch.Generator().manual_seed(8)
     net = Las(**TINY)
+    # Away from the default init: at its tiny sizes the default model's listener outputs are small
+    # and its attention nearly uniform, so the attention gradients were 1e-4 of the others and
+    # dominated by rounding (float32 PyTorch itself was 2.5e-4 off float64). Larger listener and
+    # attention weights make the attention peaked and its gradients of the others' size.
+    with torch.no_grad():
+        for p in net.listener.parameters():
+            p.mul_(3)
+        for p in net.attention.parameters():
+            p.mul_(4)
     N, T = 3, 17
     frames = torch.tensor([17, 12, 9])  # unsorted after the first; listener lengths 4, 3, 2
     # Padding frames hold junk: the model must not read them (PyTorch's packed sequences cannot).
@@ -65,6 +74,10 @@ def las_tiny():
         for n, p in m.named_parameters():
             assert p.grad is not None and p.grad.abs().sum() > 0, f"{n}: no gradient"
             store[f"{prefix}grad.param.{n}"] = np_of(p.grad)
+    # Every gradient is well above rounding: float32 PyTorch agrees with float64 to 1e-5 relative.
+    for n, _ in net.named_parameters():
+        ref, f32 = store[f"f64.grad.param.{n}"], store[f"grad.param.{n}"]
+        assert abs(f32 - ref).max() <= 1e-5 * abs(ref).max(), f"{n}: float32 and float64 gradients disagree"
 
     # The padding frames do not matter: other junk there gives the same loss (float64).
     m = copy.deepcopy(net).to(torch.float64)
@@ -87,7 +100,8 @@ def las_tiny():
         "generator": "scripts/make_las_fixtures.py (model: scripts/torch_speech_models.py Las)",
         "torch_version": torch.__version__,
         "architecture": ("Las(" + ", ".join(f"{k}={v}" for k, v in TINY.items()) +
-                         "), PyTorch default init (seed 7); <sos> 29, <eos> 30"),
+                         "), PyTorch default init (seed 7), then listener weights x 3 and attention "
+                         "weights x 4; <sos> 29, <eos> 30"),
         "parameter_order": ",".join(n for n, _ in net.named_parameters()),
         "default_parameters": str(default_count),
         "inputs": ("features {N=3, T=17, F=6} (padding frames random junk), frames [17, 12, 9] (I32), labels "
