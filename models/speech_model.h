@@ -36,8 +36,8 @@ class SpeechModel {
   virtual double forward(const SpeechInput& input, Mode mode) = 0;
   // Writes the gradient of the last training forward's loss into parameters().grads().
   virtual void backward() = 0;
-  // Greedy transcripts (class ids, blanks and repeats removed) from an evaluation forward; labels
-  // are not read.
+  // Transcripts as character class ids (kSpeechLabels; other ids are not characters) decoded in
+  // evaluation mode: greedy CTC for deepspeech, greedy or beam search for las. Labels are not read.
   virtual std::vector<std::vector<int32_t>> decode(const SpeechInput& input) = 0;
   // Multiply-add FLOPs of the last forward (2 per multiply-add).
   virtual double forward_flops() const { return 0; }

@@ -19,7 +19,7 @@ namespace trainer {
 // The closed sets of names some keys accept, kept once so that validation, the documentation and
 // the factories that build these things agree. A new model, dataset or schedule adds its name here.
 inline const std::vector<std::string> kModelArchs = {"resnet20", "resnet32", "resnet56", "resnet18",
-                                                     "vgg16",    "deepspeech"};
+                                                     "vgg16",    "deepspeech", "las"};
 inline const std::vector<std::string> kDatasets = {"cifar10", "an4"};
 inline const std::vector<std::string> kSpeechFeatures = {"spectrogram", "logmel"};
 inline const std::vector<std::string> kOptimizers = {"sgd"};
@@ -39,6 +39,17 @@ struct ModelConfig {
   int64_t num_classes = 10;
   double label_smoothing = 0.0;
   bool freeze_batchnorm = false;
+  // Listen-Attend-Spell sizes (the an4 configuration of DESIGN.md section 5) and its training and
+  // decoding choices.
+  int64_t las_listener_hidden = 384;
+  int64_t las_pyramid_layers = 3;
+  int64_t las_attention_dim = 512;
+  int64_t las_embedding_dim = 256;
+  int64_t las_speller_hidden = 640;
+  int64_t las_speller_layers = 2;
+  double teacher_forcing = 1.0;
+  int64_t beam_width = 1;
+  int64_t max_decode_steps = 150;
 };
 
 struct DataConfig {

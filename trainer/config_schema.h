@@ -80,12 +80,30 @@ void visit_config(Cfg& c, Visitor& v) {
         kModelArchs);
   v.key("model.num_classes", c.model.num_classes, "Number of output classes.", closed(2, 1e6));
   v.key("model.label_smoothing", c.model.label_smoothing,
-        "Label smoothing of the cross-entropy targets, as in PyTorch's CrossEntropyLoss (0 = none).",
+        "Label smoothing of the cross-entropy targets, as in PyTorch's CrossEntropyLoss (0 = none); "
+        "image models and las.",
         closed_open(0, 1));
 
   v.key("model.freeze_batchnorm", c.model.freeze_batchnorm,
         "Train every BatchNorm with its running statistics, left unchanged (frozen BN, as for "
         "fine-tuning); a batch's gradient is then the mean of its samples' gradients.");
+  v.key("model.las_listener_hidden", c.model.las_listener_hidden,
+        "las: BLSTM width per direction of the listener.", at_least(1));
+  v.key("model.las_pyramid_layers", c.model.las_pyramid_layers,
+        "las: pyramidal BLSTM layers after the first BLSTM, each halving time (an utterance needs "
+        "2^layers frames).", closed(0, 8));
+  v.key("model.las_attention_dim", c.model.las_attention_dim,
+        "las: size of the attention's query and key projections.", at_least(1));
+  v.key("model.las_embedding_dim", c.model.las_embedding_dim, "las: character embedding size.", at_least(1));
+  v.key("model.las_speller_hidden", c.model.las_speller_hidden, "las: speller LSTM width.", at_least(1));
+  v.key("model.las_speller_layers", c.model.las_speller_layers, "las: speller LSTM layers.", closed(1, 8));
+  v.key("model.teacher_forcing", c.model.teacher_forcing,
+        "las: probability of feeding the true previous character to the speller while training "
+        "(else its own prediction).", closed(0, 1));
+  v.key("model.beam_width", c.model.beam_width,
+        "las: beam width when decoding for evaluation (1 = greedy).", closed(1, 64));
+  v.key("model.max_decode_steps", c.model.max_decode_steps,
+        "las: longest transcript decoding produces, in characters.", at_least(1));
 
   v.section("data", "The dataset and the input pipeline.");
   v.key("data.dataset", c.data.dataset, "Dataset format read from data.root.", kDatasets);

@@ -3,14 +3,17 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "data/seeding.h"
+#include "models/nets/deepspeech.h"
+#include "models/nets/las.h"
 #include "trainer/speech_metrics.h"
 
 namespace trainer::app {
 namespace {
 
-models::SpeechInput input_of(const data::SpeechBatch& b) {
-  return {b.features.data(), b.size,         b.max_frames, b.feature_dim,
-          b.frames.data(),   b.labels.data(), b.label_lengths.data()};
+models::SpeechInput input_of(const data::SpeechBatch& b, uint64_t seed = 0) {
+  return {b.features.data(), b.size,           b.max_frames,           b.feature_dim,
+          b.frames.data(),   b.labels.data(), b.label_lengths.data(), seed};
 }
 
 data::An4Options an4_options(const Config& c) {
@@ -26,12 +29,34 @@ data::An4Options an4_options(const Config& c) {
 }  // namespace
 
 std::unique_ptr<models::SpeechModel> SpeechTask::build_model(const Config& c) {
-  return models::make_speech_model(c.model.arch, models::cpu_backend(), static_cast<uint64_t>(c.experiment.seed));
+  const uint64_t seed = static_cast<uint64_t>(c.experiment.seed);
+  const int64_t feature_dim = data::FeatureExtractor(an4_options(c).features).dim();
+  if (c.model.arch == "las") {
+    models::LasOptions o;
+    o.feature_dim = feature_dim;
+    o.listener_hidden = c.model.las_listener_hidden;
+    o.pyramid_layers = c.model.las_pyramid_layers;
+    o.attention_dim = c.model.las_attention_dim;
+    o.embedding_dim = c.model.las_embedding_dim;
+    o.speller_hidden = c.model.las_speller_hidden;
+    o.speller_layers = c.model.las_speller_layers;
+    o.teacher_forcing = c.model.teacher_forcing;
+    o.label_smoothing = c.model.label_smoothing;
+    o.beam_width = c.model.beam_width;
+    o.max_decode_steps = c.model.max_decode_steps;
+    return models::make_las(models::cpu_backend(), o, seed);
+  }
+  if (c.model.arch == "deepspeech") {
+    models::DeepSpeechOptions o;
+    o.feature_dim = feature_dim;
+    return models::make_deepspeech(models::cpu_backend(), o, seed);
+  }
+  return models::make_speech_model(c.model.arch, models::cpu_backend(), seed);  // names the known ones
 }
 
 SpeechTask::SpeechTask(const Config& config, comm::Communicator& comm,
                        const std::function<void(const std::string&)>& announce)
-    : config_(config) {
+    : config_(config), rank_(static_cast<uint64_t>(comm.rank())) {
   std::string warnings;
   train_set_ = data::load_an4(an4_options(config), true, &warnings);
   test_set_ = data::load_an4(an4_options(config), false, &warnings);
@@ -56,7 +81,12 @@ SpeechTask::SpeechTask(const Config& config, comm::Communicator& comm,
 StepResult SpeechTask::forward_backward() {
   StepResult r;
   r.samples = batch_.size;
-  r.loss = model_->forward(input_of(batch_), models::Mode::kTrain);
+  // The model's own random choices (LAS teacher forcing) are a function of the run's seed, the
+  // rank and the batch's place in the data order, so a resumed run repeats them.
+  constexpr uint64_t kModelDraws = 0x4d4f44454cull;  // "MODEL": a stream of its own
+  const uint64_t seed = data::mix(data::mix(static_cast<uint64_t>(config_.experiment.seed), kModelDraws, rank_, 0),
+                                  kModelDraws, static_cast<uint64_t>(batch_.epoch), static_cast<uint64_t>(batch_.index));
+  r.loss = model_->forward(input_of(batch_, seed), models::Mode::kTrain);
   model_->backward();
   return r;
 }

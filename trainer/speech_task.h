@@ -26,6 +26,7 @@ class SpeechTask final : public Task {
 
  private:
   Config config_;
+  uint64_t rank_;
   data::SpeechSet train_set_, test_set_;
   std::unique_ptr<models::SpeechModel> model_;
   std::unique_ptr<data::SpeechLoader> loader_;

@@ -1,5 +1,6 @@
 #include "trainer/task.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "trainer/image_task.h"
@@ -8,7 +9,10 @@
 namespace trainer::app {
 namespace {
 
-bool is_speech(const Config& config) { return config.model.arch == "deepspeech"; }
+bool is_speech(const Config& config) {
+  const auto& names = models::speech_model_names();
+  return std::find(names.begin(), names.end(), config.model.arch) != names.end();
+}
 
 // Image models read CIFAR-format data and speech models AN4: a mismatch is a config error.
 void check_pairing(const Config& config) {

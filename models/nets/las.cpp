@@ -350,8 +350,9 @@ double Las::forward(const SpeechInput& in, Mode mode) {
 
   // Teacher forcing draws in a fixed order (step, utterance) from the batch's seed.
   const bool sample = mode == Mode::kTrain && opt_.teacher_forcing < 1.0;
+  // (53 random bits by hand: std::uniform_real_distribution differs between standard libraries.)
   std::mt19937_64 rng(in.seed);
-  std::uniform_real_distribution<double> coin(0.0, 1.0);
+  auto coin = [&rng] { return static_cast<double>(rng() >> 11) * 0x1.0p-53; };
   Step s;
   s.h_prev.resize(L), s.c_prev.resize(L), s.h.resize(L), s.c.resize(L), s.gates.resize(L), s.tanh_c.resize(L);
   for (int64_t t = 0; t < U; ++t) {
@@ -360,7 +361,7 @@ double Las::forward(const SpeechInput& in, Mode mode) {
       for (int64_t n = 0; n < N; ++n) {
         const int32_t previous = target(t - 1, n);
         const int32_t truth = previous >= 0 ? previous : kLasEos;  // past the end: <eos> (no loss there)
-        tokens[n] = sample && coin(rng) >= opt_.teacher_forcing ? argmax(logits + ((t - 1) * N + n) * V, V) : truth;
+        tokens[n] = sample && coin() >= opt_.teacher_forcing ? argmax(logits + ((t - 1) * N + n) * V, V) : truth;
       }
     s.tokens = tokens;
     s.context_prev = t > 0 ? state_context + (t - 1) * N * SC + Hs : nullptr;
