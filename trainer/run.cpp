@@ -141,7 +141,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   std::unique_ptr<MetricsWriter> metrics;
   if (lead) metrics = std::make_unique<MetricsWriter>(out + "/metrics.jsonl");
 
-  say(fmt("trainer: %s: %s (%lld parameters) on %lld images, steps %lld..%lld of batch %lld x %d processes, "
+  say(fmt("trainer: %s: %s (%lld parameters) on %lld training examples, steps %lld..%lld of batch %lld x %d processes, "
           "%d threads each, sync %s; output in %s",
           config.experiment.name.c_str(), config.model.arch.c_str(), static_cast<long long>(params.size()),
           static_cast<long long>(task.train_examples()), static_cast<long long>(first_step),
