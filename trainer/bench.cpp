@@ -1,8 +1,12 @@
 #include "trainer/bench.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <vector>
@@ -10,6 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "models/model.h"
+#include "models/nets/deepspeech.h"
+#include "models/nets/las.h"
+#include "models/speech_model.h"
 #include "optim/sgd.h"
 #include "trainer/experiment.h"
 
@@ -23,13 +30,119 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// Runs the PyTorch reference and returns its JSON line, or null when torch is unavailable.
-nlohmann::json run_torch(const BenchOptions& o, int threads, bool channels_last) {
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+// CPU seconds of every thread of this process.
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// What one benchmark times: a model's training step on a fixed batch (the model and the batch live
+// in the closures), and the PyTorch runs that mirror it.
+struct Workload {
+  std::string description;  // the batch, for the heading
+  int64_t batch = 0;
+  models::ParameterStore* params = nullptr;
+  std::function<void()> forward, backward;
+  std::function<double()> forward_flops;
+  std::string torch_script;  // under scripts/
+  struct TorchRun {
+    std::string label, key, args;  // output label, JSON key, arguments after the script
+  };
+  std::vector<TorchRun> torch_runs;
+};
+
+Workload image_workload(const BenchOptions& o) {
+  struct State {
+    std::unique_ptr<models::ImageClassifier> model;
+    std::vector<float> x;
+    std::vector<int32_t> labels;
+  };
+  auto s = std::make_shared<State>();
+  const int64_t batch = o.batch > 0 ? o.batch : 128;
+  s->model = models::make_image_model({o.model, 10, 0.f}, models::cpu_backend(), 0);
+  std::mt19937_64 rng(0);
+  std::normal_distribution<float> normal;
+  s->x.resize(batch * 3 * 32 * 32);
+  for (auto& v : s->x) v = normal(rng);
+  s->labels.resize(batch);
+  for (auto& l : s->labels) l = static_cast<int32_t>(rng() % 10);
+
+  Workload w;
+  w.description = "batch " + std::to_string(batch) + ", conv algorithm " + o.conv_algorithm;
+  w.batch = batch;
+  w.params = &s->model->parameters();
+  w.forward = [s, batch] {
+    s->model->forward(models::Tensor{s->x.data(), {batch, 3, 32, 32}}, s->labels.data(), models::Mode::kTrain);
+  };
+  w.backward = [s] { s->model->backward(); };
+  w.forward_flops = [s] { return s->model->forward_flops(); };
+  w.torch_script = "bench_torch.py";
+  const std::string args = "--model " + o.model + " --batch " + std::to_string(batch);
+  w.torch_runs = {{"pytorch (default layout)", "torch_default_ms", args},
+                  {"pytorch (channels_last)", "torch_channels_last_ms", args + " --channels-last"}};
+  return w;
+}
+
+// deepspeech (CTC) or las (teacher forcing 1.0, label smoothing 0.1) on `batch` utterances of
+// `frames` random feature frames each; utterance n has label_length - 1 + n % 3 random characters
+// (ids 1..28). scripts/bench_torch_speech.py builds the same batch shapes.
+Workload speech_workload(const BenchOptions& o) {
+  struct State {
+    std::unique_ptr<models::SpeechModel> model;
+    std::vector<float> features;
+    std::vector<int32_t> frames, labels, label_lengths;
+    models::SpeechInput input;
+  };
+  auto s = std::make_shared<State>();
+  const int64_t batch = o.batch > 0 ? o.batch : 8;
+  if (o.frames < 1 || o.label_length < 1) throw std::invalid_argument("--frames and --label-length must be positive");
+  int64_t feature_dim = 0;
+  if (o.model == "las") {
+    models::LasOptions lo;
+    lo.teacher_forcing = 1.0;
+    lo.label_smoothing = 0.1;
+    feature_dim = lo.feature_dim;
+    s->model = models::make_las(models::cpu_backend(), lo, 0);
+  } else {
+    feature_dim = models::DeepSpeechOptions{}.feature_dim;
+    s->model = models::make_speech_model(o.model, models::cpu_backend(), 0);
+  }
+  std::mt19937_64 rng(0);
+  std::normal_distribution<float> normal;
+  s->features.resize(batch * o.frames * feature_dim);
+  for (auto& v : s->features) v = normal(rng);
+  s->frames.assign(batch, static_cast<int32_t>(o.frames));
+  for (int64_t n = 0; n < batch; ++n) {
+    s->label_lengths.push_back(static_cast<int32_t>(o.label_length - 1 + n % 3));
+    for (int32_t i = 0; i < s->label_lengths.back(); ++i) s->labels.push_back(static_cast<int32_t>(1 + rng() % 28));
+  }
+  s->input = {s->features.data(), batch, o.frames, feature_dim, s->frames.data(), s->labels.data(),
+              s->label_lengths.data()};
+
+  Workload w;
+  w.description = "batch " + std::to_string(batch) + " x " + std::to_string(o.frames) + " frames of " +
+                  std::to_string(feature_dim) + " features, ~" + std::to_string(o.label_length) + " characters";
+  w.batch = batch;
+  w.params = &s->model->parameters();
+  w.forward = [s] { s->model->forward(s->input, models::Mode::kTrain); };
+  w.backward = [s] { s->model->backward(); };
+  w.forward_flops = [s] { return s->model->forward_flops(); };
+  w.torch_script = "bench_torch_speech.py";
+  w.torch_runs = {{"pytorch", "torch_ms",
+                   "--model " + o.model + " --batch " + std::to_string(batch) + " --frames " + std::to_string(o.frames) +
+                       " --label-length " + std::to_string(o.label_length)}};
+  return w;
+}
+
+// Runs a PyTorch reference and returns its JSON line, or null when torch is unavailable.
+nlohmann::json run_torch(const BenchOptions& o, const std::string& script, const std::string& args, int threads) {
   const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " " + o.torch_python + " " +
-                          std::string(TRAINER_SOURCE_DIR) + "/scripts/bench_torch.py --model " + o.model +
-                          " --batch " + std::to_string(o.batch) + " --threads " + std::to_string(threads) +
-                          " --warmup " + std::to_string(o.warmup) + " --steps " + std::to_string(o.steps) +
-                          (channels_last ? " --channels-last" : "") + " 2>/dev/null";
+                          std::string(TRAINER_SOURCE_DIR) + "/scripts/" + script + " " + args + " --threads " +
+                          std::to_string(threads) + " --warmup " + std::to_string(o.warmup) + " --steps " +
+                          std::to_string(o.steps) + " 2>/dev/null";
   std::FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) return nullptr;
   std::string out;
@@ -41,55 +154,85 @@ nlohmann::json run_torch(const BenchOptions& o, int threads, bool channels_last)
   return nlohmann::json::parse(out.substr(pos), nullptr, false);
 }
 
+bool is_one_of(const std::string& name, const std::vector<std::string>& names) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
 }  // namespace
 
 int run_bench(const BenchOptions& o) {
   if (o.conv_algorithm != "auto" && o.conv_algorithm != "direct" && o.conv_algorithm != "winograd")
     throw std::invalid_argument("--conv-algorithm must be auto, direct or winograd, got '" + o.conv_algorithm + "'");
+  const bool speech = is_one_of(o.model, models::speech_model_names());
+  if (!speech && !is_one_of(o.model, models::image_model_names())) {
+    std::string known;
+    for (const auto* names : {&models::image_model_names(), &models::speech_model_names()})
+      for (const auto& n : *names) known += (known.empty() ? "" : ", ") + n;
+    throw std::invalid_argument("bench: unknown model '" + o.model + "' (known: " + known + ")");
+  }
   Config runtime;
   runtime.runtime.threads = o.threads;
   runtime.runtime.conv_algorithm = o.conv_algorithm;
   const int threads = configure_runtime(runtime, 1);
 
-  auto model = models::make_image_model({o.model, 10, 0.f}, models::cpu_backend(), 0);
-  auto& params = model->parameters();
+  Workload w = speech ? speech_workload(o) : image_workload(o);
+  models::ParameterStore& params = *w.params;
   optim::Sgd sgd(params.size(), {0.9, false, 5e-4, false});
-  std::mt19937_64 rng(0);
-  std::normal_distribution<float> normal;
-  std::vector<float> x(o.batch * 3 * 32 * 32);
-  for (auto& v : x) v = normal(rng);
-  std::vector<int32_t> labels(o.batch);
-  for (auto& l : labels) l = static_cast<int32_t>(rng() % 10);
-
-  std::vector<double> times;
+  std::vector<double> total, forward, backward, update;
+  double cpu0 = 0;
+  Clock::time_point wall0;
   for (int i = 0; i < o.warmup + o.steps; ++i) {
+    if (i == o.warmup) cpu0 = process_cpu_seconds(), wall0 = Clock::now();
     const auto t0 = Clock::now();
-    model->forward(models::Tensor{x.data(), {o.batch, 3, 32, 32}}, labels.data(), models::Mode::kTrain);
-    model->backward();
+    w.forward();
+    const double f = ms_since(t0);
+    const auto t1 = Clock::now();
+    w.backward();
+    const double b = ms_since(t1);
+    const auto t2 = Clock::now();
     sgd.step(params.values(), params.grads(), 0.01);
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    if (i >= o.warmup) times.push_back(ms);
+    const double u = ms_since(t2);
+    if (i < o.warmup) continue;
+    forward.push_back(f), backward.push_back(b), update.push_back(u), total.push_back(ms_since(t0));
   }
-  const double ms = median(times);
-  const double step_gflop = 3 * model->forward_flops() / 1e9;  // forward + backward data + weights
-  std::printf("bench: %s training step, batch %lld, %d threads, conv algorithm %s\n", o.model.c_str(),
-              static_cast<long long>(o.batch), threads, o.conv_algorithm.c_str());
-  std::printf("  %-28s %9.1f ms/step  %8.0f samples/s  %6.1f GFLOP/s  (%.1f GFLOP/step)\n", "trainer", ms,
-              o.batch * 1e3 / ms, step_gflop / (ms / 1e3), step_gflop);
-  nlohmann::json report{{"model", o.model}, {"batch", o.batch}, {"threads", threads},
-                        {"conv_algorithm", o.conv_algorithm}, {"trainer_ms", ms}, {"gflop_per_step", step_gflop}};
+  // CPU seconds per wall second while timing: about the thread count on an idle machine.
+  const double cpu_per_wall = (process_cpu_seconds() - cpu0) / (ms_since(wall0) / 1e3);
+  const double ms = median(total);
+  const double step_gflop = 3 * w.forward_flops() / 1e9;  // forward + backward data + weights
+  std::printf("bench: %s training step, %s, %d threads\n", o.model.c_str(), w.description.c_str(), threads);
+  std::printf("  %-26s %9.1f ms/step %8.2f samples/s %6.1f GFLOP/s  (%.1f GFLOP/step)\n", "trainer", ms,
+              w.batch * 1e3 / ms, step_gflop / (ms / 1e3), step_gflop);
+  std::printf("  %-26s forward %.1f, backward %.1f, sgd %.1f ms; %.2f cpu/wall\n", "", median(forward),
+              median(backward), median(update), cpu_per_wall);
+  nlohmann::json report{{"model", o.model},
+                        {"batch", w.batch},
+                        {"threads", threads},
+                        {"trainer_ms", ms},
+                        {"trainer_forward_ms", median(forward)},
+                        {"trainer_backward_ms", median(backward)},
+                        {"trainer_sgd_ms", median(update)},
+                        {"trainer_cpu_per_wall", cpu_per_wall},
+                        {"gflop_per_step", step_gflop}};
+  if (speech)
+    report["frames"] = o.frames, report["label_length"] = o.label_length;
+  else
+    report["conv_algorithm"] = o.conv_algorithm;
   if (o.torch) {
-    for (bool cl : {false, true}) {
-      nlohmann::json t = run_torch(o, threads, cl);
-      const char* label = cl ? "pytorch (channels_last)" : "pytorch (default layout)";
+    for (const auto& run : w.torch_runs) {
+      nlohmann::json t = run_torch(o, w.torch_script, run.args, threads);
       if (t.is_null() || !t.contains("median_ms")) {
-        std::printf("  %-28s unavailable (needs python3-torch: scripts/install_deps.sh --bench)\n", label);
+        std::printf("  %-26s unavailable (needs python3-torch: scripts/install_deps.sh --bench)\n", run.label.c_str());
         continue;
       }
       const double tms = t["median_ms"].get<double>();
-      std::printf("  %-28s %9.1f ms/step  %8.0f samples/s  %6.1f GFLOP/s  trainer speedup %.2fx\n", label, tms,
-                  o.batch * 1e3 / tms, step_gflop / (tms / 1e3), tms / ms);
-      report[cl ? "torch_channels_last_ms" : "torch_default_ms"] = tms;
+      std::printf("  %-26s %9.1f ms/step %8.2f samples/s %6.1f GFLOP/s  trainer speedup %.2fx\n", run.label.c_str(),
+                  tms, w.batch * 1e3 / tms, step_gflop / (tms / 1e3), tms / ms);
+      if (t.contains("forward_ms"))
+        std::printf("  %-26s forward %.1f, backward %.1f, sgd %.1f ms; %.2f cpu/wall\n", "",
+                    t["forward_ms"].get<double>(), t["backward_ms"].get<double>(), t["optimizer_ms"].get<double>(),
+                    t.value("cpu_per_wall", 0.0));
+      report[run.key] = tms;
+      if (speech) report["torch_cpu_per_wall"] = t.value("cpu_per_wall", 0.0), report["speedup"] = tms / ms;
     }
   }
   std::printf("%s\n", report.dump().c_str());

@@ -2,7 +2,7 @@
 //
 //   [mpiexec -n P] trainer --config FILE.toml [--set key.path=value]... [--resume DIR|latest] [--dry-run]
 //   trainer make-cifar --out DIR [--train N] [--test N] [--seed S]
-//   trainer bench [--model resnet20] [--batch 128] [--threads N] [--no-torch]
+//   trainer bench [--model resnet20|...|deepspeech|las] [--batch N] [--threads N] [--no-torch]
 //   mpiexec -n P trainer bench comm [--n N]     (Communicator + log overhead vs bare MPI_Allreduce)
 //   mpiexec -n P trainer bench sync [--n N]     (every sync method on synthetic gradients)
 //   trainer --config-reference          (the documentation of every config key, as Markdown)
@@ -54,8 +54,11 @@ int main(int argc, char** argv) {
   auto* bench = app.add_subcommand("bench", "Time a training step against PyTorch on this machine");
   trainer::app::BenchOptions bo;
   bool no_torch = false;
-  bench->add_option("--model", bo.model, "resnet20, resnet32, resnet56, resnet18 or vgg16");
-  bench->add_option("--batch", bo.batch, "Batch size")->check(CLI::PositiveNumber);
+  bench->add_option("--model", bo.model, "resnet20, resnet32, resnet56, resnet18, vgg16, deepspeech or las");
+  bench->add_option("--batch", bo.batch, "Batch size (default: 128 images, 8 utterances)")->check(CLI::PositiveNumber);
+  bench->add_option("--frames", bo.frames, "Speech models: frames per utterance")->check(CLI::PositiveNumber);
+  bench->add_option("--label-length", bo.label_length, "Speech models: characters per transcript (about)")
+      ->check(CLI::PositiveNumber);
   bench->add_option("--steps", bo.steps, "Timed steps")->check(CLI::PositiveNumber);
   bench->add_option("--warmup", bo.warmup, "Untimed steps first");
   bench->add_option("--threads", bo.threads, "Threads (0: all cores)");
