@@ -24,12 +24,14 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_torch_fixtures import np_of, write_safetensors  # noqa: E402
-from torch_speech_models import LAS_PARAMETERS, Las, las_greedy_decode, las_loss, las_targets  # noqa: E402
+from torch_speech_models import (LAS_EOS, LAS_PARAMETERS, LAS_SOS, Las, las_greedy_decode, las_loss,  # noqa: E402
+                                 las_targets)
 
 TINY = dict(feature_dim=6, listener_hidden=4, pyramid_layers=2, attention_dim=5, embedding_dim=3,
             speller_hidden=7, speller_layers=2, classes=33)
 SMOOTHING = 0.1
 DECODE_STEPS = 8
+EOS_DECODE_STEPS = 12
 
 
 def las_tiny():
@@ -87,14 +89,26 @@ def las_tiny():
     assert abs(las_loss(m, junk, frames, targets, SMOOTHING)[0].item() - losses[torch.float64]) < 1e-12
 
     # Greedy decoding (float64) of the untrained model: the argmax of every step is kept (also
-    # ids no transcript uses), up to <eos> or DECODE_STEPS tokens; every step's top-2 margin is
-    # checked so that float32 arithmetic picks the same tokens.
-    m = copy.deepcopy(net).to(torch.float64)
-    decoded = las_greedy_decode(m, features.to(torch.float64), frames, max_steps=DECODE_STEPS)
-    margins = greedy_margins(m, features.to(torch.float64), frames, decoded)
-    assert min(margins) > 1e-3, f"greedy decoding has a near tie (margin {min(margins)})"
-    store["greedy_tokens"] = torch.tensor([c for d in decoded for c in d]).numpy().astype("int32")
-    store["greedy_lengths"] = torch.tensor([len(d) for d in decoded]).numpy().astype("int32")
+    # ids no transcript uses), up to <eos> or DECODE_STEPS tokens.
+    margin = store_greedy(store, "greedy_", net, features, frames, DECODE_STEPS)
+    # A second model whose greedy decoding of utterance 2 ends with <eos> after some tokens (the
+    # first one's never emits it): the fixture's weights with larger embeddings and speller input
+    # weights and a raised <eos> bias, from another seed.
+    torch.manual_seed(2)
+    eos_net = Las(**TINY)
+    with torch.no_grad():
+        for p in eos_net.listener.parameters():
+            p.mul_(3)
+        for p in eos_net.attention.parameters():
+            p.mul_(4)
+        eos_net.speller.embedding.weight.mul_(8)
+        for cell in eos_net.speller.cells:
+            cell.weight_ih.mul_(3)
+        eos_net.speller.output.bias[LAS_EOS] += 0.4
+    for n, p in eos_net.named_parameters():
+        store["greedy_eos.param." + n] = np_of(p)
+    eos_margin = store_greedy(store, "greedy_eos_", eos_net, features, frames, EOS_DECODE_STEPS)
+    assert 1 < store["greedy_eos_lengths"][2] < EOS_DECODE_STEPS, store["greedy_eos_lengths"]
 
     meta = {
         "generator": "scripts/make_las_fixtures.py (model: scripts/torch_speech_models.py Las)",
@@ -110,27 +124,40 @@ def las_tiny():
         "outputs": ("loss = las_loss(label_smoothing=0.1, teacher_forcing=1.0): CrossEntropyLoss(label_smoothing) "
                     "mean over the 14 target tokens; logits {U=6, N=3, 33} (rows u > L_n not in the loss); "
                     "grad.param.* = d loss / d param"),
-        "greedy": (f"greedy_tokens / greedy_lengths: float64 greedy decoding of the initial model, up to <eos> "
-                   f"(excluded) or {DECODE_STEPS} tokens, raw argmax ids; top-2 margin >= {min(margins):.4f}"),
+        "greedy": (f"greedy_tokens / greedy_lengths: float64 greedy decoding (from <sos>, feed back each step's "
+                   f"argmax, stop at the first argmax <eos>, which is not included) of the model, up to "
+                   f"{DECODE_STEPS} tokens, raw argmax ids; top-2 logit margin >= {margin:.4f}"),
+        "greedy_eos": (f"greedy_eos_tokens / greedy_eos_lengths: the same for the weights greedy_eos.param.* "
+                       f"(seed 2; listener x 3, attention x 4, embedding x 8, speller weight_ih x 3, output "
+                       f"bias[<eos>] + 0.4), up to {EOS_DECODE_STEPS} tokens: utterance 2 ends with <eos> after "
+                       f"{store['greedy_eos_lengths'][2]} tokens; top-2 logit margin >= {eos_margin:.4f}"),
     }
     return {"las_tiny.safetensors": (store, meta)}
 
 
-def greedy_margins(model, features, frames, decoded):
-    """Top-2 logit gap of every step of a greedy decode (the inputs replayed from its result)."""
-    with torch.no_grad():
-        h, keys, mask = model.listen(features, frames)
-        n = features.shape[0]
-        context, states = model.initial_state(n, features.dtype)
-        tokens = torch.full((n,), 29, dtype=torch.long)
+def store_greedy(store, prefix, net, features, frames, max_steps):
+    """Greedy decoding of `net` in float64 into store[prefix + "tokens"] (concatenated) and
+    store[prefix + "lengths"]; returns the smallest top-2 logit margin of the steps that decided
+    it, checked to be large enough for float32 arithmetic to pick the same tokens."""
+    m = copy.deepcopy(net).to(torch.float64)
+    x = features.to(torch.float64)
+    decoded = las_greedy_decode(m, x, frames, max_steps=max_steps)
+    with torch.no_grad():  # replay the decode, collecting each utterance's margins until it ended
+        h, keys, mask = m.listen(x, frames)
+        n = x.shape[0]
+        context, states = m.initial_state(n, x.dtype)
+        tokens = torch.full((n,), LAS_SOS, dtype=torch.long)
         margins = []
         for t in range(max(len(d) for d in decoded) + 1):
-            out, context, states = model.step(tokens, context, states, h, keys, mask)
+            out, context, states = m.step(tokens, context, states, h, keys, mask)
             top = out.topk(2, 1).values
-            margins += [(top[i, 0] - top[i, 1]).item() for i in range(n) if t <= len(decoded[i]) and
-                        (t < len(decoded[i]) or len(decoded[i]) < DECODE_STEPS)]
+            margins += [(top[i, 0] - top[i, 1]).item() for i in range(n)
+                        if t < len(decoded[i]) or t == len(decoded[i]) < max_steps]
             tokens = out.argmax(1)
-        return margins
+    assert min(margins) > 1e-3, f"{prefix}: greedy decoding has a near tie (margin {min(margins)})"
+    store[prefix + "tokens"] = torch.tensor([c for d in decoded for c in d]).numpy().astype("int32")
+    store[prefix + "lengths"] = torch.tensor([len(d) for d in decoded]).numpy().astype("int32")
+    return min(margins)
 
 
 def main():

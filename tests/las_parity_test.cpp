@@ -69,13 +69,22 @@ struct FixtureBatch {
   }
 };
 
-void load_parameters(Las& model) {
+void load_parameters(Las& model, const std::string& prefix = "") {
   ParameterStore& p = model.parameters();
   for (const auto& v : p.views()) {
-    const auto values = fixture().at("param." + v.name).as_f32();
+    const auto values = fixture().at(prefix + "param." + v.name).as_f32();
     REQUIRE(static_cast<int64_t>(values.size()) == v.numel());
     std::copy(values.begin(), values.end(), p.values() + v.offset);
   }
+}
+
+// The fixture's greedy transcripts: <prefix>tokens (concatenated) and <prefix>lengths.
+std::vector<std::vector<int32_t>> expected_decode(const std::string& prefix) {
+  const auto tokens = i32(prefix + "tokens"), lengths = i32(prefix + "lengths");
+  std::vector<std::vector<int32_t>> expected;
+  for (size_t n = 0, at = 0; n < lengths.size(); at += lengths[n++])
+    expected.emplace_back(tokens.begin() + at, tokens.begin() + at + lengths[n]);
+  return expected;
 }
 
 }  // namespace
@@ -130,12 +139,18 @@ TEST_CASE("las greedy decoding matches PyTorch's (untrained tiny model, 8 steps)
   o.max_decode_steps = 8;
   Las model(cpu_backend(), o, 1);
   load_parameters(model);
-  const FixtureBatch b;
-  const auto tokens = i32("greedy_tokens"), lengths = i32("greedy_lengths");
-  std::vector<std::vector<int32_t>> expected;
-  for (size_t n = 0, at = 0; n < lengths.size(); at += lengths[n++])
-    expected.emplace_back(tokens.begin() + at, tokens.begin() + at + lengths[n]);
-  CHECK(model.decode_greedy(b.input()) == expected);
+  CHECK(model.decode_greedy(FixtureBatch().input()) == expected_decode("greedy_"));
+}
+
+TEST_CASE("las greedy decoding stops at the first argmax <eos>, as PyTorch's", "[las][parity]") {
+  // Utterance 2's argmax is <eos> after 7 tokens, narrowly: greedy decoding ends there.
+  LasOptions o = tiny();
+  o.max_decode_steps = 12;
+  Las model(cpu_backend(), o, 1);
+  load_parameters(model, "greedy_eos.");
+  const auto expected = expected_decode("greedy_eos_");
+  REQUIRE(expected[2].size() == 7);
+  CHECK(model.decode_greedy(FixtureBatch().input()) == expected);
 }
 
 TEST_CASE("las an4 sizes: 27,468,449 parameters, as the PyTorch model at its defaults", "[las][parity]") {
