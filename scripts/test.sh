@@ -5,4 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
 cd build
+# Two tests at a time on two cores: OpenMP's spin-waiting would stall each test's parallel regions.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 ctest --output-on-failure -j 2 "$@"

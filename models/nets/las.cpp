@@ -635,8 +635,10 @@ std::vector<std::vector<int32_t>> Las::decode_beam(const SpeechInput& input, int
         next_tokens[r] = cand.token;
         parent[r] = cand.row;
       }
-      // Done when nothing lives on, or when B hypotheses have ended and the best of them beats
-      // every live one at its current normalized score (a cheap end test: a live hypothesis's
+      // Done when nothing lives on; when the best extension is <eos> (every live hypothesis
+      // already has a lower total log-probability, which can only fall: with width 1 this is
+      // exactly greedy decoding); or when B hypotheses have ended and the best of them beats every
+      // live one at its current normalized score (a cheap end test: a live hypothesis's
       // normalized score can still rise, but rarely past a finished leader).
       double best_finished = kDead, best_live = kDead;
       for (const Finished& f : finished[n]) best_finished = std::max(best_finished, f.normalized);
@@ -644,7 +646,9 @@ std::vector<std::vector<int32_t>> Las::decode_beam(const SpeechInput& input, int
         const int64_t r = n * B + b;
         best_live = std::max(best_live, next_score[r] / (hyp[parent[r]].size() + 2));
       }
-      if (kept == 0 || (static_cast<int64_t>(finished[n].size()) >= B && best_finished >= best_live)) done[n] = 1;
+      if (kept == 0 || (keep > 0 && candidates[0].token == kLasEos) ||
+          (static_cast<int64_t>(finished[n].size()) >= B && best_finished >= best_live))
+        done[n] = 1;
     }
     if (std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) break;
     // Gather the survivors' states (rows of [nxt]) into [cur].
