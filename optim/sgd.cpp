@@ -83,7 +83,11 @@ void Sgd::load(std::istream& in) {
   char magic[4];
   uint32_t version = 0;
   int64_t n = 0, steps = 0, buffer_len = 0;
-  if (!in.read(magic, sizeof(magic)) || std::memcmp(magic, kMagic, sizeof(kMagic)) != 0)
+  const bool got_magic = static_cast<bool>(in.read(magic, sizeof(magic)));
+  if (got_magic && std::memcmp(magic, "TADM", 4) == 0)  // optim/adam.cpp's magic
+    throw std::runtime_error("SGD state: this is an Adam optimizer state, not an SGD one (bad magic; was "
+                             "optim.name changed?)");
+  if (!got_magic || std::memcmp(magic, kMagic, sizeof(kMagic)) != 0)
     throw std::runtime_error("SGD state: not an SGD optimizer state (bad magic)");
   if (!read_pod(in, version) || version != kVersion)
     throw std::runtime_error("SGD state: unsupported format version " + std::to_string(version) +

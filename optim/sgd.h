@@ -15,7 +15,10 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <string>
 #include <vector>
+
+#include "optim/optimizer.h"
 
 namespace trainer::optim {
 
@@ -26,7 +29,7 @@ struct SgdOptions {
   bool decoupled_weight_decay = false;  // SGDW-style decay instead of L2 added to the gradient
 };
 
-class Sgd {
+class Sgd final : public Optimizer {
  public:
   // n: elements in the flat parameter (and gradient) buffer. Throws std::invalid_argument for
   // negative values or Nesterov without momentum.
@@ -35,12 +38,13 @@ class Sgd {
   // One update of params[0, n) from grads[0, n) with learning rate lr. grads is not modified (the
   // sync method may still own it). One pass over memory, parallel over OpenMP threads; the result
   // does not depend on the thread count.
-  void step(float* params, const float* grads, double lr);
+  void step(float* params, const float* grads, double lr) override;
 
-  int64_t size() const { return n_; }
+  std::string name() const override { return "sgd"; }
+  int64_t size() const override { return n_; }
   const SgdOptions& options() const { return options_; }
   // Steps taken so far; 0 means the next step initializes the momentum buffer from the gradient.
-  int64_t step_count() const { return steps_; }
+  int64_t step_count() const override { return steps_; }
 
   // The raw state, for checkpoint tests and inspection. The momentum buffer is empty when
   // momentum == 0 and holds n elements otherwise.
@@ -50,8 +54,8 @@ class Sgd {
   // raw little-endian float32 buffer. load() throws std::runtime_error naming what does not match
   // (wrong magic or version, element count, buffer length, truncated stream), leaving this object
   // unchanged on error.
-  void save(std::ostream& out) const;
-  void load(std::istream& in);
+  void save(std::ostream& out) const override;
+  void load(std::istream& in) override;
 
  private:
   int64_t n_;

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Reference values for tests/optim_test.cpp, computed with PyTorch's own optimizer, schedulers and
-clip_grad_norm_, written to tests/fixtures/optim_reference.json.
+"""Reference values for tests/optim_test.cpp, computed with PyTorch's own optimizers (SGD, Adam,
+AdamW), schedulers and clip_grad_norm_, written to tests/fixtures/optim_reference.json.
 
 Run with Debian's torch (the `python3` first on PATH may not have it):
     /usr/bin/python3 scripts/make_optim_fixtures.py
@@ -51,6 +51,26 @@ def sgd_trajectory(momentum, nesterov, weight_decay, decoupled):
             "decoupled_weight_decay": decoupled, "params": params}
 
 
+def adam_trajectory(decoupled, weight_decay, betas=(0.9, 0.999), eps=1e-8):
+    """torch.optim.Adam (coupled L2 decay) or torch.optim.AdamW (decoupled) over GRADS and LRS."""
+    p = torch.tensor(P0, dtype=torch.float32, requires_grad=True)
+    make = torch.optim.AdamW if decoupled else torch.optim.Adam
+    opt = make([p], lr=LRS[0], betas=betas, eps=eps, weight_decay=weight_decay)
+    params, exp_avg, exp_avg_sq = [], [], []
+    for g, lr in zip(GRADS, LRS):
+        for group in opt.param_groups:
+            group["lr"] = lr
+        p.grad = torch.tensor(g, dtype=torch.float32)
+        opt.step()
+        params.append([float(x) for x in p.detach().tolist()])
+        state = opt.state[p]
+        exp_avg.append([float(x) for x in state["exp_avg"].tolist()])
+        exp_avg_sq.append([float(x) for x in state["exp_avg_sq"].tolist()])
+    return {"decoupled_weight_decay": decoupled, "weight_decay": weight_decay, "beta1": betas[0],
+            "beta2": betas[1], "eps": eps, "params": params, "exp_avg": exp_avg,
+            "exp_avg_sq": exp_avg_sq}
+
+
 def epoch_schedule(make, base_lr, steps_per_epoch, epochs):
     """LR per optimizer step for a scheduler stepped once per epoch."""
     opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=base_lr)
@@ -94,6 +114,16 @@ def main():
         sgd_trajectory(0.9, False, 5e-2, True),
         sgd_trajectory(0.9, True, 5e-2, True),
     ]
+    adam = [
+        adam_trajectory(False, 0.0),
+        adam_trajectory(False, 5e-2),  # Adam: L2 decay enters both moments
+        adam_trajectory(True, 5e-2),  # AdamW: decay shrinks the weights before the step
+        adam_trajectory(True, 0.0),
+        # Betas far from the defaults and an eps as large as sqrt(v), so that where eps enters
+        # (after the bias correction) and how the betas are used show in every element.
+        adam_trajectory(False, 1e-2, betas=(0.5, 0.75), eps=0.1),
+        adam_trajectory(True, 1e-1, betas=(0.0, 0.9), eps=1e-3),
+    ]
     spe = 3  # steps per epoch
     schedules = [
         {"kind": "multistep", "base_lr": 0.1, "milestones": [2, 4], "gamma": 0.1,
@@ -125,6 +155,7 @@ def main():
     ]
     out = {"generator": "scripts/make_optim_fixtures.py", "torch": torch.__version__,
            "sgd": {"p0": f32(P0), "grads": [f32(g) for g in GRADS], "lrs": LRS, "cases": sgd},
+           "adam": {"cases": adam},  # p0, grads and lrs as for sgd
            "schedules": schedules, "clip": clip}
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures",
                         "optim_reference.json")

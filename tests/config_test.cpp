@@ -101,7 +101,7 @@ TEST_CASE("values outside their range or choices are errors", "[config]") {
         "configs/x.toml: optim.milestones element -1 is out of range [0, inf)");
   CHECK(error_of("[model]\narch = \"resnet21\"\n") ==
         "configs/x.toml: model.arch = \"resnet21\" is not one of resnet20, resnet32, resnet56, resnet18, "
-        "vgg16, deepspeech (did you mean \"resnet20\"?)");
+        "vgg16, deepspeech, las (did you mean \"resnet20\"?)");
   CHECK(error_of("[optim]\nschedule = \"step\"\n") ==
         "configs/x.toml: optim.schedule = \"step\" is not one of constant, multistep, cosine, exponential");
 }
@@ -118,6 +118,31 @@ TEST_CASE("rules across keys", "[config]") {
         "configs/x.toml: optim.min_lr = 0.5 is above optim.lr = 0.1 (the cosine schedule decays from lr to "
         "min_lr)");
   CHECK(error_of("[experiment]\nname = \"\"\n") == "configs/x.toml: experiment.name must not be empty");
+}
+
+TEST_CASE("optimizer choice: sgd, adam, adamw with betas and eps", "[config]") {
+  const Config defaults;
+  CHECK(defaults.optim.name == "sgd");
+  CHECK(defaults.optim.beta1 == 0.9);
+  CHECK(defaults.optim.beta2 == 0.999);
+  CHECK(defaults.optim.eps == 1e-8);
+  const Config c = parse("[optim]\nname = \"adamw\"\nbeta1 = 0.8\nbeta2 = 0.99\neps = 1e-6\nweight_decay = 0.01\n");
+  CHECK(c.optim.name == "adamw");
+  CHECK(c.optim.beta1 == 0.8);
+  CHECK(c.optim.beta2 == 0.99);
+  CHECK(c.optim.eps == 1e-6);
+  CHECK(parse("", {"optim.name=adam"}).optim.name == "adam");
+  CHECK(error_of("[optim]\nname = \"adagrad\"\n") ==
+        "configs/x.toml: optim.name = \"adagrad\" is not one of sgd, adam, adamw");
+  CHECK(error_of("[optim]\nbeta1 = 1.0\n") == "configs/x.toml: optim.beta1 = 1.0 is out of range [0, 1)");
+  CHECK(error_of("[optim]\nbeta2 = -0.5\n") == "configs/x.toml: optim.beta2 = -0.5 is out of range [0, 1)");
+  CHECK(error_of("[optim]\neps = 0.0\n") == "configs/x.toml: optim.eps = 0.0 is out of range (0, 1]");
+  // Nesterov is SGD's; momentum is simply unused by adam (its default is 0.9).
+  CHECK(error_of("[optim]\nname = \"adam\"\nnesterov = true\n") ==
+        "configs/x.toml: optim.nesterov = true applies to sgd only, not optim.name = \"adam\"");
+  CHECK(error_of("[optim]\nnesterov = true\n", {"optim.name=adamw"}) ==
+        "--set optim.name=adamw: optim.nesterov = true applies to sgd only, not optim.name = \"adamw\"");
+  CHECK(error_of("[optim]\nname = \"adam\"\nmomentum = 0.5\n").empty());
 }
 
 TEST_CASE("overrides are typed and beat the file in order", "[config]") {
@@ -201,6 +226,8 @@ TEST_CASE("to_toml round-trips every value", "[config]") {
   c.optim.milestones = {};
   c.optim.schedule = "exponential";
   c.optim.nesterov = true;
+  c.optim.beta2 = 0.95;
+  c.optim.eps = 1e-12;
   c.train.max_steps = 123456789012345;
   c.runtime.deterministic = true;
   const std::string text = to_toml(c);

@@ -35,7 +35,7 @@ namespace trainer {
 struct TrainingState {
   int64_t step = 0;                          // optimizer steps done
   int64_t epoch = 0, batch_in_epoch = 0;     // loader position of the NEXT batch
-  std::string optimizer_state, sync_state;   // opaque bytes (Sgd::save, GradientSync::save)
+  std::string optimizer_state, sync_state;   // opaque bytes (Optimizer::save, GradientSync::save)
 };
 
 // Who is saving or loading. The model's identity is its layout (tensor names and shapes, from the

@@ -343,6 +343,9 @@ void check_consistency(const Config& c, const Settings& settings, const std::str
   if (!std::is_sorted(c.optim.milestones.begin(), c.optim.milestones.end()))
     fail(origin({"optim.milestones"}), "optim.milestones = " + toml_literal(Value(c.optim.milestones)) +
                                            " must be in increasing order");
+  if (c.optim.nesterov && c.optim.name != "sgd")
+    fail(origin({"optim.nesterov", "optim.name"}),
+         "optim.nesterov = true applies to sgd only, not optim.name = \"" + c.optim.name + "\"");
   if (c.optim.nesterov && c.optim.momentum == 0)
     fail(origin({"optim.nesterov", "optim.momentum"}), "optim.nesterov = true needs optim.momentum > 0");
   if (c.optim.schedule == "cosine" && c.optim.min_lr > c.optim.lr)

@@ -22,7 +22,8 @@ inline const std::vector<std::string> kModelArchs = {"resnet20", "resnet32", "re
                                                      "vgg16",    "deepspeech", "las"};
 inline const std::vector<std::string> kDatasets = {"cifar10", "an4"};
 inline const std::vector<std::string> kSpeechFeatures = {"spectrogram", "logmel"};
-inline const std::vector<std::string> kOptimizers = {"sgd"};
+// Must match optim::optimizer_names() (a test checks).
+inline const std::vector<std::string> kOptimizers = {"sgd", "adam", "adamw"};
 inline const std::vector<std::string> kSchedules = {"constant", "multistep", "cosine", "exponential"};
 inline const std::vector<std::string> kConvAlgorithms = {"auto", "direct", "winograd"};
 // Must match comm::sync_method_names() (a test checks).
@@ -73,10 +74,13 @@ struct DataConfig {
 struct OptimConfig {
   std::string name = "sgd";
   double lr = 0.1;
-  double momentum = 0.9;
-  bool nesterov = false;
+  double momentum = 0.9;  // sgd
+  bool nesterov = false;  // sgd
   double weight_decay = 5e-4;
   bool decoupled_weight_decay = false;
+  double beta1 = 0.9;  // adam, adamw
+  double beta2 = 0.999;
+  double eps = 1e-8;
   double grad_clip_norm = 0.0;  // 0: off
   std::string schedule = "multistep";
   std::vector<int64_t> milestones = {100, 150};  // epochs

@@ -144,14 +144,27 @@ void visit_config(Cfg& c, Visitor& v) {
         "an4: gain augmentation, drawn from [-x, +x] dB per utterance (0 = off).", closed(0, 60));
 
   v.section("optim", "Optimizer, learning-rate schedule and gradient clipping.");
-  v.key("optim.name", c.optim.name, "Optimizer.", kOptimizers);
+  v.key("optim.name", c.optim.name,
+        "Optimizer: sgd (torch.optim.SGD, with momentum, nesterov); adam (torch.optim.Adam, with "
+        "beta1, beta2, eps); adamw (torch.optim.AdamW: adam with decoupled weight decay).",
+        kOptimizers);
   v.key("optim.lr", c.optim.lr, "Base learning rate, before the schedule and warmup.", closed(0, 10));
-  v.key("optim.momentum", c.optim.momentum, "Momentum factor (0 = plain SGD).", closed_open(0, 1));
-  v.key("optim.nesterov", c.optim.nesterov, "Nesterov momentum (needs optim.momentum > 0).");
+  v.key("optim.momentum", c.optim.momentum, "sgd: momentum factor (0 = plain SGD); unused by adam.",
+        closed_open(0, 1));
+  v.key("optim.nesterov", c.optim.nesterov,
+        "sgd: Nesterov momentum (needs optim.momentum > 0); an error with adam and adamw.");
   v.key("optim.weight_decay", c.optim.weight_decay, "Weight decay factor (0 = none).", closed(0, 1));
   v.key("optim.decoupled_weight_decay", c.optim.decoupled_weight_decay,
-        "false: L2 decay added to the gradient, as torch.optim.SGD; true: decay applied to the "
-        "weights directly, outside momentum, as SGDW/AdamW.");
+        "false: L2 decay added to the gradient, as torch.optim.SGD and torch.optim.Adam; true: decay "
+        "applied to the weights directly before the step (outside momentum and the moments), as "
+        "SGDW/AdamW. adamw always decouples; adam with true is adamw.");
+  v.key("optim.beta1", c.optim.beta1, "adam, adamw: decay of the running mean of the gradient.",
+        closed_open(0, 1));
+  v.key("optim.beta2", c.optim.beta2, "adam, adamw: decay of the running mean of the squared gradient.",
+        closed_open(0, 1));
+  v.key("optim.eps", c.optim.eps,
+        "adam, adamw: added to the bias-corrected square root of the second moment (as PyTorch does).",
+        open_closed(0, 1));
   v.key("optim.grad_clip_norm", c.optim.grad_clip_norm,
         "Clip the global L2 norm of the averaged gradient to this value (0 = no clipping).",
         at_least(0));

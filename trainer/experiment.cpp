@@ -40,6 +40,19 @@ comm::SyncOptions sync_options(const Config& c) {
   return o;
 }
 
+optim::OptimizerOptions optimizer_options(const Config& c) {
+  optim::OptimizerOptions o;
+  o.name = c.optim.name;
+  o.momentum = c.optim.momentum;
+  o.nesterov = c.optim.nesterov;
+  o.weight_decay = c.optim.weight_decay;
+  o.decoupled_weight_decay = c.optim.decoupled_weight_decay;
+  o.beta1 = c.optim.beta1;
+  o.beta2 = c.optim.beta2;
+  o.eps = c.optim.eps;
+  return o;
+}
+
 namespace {
 
 optim::ScheduleOptions schedule_options(const OptimConfig& o) {
@@ -61,8 +74,7 @@ Experiment build_experiment(const Config& config, comm::Communicator& comm,
   e.task = make_task(config, comm, announce);
   const OptimConfig& o = config.optim;
   const int64_t n = e.task->parameters().size();
-  e.optimizer = std::make_unique<optim::Sgd>(n, optim::SgdOptions{o.momentum, o.nesterov, o.weight_decay,
-                                                                  o.decoupled_weight_decay});
+  e.optimizer = optim::make_optimizer(optimizer_options(config), n);
   e.schedule = schedule_options(o);
   e.sync = comm::make_gradient_sync(sync_options(config), comm, n);
   return e;

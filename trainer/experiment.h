@@ -10,7 +10,7 @@
 #include "comm/communicator.h"
 #include "comm/sync/gradient_sync.h"
 #include "optim/schedule.h"
-#include "optim/sgd.h"
+#include "optim/optimizer.h"
 #include "trainer/config.h"
 #include "trainer/task.h"
 
@@ -18,7 +18,7 @@ namespace trainer::app {
 
 struct Experiment {
   std::unique_ptr<Task> task;
-  std::unique_ptr<optim::Sgd> optimizer;
+  std::unique_ptr<optim::Optimizer> optimizer;  // optim.name: sgd, adam or adamw
   optim::ScheduleOptions schedule;
   std::unique_ptr<comm::GradientSync> sync;
 };
@@ -32,5 +32,6 @@ Experiment build_experiment(const Config& config, comm::Communicator& comm,
                             const std::function<void(const std::string&)>& announce);
 
 comm::SyncOptions sync_options(const Config& config);
+optim::OptimizerOptions optimizer_options(const Config& config);
 
 }  // namespace trainer::app

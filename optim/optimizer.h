@@ -1,0 +1,55 @@
+// The optimizer interface the training loop holds (DESIGN.md section 2: Optimizer::step(params,
+// grads, lr)), and the factory that builds one by name.
+//
+// Every optimizer works on one flat float32 parameter buffer and the gradient buffer of the same
+// length, takes the learning rate per step (the schedule lives outside), and saves and loads its
+// complete state as opaque bytes for checkpoints. Implementations: Sgd (optim/sgd.h) and Adam,
+// which is also AdamW (optim/adam.h).
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trainer::optim {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+
+  // One update of params[0, n) from grads[0, n) with learning rate lr; grads is not modified.
+  // The result does not depend on the OpenMP thread count.
+  virtual void step(float* params, const float* grads, double lr) = 0;
+
+  // Binary state. load() throws std::runtime_error naming what does not match and leaves the
+  // optimizer unchanged on error.
+  virtual void save(std::ostream& out) const = 0;
+  virtual void load(std::istream& in) = 0;
+
+  // "sgd", "adam" or "adamw": the optim.name that builds this optimizer.
+  virtual std::string name() const = 0;
+  virtual int64_t size() const = 0;
+  virtual int64_t step_count() const = 0;
+};
+
+// Everything the factory needs, from the [optim] section of the config. Options that do not apply
+// to the chosen optimizer are ignored (momentum for adam), except nesterov, which only sgd accepts.
+struct OptimizerOptions {
+  std::string name = "sgd";  // one of optimizer_names()
+  double momentum = 0.0;     // sgd
+  bool nesterov = false;     // sgd
+  double weight_decay = 0.0;
+  bool decoupled_weight_decay = false;  // sgd: SGDW; adam: AdamW (adamw is always decoupled)
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw
+};
+
+// The names make_optimizer() accepts, in the order of trainer::kOptimizers (a test checks).
+const std::vector<std::string>& optimizer_names();
+
+// n: elements in the flat parameter buffer. Throws std::invalid_argument for an unknown name or an
+// option the optimizer rejects (naming it).
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, int64_t n);
+
+}  // namespace trainer::optim
