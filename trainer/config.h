@@ -94,6 +94,7 @@ struct TrainConfig {
   int64_t max_steps = 0;  // 0: no limit
   int64_t log_every_steps = 20;
   int64_t eval_every_steps = 0;  // 0: at the end of each epoch
+  bool eval_at_start = false;
   int64_t checkpoint_every = 0;  // 0: only at the end
   int64_t keep_checkpoints = 2;
   int64_t eval_examples = 3;

@@ -193,6 +193,8 @@ void visit_config(Cfg& c, Visitor& v) {
         at_least(1));
   v.key("train.eval_every_steps", c.train.eval_every_steps,
         "Evaluate on the test split every N steps (0 = at the end of each epoch).", at_least(0));
+  v.key("train.eval_at_start", c.train.eval_at_start,
+        "Also evaluate before the first step of a fresh run: the untrained model's baseline.");
   v.key("train.checkpoint_every", c.train.checkpoint_every,
         "Write a checkpoint every N steps (0 = only at the end of the run).", at_least(0));
   v.key("train.keep_checkpoints", c.train.keep_checkpoints,

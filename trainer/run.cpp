@@ -188,6 +188,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   const auto train_start = Clock::now();
   comm::Phase phase = comm::Phase::kDense;
 
+  if (config.train.eval_at_start && first_step == 0) run_eval(0, 0);
   for (int64_t step = first_step; step < total_steps; ++step) {
     const int64_t epoch = step / steps_per_epoch;
     auto t0 = Clock::now();

@@ -1,0 +1,114 @@
+// The trainer program on speech, under mpiexec: the main job (configs/quickstart_an4.toml, as the
+// README runs it) lowers the held-out CER far below its starting value and ends with CER/WER and the
+// communication summary; a Listen-Attend-Spell run with Ok-Top-k and sampled teacher forcing resumes
+// bit for bit; the an4 LAS configs have the published size.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/safetensors.h"
+#include "process.h"
+
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+using trainer::testing::Outcome;
+using trainer::testing::run_command;
+using trainer::testing::TempDir;
+
+namespace {
+
+// A synthesized corpus in AN4's layout, made once per test process.
+std::string corpus(int train, int test) {
+  static std::map<std::pair<int, int>, std::string> made;
+  static TempDir dir("speech_e2e_corpora");
+  auto& root = made[{train, test}];
+  if (root.empty()) {
+    root = dir.file("an4_" + std::to_string(train) + "_" + std::to_string(test));
+    const Outcome o = run_command(std::string("'") + TRAINER_SOURCE_DIR + "/scripts/make_speech_corpus' --out '" + root +
+                                  "' --train " + std::to_string(train) + " --test " + std::to_string(test));
+    INFO(o.output);
+    REQUIRE(o.exit_code == 0);
+  }
+  return root;
+}
+
+std::string trainer_command(int ranks, const std::string& config, const std::string& args) {
+  return std::string(TRAINER_MPIEXEC) + " -n " + std::to_string(ranks) + " -x OMP_WAIT_POLICY=passive " +
+         TRAINER_BINARY + " --config " + TRAINER_SOURCE_DIR + "/configs/" + config + " " + args;
+}
+
+std::vector<nlohmann::json> eval_records(const fs::path& run) {
+  std::vector<nlohmann::json> evals;
+  std::ifstream metrics(run / "metrics.jsonl");
+  std::string line;
+  while (std::getline(metrics, line))
+    if (auto r = nlohmann::json::parse(line); r.contains("split")) evals.push_back(r);
+  return evals;
+}
+
+}  // namespace
+
+TEST_CASE("The an4 LAS configs have 27,468,449 parameters, 109,873,796 bytes of gradient", "[e2e][speech]") {
+  for (const char* config : {"an4_oktopk.toml", "an4_dense.toml"}) {
+    const Outcome o = run_command(std::string(TRAINER_BINARY) + " --config " + TRAINER_SOURCE_DIR + "/configs/" +
+                                  config + " --dry-run");
+    INFO(o.output);
+    CHECK(o.exit_code == 0);
+    CHECK_THAT(o.output, Contains("27468449 parameters") && Contains("109873796 bytes"));
+  }
+}
+
+TEST_CASE("LAS with Ok-Top-k and sampled teacher forcing resumes bit for bit", "[e2e][speech][resume]") {
+  const std::string args = "--set data.root=" + corpus(40, 10) +
+                           " --set model.teacher_forcing=0.7 --set data.batch_size=4 --set train.max_steps=12"
+                           " --set train.checkpoint_every=5 --set train.eval_every_steps=1000"
+                           " --set sync.dense_warmup_steps=3 --set runtime.threads=1";
+  TempDir ref("las_ref"), part("las_part");
+  const Outcome full = run_command(trainer_command(2, "quickstart_an4.toml", args + " --set experiment.output_dir=" +
+                                                                                ref.path.string()));
+  INFO(full.output);
+  REQUIRE(full.exit_code == 0);
+  const std::string part_args = args + " --set experiment.output_dir=" + part.path.string();
+  const Outcome first = run_command(trainer_command(2, "quickstart_an4.toml", part_args + " --stop-after 7"));
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  const Outcome second = run_command(trainer_command(2, "quickstart_an4.toml", part_args + " --resume latest"));
+  INFO(second.output);
+  REQUIRE(second.exit_code == 0);
+  CHECK_THAT(second.output, Contains("resumed from"));
+  for (const char* file : {"model.safetensors", "rank0.state", "rank1.state"}) {
+    INFO(file);
+    const auto a = trainer::models::read_safetensors((ref.path / "checkpoints/step_12" / file).string());
+    const auto b = trainer::models::read_safetensors((part.path / "checkpoints/step_12" / file).string());
+    REQUIRE(a.tensors.size() == b.tensors.size());
+    for (size_t i = 0; i < a.tensors.size(); ++i) {
+      INFO(a.tensors[i].name);
+      CHECK(a.tensors[i].bytes == b.tensors[i].bytes);
+    }
+  }
+}
+
+TEST_CASE("The main job: the AN4 quickstart on 4 ranks lowers the test CER far below its start", "[e2e][speech][slow]") {
+  // As scripts/quickstart.sh runs it, but for where its data and outputs go.
+  TempDir out("quickstart_an4");
+  const Outcome o = run_command(trainer_command(4, "quickstart_an4.toml", "--set data.root=" + corpus(400, 100) +
+                                                    " --set experiment.output_dir=" + out.path.string()));
+  INFO(o.output);
+  REQUIRE(o.exit_code == 0);
+  CHECK_THAT(o.output, Contains("CER") && Contains("WER") && Contains("communication summary") &&
+                           Contains("ALLGATHERV_FINAL"));
+  // The config evaluates the untrained model first (train.eval_at_start), then every 250 steps.
+  const auto evals = eval_records(out.path);
+  REQUIRE(evals.size() >= 2);
+  CHECK(evals.front()["step"] == 0);
+  const double first = evals.front()["cer"].get<double>(), last = evals.back()["cer"].get<double>();
+  INFO("CER at the start " << first << ", at the end " << last);
+  CHECK(first > 0.9);
+  CHECK(last < 0.5);
+}
