@@ -12,9 +12,9 @@ if [[ "${1:-}" == cifar ]]; then
   shift
   exec build/trainer --config configs/quickstart_cifar.toml "$@"
 fi
-corpus=datasets/an4_synth  # data.root of configs/quickstart_an4.toml
+corpus=datasets/an4_quickstart  # data.root of configs/quickstart_an4.toml
 if [[ ! -f "$corpus/etc/an4_train.fileids" ]]; then
-  scripts/make_speech_corpus --out "$corpus" --force
+  scripts/make_speech_corpus --out "$corpus" --train 800 --test 100 --force
 fi
 mpi_flags=(--oversubscribe --bind-to none -x OMP_WAIT_POLICY=passive)
 [[ $(id -u) -eq 0 ]] && mpi_flags+=(--allow-run-as-root)

