@@ -2,7 +2,8 @@
 // compares it, in the same run and with the same thread count, with the same model in PyTorch:
 // image models on random 3x32x32 images against scripts/bench_torch.py (default and channels_last
 // layouts), speech models (deepspeech, las) on a batch of equal-length utterances with ~40-character
-// transcripts against scripts/bench_torch_speech.py.
+// transcripts against scripts/bench_torch_speech.py (LSTMs on the plain batch and on packed
+// sequences).
 #pragma once
 
 #include <cstdint>
