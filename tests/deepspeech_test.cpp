@@ -185,18 +185,7 @@ TEST_CASE("deepspeech memorizes 4 utterances: CTC loss near zero, greedy decodin
   DeepSpeech model(cpu_backend(), o, 9);
   const std::vector<std::vector<int32_t>> targets{{8, 5, 12, 12, 15}, {23, 15, 18}, {4, 1, 28, 2}, {19, 9, 24}};
   Batch b(16, {40, 36, 31, 28}, targets, 10);
-
-  trainer::testing::Adam adam(1e-2);
-  double loss = 0;
-  int step = 0;
-  for (step = 1; step <= 400; ++step) {
-    loss = model.forward(b.input(), Mode::kTrain);
-    if (loss < 0.02) break;
-    model.backward();
-    adam.step(model.parameters());
-  }
-  INFO("loss " << loss << " after " << step << " steps");
-  CHECK(loss < 0.02);
+  trainer::testing::train_until(model, b.input(), 1e-2, 0.02, 400);
   // Running statistics catch up with the final weights, then evaluation-mode decoding.
   for (int i = 0; i < 30; ++i) model.forward(b.input(), Mode::kTrain);
   CHECK(model.decode(b.input()) == targets);

@@ -111,17 +111,7 @@ TEST_CASE("las memorizes 4 utterances: greedy and beam decoding return the trans
   Las model(cpu_backend(), o, 9);
   const std::vector<std::vector<int32_t>> targets{{8, 5, 12, 12, 15}, {23, 15, 18}, {4, 1, 28, 2}, {19, 9, 24}};
   SpeechTestBatch b(16, {40, 36, 31, 28}, targets, 10);
-  trainer::testing::Adam adam(1e-2);
-  double loss = 0;
-  int step = 0;
-  for (step = 1; step <= 300; ++step) {
-    loss = model.forward(b.input(), Mode::kTrain);
-    if (loss < 0.01) break;
-    model.backward();
-    adam.step(model.parameters());
-  }
-  INFO("loss " << loss << " after " << step << " steps");
-  CHECK(loss < 0.01);
+  trainer::testing::train_until(model, b.input(), 1e-2, 0.01, 300);
   CHECK(model.decode_greedy(b.input()) == targets);
   CHECK(model.decode_beam(b.input(), 3) == targets);
 }

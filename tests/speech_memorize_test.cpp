@@ -73,22 +73,6 @@ data::SpeechSet load(const std::string& kind, int64_t mel_bins) {
   return set;
 }
 
-// Adam until the training loss is below `target` (checked every step), at most `max_steps`.
-template <class Model>
-void train(Model& model, const models::SpeechInput& in, double lr, double target, int max_steps) {
-  trainer::testing::Adam adam(lr);
-  double loss = 0;
-  int step = 0;
-  for (step = 1; step <= max_steps; ++step) {
-    loss = model.forward(in, Mode::kTrain);
-    if (loss < target) break;
-    model.backward();
-    adam.step(model.parameters());
-  }
-  INFO("loss " << loss << " after " << step << " steps");
-  CHECK(loss < target);
-}
-
 }  // namespace
 
 TEST_CASE("deepspeech memorizes 8 synthesized utterances to a CER below 5%", "[speech][memorize]") {
@@ -99,7 +83,7 @@ TEST_CASE("deepspeech memorizes 8 synthesized utterances to a CER below 5%", "[s
   o.rnn_layers = 2;
   o.context = 4;
   models::DeepSpeech model(models::cpu_backend(), o, 1);
-  train(model, batch.input(), 1e-2, 0.05, 400);
+  trainer::testing::train_until(model, batch.input(), 1e-2, 0.05, 400);
   for (int i = 0; i < 30; ++i) model.forward(batch.input(), Mode::kTrain);  // running statistics catch up
   const double cer = batch.cer(model.decode(batch.input()));
   INFO("CER " << cer);
@@ -117,7 +101,7 @@ TEST_CASE("las memorizes 8 synthesized utterances to a CER below 5%", "[speech][
   o.speller_hidden = 96;
   o.speller_layers = 1;
   models::Las model(models::cpu_backend(), o, 1);
-  train(model, batch.input(), 3e-3, 0.02, 400);
+  trainer::testing::train_until(model, batch.input(), 3e-3, 0.02, 400);
   const double greedy = batch.cer(model.decode_greedy(batch.input()));
   const double beam = batch.cer(model.decode_beam(batch.input(), 4));
   INFO("CER greedy " << greedy << ", beam " << beam);

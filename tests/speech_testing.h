@@ -60,6 +60,23 @@ class Adam {
   std::vector<double> m_, v_;
 };
 
+// Adam on the model's training loss until it is below `target` (checked before each update), at
+// most `max_steps` forwards; the test fails if the target is not reached.
+inline void train_until(models::SpeechModel& model, const models::SpeechInput& input, double lr, double target,
+                        int max_steps) {
+  Adam adam(lr);
+  double loss = 0;
+  int step = 0;
+  for (step = 1; step <= max_steps; ++step) {
+    loss = model.forward(input, models::Mode::kTrain);
+    if (loss < target) break;
+    model.backward();
+    adam.step(model.parameters());
+  }
+  INFO("loss " << loss << " after " << step << " steps");
+  CHECK(loss < target);
+}
+
 // Central differences of the model's training loss (float32 network, loss accumulated in double)
 // against backward(), on up to `per_tensor` elements of every parameter tensor. A point where the
 // one-sided slopes disagree has a kink (Hardtanh, ReLU) inside [-h, h] and is skipped; at most 10%
