@@ -1,0 +1,51 @@
+// The Listen-Attend-Spell model's private working state, shared by its training code (las.cpp) and
+// its decoding (las_decode.cpp).
+#pragma once
+
+#include <vector>
+
+#include "models/nets/las.h"
+
+namespace trainer::models {
+
+// Pointers to one speller step: inputs (tokens, previous context and states) and where the step
+// writes (states, the records backward reads, logits). Training points them into the per-step
+// records; decoding into ping-pong buffers.
+struct Las::Step {
+  const int32_t* tokens = nullptr;
+  const float* context_prev = nullptr;  // rows x C with stride context_stride; null = zeros
+  int64_t context_stride = 0;
+  std::vector<const float*> h_prev, c_prev;  // per cell, rows x Hs
+  std::vector<float*> h, c, gates, tanh_c;   // per cell
+  float* input = nullptr;    // rows x (E + C): [embedding ; previous context]
+  float* query = nullptr;    // rows x A, after the ReLU
+  float* alpha = nullptr;    // rows x T' attention weights (zero past each utterance's length)
+  float* state_context = nullptr;  // rows x (Hs + C): [s_t ; c_t], the output layer's input
+  float* logits = nullptr;   // rows x classes
+};
+
+struct Las::Workspace {
+  // Listener.
+  OwnedTensor time_major;                // {T, N, F}
+  std::vector<OwnedTensor> pyramid;      // input of pblstm k: {T_k, N, 4 Hl}
+  std::vector<OwnedTensor> pyramid_grad; // gradient of each BLSTM's output
+  OwnedTensor values, keys;              // {N, T', C}, {N, T', A} (keys after the ReLU)
+  OwnedTensor dvalues, dkeys, dlistener; // the speller's gradients of values and keys; time-major
+  // Speller records of the last forward, step-major {U, N, ...}; states have U + 1 rows of steps,
+  // step 0 being the zero initial state.
+  int64_t steps = 0;
+  std::vector<int32_t> tokens;  // {U, N}
+  std::vector<OwnedTensor> h, c, gates, tanh_c, dgates;
+  OwnedTensor input, query, alpha, state_context, logits;
+  std::vector<float> bias_sum;  // per cell, b_ih + b_hh
+  // The loss: the target rows (step * N + n) in order, and their logit gradients.
+  std::vector<int32_t> target_rows, targets;
+  OwnedTensor packed_logits, packed_grad;
+  // Backward scratch.
+  OwnedTensor dlogits, dstate_context, dquery, denergy, dcontext, dstate, dh, dc, dinput, dcarry;
+  // Decoding.
+  std::vector<OwnedTensor> dec_h[2], dec_c[2];
+  OwnedTensor dec_sc[2], dec_gates, dec_tanh, dec_input, dec_query, dec_alpha, dec_logits;
+};
+
+}  // namespace trainer::models
