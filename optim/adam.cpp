@@ -1,34 +1,16 @@
 #include "optim/adam.h"
 
 #include <cmath>
-#include <cstring>
 #include <istream>
 #include <ostream>
 #include <stdexcept>
 #include <string>
 
+#include "optim/state_format.h"
+
 namespace trainer::optim {
 
-namespace {
-
-// "TADM" followed by a format version: bump the version whenever the layout changes so an old
-// checkpoint fails loudly instead of loading garbage.
-constexpr char kMagic[4] = {'T', 'A', 'D', 'M'};
-constexpr char kSgdMagic[4] = {'T', 'S', 'G', 'D'};  // optim/sgd.cpp's, named in the error
-constexpr uint32_t kVersion = 1;
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "state files are little-endian");
-
-template <class T>
-void write_pod(std::ostream& out, const T& v) {
-  out.write(reinterpret_cast<const char*>(&v), sizeof(T));
-}
-
-template <class T>
-bool read_pod(std::istream& in, T& v) {
-  return static_cast<bool>(in.read(reinterpret_cast<char*>(&v), sizeof(T)));
-}
-
-}  // namespace
+using namespace state_format;
 
 Adam::Adam(int64_t n, const AdamOptions& options) : n_(n), options_(options) {
   if (n < 0) throw std::invalid_argument("Adam: negative parameter count");
@@ -82,8 +64,7 @@ void Adam::step(float* params, const float* grads, double lr) {
 }
 
 void Adam::save(std::ostream& out) const {
-  out.write(kMagic, sizeof(kMagic));
-  write_pod(out, kVersion);
+  write_header(out, kAdam);
   write_pod(out, n_);
   write_pod(out, steps_);
   const int64_t m_len = static_cast<int64_t>(m_.size()), v_len = static_cast<int64_t>(v_.size());
@@ -95,19 +76,8 @@ void Adam::save(std::ostream& out) const {
 }
 
 void Adam::load(std::istream& in) {
-  char magic[4];
-  uint32_t version = 0;
   int64_t n = 0, steps = 0, m_len = 0, v_len = 0;
-  if (!in.read(magic, sizeof(magic)))
-    throw std::runtime_error("Adam state: not an Adam optimizer state (bad magic: empty or truncated)");
-  if (std::memcmp(magic, kSgdMagic, sizeof(kSgdMagic)) == 0)
-    throw std::runtime_error("Adam state: this is an SGD optimizer state, not an Adam one (bad magic; was "
-                             "optim.name changed?)");
-  if (std::memcmp(magic, kMagic, sizeof(kMagic)) != 0)
-    throw std::runtime_error("Adam state: not an Adam optimizer state (bad magic)");
-  if (!read_pod(in, version) || version != kVersion)
-    throw std::runtime_error("Adam state: unsupported format version " + std::to_string(version) +
-                             " (expected " + std::to_string(kVersion) + ")");
+  read_header(in, kAdam, kSgd);
   if (!read_pod(in, n) || !read_pod(in, steps) || !read_pod(in, m_len) || !read_pod(in, v_len))
     throw std::runtime_error("Adam state: truncated header");
   if (n != n_)

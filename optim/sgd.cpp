@@ -1,34 +1,15 @@
 #include "optim/sgd.h"
 
-#include <cstring>
 #include <istream>
 #include <ostream>
 #include <stdexcept>
 #include <string>
 
+#include "optim/state_format.h"
+
 namespace trainer::optim {
 
-namespace {
-
-// "TSGD" followed by a format version: bump the version whenever the layout changes so an old
-// checkpoint fails loudly instead of loading garbage.
-constexpr char kMagic[4] = {'T', 'S', 'G', 'D'};
-constexpr uint32_t kVersion = 1;
-// The state is written in host byte order; every machine we run on is little-endian, and saying so
-// here makes a port to a big-endian one fail at compile time rather than read swapped floats.
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "state files are little-endian");
-
-template <class T>
-void write_pod(std::ostream& out, const T& v) {
-  out.write(reinterpret_cast<const char*>(&v), sizeof(T));
-}
-
-template <class T>
-bool read_pod(std::istream& in, T& v) {
-  return static_cast<bool>(in.read(reinterpret_cast<char*>(&v), sizeof(T)));
-}
-
-}  // namespace
+using namespace state_format;
 
 Sgd::Sgd(int64_t n, const SgdOptions& options) : n_(n), options_(options) {
   if (n < 0) throw std::invalid_argument("Sgd: negative parameter count");
@@ -68,8 +49,7 @@ void Sgd::step(float* params, const float* grads, double lr) {
 }
 
 void Sgd::save(std::ostream& out) const {
-  out.write(kMagic, sizeof(kMagic));
-  write_pod(out, kVersion);
+  write_header(out, kSgd);
   write_pod(out, n_);
   write_pod(out, steps_);
   const int64_t buffer_len = static_cast<int64_t>(momentum_buffer_.size());
@@ -80,18 +60,8 @@ void Sgd::save(std::ostream& out) const {
 }
 
 void Sgd::load(std::istream& in) {
-  char magic[4];
-  uint32_t version = 0;
   int64_t n = 0, steps = 0, buffer_len = 0;
-  const bool got_magic = static_cast<bool>(in.read(magic, sizeof(magic)));
-  if (got_magic && std::memcmp(magic, "TADM", 4) == 0)  // optim/adam.cpp's magic
-    throw std::runtime_error("SGD state: this is an Adam optimizer state, not an SGD one (bad magic; was "
-                             "optim.name changed?)");
-  if (!got_magic || std::memcmp(magic, kMagic, sizeof(kMagic)) != 0)
-    throw std::runtime_error("SGD state: not an SGD optimizer state (bad magic)");
-  if (!read_pod(in, version) || version != kVersion)
-    throw std::runtime_error("SGD state: unsupported format version " + std::to_string(version) +
-                             " (expected " + std::to_string(kVersion) + ")");
+  read_header(in, kSgd, kAdam);
   if (!read_pod(in, n) || !read_pod(in, steps) || !read_pod(in, buffer_len))
     throw std::runtime_error("SGD state: truncated header");
   if (n != n_)

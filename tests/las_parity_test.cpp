@@ -13,6 +13,7 @@
 
 #include "models/nets/las.h"
 #include "models/safetensors.h"
+#include "speech_testing.h"
 
 using namespace trainer::models;
 
@@ -28,21 +29,6 @@ std::vector<int32_t> i32(const std::string& name) {
   return std::vector<int32_t>(v.begin(), v.end());
 }
 
-// The sizes of scripts/make_las_fixtures.py (TINY).
-LasOptions tiny() {
-  LasOptions o;
-  o.feature_dim = 6;
-  o.listener_hidden = 4;
-  o.pyramid_layers = 2;
-  o.attention_dim = 5;
-  o.embedding_dim = 3;
-  o.speller_hidden = 7;
-  o.speller_layers = 2;
-  o.classes = 33;
-  o.label_smoothing = 0.1;
-  o.teacher_forcing = 1.0;
-  return o;
-}
 
 // max |actual - expected| against 1e-4 x max |expected| over the entries where `use` says so (all
 // when empty); the float64 PyTorch result is the truth.
@@ -90,7 +76,7 @@ std::vector<std::vector<int32_t>> expected_decode(const std::string& prefix) {
 }  // namespace
 
 TEST_CASE("las parameters: the names and order of the PyTorch model", "[las][parity]") {
-  Las model(cpu_backend(), tiny(), 1);
+  Las model(cpu_backend(), trainer::testing::tiny_las_options(), 1);
   std::vector<std::string> names;
   for (const auto& v : model.parameters().views()) {
     names.push_back(v.name);
@@ -105,7 +91,7 @@ TEST_CASE("las parameters: the names and order of the PyTorch model", "[las][par
 
 TEST_CASE("las matches PyTorch: loss, logits and every gradient (tiny sizes, label smoothing 0.1)",
           "[las][parity]") {
-  Las model(cpu_backend(), tiny(), 1);
+  Las model(cpu_backend(), trainer::testing::tiny_las_options(), 1);
   load_parameters(model);
   const FixtureBatch b;
   const SpeechInput in = b.input();
@@ -135,7 +121,7 @@ TEST_CASE("las matches PyTorch: loss, logits and every gradient (tiny sizes, lab
 }
 
 TEST_CASE("las greedy decoding matches PyTorch's (untrained tiny model, 8 steps)", "[las][parity]") {
-  LasOptions o = tiny();
+  LasOptions o = trainer::testing::tiny_las_options();
   o.max_decode_steps = 8;
   Las model(cpu_backend(), o, 1);
   load_parameters(model);
@@ -144,7 +130,7 @@ TEST_CASE("las greedy decoding matches PyTorch's (untrained tiny model, 8 steps)
 
 TEST_CASE("las greedy decoding stops at the first argmax <eos>, as PyTorch's", "[las][parity]") {
   // Utterance 2's argmax is <eos> after 7 tokens, narrowly: greedy decoding ends there.
-  LasOptions o = tiny();
+  LasOptions o = trainer::testing::tiny_las_options();
   o.max_decode_steps = 12;
   Las model(cpu_backend(), o, 1);
   load_parameters(model, "greedy_eos.");

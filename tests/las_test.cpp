@@ -10,22 +10,7 @@
 using namespace trainer::models;
 using trainer::testing::SpeechTestBatch;
 
-namespace {
-
-LasOptions tiny() {
-  LasOptions o;
-  o.feature_dim = 6;
-  o.listener_hidden = 4;
-  o.pyramid_layers = 2;
-  o.attention_dim = 5;
-  o.embedding_dim = 3;
-  o.speller_hidden = 7;
-  o.speller_layers = 2;
-  o.label_smoothing = 0.1;
-  return o;
-}
-
-}  // namespace
+using trainer::testing::tiny_las_options;
 
 TEST_CASE("las (an4 sizes) has 27,468,449 parameters in PyTorch's module order", "[las]") {
   auto model = make_speech_model("las", cpu_backend(), 1);
@@ -43,14 +28,14 @@ TEST_CASE("las (an4 sizes) has 27,468,449 parameters in PyTorch's module order",
 }
 
 TEST_CASE("las gradients of a tiny model against finite differences", "[las][gradcheck]") {
-  Las model(cpu_backend(), tiny(), 3);
+  Las model(cpu_backend(), tiny_las_options(), 3);
   // Frame counts 17, 12, 9 -> listener lengths 4, 3, 2; transcripts of 3, 1 and 2 characters.
   SpeechTestBatch b(6, {17, 12, 9}, {{2, 5, 28}, {7}, {1, 9}}, 4);
   trainer::testing::check_model_gradients(model, b.input(), 1e-2, 8);
 }
 
 TEST_CASE("las teacher forcing: the draws follow the batch seed", "[las]") {
-  LasOptions o = tiny();
+  LasOptions o = tiny_las_options();
   o.teacher_forcing = 0.5;
   Las model(cpu_backend(), o, 3);
   SpeechTestBatch b(6, {17, 12, 9}, {{2, 5, 28, 3, 3}, {7, 8, 9}, {1, 9}}, 4);
@@ -73,7 +58,7 @@ TEST_CASE("las teacher forcing: the draws follow the batch seed", "[las]") {
 }
 
 TEST_CASE("las decoding: beam width 1 is greedy, and an utterance decodes alike alone or in a batch", "[las]") {
-  LasOptions o = tiny();
+  LasOptions o = tiny_las_options();
   o.max_decode_steps = 12;
   Las model(cpu_backend(), o, 5);
   SpeechTestBatch b(6, {20, 13, 8}, {{1}, {2}, {3}}, 6);
@@ -90,7 +75,7 @@ TEST_CASE("las decoding: beam width 1 is greedy, and an utterance decodes alike 
 }
 
 TEST_CASE("las rejects utterances too short for its pyramid and wrong feature sizes", "[las]") {
-  Las model(cpu_backend(), tiny(), 5);  // 2 pyramid layers: at least 4 frames
+  Las model(cpu_backend(), tiny_las_options(), 5);  // 2 pyramid layers: at least 4 frames
   SpeechTestBatch short_one(6, {8, 3}, {{1}, {2}}, 1);
   CHECK_THROWS_WITH(model.forward(short_one.input(), Mode::kTrain),
                     Catch::Contains("utterance 1 has 3 frames") && Catch::Contains("between 4 and 8"));

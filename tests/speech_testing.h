@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gradcheck.h"
+#include "models/nets/las.h"
 #include "models/speech_model.h"
 
 namespace trainer::testing {
@@ -38,6 +39,20 @@ struct SpeechTestBatch {
             labels.data(), label_lengths.data()};
   }
 };
+
+// A tiny LAS: the sizes of scripts/make_las_fixtures.py (TINY), label smoothing 0.1.
+inline models::LasOptions tiny_las_options() {
+  models::LasOptions o;
+  o.feature_dim = 6;
+  o.listener_hidden = 4;
+  o.pyramid_layers = 2;
+  o.attention_dim = 5;
+  o.embedding_dim = 3;
+  o.speller_hidden = 7;
+  o.speller_layers = 2;
+  o.label_smoothing = 0.1;
+  return o;
+}
 
 class Adam {
  public:
