@@ -173,6 +173,12 @@ void Las::listen(const SpeechInput& in, Mode mode) {
   backend_.gemm(false, true, N * Tl, A, C, 1.f, values.data, C, params_.value(key_.weight).data, C, 1.f, keys.data, A);
   relu_inplace(keys.numel(), keys.data);
   flops_ += 2.0 * N * Tl * C * A;
+  // Each cell's two bias vectors, summed once for all its steps.
+  const int64_t Hs = opt_.speller_hidden;
+  w.bias_sum.resize(cells_.size() * 4 * Hs);
+  for (size_t j = 0; j < cells_.size(); ++j)
+    backend_.add(4 * Hs, params_.value(cells_[j].b_ih).data, params_.value(cells_[j].b_hh).data,
+                 w.bias_sum.data() + j * 4 * Hs);
 }
 
 void Las::listener_backward() {
@@ -291,7 +297,6 @@ double Las::forward(const SpeechInput& in, Mode mode) {
   w.steps = U;
   const size_t L = cells_.size();
   w.h.resize(L), w.c.resize(L), w.gates.resize(L), w.tanh_c.resize(L);
-  w.bias_sum.resize(L * 4 * Hs);
   for (size_t j = 0; j < L; ++j) {
     w.h[j].resize({U + 1, N, Hs});
     w.c[j].resize({U + 1, N, Hs});
@@ -299,8 +304,6 @@ double Las::forward(const SpeechInput& in, Mode mode) {
     std::memset(w.c[j].view().data, 0, N * Hs * sizeof(float));
     w.gates[j].resize({U, N, 4 * Hs});
     w.tanh_c[j].resize({U, N, Hs});
-    backend_.add(4 * Hs, params_.value(cells_[j].b_ih).data, params_.value(cells_[j].b_hh).data,
-                 w.bias_sum.data() + j * 4 * Hs);
   }
   float* input = w.input.resize({U, N, E + C}).data;
   float* query = w.query.resize({U, N, A}).data;

@@ -85,7 +85,8 @@ class Las final : public SpeechModel {
   struct Workspace; // per-step records of the last forward and backward scratch (las.cpp)
 
   void init(uint64_t seed);
-  // Runs the listener on the batch and prepares the attention keys and values.
+  // Runs the listener on the batch and prepares what every speller step reads: the attention's keys
+  // and values, and each cell's summed biases.
   void listen(const SpeechInput& input, Mode mode);
   // One speller step for `rows` rows; row r attends to utterance row_utterance[r].
   void speller_step(const Step& step, int64_t rows, const int32_t* row_utterance);

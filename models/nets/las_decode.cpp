@@ -27,10 +27,6 @@ std::vector<std::vector<int32_t>> Las::decode_beam(const SpeechInput& input, int
                 Hs = opt_.speller_hidden, A = opt_.attention_dim, V = opt_.classes, SC = Hs + C,
                 Tl = w.values.view().dim(1);
   const size_t L = cells_.size();
-  w.bias_sum.resize(L * 4 * Hs);
-  for (size_t j = 0; j < L; ++j)
-    backend_.add(4 * Hs, params_.value(cells_[j].b_ih).data, params_.value(cells_[j].b_hh).data,
-                 w.bias_sum.data() + j * 4 * Hs);
   // A step reads the states of the hypotheses in [0] and writes the next states into [1]; the
   // surviving hypotheses' rows are then gathered from [1] back into [0].
   for (int b = 0; b < 2; ++b) {
