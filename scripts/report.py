@@ -32,6 +32,10 @@ def human(b):
     return f"{b / 1e9:.2f} GB"
 
 
+def ranks(p):
+    return f"{p} rank" if p == 1 else f"{p} ranks"
+
+
 def num(x, fmt="{:.3f}"):
     return "-" if x is None else fmt.format(x)
 
@@ -63,7 +67,7 @@ def section_overall(run):
     o = ra.overall(run)
     split = ra.time_split(run)
     md = ["## Overall\n\n"]
-    cfg = f"{run.cfg('model', 'arch', '?')}, {run.world} ranks, sync {run.method}"
+    cfg = f"{run.cfg('model', 'arch', '?')}, {ranks(run.world)}, sync {run.method}"
     if run.info:
         cfg += f", n = {run.info['n']:,} gradient elements"
         if run.method != "dense":
@@ -90,7 +94,7 @@ def section_ops(run):
     ops, total = ra.op_table(run)
     md = ["## Communication per op\n\n",
           f"From the {len(run.records):,} records of comm/rank*.jsonl; calls, bytes and time **summed over all "
-          f"{run.world} ranks**, calls per rank in their own column (min-max when ranks differ). Sizes are the data "
+          f"{ranks(run.world)}**, calls per rank in their own column (min-max when ranks differ). Sizes are the data "
           "size S of one call (nccl-tests: allreduce the buffer, allgather(v) the whole output, alltoall the whole "
           "send buffer, a message its bytes), median the lower middle value; algbw = sum S / sum time, busbw = algbw "
           "x bus factor (allreduce 2(P-1)/P, allgather(v) and alltoall (P-1)/P, others 1). "
@@ -132,6 +136,8 @@ def section_phases(run):
         out.append([r["phase"], r["steps"], r["calls"], num(r["calls_per_step_per_rank"], "{:.2f}"),
                     human(r["bytes_per_step_per_rank"]), human(r["wire_per_step_per_rank"]), human(r["theory_bytes"]),
                     r["formula"], num(r["measured_over_theory"], "{:.3f}"), num(r["reduction"], "{:.1f}x")])
+    if not out:
+        return "".join(md) + "No gradient-sync calls on record (one process has nothing to synchronize).\n"
     md.append(table(["phase", "steps", "calls (all ranks)", "calls per step per rank", "payload sent per step per rank",
                      "wire per step per rank", "theory per step per rank", "formula", "wire / theory",
                      "reduction vs dense"], out))
