@@ -289,7 +289,7 @@ def time_split(run):
     (each record holds the means over the steps since the previous record; the record's phase is that
     of its last step)."""
     out = {ph: {"steps": 0, "data": 0.0, "compute": 0.0, "sync": 0.0, "optim": 0.0} for ph in PHASES}
-    previous = run.info.get("first_step", 0) if run.info else 0
+    previous = 0  # a resumed run's metrics.jsonl continues the same file from step 0
     for m in run.train:
         steps = m["step"] - previous
         previous = m["step"]
