@@ -118,6 +118,17 @@ class ReportChecks:
             self.assertEqual(int(row[col["steps"]]), steps)
             self.assertEqual(int(row[col["calls (all ranks)"]]), len(mine))
             self.assertEqual(row[col["calls per step per rank"]], f"{len(mine) / (steps * run.world):.2f}")
+        # Time split: the phases' steps add up to the run's, and each column to the metrics' sums.
+        with open(os.path.join(folder, "metrics.jsonl")) as f:
+            train = [m for m in map(json.loads, f) if "loss" in m and "split" not in m]
+        header, rows = markdown_table(text, "Time split of rank 0")
+        col = {name: i for i, name in enumerate(header)}
+        self.assertEqual(sum(int(row[col["steps"]]) for row in rows), train[-1]["step"])
+        steps = [m["step"] - p for m, p in zip(train, [0] + [m["step"] for m in train])]
+        for key in ("data", "compute", "sync"):
+            want = sum(m[f"t_{key}_ms"] * n for m, n in zip(train, steps)) / 1e3
+            got = sum(float(row[col[key if key != "optim" else "optimizer"]].split()[0]) for row in rows)
+            self.assertAlmostEqual(got, want, delta=0.006 * len(rows), msg=key)
         for png in ("message_sizes.png", "bytes_per_step.png", "density.png", "region_balance.png"):
             self.assertGreater(os.path.getsize(os.path.join(out, png)), 1000, png)
         return text, run
