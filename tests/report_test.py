@@ -127,7 +127,7 @@ class ReportChecks:
         steps = [m["step"] - p for m, p in zip(train, [0] + [m["step"] for m in train])]
         for key in ("data", "compute", "sync"):
             want = sum(m[f"t_{key}_ms"] * n for m, n in zip(train, steps)) / 1e3
-            got = sum(float(row[col[key if key != "optim" else "optimizer"]].split()[0]) for row in rows)
+            got = sum(float(row[col[key]].split()[0]) for row in rows)
             self.assertAlmostEqual(got, want, delta=0.006 * len(rows), msg=key)
         for png in ("message_sizes.png", "bytes_per_step.png", "density.png", "region_balance.png"):
             self.assertGreater(os.path.getsize(os.path.join(out, png)), 1000, png)
