@@ -165,6 +165,27 @@ std::string table(const std::vector<Merged>& ops, const PhaseStats phases[2], in
   return out;
 }
 
+std::string machine_readable(const std::vector<Merged>& ops, const PhaseStats phases[2], int world_size,
+                             int enabled_ranks) {
+  nlohmann::json out_ops = nlohmann::json::array();
+  for (const Merged& m : ops) {
+    nlohmann::json sizes = nlohmann::json::array();
+    for (const auto& [value, count] : m.sizes) sizes.push_back({value, count});
+    out_ops.push_back({{"op", m.op}, {"kind", op_kind_name(m.kind)}, {"calls", m.calls}, {"bytes", m.bytes},
+                       {"bytes_recv", m.bytes_recv}, {"time_us", m.time_us}, {"sizes", sizes}});
+  }
+  nlohmann::json out_phases;
+  for (Phase ph : {Phase::kDense, Phase::kCompressed}) {
+    const PhaseStats& p = phases[static_cast<int>(ph)];
+    out_phases[phase_name(ph)] = {
+        {"calls", p.calls}, {"bytes", p.bytes}, {"bytes_recv", p.bytes_recv}, {"time_us", p.time_us}};
+  }
+  return nlohmann::json{{"world_size", world_size}, {"enabled_ranks", enabled_ranks}, {"ops", out_ops},
+                        {"phases", out_phases}}
+             .dump(1) +
+         "\n";
+}
+
 }  // namespace
 
 double busbw_factor(OpKind kind, int world_size) {
@@ -182,7 +203,7 @@ double busbw_factor(OpKind kind, int world_size) {
   return 1.0;
 }
 
-std::string comm_summary(Communicator& comm) {
+std::string comm_summary(Communicator& comm, std::string* machine) {
   CommLog::Pause pause(comm.log());
   const std::string mine = serialize(comm.log());
   const int world_size = comm.size();
@@ -207,6 +228,7 @@ std::string comm_summary(Communicator& comm) {
   PhaseStats phases[2];
   int enabled_ranks = 0;
   for (const std::string& b : blobs) enabled_ranks += merge(b, ops, phases) ? 1 : 0;
+  if (machine) *machine = machine_readable(ops, phases, world_size, enabled_ranks);
   return table(ops, phases, world_size, enabled_ranks);
 }
 

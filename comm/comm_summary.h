@@ -30,8 +30,12 @@
 namespace trainer::comm {
 
 // Collective: every rank calls it. Its own traffic is not logged (CommLog::Pause). Rank 0 returns the
-// table; other ranks return "".
-std::string comm_summary(Communicator& comm);
+// table; other ranks return "". When `machine` is given, rank 0 also stores there the same merged
+// statistics as JSON (comm/summary.json, read by `trainer report` to check its totals and to know
+// each op's kind): {"world_size", "enabled_ranks", "ops": [{"op", "kind", "calls", "bytes",
+// "bytes_recv", "time_us", "sizes": [[S, count], ...]}], "phases": {"dense"|"compressed": {"calls",
+// "bytes", "bytes_recv", "time_us"}}}, every count summed over ranks.
+std::string comm_summary(Communicator& comm, std::string* machine = nullptr);
 
 // Writes the table atomically (a temporary file beside `path`, then rename), creating parent
 // folders. Throws std::runtime_error naming the file on failure.

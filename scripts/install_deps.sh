@@ -12,12 +12,12 @@ packages=(
   libopenmpi-dev openmpi-bin
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev catch2
   libsndfile1-dev libfftw3-dev
-  python3 python3-numpy
+  python3 python3-numpy python3-matplotlib  # trainer report (scripts/report.py)
   espeak-ng sox                     # scripts/make_speech_corpus
 )
 for arg in "$@"; do
   case "$arg" in
-    --bench) packages+=(python3-torch python3-matplotlib) ;;
+    --bench) packages+=(python3-torch) ;;
     *) echo "install_deps.sh: unknown option '$arg' (use --bench)" >&2; exit 2 ;;
   esac
 done

@@ -5,6 +5,7 @@
 //   trainer bench [--model resnet20|...|deepspeech|las] [--batch N] [--threads N] [--no-torch]
 //   mpiexec -n P trainer bench comm [--n N]     (Communicator + log overhead vs bare MPI_Allreduce)
 //   mpiexec -n P trainer bench sync [--n N]     (every sync method on synthetic gradients)
+//   trainer report RUN_DIR [RUN_DIR2 ...] [--out DIR]   (RUN_DIR/report/report.md and figures)
 //   trainer --config-reference          (the documentation of every config key, as Markdown)
 #include <CLI/CLI.hpp>
 #include <malloc.h>
@@ -18,6 +19,7 @@
 #include "data/synthetic_cifar.h"
 #include "trainer/bench.h"
 #include "trainer/config.h"
+#include "trainer/report.h"
 #include "trainer/run.h"
 
 int main(int argc, char** argv) {
@@ -79,6 +81,13 @@ int main(int argc, char** argv) {
   bench_sync->add_option("--warmup", so.warmup, "Compressed steps before timing");
   bench_sync->add_option("--methods", so.methods, "Methods to time");
 
+  auto* report = app.add_subcommand("report", "Write RUN_DIR/report/report.md and figures from a run's logs");
+  trainer::app::ReportOptions ro;
+  report->add_option("runs", ro.runs, "Run folders: the first is reported in full, the others compared with it")
+      ->required();
+  report->add_option("--out", ro.out, "Report folder (default: RUN_DIR/report)");
+  report->add_flag("--seed-check", ro.seed_check, "Check the published AN4 Ok-Top-k analyses' counts");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (reference) {
@@ -95,6 +104,7 @@ int main(int argc, char** argv) {
       trainer::comm::world();
       return trainer::comm::run_comm_bench(comm_n, comm_steps, comm_bucket_mb);
     }
+    if (report->parsed()) return trainer::app::run_report(ro, argv[0]);
     if (bench_sync->parsed()) return trainer::comm::run_sync_bench(so);
     if (bench->parsed()) {
       bo.torch = !no_torch;

@@ -10,6 +10,8 @@
 
 #include "comm/comm_log.h"
 #include "comm/comm_summary.h"
+#include "comm/sync/dense.h"
+#include "comm/sync/select.h"
 #include "optim/clip.h"
 #include "trainer/checkpoint.h"
 #include "trainer/experiment.h"
@@ -63,6 +65,33 @@ void truncate_metrics(const std::string& path, int64_t step) {
   }
   in.close();
   std::ofstream(path, std::ios::trunc) << kept;
+}
+
+// run.json (rank 0, at every start): what the logs alone do not say and `trainer report` needs for
+// the theoretical volumes of the sync method (n, P, k, dense buckets, the parameter shapes).
+void write_run_info(const std::string& path, const Config& config, const models::ParameterStore& params, int world,
+                    int64_t total_steps, int64_t steps_per_epoch, int64_t first_step) {
+  const int64_t n = params.size();
+  const int64_t bucket = comm::bucket_elements(config.sync.bucket_mb);
+  nlohmann::json views = nlohmann::json::array();
+  for (const models::ParamView& v : params.views()) views.push_back({{"name", v.name}, {"shape", v.shape}});
+  const nlohmann::json info{{"world_size", world},
+                            {"arch", config.model.arch},
+                            {"method", config.sync.method},
+                            {"n", n},
+                            {"density", config.sync.density},
+                            {"k", comm::top_k_count(config.sync.density, n)},
+                            {"dense_warmup_steps", config.sync.dense_warmup_steps},
+                            {"bucket_elements", bucket},
+                            {"dense_buckets", (n + bucket - 1) / bucket},
+                            {"batch_size", config.data.batch_size},
+                            {"total_steps", total_steps},
+                            {"steps_per_epoch", steps_per_epoch},
+                            {"first_step", first_step},
+                            {"parameters", views}};
+  std::ofstream f(path);
+  f << info.dump(1) << "\n";
+  if (!f) throw std::runtime_error(path + ": write failed");
 }
 
 }  // namespace
@@ -139,7 +168,10 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     if (lead) std::ofstream(out + "/metrics.jsonl", std::ios::trunc);
   }
   std::unique_ptr<MetricsWriter> metrics;
-  if (lead) metrics = std::make_unique<MetricsWriter>(out + "/metrics.jsonl");
+  if (lead) {
+    metrics = std::make_unique<MetricsWriter>(out + "/metrics.jsonl");
+    write_run_info(out + "/run.json", config, params, world, total_steps, steps_per_epoch, first_step);
+  }
 
   say(fmt("trainer: %s: %s (%lld parameters) on %lld training examples, steps %lld..%lld of batch %lld x %d processes, "
           "%d threads each, sync %s; output in %s",
@@ -287,14 +319,18 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   summary.seconds = ms_since(t_start) / 1e3;
   summary.samples_per_s =
       (total_steps - first_step) * d.batch_size * world / std::max(ms_since(train_start) / 1e3, 1e-9);
-  const std::string table = comm::comm_summary(comm);
+  std::string summary_json;
+  const std::string table = comm::comm_summary(comm, &summary_json);
   if (lead) {
     std::string result = last_eval.is_null() ? "no evaluation" : "final " + task.describe_eval(last_eval);
     if (last_eval.contains("accuracy")) result += fmt("; best accuracy %.2f%%", 100 * summary.best_accuracy);
     progress.line(fmt("done: %lld steps in %s (%.1f samples/s); %s", static_cast<long long>(summary.steps),
                       format_duration(summary.seconds).c_str(), summary.samples_per_s, result.c_str()));
     if (world > 1) progress.line("communication (all ranks):\n" + table);
-    if (config.comm.log) comm::write_comm_summary(table, out + "/comm/summary.txt");
+    if (config.comm.log) {
+      comm::write_comm_summary(table, out + "/comm/summary.txt");
+      comm::write_comm_summary(summary_json, out + "/comm/summary.json");
+    }
     nlohmann::json record{{"steps", summary.steps},
                           {"world_size", world},
                           {"seconds", summary.seconds},

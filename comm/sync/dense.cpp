@@ -18,8 +18,12 @@ void allreduce_average(Communicator& comm, float* data, int64_t n, int64_t bucke
   for (int64_t i = 0; i < n; ++i) data[i] *= scale;
 }
 
+int64_t bucket_elements(double bucket_mb) {
+  return std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1e6 / 4));
+}
+
 DenseSync::DenseSync(Communicator& comm, int64_t n, double bucket_mb)
-    : comm_(comm), n_(n), bucket_elements_(std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1e6 / 4))) {}
+    : comm_(comm), n_(n), bucket_elements_(bucket_elements(bucket_mb)) {}
 
 std::string DenseSync::describe() const {
   const int64_t buckets = (n_ + bucket_elements_ - 1) / bucket_elements_;

@@ -22,6 +22,10 @@ class DenseSync final : public GradientSync {
   int64_t bucket_elements_;
 };
 
+// Floats per bucket of `bucket_mb` megabytes (at least one): dense sync, parameter averaging and the
+// run description (run.json) share this one rounding.
+int64_t bucket_elements(double bucket_mb);
+
 // Allreduce-average of a flat float buffer in buckets, tagged `tag`: what dense gradient sync and
 // parameter averaging (local SGD) both do.
 void allreduce_average(Communicator& comm, float* data, int64_t n, int64_t bucket_elements, const char* tag);

@@ -13,7 +13,7 @@ namespace trainer::comm {
 LocalSgd::LocalSgd(Communicator& comm, int64_t n, double bucket_mb, int64_t period)
     : comm_(comm),
       n_(n),
-      bucket_elements_(std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1e6 / 4))),
+      bucket_elements_(bucket_elements(bucket_mb)),
       period_(period) {
   if (period < 1) throw std::invalid_argument("local_sgd: sync.period must be >= 1");
 }

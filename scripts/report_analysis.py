@@ -1,0 +1,365 @@
+"""The numbers of `trainer report`, computed from a run folder's logs (no plotting, no formatting).
+
+A run folder (DESIGN.md section 3) holds config.toml, metrics.jsonl (rank 0), comm/rank<R>.jsonl
+(one record per message or collective per rank), and, from runs of this version on, run.json (n, P,
+k, dense buckets, parameter shapes: what the theoretical volumes need) and comm/summary.json (the
+end-of-run summary's statistics: the kind of every op tag, and totals to check against).
+
+Definitions shared with the C++ summary (comm/comm_summary.h), so that both agree:
+  data size S of one call: allreduce and broadcast the buffer, allgather(v) the whole output,
+  alltoall the whole send buffer, a send or receive the message (record: bytes + bytes_recv for
+  allgather(v) and broadcast, bytes for allreduce, bytes * P/(P-1) for alltoall, max(bytes,
+  bytes_recv) otherwise); median = the lower middle value; algbw = sum S / sum time; busbw = algbw x
+  bus factor: allreduce 2(P-1)/P, allgather(v) and alltoall (P-1)/P, barrier 0, others 1.
+Wire volume (ring model) of one call on one rank: S x bus factor for collectives, the bytes sent for
+a point-to-point send. It is what a ring algorithm sends per rank, the quantity the methods'
+theoretical volumes count (dense: 2n(P-1)/P words).
+
+Counts are "summed over ranks" (every rank's calls, as the published analyses count: 128 dense steps
+on 8 ranks are 1,024 ALLREDUCE_DENSE calls) unless a name says per rank.
+"""
+import json
+import math
+import os
+import tomllib
+from collections import defaultdict
+
+PHASES = ("dense", "compressed")
+
+# Calls that are not gradient synchronization: start-up checks, evaluation, checkpoints, the log's
+# own summary. The per-op table lists them; the per-phase volumes leave them out.
+BOOKKEEPING_PREFIXES = ("ALLREDUCE_CHECK", "ALLREDUCE_EVAL", "CHECKPOINT_", "BARRIER_", "SUMMARY_")
+
+# Fields another version of the comm log may carry: time a rank waited for the last rank to enter a
+# collective (straggler wait).
+WAIT_FIELDS = ("wait_us", "t_last_enter_us")
+
+
+class RunError(Exception):
+    """A run folder that cannot be reported on; the message is one line naming the file."""
+
+
+def is_bookkeeping(op):
+    return op.startswith(BOOKKEEPING_PREFIXES)
+
+
+def infer_kind(op, peer):
+    """The kind of an op tag when comm/summary.json is absent: from the tag's name (DESIGN.md's tags
+    start with the collective's name) or, for messages, the peer."""
+    if peer >= 0:
+        return "p2p"
+    for prefix, kind in (("ALLREDUCE", "allreduce"), ("ALLGATHERV", "allgatherv"), ("ALLGATHER", "allgather"),
+                         ("ALLTOALL", "alltoall"), ("BROADCAST", "broadcast"), ("BARRIER", "barrier"),
+                         ("CHECKPOINT_AGREE", "allreduce"), ("CHECKPOINT_STEP", "allreduce"),
+                         ("CHECKPOINT_FILES", "allgather"), ("CHECKPOINT_LIST", "allgather")):
+        if op.startswith(prefix):
+            return kind
+    return "other"
+
+
+def bus_factor(kind, p):
+    if kind == "allreduce":
+        return 2.0 * (p - 1) / p
+    if kind in ("allgather", "allgatherv", "alltoall"):
+        return (p - 1) / p
+    if kind == "barrier":
+        return 0.0
+    return 1.0
+
+
+def data_size(rec, kind, p):
+    b, r = rec["bytes"], rec["bytes_recv"]
+    if kind == "allreduce":
+        return b
+    if kind in ("allgather", "allgatherv", "broadcast"):
+        return b + r
+    if kind == "alltoall":
+        return b * p // (p - 1) if p > 1 else b
+    if kind == "barrier":
+        return 0
+    return max(b, r)
+
+
+def lower_median(values):
+    s = sorted(values)
+    return s[(len(s) - 1) // 2] if s else 0
+
+
+def _read_jsonl(path):
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise RunError(f"{path}:{number}: not a JSON record ({e.msg})") from None
+    return out
+
+
+def _read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise RunError(f"{path}: not JSON ({e.msg})") from None
+
+
+class Run:
+    """One run folder, loaded."""
+
+    def __init__(self, folder):
+        self.folder = os.path.abspath(folder)
+        self.name = os.path.basename(self.folder.rstrip("/"))
+        if not os.path.isdir(folder):
+            raise RunError(f"{folder}: no such run folder")
+        config_path = os.path.join(folder, "config.toml")
+        metrics_path = os.path.join(folder, "metrics.jsonl")
+        for path in (config_path, metrics_path):
+            if not os.path.isfile(path):
+                raise RunError(f"{path}: missing (not a trainer run folder?)")
+        try:
+            with open(config_path, "rb") as f:
+                self.config = tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise RunError(f"{config_path}: not TOML ({e})") from None
+        self.metrics = _read_jsonl(metrics_path)
+        self.train = [m for m in self.metrics if "loss" in m and "split" not in m]
+        self.evals = [m for m in self.metrics if "split" in m]
+        info_path = os.path.join(folder, "run.json")
+        self.info = _read_json(info_path) if os.path.isfile(info_path) else None
+        summary_path = os.path.join(folder, "summary.json")
+        self.summary = _read_json(summary_path) if os.path.isfile(summary_path) else None
+        comm_summary_path = os.path.join(folder, "comm", "summary.json")
+        self.comm_summary = _read_json(comm_summary_path) if os.path.isfile(comm_summary_path) else None
+
+        comm_dir = os.path.join(folder, "comm")
+        ranks = sorted(int(f[4:-6]) for f in os.listdir(comm_dir) if f.startswith("rank") and f.endswith(".jsonl")
+                       and f[4:-6].isdigit()) if os.path.isdir(comm_dir) else []
+        if self.info:
+            self.world = int(self.info["world_size"])
+        elif self.summary and "world_size" in self.summary:
+            self.world = int(self.summary["world_size"])
+        else:
+            self.world = len(ranks)
+        if not ranks:
+            raise RunError(f"{os.path.join(comm_dir, 'rank0.jsonl')}: missing (was comm.log off?)")
+        missing = [r for r in range(self.world) if r not in ranks]
+        if missing:
+            raise RunError(f"{os.path.join(comm_dir, f'rank{missing[0]}.jsonl')}: missing "
+                           f"(the run had {self.world} ranks)")
+        self.records = []  # every record, with its rank added as "rank"
+        for r in range(self.world):
+            path = os.path.join(comm_dir, f"rank{r}.jsonl")
+            for rec in _read_jsonl(path):
+                for key in ("step", "phase", "op", "bytes", "bytes_recv", "peer", "t_start_us", "t_end_us"):
+                    if key not in rec:
+                        raise RunError(f"{path}: a record without '{key}'")
+                rec["rank"] = r
+                self.records.append(rec)
+        kinds = {o["op"]: o["kind"] for o in self.comm_summary["ops"]} if self.comm_summary else {}
+        for rec in self.records:
+            rec["kind"] = kinds.get(rec["op"]) or infer_kind(rec["op"], rec["peer"])
+            rec["size"] = data_size(rec, rec["kind"], self.world)
+            rec["time_us"] = rec["t_end_us"] - rec["t_start_us"]
+        self.kinds_from = "comm/summary.json" if kinds else "the op tags' names"
+
+    # -- the config -------------------------------------------------------------------------------
+    def cfg(self, section, key, default=None):
+        return self.config.get(section, {}).get(key, default)
+
+    @property
+    def method(self):
+        return self.info["method"] if self.info else self.cfg("sync", "method", "dense")
+
+
+# -- per op -----------------------------------------------------------------------------------------
+def op_table(run):
+    """One row per op tag in order of first appearance, then a total row; every count summed over
+    ranks, with the per-rank spread of calls."""
+    rows, order = {}, []
+    total_time = sum(r["time_us"] for r in run.records)
+    for rec in run.records:
+        op = rec["op"]
+        if op not in rows:
+            rows[op] = {"op": op, "kind": rec["kind"], "calls": 0, "bytes": 0, "bytes_recv": 0, "time_us": 0,
+                        "sizes": [], "calls_by_rank": [0] * run.world}
+            order.append(op)
+        row = rows[op]
+        row["calls"] += 1
+        row["bytes"] += rec["bytes"]
+        row["bytes_recv"] += rec["bytes_recv"]
+        row["time_us"] += rec["time_us"]
+        row["sizes"].append(rec["size"])
+        row["calls_by_rank"][rec["rank"]] += 1
+    out = []
+    for op in order:
+        row = rows[op]
+        sizes = row["sizes"]
+        total_size = sum(sizes)
+        factor = bus_factor(row["kind"], run.world)
+        row.update(size_min=min(sizes), size_median=lower_median(sizes), size_max=max(sizes), size_total=total_size,
+                   mean_us=row["time_us"] / row["calls"],
+                   share=100.0 * row["time_us"] / total_time if total_time else 0.0,
+                   algbw=total_size / row["time_us"] / 1e3 if row["time_us"] > 0 and total_size > 0 else None)
+        row["busbw"] = row["algbw"] * factor if row["algbw"] is not None and factor > 0 else None
+        out.append(row)
+    total = {"op": "total", "calls": sum(r["calls"] for r in out), "bytes": sum(r["bytes"] for r in out),
+             "bytes_recv": sum(r["bytes_recv"] for r in out), "time_us": sum(r["time_us"] for r in out),
+             "share": 100.0 if total_time else 0.0}
+    return out, total
+
+
+# -- per phase --------------------------------------------------------------------------------------
+def theoretical_words(run, phase):
+    """Words (4 bytes) one rank sends per step by the method's formula, with the formula; None when
+    the run does not say n (no run.json)."""
+    if not run.info:
+        return None, "needs run.json"
+    n, p, k = run.info["n"], run.world, run.info["k"]
+    method = run.info["method"]
+    if p < 2:
+        return 0, "one rank: nothing to send"
+    if phase == "dense" or method in ("dense", "local_sgd"):
+        return 2 * n * (p - 1) / p, "2n(P-1)/P"
+    if method == "oktopk":
+        return 6 * k * (p - 1) / p, "<= 6k(P-1)/P"
+    if method == "topka":
+        return 2 * k * (p - 1), "2k(P-1)"
+    if method == "powersgd":
+        total = 0
+        for v in run.info["parameters"]:
+            shape = v["shape"]
+            rows_ = shape[0]
+            cols = math.prod(shape[1:]) if len(shape) > 1 else 1
+            r = run.cfg("sync", "rank", 1)
+            total += (rows_ + cols) * r if len(shape) > 1 else rows_
+        return 2 * total * (p - 1) / p, "sum (n+m)r, ring allreduce 2(P-1)/P"
+    if method == "gaussiank":
+        return 2 * k * (p - 1), "about 2k(P-1) (allgatherv of about k pairs per rank)"
+    return None, f"no formula for {method}"
+
+
+def wire_bytes(rec, world):
+    if rec["kind"] == "p2p":
+        return rec["bytes"]
+    return rec["size"] * bus_factor(rec["kind"], world)
+
+
+def phase_table(run):
+    """Per phase, gradient-sync calls only: steps seen, messages and bytes per step per rank, the
+    ring-model wire volume against the method's formula, and the reduction against dense."""
+    stats = {ph: {"steps": set(), "calls": 0, "bytes": 0, "bytes_recv": 0, "wire": 0.0, "time_us": 0} for ph in PHASES}
+    for rec in run.records:
+        if is_bookkeeping(rec["op"]) or rec["phase"] not in stats:
+            continue
+        s = stats[rec["phase"]]
+        s["steps"].add(rec["step"])
+        s["calls"] += 1
+        s["bytes"] += rec["bytes"]
+        s["bytes_recv"] += rec["bytes_recv"]
+        s["wire"] += wire_bytes(rec, run.world)
+        s["time_us"] += rec["time_us"]
+    rows = []
+    for ph in PHASES:
+        s = stats[ph]
+        steps = len(s["steps"])
+        words, formula = theoretical_words(run, ph)
+        per = steps * run.world
+        row = {"phase": ph, "steps": steps, "calls": s["calls"], "bytes": s["bytes"], "bytes_recv": s["bytes_recv"],
+               "time_us": s["time_us"], "wire": s["wire"],
+               "calls_per_step_per_rank": s["calls"] / per if per else None,
+               "bytes_per_step_per_rank": s["bytes"] / per if per else None,
+               "wire_per_step_per_rank": s["wire"] / per if per else None,
+               "theory_bytes": 4 * words if words is not None else None, "formula": formula}
+        row["measured_over_theory"] = (row["wire_per_step_per_rank"] / row["theory_bytes"]
+                                       if per and row["theory_bytes"] else None)
+        rows.append(row)
+    dense = rows[0]["wire_per_step_per_rank"]
+    for row in rows:
+        row["reduction"] = dense / row["wire_per_step_per_rank"] if dense and row["wire_per_step_per_rank"] else None
+    return rows
+
+
+# -- over the run -------------------------------------------------------------------------------------
+def time_split(run):
+    """Per phase: steps and total milliseconds of data, compute, sync and optimizer from metrics.jsonl
+    (each record holds the means over the steps since the previous record; the record's phase is that
+    of its last step)."""
+    out = {ph: {"steps": 0, "data": 0.0, "compute": 0.0, "sync": 0.0, "optim": 0.0} for ph in PHASES}
+    previous = 0  # a resumed run's metrics.jsonl continues the same file from step 0
+    for m in run.train:
+        steps = m["step"] - previous
+        previous = m["step"]
+        o = out.get(m.get("phase", "dense"))
+        if o is None or steps <= 0:
+            continue
+        o["steps"] += steps
+        for key in ("data", "compute", "sync", "optim"):
+            o[key] += m.get(f"t_{key}_ms", 0.0) * steps
+    return out
+
+
+def bytes_per_step(run):
+    """step -> bytes sent by gradient sync, mean over ranks."""
+    per = defaultdict(int)
+    for rec in run.records:
+        if not is_bookkeeping(rec["op"]):
+            per[rec["step"]] += rec["bytes"]
+    return {s: b / run.world for s, b in sorted(per.items())}
+
+
+def region_balance(run):
+    """Per rank: bytes received by gradient-sync calls in the compressed phase (Ok-Top-k's regions
+    decide who receives what), and by point-to-point receives alone."""
+    total = [0] * run.world
+    p2p = [0] * run.world
+    for rec in run.records:
+        if rec["phase"] == "compressed" and not is_bookkeeping(rec["op"]):
+            total[rec["rank"]] += rec["bytes_recv"]
+            if rec["kind"] == "p2p":
+                p2p[rec["rank"]] += rec["bytes_recv"]
+    return total, p2p
+
+
+def straggler_wait(run):
+    """(field, per rank total microseconds, per op total) when the log records a wait, else None."""
+    field = next((f for f in WAIT_FIELDS if any(f in r for r in run.records)), None)
+    if field is None:
+        return None
+    per_rank = [0.0] * run.world
+    per_op = defaultdict(float)
+    for rec in run.records:
+        if field not in rec:
+            continue
+        wait = rec[field] - rec["t_start_us"] if field == "t_last_enter_us" else rec[field]
+        wait = max(wait, 0)
+        per_rank[rec["rank"]] += wait
+        per_op[rec["op"]] += wait
+    return field, per_rank, dict(per_op)
+
+
+def overall(run):
+    steps = run.train[-1]["step"] if run.train else 0
+    wall = run.summary.get("seconds") if run.summary else (run.metrics[-1]["time_s"] if run.metrics else None)
+    rate = run.summary.get("samples_per_s") if run.summary else None
+    return {"steps": steps, "wall_s": wall, "samples_per_s": rate}
+
+
+def summary_mismatches(run, ops):
+    """Per-op differences between the records' totals and comm/summary.json (the C++ summary). The
+    summary counts every call while the log was on; records exist only in the comm.log_* window, so
+    a windowed run differs by design."""
+    if not run.comm_summary:
+        return None
+    by_op = {r["op"]: r for r in ops}
+    out = []
+    for o in run.comm_summary["ops"]:
+        mine = by_op.get(o["op"])
+        for key in ("calls", "bytes", "bytes_recv", "time_us"):
+            got = mine[key] if mine else 0
+            if got != o[key]:
+                out.append((o["op"], key, got, o[key]))
+    return out

@@ -1,0 +1,221 @@
+"""`trainer report` on a committed recorded run (tests/fixtures/report_run) and on a fresh 2-rank run.
+
+Every table total is checked against sums over the raw records, computed here independently of
+scripts/report_analysis.py, and against the C++ end-of-run summary (comm/summary.json). Run by ctest:
+    /usr/bin/python3 tests/report_test.py            (the fixture cases)
+    TRAINER_BINARY=build/trainer TRAINER_MPIEXEC="mpiexec ..." /usr/bin/python3 tests/report_test.py
+"""
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+from collections import defaultdict
+
+SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURE = os.path.join(SOURCE, "tests", "fixtures", "report_run")
+sys.path.insert(0, os.path.join(SOURCE, "scripts"))
+import report  # noqa: E402
+import report_analysis as ra  # noqa: E402
+
+
+def records(folder):
+    out = []
+    comm = os.path.join(folder, "comm")
+    for name in sorted(os.listdir(comm)):
+        if name.startswith("rank") and name.endswith(".jsonl"):
+            with open(os.path.join(comm, name)) as f:
+                out += [dict(json.loads(line), rank=int(name[4:-6])) for line in f if line.strip()]
+    return out
+
+
+def markdown_table(text, heading):
+    """The first table after `heading`, as (header, rows of cells)."""
+    lines = text[text.index(heading):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        table.append([c.strip() for c in line.strip("|").split("|")])
+    return table[0], table[2:]
+
+
+class ReportChecks:
+    """Checks of one report against its run folder."""
+
+    def check_report(self, folder, out):
+        with open(os.path.join(out, "report.md")) as f:
+            text = f.read()
+        recs = records(folder)
+        by_op = defaultdict(lambda: {"calls": 0, "bytes": 0, "bytes_recv": 0, "time_us": 0, "ranks": defaultdict(int)})
+        for r in recs:
+            o = by_op[r["op"]]
+            o["calls"] += 1
+            o["bytes"] += r["bytes"]
+            o["bytes_recv"] += r["bytes_recv"]
+            o["time_us"] += r["t_end_us"] - r["t_start_us"]
+            o["ranks"][r["rank"]] += 1
+
+        # Per op: every row and the total row equal the sums over the records; counts are labelled.
+        header, rows = markdown_table(text, "## Communication per op")
+        self.assertIn("calls (all ranks)", header)
+        self.assertIn("calls per rank", header)
+        self.assertIn("summed over all", text)
+        col = {name: i for i, name in enumerate(header)}
+        table_ops = {row[0]: row for row in rows}
+        self.assertEqual(set(table_ops) - {"**total**"}, set(by_op))
+        for op, o in by_op.items():
+            row = table_ops[op]
+            self.assertEqual(int(row[col["calls (all ranks)"]]), o["calls"], op)
+            self.assertEqual(row[col["sent MB"]], f"{o['bytes'] / 1e6:.3f}", op)
+            self.assertEqual(row[col["recv MB"]], f"{o['bytes_recv'] / 1e6:.3f}", op)
+            self.assertEqual(row[col["time ms"]], f"{o['time_us'] / 1e3:.3f}", op)
+            per_rank = list(o["ranks"].values())
+            want = str(per_rank[0]) if min(per_rank) == max(per_rank) else f"{min(per_rank)}-{max(per_rank)}"
+            self.assertEqual(row[col["calls per rank"]], want, op)
+        total = table_ops["**total**"]
+        self.assertEqual(int(total[col["calls (all ranks)"]]), len(recs))
+        self.assertEqual(total[col["sent MB"]], f"{sum(r['bytes'] for r in recs) / 1e6:.3f}")
+        self.assertEqual(total[col["recv MB"]], f"{sum(r['bytes_recv'] for r in recs) / 1e6:.3f}")
+        self.assertEqual(total[col["time ms"]],
+                         f"{sum(r['t_end_us'] - r['t_start_us'] for r in recs) / 1e3:.3f}")
+        shares = sum(float(row[col["time %"]]) for op, row in table_ops.items() if op != "**total**")
+        self.assertAlmostEqual(shares, 100.0, delta=0.05 * len(by_op) + 1e-9)
+
+        # The analysis module's exact integers: the same sums, and the C++ summary's.
+        run = ra.Run(folder)
+        ops, tot = ra.op_table(run)
+        self.assertEqual(tot["calls"], len(recs))
+        self.assertEqual(tot["bytes"], sum(r["bytes"] for r in recs))
+        for row in ops:
+            self.assertEqual(row["calls"], by_op[row["op"]]["calls"])
+            self.assertEqual(sum(row["calls_by_rank"]), row["calls"])
+            self.assertEqual(len(row["sizes"]), row["calls"])
+        with open(os.path.join(folder, "comm", "summary.json")) as f:
+            summary = json.load(f)
+        for o in summary["ops"]:
+            mine = next(r for r in ops if r["op"] == o["op"])
+            for key in ("calls", "bytes", "bytes_recv", "time_us"):
+                self.assertEqual(mine[key], o[key], (o["op"], key))
+            self.assertEqual(mine["kind"], o["kind"])
+            sizes = sorted(s for s, c in o["sizes"] for _ in range(c))
+            self.assertEqual(sorted(mine["sizes"]), sizes, o["op"])
+        self.assertEqual(ra.summary_mismatches(run, ops), [])
+        self.assertIn("Every row equals the end-of-run summary", text)
+
+        # Per phase: calls are the gradient-sync records of the phase; per step per rank divides by
+        # steps x ranks.
+        header, rows = markdown_table(text, "## Per phase")
+        col = {name: i for i, name in enumerate(header)}
+        for row in rows:
+            phase = row[col["phase"]]
+            mine = [r for r in recs if r["phase"] == phase and not ra.is_bookkeeping(r["op"])]
+            steps = len({r["step"] for r in mine})
+            self.assertEqual(int(row[col["steps"]]), steps)
+            self.assertEqual(int(row[col["calls (all ranks)"]]), len(mine))
+            self.assertEqual(row[col["calls per step per rank"]], f"{len(mine) / (steps * run.world):.2f}")
+        # Time split: the phases' steps add up to the run's, and each column to the metrics' sums.
+        with open(os.path.join(folder, "metrics.jsonl")) as f:
+            train = [m for m in map(json.loads, f) if "loss" in m and "split" not in m]
+        header, rows = markdown_table(text, "Time split of rank 0")
+        col = {name: i for i, name in enumerate(header)}
+        self.assertEqual(sum(int(row[col["steps"]]) for row in rows), train[-1]["step"])
+        steps = [m["step"] - p for m, p in zip(train, [0] + [m["step"] for m in train])]
+        for key in ("data", "compute", "sync"):
+            want = sum(m[f"t_{key}_ms"] * n for m, n in zip(train, steps)) / 1e3
+            got = sum(float(row[col[key]].split()[0]) for row in rows)
+            self.assertAlmostEqual(got, want, delta=0.006 * len(rows), msg=key)
+        for png in ("message_sizes.png", "bytes_per_step.png", "density.png", "region_balance.png"):
+            self.assertGreater(os.path.getsize(os.path.join(out, png)), 1000, png)
+        return text, run
+
+
+class FixtureTest(unittest.TestCase, ReportChecks):
+    def test_tables_equal_sums_over_records(self):
+        with tempfile.TemporaryDirectory() as out:
+            self.assertEqual(report.main([FIXTURE, "--out", out]), 0)
+            text, run = self.check_report(FIXTURE, out)
+        # The fixture's schedule: 2 dense steps of one bucket, 4 compressed, regions every 2 steps.
+        self.assertIn("| ALLREDUCE_DENSE | 4 | 4 | yes |", text)
+        self.assertIn("| ALLGATHERV_FINAL | 8 | 8 | yes |", text)
+        self.assertIn("| ALLREDUCE_REGION | 4 | 4 | yes |", text)
+        self.assertIn("Not recorded", text)  # no wait field in this log version
+
+    def test_dense_volume_matches_formula(self):
+        run = ra.Run(FIXTURE)
+        dense = ra.phase_table(run)[0]
+        # A dense step allreduces the whole gradient: the ring sends exactly 2n(P-1)/P words per rank.
+        self.assertEqual(dense["theory_bytes"], 4 * 2 * run.info["n"] * (run.world - 1) / run.world)
+        self.assertAlmostEqual(dense["measured_over_theory"], 1.0, places=12)
+
+    def test_straggler_wait_when_recorded(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = os.path.join(tmp, "run")
+            shutil.copytree(FIXTURE, folder)
+            for r in range(2):
+                path = os.path.join(folder, "comm", f"rank{r}.jsonl")
+                with open(path) as f:
+                    recs = [json.loads(line) for line in f]
+                with open(path, "w") as f:
+                    for rec in recs:
+                        rec["wait_us"] = 10 * (r + 1)
+                        f.write(json.dumps(rec) + "\n")
+            run = ra.Run(folder)
+            field, per_rank, _ = ra.straggler_wait(run)
+            self.assertEqual(field, "wait_us")
+            self.assertEqual(per_rank, [10 * len(records(FIXTURE)) / 2, 20 * len(records(FIXTURE)) / 2])
+
+    def test_missing_rank_file_is_one_clear_error(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = os.path.join(tmp, "run")
+            shutil.copytree(FIXTURE, folder)
+            os.remove(os.path.join(folder, "comm", "rank1.jsonl"))
+            with self.assertRaisesRegex(ra.RunError, r"comm/rank1\.jsonl: missing"):
+                ra.Run(folder)
+
+    def test_two_runs_compared(self):
+        with tempfile.TemporaryDirectory() as out:
+            self.assertEqual(report.main([FIXTURE, FIXTURE, "--out", out, "--seed-check"]), 0)
+            with open(os.path.join(out, "report.md")) as f:
+                text = f.read()
+            self.assertIn("## Runs compared", text)
+            self.assertIn("## The published analyses' counts", text)
+            self.assertTrue(os.path.isfile(os.path.join(out, "compare_loss.png")))
+
+
+@unittest.skipUnless(os.environ.get("TRAINER_BINARY"), "TRAINER_BINARY not set")
+class FreshRunTest(unittest.TestCase, ReportChecks):
+    def test_fresh_two_rank_run(self):
+        binary = os.environ["TRAINER_BINARY"]
+        mpiexec = shlex.split(os.environ["TRAINER_MPIEXEC"])
+        with tempfile.TemporaryDirectory() as tmp:
+            data, run_dir = os.path.join(tmp, "data"), os.path.join(tmp, "run")
+            subprocess.run([binary, "make-cifar", "--out", data, "--train", "64", "--test", "20"], check=True,
+                           stdout=subprocess.DEVNULL)
+            sets = ["data.root=" + data, "data.synthesize_if_missing=false", "data.batch_size=8",
+                    "data.eval_batch_size=20", "train.max_steps=5", "train.log_every_steps=1", "runtime.threads=1",
+                    "data.loader_threads=1", "sync.method=oktopk", "sync.density=0.05", "sync.dense_warmup_steps=2",
+                    "experiment.output_dir=" + run_dir]
+            cmd = mpiexec + ["-n", "2", "-x", "OMP_WAIT_POLICY=passive", binary, "--config",
+                             os.path.join(SOURCE, "configs", "quickstart_cifar.toml")]
+            for s in sets:
+                cmd += ["--set", s]
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            done = subprocess.run([binary, "report", run_dir], capture_output=True, text=True)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            out = os.path.join(run_dir, "report")
+            self.assertIn(os.path.join(out, "report.md"), done.stdout)
+            self.check_report(run_dir, out)
+            # A folder that is not a run: one line naming the missing file, non-zero exit.
+            os.remove(os.path.join(run_dir, "metrics.jsonl"))
+            bad = subprocess.run([binary, "report", run_dir], capture_output=True, text=True)
+            self.assertNotEqual(bad.returncode, 0)
+            self.assertIn("metrics.jsonl: missing", bad.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
