@@ -28,8 +28,12 @@ namespace {
 
 using namespace config_schema;
 
+// One line whatever the origin holds: a --set argument (or a quoted value) may contain newlines.
 [[noreturn]] void fail(const std::string& origin, const std::string& message) {
-  throw ConfigError(origin + ": " + message);
+  std::string line = origin + ": " + message;
+  for (char& c : line)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+  throw ConfigError(line);
 }
 
 // ---- suggestions -------------------------------------------------------------------------------
