@@ -179,6 +179,8 @@ TEST_CASE("override errors name the --set argument", "[config]") {
   CHECK(error_of("", {"data.augment=yes"}) == "--set data.augment=yes: data.augment must be true or false, got string \"yes\"");
   CHECK(error_of("", {"optim.milestones=[1,2"}) ==
         "--set optim.milestones=[1,2: optim.milestones must be an array of integers, got string \"[1,2\"");
+  // One line even when the argument holds a newline (found by the config fuzz target).
+  CHECK(error_of("", {"optim.lr=1\nx"}) == "--set optim.lr=1 x: optim.lr must be a number, got string \"1\\nx\"");
   // An override replaces the file's value before values are read, so a bad value it replaces is
   // never looked at.
   CHECK(parse("[optim]\nlr = \"x\"\n", {"optim.lr=0.1"}).optim.lr == 0.1);
