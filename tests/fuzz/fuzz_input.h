@@ -23,8 +23,12 @@ namespace trainer::fuzz {
 // Created on first use, removed at exit; one per process, so parallel fuzzers do not collide.
 inline const std::filesystem::path& scratch_dir() {
   static const std::filesystem::path dir = [] {
+    // scripts/fuzz passes a folder it removes afterwards: libFuzzer ends some runs with _Exit (a
+    // crash, a timeout), which skips the atexit below.
     std::error_code ec;
-    std::filesystem::path base = std::filesystem::is_directory("/dev/shm", ec)
+    const char* given = std::getenv("TRAINER_FUZZ_SCRATCH");
+    std::filesystem::path base = given && *given ? std::filesystem::path(given)
+                                 : std::filesystem::is_directory("/dev/shm", ec)
                                      ? std::filesystem::path("/dev/shm")
                                      : std::filesystem::temp_directory_path();
     std::filesystem::path d = base / ("trainer_fuzz_" + std::to_string(getpid()));
