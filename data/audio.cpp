@@ -2,6 +2,8 @@
 
 #include <sndfile.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -47,15 +49,35 @@ Audio read_audio(const std::string& path) {
   }
   if (info.channels != 1) fail(path, std::to_string(info.channels) + " channels; only mono audio is supported");
   if (info.frames <= 0) fail(path, "no samples");
+  if (info.frames > kMaxAudioSamples) {
+    fail(path, "header claims " + std::to_string(info.frames) + " samples, more than the limit of " +
+                   std::to_string(kMaxAudioSamples) + " (" + std::to_string(kMaxAudioSamples / kRawSampleRate / 60) +
+                   " minutes at 16 kHz)");
+  }
   Audio audio;
   audio.sample_rate = info.samplerate;
-  audio.samples.resize(static_cast<size_t>(info.frames));
   // Normalization on: float = int16 / 32768 for 16-bit PCM.
   sf_command(file.get(), SFC_SET_NORM_FLOAT, nullptr, SF_TRUE);
-  sf_count_t got = sf_readf_float(file.get(), audio.samples.data(), info.frames);
-  if (got != info.frames) {
-    fail(path, "truncated: header promises " + std::to_string(info.frames) + " samples, read " +
-                   std::to_string(got));
+  // In blocks, so the memory follows what the file holds, not what its header claims.
+  constexpr sf_count_t kBlock = 1 << 16;
+  for (sf_count_t got = 0; got < info.frames;) {
+    const sf_count_t want = std::min(kBlock, info.frames - got);
+    audio.samples.resize(static_cast<size_t>(got + want));
+    const sf_count_t n = sf_readf_float(file.get(), audio.samples.data() + got, want);
+    got += std::max<sf_count_t>(n, 0);
+    if (n != want) {
+      fail(path, "truncated: header promises " + std::to_string(info.frames) + " samples, read " +
+                     std::to_string(got));
+    }
+  }
+  // Integer PCM is within [-1, 1) by construction; float files are not, and a NaN, an infinity or a
+  // huge value would turn every feature of the utterance into NaN (|FFT|^2 overflows float).
+  for (size_t i = 0; i < audio.samples.size(); ++i) {
+    if (!(std::fabs(audio.samples[i]) <= kMaxSampleMagnitude)) {
+      fail(path, "sample " + std::to_string(i) + " is " + std::to_string(audio.samples[i]) +
+                     ": float audio must be finite and within +-" + std::to_string(int(kMaxSampleMagnitude)) +
+                     " (full scale is 1)");
+    }
   }
   return audio;
 }

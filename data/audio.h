@@ -19,6 +19,11 @@
 namespace trainer::data {
 
 constexpr int kRawSampleRate = 16000;
+// Float files may exceed full scale (1) a little; beyond this, or not finite, is a broken file.
+constexpr float kMaxSampleMagnitude = 8;
+// A header may not make the reader allocate more than this (2^25 samples, 128 MiB of float: 34
+// minutes at 16 kHz; AN4 utterances are seconds).
+constexpr int64_t kMaxAudioSamples = int64_t{1} << 25;
 
 struct Audio {
   std::vector<float> samples;  // mono, in [-1, 1)
@@ -26,7 +31,8 @@ struct Audio {
 };
 
 // Reads a whole file. Throws std::runtime_error with one line "audio: <path>: <reason>" when the file
-// is missing, unreadable, not a recognized format, empty, or has more than one channel.
+// is missing, unreadable, not a recognized format, empty, has more than one channel, has more samples
+// than kMaxAudioSamples, or holds a sample that is not finite or beyond +-kMaxSampleMagnitude.
 Audio read_audio(const std::string& path);
 
 // read_audio, and additionally an error naming the file when its rate is not sample_rate.

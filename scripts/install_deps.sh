@@ -14,6 +14,7 @@ packages=(
   libsndfile1-dev libfftw3-dev
   python3 python3-numpy python3-matplotlib  # trainer report (scripts/report.py)
   espeak-ng sox                     # scripts/make_speech_corpus
+  clang libclang-rt-dev zlib1g-dev  # scripts/fuzz: libFuzzer, ASan, UBSan (zlib: checkpoint target)
 )
 for arg in "$@"; do
   case "$arg" in

@@ -179,6 +179,13 @@ TEST_CASE("override errors name the --set argument", "[config]") {
   CHECK(error_of("", {"data.augment=yes"}) == "--set data.augment=yes: data.augment must be true or false, got string \"yes\"");
   CHECK(error_of("", {"optim.milestones=[1,2"}) ==
         "--set optim.milestones=[1,2: optim.milestones must be an array of integers, got string \"[1,2\"");
+  // One line even when the argument holds a newline (found by the config fuzz target).
+  CHECK(error_of("", {"optim.lr=1\nx"}) == "--set optim.lr=1 x: optim.lr must be a number, got string \"1\\nx\"");
+  // Bare text must be UTF-8: the resolved config.toml has to read back (found by the fuzz target).
+  CHECK(error_of("", {"experiment.name=ab\xa7"}) == "--set experiment.name=ab\xa7: the value is not valid UTF-8 text");
+  CHECK(error_of("", {"experiment.name=\xc0\xaf"}) == "--set experiment.name=\xc0\xaf: the value is not valid UTF-8 text");
+  CHECK(parse("", {"experiment.name=na\xc3\xafve-\xe2\x82\xac-\xf0\x9f\x98\x80"}).experiment.name ==
+        "na\xc3\xafve-\xe2\x82\xac-\xf0\x9f\x98\x80");
   // An override replaces the file's value before values are read, so a bad value it replaces is
   // never looked at.
   CHECK(parse("[optim]\nlr = \"x\"\n", {"optim.lr=0.1"}).optim.lr == 0.1);

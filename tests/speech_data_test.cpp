@@ -395,6 +395,44 @@ TEST_CASE("bad audio files give one error naming the file", "[speech][audio]") {
     fs::create_directories(dir.file("d.wav"));
     REQUIRE_THROWS_WITH(read_audio(dir.file("d.wav")), Contains(dir.file("d.wav")));
   }
+  SECTION("float samples that are not finite or far beyond full scale") {
+    for (float bad : {std::nanf(""), INFINITY, 1e30f, -9.0f}) {
+      SF_INFO info{};
+      info.samplerate = 16000;
+      info.channels = 1;
+      info.format = SF_FORMAT_WAV | SF_FORMAT_FLOAT;
+      SNDFILE* f = sf_open(dir.file("float.wav").c_str(), SFM_WRITE, &info);
+      REQUIRE(f);
+      std::vector<float> x(1000, 0.5f);
+      x[700] = bad;
+      sf_writef_float(f, x.data(), static_cast<sf_count_t>(x.size()));
+      sf_close(f);
+      REQUIRE_THROWS_WITH(read_audio(dir.file("float.wav")),
+                          Contains(dir.file("float.wav")) && Contains("sample 700 is") && Contains("within +-8"));
+    }
+  }
+  SECTION("a header claiming more samples than the cap") {
+    // FLAC's STREAMINFO stores the sample count (36 bits): set it to 2^36 - 1.
+    SF_INFO info{};
+    info.samplerate = 16000;
+    info.channels = 1;
+    info.format = SF_FORMAT_FLAC | SF_FORMAT_PCM_16;
+    SNDFILE* f = sf_open(dir.file("big.flac").c_str(), SFM_WRITE, &info);
+    REQUIRE(f);
+    sf_writef_short(f, s.data(), static_cast<sf_count_t>(s.size()));
+    sf_close(f);
+    std::fstream io(dir.file("big.flac"), std::ios::in | std::ios::out | std::ios::binary);
+    char streaminfo[8];
+    io.seekg(18);  // "fLaC", the block header, then 10 bytes before rate/channels/bits/count
+    io.read(streaminfo, 8);
+    streaminfo[3] |= 0x0f;
+    for (int i = 4; i < 8; ++i) streaminfo[i] = static_cast<char>(0xff);
+    io.seekp(18);
+    io.write(streaminfo, 8);
+    io.close();
+    REQUIRE_THROWS_WITH(read_audio(dir.file("big.flac")),
+                        Contains(dir.file("big.flac")) && Contains("header claims 68719476735 samples"));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------

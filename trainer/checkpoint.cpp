@@ -487,8 +487,8 @@ const models::SafeTensor& tensor(const models::SafeTensorsFile& f, const std::st
 
 std::string blob(const models::SafeTensorsFile& f, const std::string& name) {
   const int64_t length = meta_int(f, name + "_bytes");
-  const int64_t words = (std::max<int64_t>(length, 0) + 3) / 4;
   if (length < 0) damaged("checkpoint file " + f.path + ": negative length of " + name);
+  const int64_t words = length / 4 + (length % 4 != 0);  // (length + 3) / 4 overflows near INT64_MAX
   const models::SafeTensor& t = tensor(f, name, "I32", words);
   return std::string(t.bytes.begin(), t.bytes.begin() + length);
 }

@@ -28,8 +28,12 @@ namespace {
 
 using namespace config_schema;
 
+// One line whatever the origin holds: a --set argument (or a quoted value) may contain newlines.
 [[noreturn]] void fail(const std::string& origin, const std::string& message) {
-  throw ConfigError(origin + ": " + message);
+  std::string line = origin + ": " + message;
+  for (char& c : line)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+  throw ConfigError(line);
 }
 
 // ---- suggestions -------------------------------------------------------------------------------
@@ -302,6 +306,30 @@ std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(" \t") - b + 1);
 }
 
+// Well-formed UTF-8 as TOML requires: no overlong forms, no surrogates, nothing above U+10FFFF.
+bool valid_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    int n;
+    uint32_t cp;
+    if (c < 0x80) n = 0, cp = c;
+    else if ((c & 0xe0) == 0xc0) n = 1, cp = c & 0x1f;
+    else if ((c & 0xf0) == 0xe0) n = 2, cp = c & 0x0f;
+    else if ((c & 0xf8) == 0xf0) n = 3, cp = c & 0x07;
+    else return false;
+    if (i + n >= s.size() && n > 0) return false;
+    for (int k = 1; k <= n; ++k) {
+      const unsigned char t = static_cast<unsigned char>(s[i + k]);
+      if ((t & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (t & 0x3f);
+    }
+    static const uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
 // Applies one --set: the value is read as TOML (numbers, true/false, "quoted strings", [arrays]),
 // except that a string key also takes bare text. Text that is not valid TOML stays a string, so a
 // number key reports `must be a number, got string "abc"`.
@@ -323,7 +351,11 @@ void apply_override(const std::string& arg, size_t order, Settings& settings,
       holder = toml::table{};
     }
   }
-  if (!holder.contains("v") || holder.size() != 1) holder = toml::table{{"v", value}};
+  if (!holder.contains("v") || holder.size() != 1) {
+    // Bare text bypasses the TOML parser's checks; config.toml must read back, so it must be UTF-8.
+    if (!valid_utf8(value)) fail(origin, "the value is not valid UTF-8 text");
+    holder = toml::table{{"v", value}};
+  }
   settings[path] = {holder.get("v"), origin, order};
 }
 
