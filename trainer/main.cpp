@@ -5,6 +5,7 @@
 //   trainer bench [--model resnet20|...|deepspeech|las] [--batch N] [--threads N] [--no-torch]
 //   mpiexec -n P trainer bench comm [--n N]     (Communicator + log overhead vs bare MPI_Allreduce)
 //   mpiexec -n P trainer bench sync [--n N]     (every sync method on synthetic gradients)
+//   trainer whatif RUN_DIR --bandwidth 1gbit --latency 0.1ms [--ranks P]   (step time on another network)
 //   trainer --config-reference          (the documentation of every config key, as Markdown)
 #include <CLI/CLI.hpp>
 #include <malloc.h>
@@ -19,6 +20,7 @@
 #include "trainer/bench.h"
 #include "trainer/config.h"
 #include "trainer/run.h"
+#include "trainer/whatif.h"
 
 int main(int argc, char** argv) {
   // Large buffers from the heap, never from fresh mmap'ed pages that are returned on free: Open MPI
@@ -79,6 +81,15 @@ int main(int argc, char** argv) {
   bench_sync->add_option("--warmup", so.warmup, "Compressed steps before timing");
   bench_sync->add_option("--methods", so.methods, "Methods to time");
 
+  auto* whatif = app.add_subcommand("whatif", "Predict a finished run's step time on another network and rank count");
+  std::string whatif_dir, whatif_bandwidth, whatif_latency = "0";
+  int whatif_ranks = 0;
+  whatif->add_option("RUN_DIR", whatif_dir, "Output folder of a run with comm.log = true")->required();
+  whatif->add_option("--bandwidth", whatif_bandwidth, "Link bandwidth per rank: 100mbit, 1gbit, 10gbit, 1.25GB/s")
+      ->required();
+  whatif->add_option("--latency", whatif_latency, "Latency per message: 0.1ms, 50us (default 0)");
+  whatif->add_option("--ranks", whatif_ranks, "Ranks (default: the run's)")->check(CLI::PositiveNumber);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (reference) {
@@ -94,6 +105,14 @@ int main(int argc, char** argv) {
     if (bench_comm->parsed()) {
       trainer::comm::world();
       return trainer::comm::run_comm_bench(comm_n, comm_steps, comm_bucket_mb);
+    }
+    if (whatif->parsed()) {
+      const trainer::comm::Network net{trainer::comm::parse_bandwidth(whatif_bandwidth),
+                                       trainer::comm::parse_latency(whatif_latency)};
+      const trainer::app::RunMeasurement run = trainer::app::measure_run(whatif_dir);
+      const int ranks = whatif_ranks > 0 ? whatif_ranks : run.ranks;
+      std::fputs(trainer::app::whatif_report(run, trainer::app::predict(run, net, ranks), net, ranks).c_str(), stdout);
+      return 0;
     }
     if (bench_sync->parsed()) return trainer::comm::run_sync_bench(so);
     if (bench->parsed()) {
