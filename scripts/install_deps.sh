@@ -14,6 +14,7 @@ packages=(
   libsndfile1-dev libfftw3-dev
   python3 python3-numpy
   espeak-ng sox                     # scripts/make_speech_corpus
+  iproute2                          # scripts/netem: namespaces, veth, bridge, tc
 )
 for arg in "$@"; do
   case "$arg" in
