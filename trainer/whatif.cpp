@@ -142,20 +142,23 @@ RunMeasurement measure_run(const std::string& run_dir) {
     p.logged_steps = static_cast<int64_t>(steps[name].size());
     p.metric_records = static_cast<int64_t>(step_ms[name].size());
     p.step_ms = median(step_ms[name]);  // 0 when no record ended in this phase (see below)
-    double union_us = 0, wait_us = 0;
+    // Medians over steps, like the step time: the first steps (primitive creation, one rank's
+    // late start) would otherwise dominate a short run's mean.
+    std::vector<double> union_ms, wait_ms;
     for (auto& [step, s] : steps[name]) {
       std::sort(s.intervals.begin(), s.intervals.end());
-      int64_t end = INT64_MIN;
+      int64_t end = INT64_MIN, covered = 0;
       for (const auto& [a, b] : s.intervals) {
         const int64_t from = std::max(a, end);
-        if (b > from) union_us += static_cast<double>(b - from);
+        if (b > from) covered += b - from;
         end = std::max(end, b);
       }
-      wait_us += static_cast<double>(s.wait_us);
+      union_ms.push_back(static_cast<double>(covered) / 1e3);
+      wait_ms.push_back(static_cast<double>(s.wait_us) / 1e3);
     }
     const double n = static_cast<double>(p.logged_steps);
-    p.comm_ms = union_us / n / 1e3;
-    p.wait_ms = wait_us / n / 1e3;
+    p.comm_ms = median(union_ms);
+    p.wait_ms = median(wait_ms);
     // A short phase (a dense warmup inside one metrics interval) has no record of its own: its
     // compute is the other steps' data + forward/backward + optimizer, without the sync's local work.
     p.compute_ms = p.metric_records > 0 ? std::max(0.0, p.step_ms - p.comm_ms) : median(outside_sync_ms);

@@ -6,10 +6,10 @@
 // metrics.jsonl holds; in synchronous training every rank's mean step time is the same, and rank
 // 0's wait absorbs the other ranks' imbalance):
 //   step time    median over metrics.jsonl step records of t_data + t_compute + t_sync + t_optim
-//   comm time    per logged step, the union of rank 0's call intervals (messages overlap), mean
+//   comm time    per logged step, the union of rank 0's call intervals (messages overlap), median
 //   compute      step time - comm time: data, forward/backward, optimizer and the sync method's
 //                local work (selection, packing), carried over unchanged
-//   wait         rank 0's wait_us per step (comm_wait.h), carried over unchanged
+//   wait         rank 0's wait_us per step (comm_wait.h), median, carried over unchanged
 //   ops          per op tag: calls per step and data size S per call
 // Calls outside the training step (evaluation, checkpoints, the start-up checks: ALLREDUCE_EVAL,
 // ALLREDUCE_CHECK, CHECKPOINT_*, BARRIER_SETUP) are left out.
