@@ -6,6 +6,7 @@
 #include <string>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "comm/network_model.h"
 #include "process.h"
@@ -123,6 +124,10 @@ TEST_CASE("whatif on a dense run: compute, wait and the allreduce's cost, for ot
   CHECK(p2[0].comm_ms == Approx(1.01));
   CHECK(p2[0].step_ms == Approx(13 + 1.01 + 1));
   CHECK(p2[0].efficiency == Approx(13 / 15.01));
+  const auto j = nlohmann::json::parse(trainer::app::whatif_json(run, p2, kNet, 2));
+  CHECK(j["phases"][0]["step_ms"].get<double>() == Approx(15.01));
+  CHECK(j["phases"][0]["measured_step_ms"].get<double>() == Approx(17));
+  CHECK(j["measured_ranks"] == 2);
   // P = 4: the ring, 60 us + 1.5 ms; the wait carries over.
   auto p4 = predict(run, kNet, 4);
   CHECK(p4[0].step_ms == Approx(13 + 1.56 + 1));

@@ -84,11 +84,13 @@ int main(int argc, char** argv) {
   auto* whatif = app.add_subcommand("whatif", "Predict a finished run's step time on another network and rank count");
   std::string whatif_dir, whatif_bandwidth, whatif_latency = "0";
   int whatif_ranks = 0;
+  bool whatif_as_json = false;
   whatif->add_option("RUN_DIR", whatif_dir, "Output folder of a run with comm.log = true")->required();
   whatif->add_option("--bandwidth", whatif_bandwidth, "Link bandwidth per rank: 100mbit, 1gbit, 10gbit, 1.25GB/s")
       ->required();
   whatif->add_option("--latency", whatif_latency, "Latency per message: 0.1ms, 50us (default 0)");
   whatif->add_option("--ranks", whatif_ranks, "Ranks (default: the run's)")->check(CLI::PositiveNumber);
+  whatif->add_flag("--json", whatif_as_json, "One JSON object instead of the table");
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -111,7 +113,11 @@ int main(int argc, char** argv) {
                                        trainer::comm::parse_latency(whatif_latency)};
       const trainer::app::RunMeasurement run = trainer::app::measure_run(whatif_dir);
       const int ranks = whatif_ranks > 0 ? whatif_ranks : run.ranks;
-      std::fputs(trainer::app::whatif_report(run, trainer::app::predict(run, net, ranks), net, ranks).c_str(), stdout);
+      const auto predictions = trainer::app::predict(run, net, ranks);
+      std::fputs((whatif_as_json ? trainer::app::whatif_json(run, predictions, net, ranks)
+                                 : trainer::app::whatif_report(run, predictions, net, ranks))
+                     .c_str(),
+                 stdout);
       return 0;
     }
     if (bench_sync->parsed()) return trainer::comm::run_sync_bench(so);

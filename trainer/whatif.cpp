@@ -276,3 +276,30 @@ std::string whatif_report(const RunMeasurement& run, const std::vector<PhasePred
 }
 
 }  // namespace trainer::app
+
+namespace trainer::app {
+
+std::string whatif_json(const RunMeasurement& run, const std::vector<PhasePrediction>& predictions,
+                        const comm::Network& net, int ranks) {
+  nlohmann::json phases = nlohmann::json::array();
+  for (size_t i = 0; i < predictions.size(); ++i) {
+    const PhasePrediction& p = predictions[i];
+    nlohmann::json o{{"phase", p.phase},         {"compute_ms", p.compute_ms}, {"comm_ms", p.comm_ms},
+                     {"wait_ms", p.wait_ms},     {"step_ms", p.step_ms},       {"comm_share", p.comm_share},
+                     {"efficiency", p.efficiency}};
+    if (run.phases[i].metric_records > 0) o["measured_step_ms"] = p.measured_step_ms;
+    phases.push_back(o);
+  }
+  return nlohmann::json{{"run_dir", run.run_dir},
+                        {"method", run.method},
+                        {"measured_ranks", run.ranks},
+                        {"ranks", ranks},
+                        {"bandwidth_bytes_per_s", net.bandwidth},
+                        {"latency_s", net.latency},
+                        {"waits_known", run.waits_known},
+                        {"phases", phases}}
+             .dump() +
+         "\n";
+}
+
+}  // namespace trainer::app

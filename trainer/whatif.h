@@ -80,6 +80,11 @@ RunMeasurement measure_run(const std::string& run_dir);
 // The model's step time for each measured phase on `net` with `ranks` ranks.
 std::vector<PhasePrediction> predict(const RunMeasurement& run, const comm::Network& net, int ranks);
 
+// `trainer whatif --json`: the run, the network and one object per phase with the fields of
+// PhasePrediction (compute_ms, comm_ms, wait_ms, step_ms, comm_share, efficiency, measured_step_ms).
+std::string whatif_json(const RunMeasurement& run, const std::vector<PhasePrediction>& predictions,
+                        const comm::Network& net, int ranks);
+
 // The text `trainer whatif` prints.
 std::string whatif_report(const RunMeasurement& run, const std::vector<PhasePrediction>& predictions,
                           const comm::Network& net, int ranks);
