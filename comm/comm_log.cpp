@@ -254,6 +254,11 @@ void CommLog::set_waits(const std::vector<int64_t>& wait_us) {
   if (std::rename(tmp.c_str(), options_.path.c_str()) != 0) fail("cannot replace");
   // Later records (none in a finished run) append after the rewritten ones.
   file_ = std::fopen(options_.path.c_str(), "ab");
+  if (!file_) {
+    std::fprintf(stderr, "comm log: cannot reopen %s (%s); logging stops\n", options_.path.c_str(), std::strerror(errno));
+    in_window_ = false;
+    return;
+  }
   std::fseek(file_, 0, SEEK_END);
   file_start_bytes_ = std::ftell(file_);
   records_written_ = 0;

@@ -1,7 +1,9 @@
 #include "comm/comm_wait.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -111,7 +113,12 @@ void resolve_waits(Communicator& comm) {
     const int64_t duration = calls[i].t_end_us - calls[i].t_start_us;
     wait[i] = std::clamp<int64_t>(last[i] - fit.to_global(calls[i].t_start_us), 0, std::max<int64_t>(duration, 0));
   }
-  log.set_waits(wait);
+  try {
+    log.set_waits(wait);
+  } catch (const std::runtime_error& e) {
+    // The statistics have the waits; only the records lack them. Not worth failing a finished run.
+    std::fprintf(stderr, "warning: %s (records keep no wait_us)\n", e.what());
+  }
 }
 
 }  // namespace trainer::comm
