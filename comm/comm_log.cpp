@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
@@ -55,6 +56,15 @@ void CommLog::open(const CommLogOptions& options, int rank, int world_size) {
   last_tag_ = nullptr;
   phases_[0] = phases_[1] = PhaseStats{};
   pending_.clear();
+  pending_collective_.clear();
+  collectives_.clear();
+  waits_.clear();
+  wait_note_.clear();
+  clock_ = ClockFit{};
+  traced_.clear();
+  file_start_bytes_ = 0;
+  records_written_ = 0;
+  written_collectives_.clear();
   t0_ns_ = steady_ns();
   if (options_.enabled && !options_.path.empty()) {
     const std::filesystem::path parent = std::filesystem::path(options_.path).parent_path();
@@ -64,6 +74,8 @@ void CommLog::open(const CommLogOptions& options, int rank, int world_size) {
     if (!file_) {
       throw std::runtime_error("comm log: cannot open " + options_.path + " for writing: " + std::strerror(errno));
     }
+    std::fseek(file_, 0, SEEK_END);
+    file_start_bytes_ = std::ftell(file_);
     pending_.reserve(kBatchRecords);
   }
   active_ = options_.enabled;
@@ -75,6 +87,7 @@ void CommLog::set_step(int64_t step, Phase phase) {
   phase_ = phase;
   in_window_ = file_ != nullptr && step >= options_.first_step &&
                (options_.last_step < 0 || step <= options_.last_step) && step % options_.every == 0;
+  in_trace_ = options_.enabled && step >= options_.trace_first_step && step <= options_.trace_last_step;
   if (pending_.size() >= kBatchRecords) write_pending();
 }
 
@@ -115,9 +128,17 @@ void CommLog::record_enabled(const char* op, OpKind kind, int64_t size_bytes, in
   p.bytes += bytes;
   p.bytes_recv += bytes_recv;
   p.time_us += dt;
+  // Calls every rank makes in the same order; the short form's kOther carries no such promise.
+  const bool collective = kind != OpKind::kPointToPoint && kind != OpKind::kOther;
+  const int64_t index = collective ? static_cast<int64_t>(collectives_.size()) : -1;
+  if (collective) collectives_.push_back(CollectiveCall{t_start_us, t_end_us, static_cast<int32_t>(last_op_), phase_});
+  if (in_trace_)
+    traced_.push_back(TracedCall{CommRecord{step_, phase_, op, bytes, bytes_recv, peer, t_start_us, t_end_us}, kind,
+                                 index});
 
   if (!in_window_) return;
   pending_.push_back(CommRecord{step_, phase_, op, bytes, bytes_recv, peer, t_start_us, t_end_us});
+  pending_collective_.push_back(index);
   if (pending_.size() >= kMaxPendingRecords) write_pending();
 }
 
@@ -130,6 +151,7 @@ void CommLog::take_totals(int64_t& sent, int64_t& received) {
 void CommLog::write_pending() {
   if (pending_.empty() || !file_) {
     pending_.clear();
+    pending_collective_.clear();
     return;
   }
   // The field order and names are the published format (DESIGN.md section 3); op tags are plain
@@ -145,7 +167,12 @@ void CommLog::write_pending() {
                                   r.t_end_us);
     if (len > 0) line_buffer_.append(line, std::min<size_t>(static_cast<size_t>(len), sizeof line - 1));
   }
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    if (pending_collective_[i] >= 0) written_collectives_.emplace_back(records_written_, pending_collective_[i]);
+    ++records_written_;
+  }
   pending_.clear();
+  pending_collective_.clear();
   if (std::fwrite(line_buffer_.data(), 1, line_buffer_.size(), file_) != line_buffer_.size()) {
     // A full disk must not kill a training run; stop logging and say so once.
     std::fprintf(stderr, "comm log: write to %s failed (%s); logging stops\n", options_.path.c_str(),
@@ -159,6 +186,83 @@ void CommLog::write_pending() {
 void CommLog::flush() {
   write_pending();
   if (file_) std::fflush(file_);
+}
+
+void CommLog::set_waits(const std::vector<int64_t>& wait_us) {
+  if (wait_us.size() != collectives_.size()) throw std::logic_error("set_waits: one wait per collective is needed");
+  waits_ = wait_us;
+  wait_note_.clear();
+  for (OpStats& s : ops_) s.wait_us = 0;
+  phases_[0].wait_us = phases_[1].wait_us = 0;
+  for (size_t i = 0; i < collectives_.size(); ++i) {
+    ops_[static_cast<size_t>(collectives_[i].op)].wait_us += waits_[i];
+    phases_[static_cast<int>(collectives_[i].phase)].wait_us += waits_[i];
+  }
+  write_pending();
+  if (written_collectives_.empty() || !file_) return;
+
+  // Rewrite this run's part of the file: the bytes a previous run left are copied unchanged, and
+  // each collective record gets ",\"wait_us\":W,\"transfer_us\":T" before its closing brace.
+  std::fclose(file_);
+  file_ = nullptr;
+  const std::string tmp = options_.path + ".tmp";
+  std::FILE* in = std::fopen(options_.path.c_str(), "rb");
+  std::FILE* out = std::fopen(tmp.c_str(), "wb");
+  auto fail = [&](const char* what) {
+    if (in) std::fclose(in);
+    if (out) std::fclose(out);
+    std::remove(tmp.c_str());
+    throw std::runtime_error(std::string("comm log: ") + what + " " + options_.path + ": " + std::strerror(errno));
+  };
+  if (!in || !out) fail("cannot rewrite");
+  std::vector<char> head(1 << 16);
+  for (int64_t left = file_start_bytes_; left > 0;) {
+    const size_t n = std::fread(head.data(), 1, std::min<int64_t>(left, static_cast<int64_t>(head.size())), in);
+    if (n == 0 || std::fwrite(head.data(), 1, n, out) != n) fail("cannot copy");
+    left -= static_cast<int64_t>(n);
+  }
+  char* line = nullptr;
+  size_t capacity = 0;
+  ssize_t len = 0;
+  int64_t record = 0;
+  size_t next = 0;
+  while ((len = getline(&line, &capacity, in)) > 0) {
+    std::string text(line, static_cast<size_t>(len));
+    if (next < written_collectives_.size() && written_collectives_[next].first == record) {
+      const int64_t c = written_collectives_[next++].second;
+      const int64_t duration = collectives_[static_cast<size_t>(c)].t_end_us - collectives_[static_cast<size_t>(c)].t_start_us;
+      const size_t brace = text.rfind('}');
+      if (brace != std::string::npos) {
+        char extra[96];
+        std::snprintf(extra, sizeof extra, ",\"wait_us\":%" PRId64 ",\"transfer_us\":%" PRId64, waits_[static_cast<size_t>(c)],
+                      duration - waits_[static_cast<size_t>(c)]);
+        text.insert(brace, extra);
+      }
+    }
+    if (std::fwrite(text.data(), 1, text.size(), out) != text.size()) {
+      std::free(line);
+      fail("cannot write");
+    }
+    ++record;
+  }
+  std::free(line);
+  std::fclose(in);
+  in = nullptr;
+  if (std::fflush(out) != 0) fail("cannot write");
+  std::fclose(out);
+  out = nullptr;
+  if (std::rename(tmp.c_str(), options_.path.c_str()) != 0) fail("cannot replace");
+  // Later records (none in a finished run) append after the rewritten ones.
+  file_ = std::fopen(options_.path.c_str(), "ab");
+  if (!file_) {
+    std::fprintf(stderr, "comm log: cannot reopen %s (%s); logging stops\n", options_.path.c_str(), std::strerror(errno));
+    in_window_ = false;
+    return;
+  }
+  std::fseek(file_, 0, SEEK_END);
+  file_start_bytes_ = std::ftell(file_);
+  records_written_ = 0;
+  written_collectives_.clear();
 }
 
 void CommLog::close() {

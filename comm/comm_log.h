@@ -10,6 +10,13 @@
 //                   ... the call is also appended as a record; records go to the file in batches
 //                   (plain fwrite of a few thousand lines), never one write per call.
 //
+// Wait versus transfer (comm_wait.h): while enabled, every collective's entry and exit time is kept
+// in memory (24 bytes a call), so that at the end of the run the ranks' entry times can be compared
+// call by call. A collective's `wait_us` is how long this rank sat in it before the last rank
+// arrived; the rest of its duration is transfer. The comparison happens once, after training
+// (resolve_waits), and then adds wait_us/transfer_us to this run's collective records in the file.
+// Calls in the trace window (CommLogOptions::trace_*) are also kept in memory for the Chrome trace.
+//
 // Single-threaded, like MPI_THREAD_FUNNELED: only the thread that communicates records.
 #pragma once
 
@@ -45,6 +52,38 @@ struct CommLogOptions {
   int64_t last_step = -1;      // ... (-1: no end)
   int64_t every = 1;           // ... that are multiples of `every`
   bool append = false;         // keep what the file holds (a resumed run); otherwise truncate
+  int64_t trace_first_step = 0;  // keep the calls of steps [trace_first_step, trace_last_step] ...
+  int64_t trace_last_step = -1;  // ... in memory for the Chrome trace (-1: none)
+};
+
+// One collective call as the wait analysis needs it (times on this rank's log clock).
+struct CollectiveCall {
+  int64_t t_start_us = 0, t_end_us = 0;
+  int32_t op = 0;  // index into op_stats()
+  Phase phase = Phase::kDense;
+};
+
+// A call kept for the Chrome trace: the record plus what the trace shows beyond it.
+struct TracedCall {
+  CommRecord record;
+  OpKind kind = OpKind::kOther;
+  int64_t collective = -1;  // index into collectives() (-1: point to point)
+};
+
+// This rank's log clock against rank 0's, measured by ping-pong (comm_wait.h): rank 0's time is
+// local + offset_us(local). Two samples (start and end of the run) give a linear fit, which also
+// absorbs drift between machines' clocks; precision_us bounds the error (half the best round trip).
+struct ClockFit {
+  bool valid = false;
+  double local_a = 0, offset_a = 0;  // first sample: local time, offset
+  double local_b = 0, offset_b = 0;  // second sample (equal to the first until it is taken)
+  double precision_us = 0;
+  double offset_us(double local) const {
+    if (!valid) return 0;
+    if (local_b <= local_a) return offset_a;
+    return offset_a + (offset_b - offset_a) * (local - local_a) / (local_b - local_a);
+  }
+  int64_t to_global(int64_t local) const { return local + static_cast<int64_t>(offset_us(static_cast<double>(local))); }
 };
 
 // Everything one rank saw of one op tag while the log was enabled (all steps, not only the window).
@@ -54,11 +93,13 @@ struct OpStats {
   int64_t calls = 0;
   int64_t bytes = 0, bytes_recv = 0;  // totals
   int64_t time_us = 0;                // sum of t_end - t_start
+  int64_t wait_us = 0;                // part of time_us spent waiting for the last rank (collectives,
+                                      // once resolve_waits ran; 0 for point to point)
   std::vector<int64_t> sizes;         // data size S of every call, in call order
 };
 
 struct PhaseStats {
-  int64_t calls = 0, bytes = 0, bytes_recv = 0, time_us = 0;
+  int64_t calls = 0, bytes = 0, bytes_recv = 0, time_us = 0, wait_us = 0;
 };
 
 class CommLog {
@@ -119,6 +160,21 @@ class CommLog {
     int64_t sent_, received_;
   };
 
+  // Collectives recorded while enabled, in call order (the same order on every rank).
+  const std::vector<CollectiveCall>& collectives() const { return collectives_; }
+  // Sets the wait of every collective (same length as collectives()): adds them to the per-op and
+  // per-phase statistics and, when records were written, rewrites this run's part of the file with
+  // wait_us and transfer_us on every collective record. Throws std::runtime_error naming the file.
+  void set_waits(const std::vector<int64_t>& wait_us);
+  // The waits set_waits was given (empty before).
+  const std::vector<int64_t>& waits() const { return waits_; }
+  // Why waits are not available ("" when they are or resolve_waits has not run yet).
+  const std::string& wait_note() const { return wait_note_; }
+  void set_wait_note(const std::string& note) { wait_note_ = note; }
+  ClockFit& clock() { return clock_; }
+  const ClockFit& clock() const { return clock_; }
+  const std::vector<TracedCall>& traced() const { return traced_; }
+
   bool enabled() const { return options_.enabled; }
   const CommLogOptions& options() const { return options_; }
   int rank() const { return rank_; }
@@ -147,6 +203,18 @@ class CommLog {
   std::FILE* file_ = nullptr;
   std::string line_buffer_;
   int64_t t0_ns_ = 0;
+  std::vector<CollectiveCall> collectives_;
+  std::vector<int64_t> waits_;
+  std::string wait_note_;
+  ClockFit clock_;
+  bool in_trace_ = false;  // the current step's calls are kept for the trace
+  std::vector<TracedCall> traced_;
+  // The file as this run found it (bytes kept from a previous run), the records this run wrote,
+  // and which of them are collectives (record number, index into collectives_), for set_waits.
+  int64_t file_start_bytes_ = 0;
+  int64_t records_written_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> written_collectives_;
+  std::vector<int64_t> pending_collective_;  // per pending record: its collective index or -1
 };
 
 }  // namespace trainer::comm

@@ -19,8 +19,16 @@ namespace {
 struct Merged {
   std::string op;
   OpKind kind = OpKind::kOther;
-  int64_t calls = 0, bytes = 0, bytes_recv = 0, time_us = 0;
+  int64_t calls = 0, bytes = 0, bytes_recv = 0, time_us = 0, wait_us = 0;
   std::map<int64_t, int64_t> sizes;
+};
+
+// What the wait split needs besides the ops: each rank's total wait and the clock precision.
+struct Waits {
+  bool resolved = true;      // every enabled rank had its waits computed
+  std::string note;          // why not, when not
+  std::vector<int64_t> per_rank;  // total wait per rank (us)
+  double precision_us = 0;
 };
 
 // This rank's statistics as JSON (sizes run-length encoded after sorting).
@@ -37,19 +45,35 @@ std::string serialize(const CommLog& log) {
       i = j;
     }
     ops.push_back({{"op", s.op}, {"kind", static_cast<int>(s.kind)}, {"calls", s.calls}, {"bytes", s.bytes},
-                   {"bytes_recv", s.bytes_recv}, {"time_us", s.time_us}, {"sizes", runs}});
+                   {"bytes_recv", s.bytes_recv}, {"time_us", s.time_us}, {"wait_us", s.wait_us}, {"sizes", runs}});
   }
   nlohmann::json phases = nlohmann::json::array();
   for (Phase ph : {Phase::kDense, Phase::kCompressed}) {
     const PhaseStats& p = log.phase_stats(ph);
-    phases.push_back({p.calls, p.bytes, p.bytes_recv, p.time_us});
+    phases.push_back({p.calls, p.bytes, p.bytes_recv, p.time_us, p.wait_us});
   }
-  return nlohmann::json{{"enabled", log.enabled()}, {"ops", ops}, {"phases", phases}}.dump();
+  int64_t wait = 0;
+  for (int64_t w : log.waits()) wait += w;
+  const bool resolved = log.waits().size() == log.collectives().size() && log.wait_note().empty() &&
+                        (log.collectives().empty() || !log.waits().empty());
+  return nlohmann::json{{"enabled", log.enabled()}, {"ops", ops},
+                        {"phases", phases}, {"waits_resolved", resolved},
+                        {"wait_note", log.wait_note()}, {"wait_us", wait},
+                        {"clock_precision_us", log.clock().precision_us}}
+      .dump();
 }
 
 // Returns whether that rank's log was enabled.
-bool merge(const std::string& blob, std::vector<Merged>& ops, PhaseStats phases[2]) {
+bool merge(const std::string& blob, std::vector<Merged>& ops, PhaseStats phases[2], Waits& waits) {
   const nlohmann::json j = nlohmann::json::parse(blob);
+  if (j.at("enabled").get<bool>()) {
+    if (!j.at("waits_resolved").get<bool>()) {
+      waits.resolved = false;
+      if (waits.note.empty()) waits.note = j.at("wait_note").get<std::string>();
+    }
+    waits.precision_us = std::max(waits.precision_us, j.at("clock_precision_us").get<double>());
+  }
+  waits.per_rank.push_back(j.at("wait_us").get<int64_t>());
   for (const auto& o : j.at("ops")) {
     const std::string name = o.at("op").get<std::string>();
     auto it = std::find_if(ops.begin(), ops.end(), [&](const Merged& m) { return m.op == name; });
@@ -63,6 +87,7 @@ bool merge(const std::string& blob, std::vector<Merged>& ops, PhaseStats phases[
     it->bytes += o.at("bytes").get<int64_t>();
     it->bytes_recv += o.at("bytes_recv").get<int64_t>();
     it->time_us += o.at("time_us").get<int64_t>();
+    it->wait_us += o.at("wait_us").get<int64_t>();
     for (const auto& run : o.at("sizes")) it->sizes[run.at(0).get<int64_t>()] += run.at(1).get<int64_t>();
   }
   for (int ph = 0; ph < 2; ++ph) {
@@ -71,6 +96,7 @@ bool merge(const std::string& blob, std::vector<Merged>& ops, PhaseStats phases[
     phases[ph].bytes += p.at(1).get<int64_t>();
     phases[ph].bytes_recv += p.at(2).get<int64_t>();
     phases[ph].time_us += p.at(3).get<int64_t>();
+    phases[ph].wait_us += p.at(4).get<int64_t>();
   }
   return j.at("enabled").get<bool>();
 }
@@ -108,7 +134,16 @@ std::string gbps(double bytes, double time_us, double factor) {
   return s;
 }
 
-std::string table(const std::vector<Merged>& ops, const PhaseStats phases[2], int world_size, int enabled_ranks) {
+// Milliseconds with three decimals, or "-" when the wait split is not known.
+std::string ms_or_dash(bool known, int64_t us) {
+  if (!known) return "-";
+  char s[32];
+  std::snprintf(s, sizeof s, "%.3f", us / 1e3);
+  return s;
+}
+
+std::string table(const std::vector<Merged>& ops, const PhaseStats phases[2], int world_size, int enabled_ranks,
+                  const Waits& waits) {
   size_t w = 16;
   for (const Merged& m : ops) w = std::max(w, m.op.size());
   const int wi = static_cast<int>(w);
@@ -123,9 +158,9 @@ std::string table(const std::vector<Merged>& ops, const PhaseStats phases[2], in
                   world_size - enabled_ranks, world_size);
     out += line;
   }
-  std::snprintf(line, sizeof line, "%-*s %-10s %9s %12s %12s %10s %10s %10s %12s %10s %7s %10s %10s\n", wi, "op",
-                "kind", "calls", "sent MB", "recv MB", "size min", "size med", "size max", "time ms", "mean ms",
-                "time %", "algbw GB/s", "busbw GB/s");
+  std::snprintf(line, sizeof line, "%-*s %-10s %9s %12s %12s %10s %10s %10s %12s %12s %12s %10s %7s %10s %10s\n", wi,
+                "op", "kind", "calls", "sent MB", "recv MB", "size min", "size med", "size max", "time ms", "wait ms",
+                "transfer ms", "mean ms", "time %", "algbw GB/s", "busbw GB/s");
   out += line;
   for (const Merged& m : ops) {
     double total_size = 0;
@@ -133,24 +168,30 @@ std::string table(const std::vector<Merged>& ops, const PhaseStats phases[2], in
     const double time_us = static_cast<double>(m.time_us);
     const std::string alg = gbps(total_size, time_us, 1.0);
     const std::string bus = gbps(total_size, time_us, busbw_factor(m.kind, world_size));
-    std::snprintf(line, sizeof line, "%-*s %-10s %9lld %12.3f %12.3f %10s %10s %10s %12.3f %10.3f %7.1f %10s %10s\n",
-                  wi, m.op.c_str(), op_kind_name(m.kind), static_cast<long long>(m.calls), m.bytes / 1e6,
+    // Point to point has no last rank to wait for: its time is all transfer (and waiting for the
+    // peer to post, which the log cannot tell apart).
+    const bool split = waits.resolved && m.kind != OpKind::kPointToPoint && m.kind != OpKind::kOther;
+    std::snprintf(line, sizeof line,
+                  "%-*s %-10s %9lld %12.3f %12.3f %10s %10s %10s %12.3f %12s %12s %10.3f %7.1f %10s %10s\n", wi,
+                  m.op.c_str(), op_kind_name(m.kind), static_cast<long long>(m.calls), m.bytes / 1e6,
                   m.bytes_recv / 1e6, human_bytes(m.sizes.empty() ? 0 : m.sizes.begin()->first).c_str(),
                   human_bytes(median(m.sizes, m.calls)).c_str(),
                   human_bytes(m.sizes.empty() ? 0 : m.sizes.rbegin()->first).c_str(), m.time_us / 1e3,
+                  ms_or_dash(split, m.wait_us).c_str(), ms_or_dash(split, m.time_us - m.wait_us).c_str(),
                   m.calls ? m.time_us / 1e3 / m.calls : 0.0, all_time ? 100.0 * m.time_us / all_time : 0.0,
                   alg.c_str(), bus.c_str());
     out += line;
   }
   out += "\n";
-  std::snprintf(line, sizeof line, "%-*s %-10s %9s %12s %12s %12s %10s %7s\n", wi, "phase", "", "calls", "sent MB",
-                "recv MB", "time ms", "mean ms", "time %");
+  std::snprintf(line, sizeof line, "%-*s %-10s %9s %12s %12s %12s %12s %10s %7s\n", wi, "phase", "", "calls",
+                "sent MB", "recv MB", "time ms", "wait ms", "mean ms", "time %");
   out += line;
   PhaseStats total;
   auto row = [&](const char* name, const PhaseStats& p) {
-    std::snprintf(line, sizeof line, "%-*s %-10s %9lld %12.3f %12.3f %12.3f %10.3f %7.1f\n", wi, name, "",
+    std::snprintf(line, sizeof line, "%-*s %-10s %9lld %12.3f %12.3f %12.3f %12s %10.3f %7.1f\n", wi, name, "",
                   static_cast<long long>(p.calls), p.bytes / 1e6, p.bytes_recv / 1e6, p.time_us / 1e3,
-                  p.calls ? p.time_us / 1e3 / p.calls : 0.0, all_time ? 100.0 * p.time_us / all_time : 0.0);
+                  ms_or_dash(waits.resolved, p.wait_us).c_str(), p.calls ? p.time_us / 1e3 / p.calls : 0.0,
+                  all_time ? 100.0 * p.time_us / all_time : 0.0);
     out += line;
   };
   for (Phase ph : {Phase::kDense, Phase::kCompressed}) {
@@ -160,8 +201,24 @@ std::string table(const std::vector<Merged>& ops, const PhaseStats phases[2], in
     total.bytes += p.bytes;
     total.bytes_recv += p.bytes_recv;
     total.time_us += p.time_us;
+    total.wait_us += p.wait_us;
   }
   row("total", total);
+  out += "\n";
+  if (!waits.resolved) {
+    out += (waits.note.empty() ? std::string("wait not computed (the ranks did not compare entry times: resolve_waits did not run)") : waits.note) +
+           "\n";
+    return out;
+  }
+  // The straggler view: a rank that waits little is the one the others wait for.
+  out += "wait per rank in collectives, ms:";
+  for (size_t r = 0; r < waits.per_rank.size(); ++r) {
+    std::snprintf(line, sizeof line, " r%zu %.3f", r, waits.per_rank[r] / 1e3);
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "\n(wait: time in a collective before the last rank entered it; clocks aligned "
+                "to +-%.0f us)\n", waits.precision_us);
+  out += line;
   return out;
 }
 
@@ -227,9 +284,10 @@ std::string comm_summary(Communicator& comm, std::string* machine) {
   std::vector<Merged> ops;
   PhaseStats phases[2];
   int enabled_ranks = 0;
-  for (const std::string& b : blobs) enabled_ranks += merge(b, ops, phases) ? 1 : 0;
+  Waits waits;
+  for (const std::string& b : blobs) enabled_ranks += merge(b, ops, phases, waits) ? 1 : 0;
   if (machine) *machine = machine_readable(ops, phases, world_size, enabled_ranks);
-  return table(ops, phases, world_size, enabled_ranks);
+  return table(ops, phases, world_size, enabled_ranks, waits);
 }
 
 void write_comm_summary(const std::string& text, const std::string& path) {

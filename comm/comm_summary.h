@@ -2,7 +2,8 @@
 // every rank's per-op statistics (comm_log.h) gathered to rank 0 and laid out as a fixed-width
 // table, one row per op tag, then totals per phase (dense, compressed) and the grand total. Only
 // calls made while a rank's log was enabled count (CommLogOptions::enabled; a path is not needed);
-// the table says when some ranks had it disabled.
+// the table says when some ranks had it disabled. After the phase totals, one line gives each
+// rank's total wait in collectives (the straggler view: the rank that waits least is the slow one).
 //
 // Columns, with calls, bytes and time summed over all ranks (the convention of the published Ok-Top-k
 // analyses: 128 dense steps on 8 ranks are 1,024 ALLREDUCE_DENSE calls):
@@ -12,6 +13,9 @@
 //                     nccl-tests calls the size: allreduce and broadcast the buffer, allgather(v)
 //                     the whole output, alltoall the whole send buffer, a send or receive the message
 //   time ms, mean ms  total latency (t_end - t_start) and its mean per call
+//   wait ms           of that time, how long ranks waited in a collective for the last rank to enter
+//                     it (comm_wait.h; "-" for point to point and before resolve_waits ran)
+//   transfer ms       time ms - wait ms
 //   time %            share of all communication time
 //   algbw GB/s        sum of S / sum of time (10^9 bytes/s): the mean call's S / t
 //   busbw GB/s        algbw times the bus factor of the op's kind, so that numbers are comparable

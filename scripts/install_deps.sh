@@ -15,6 +15,7 @@ packages=(
   python3 python3-numpy python3-matplotlib  # trainer report (scripts/report.py)
   espeak-ng sox                     # scripts/make_speech_corpus
   clang libclang-rt-dev zlib1g-dev  # scripts/fuzz: libFuzzer, ASan, UBSan (zlib: checkpoint target)
+  iproute2                          # scripts/netem: namespaces, veth, bridge, tc
 )
 for arg in "$@"; do
   case "$arg" in

@@ -13,6 +13,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -20,6 +21,7 @@
 
 #include "comm/comm_log.h"
 #include "comm/comm_summary.h"
+#include "comm/comm_wait.h"
 #include "comm/communicator.h"
 
 using namespace trainer::comm;
@@ -419,6 +421,72 @@ TEST_CASE("the step window and sampling limit records, not totals") {
   }
   c.log().take_totals(sent, received);
   CHECK(sent == 0);
+}
+
+TEST_CASE("waits: the last rank to enter a collective waits 0, the others wait for it") {
+  Communicator& c = world();
+  const int p = c.size(), me = c.rank();
+  const std::string path = shared_temp_dir() + "/wait/rank" + std::to_string(me) + ".jsonl";
+  CommLogOptions options;
+  options.enabled = true;
+  options.path = path;
+  c.log().open(options, me, p);
+  align_log_clock(c);
+  CHECK(c.log().clock().valid);
+
+  std::vector<float> g(100, 1.0f);
+  c.log().set_step(0, Phase::kDense);
+  c.allreduce(g.data(), 100, DType::kF32, ReduceOp::kSum, "ALLREDUCE_DENSE");
+  // The last rank arrives 200 ms late at the second call: a skew far above the clock precision.
+  if (me == p - 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  c.allreduce(g.data(), 100, DType::kF32, ReduceOp::kSum, "ALLREDUCE_DENSE");
+  std::vector<float> in(10);
+  std::vector<Request> rq = {c.irecv(in.data(), 10, DType::kF32, (me - 1 + p) % p, 0, "IRECV_INDEX"),
+                             c.isend(g.data(), 10, DType::kF32, (me + 1) % p, 0, "ISEND_INDEX")};
+  c.wait_all(rq);
+  c.barrier("BARRIER_TEST");
+
+  resolve_waits(c);
+  REQUIRE(c.log().waits().size() == 3);  // the two allreduces and the barrier; messages have none
+  CHECK(c.log().wait_note().empty());
+  const std::vector<int64_t> w = c.log().waits();
+  if (me == p - 1) {
+    CHECK(w[1] == 0);
+  } else {
+    CHECK(w[1] > 50000);
+  }
+  {
+    CommLog::Pause pause(c.log());  // the test's own checks are not part of the log
+    for (size_t i = 0; i < w.size(); ++i) {  // someone entered last and waited exactly 0
+      int64_t least = w[i];
+      c.allreduce(&least, 1, DType::kI64, ReduceOp::kMin, "TEST_MIN");
+      CHECK(least == 0);
+    }
+  }
+  // The records of the collectives carry the split; messages do not.
+  c.log().flush();
+  int collectives = 0;
+  for (const nlohmann::json& r : read_jsonl(path)) {
+    INFO(r.dump());
+    const int64_t duration = r["t_end_us"].get<int64_t>() - r["t_start_us"].get<int64_t>();
+    if (r["peer"] == -1) {
+      CHECK(r["wait_us"].get<int64_t>() == w[static_cast<size_t>(collectives)]);
+      CHECK(r["wait_us"].get<int64_t>() + r["transfer_us"].get<int64_t>() == duration);
+      ++collectives;
+    } else {
+      CHECK_FALSE(r.contains("wait_us"));
+    }
+  }
+  CHECK(collectives == 3);
+  // The summary splits the per-op time and names every rank's wait.
+  const std::string text = comm_summary(c);
+  if (me == 0) {
+    INFO(text);
+    CHECK(text.find("wait per rank in collectives, ms: r0 ") != std::string::npos);
+    CHECK(text.find("r" + std::to_string(p - 1) + " ") != std::string::npos);
+  }
+  c.log().open(CommLogOptions{}, me, p);
+  c.barrier("TEST_END");
 }
 
 TEST_CASE("the summary on rank 0 lists every op with its calls over all ranks") {

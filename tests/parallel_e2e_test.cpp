@@ -278,3 +278,77 @@ TEST_CASE("A rank killed by a signal ends the job (no hang)", "[mpi][failure]") 
   if (done == 0) kill(-pid, SIGKILL), waitpid(pid, &status, 0);
   CHECK(done == pid);  // the job ended by itself
 }
+
+TEST_CASE("Wait split in the comm log and a Chrome trace of a step window", "[mpi][commlog][trace]") {
+  const int P = 3;
+  TempDir dir("trace");
+  Outcome o = run(trainer_command(P, dir.path,
+                                  "--set train.max_steps=6 --set sync.method=oktopk --set sync.density=0.02"
+                                  " --set sync.dense_warmup_steps=2 --set comm.trace_first_step=1"
+                                  " --set comm.trace_steps=3"));
+  INFO(o.output);
+  REQUIRE(o.exit_code == 0);
+  // Per rank: the records of the trace window (steps 1..3), and every collective's wait in order.
+  std::vector<std::map<std::string, int64_t>> window_ops(P);
+  std::vector<std::vector<int64_t>> waits(P);
+  for (int r = 0; r < P; ++r) {
+    std::ifstream log(dir.path / ("comm/rank" + std::to_string(r) + ".jsonl"));
+    REQUIRE(log);
+    std::string line;
+    while (std::getline(log, line)) {
+      const auto rec = nlohmann::json::parse(line);
+      const int64_t step = rec["step"].get<int64_t>();
+      if (step >= 1 && step <= 3) window_ops[r][rec["op"].get<std::string>()] += 1;
+      const int64_t duration = rec["t_end_us"].get<int64_t>() - rec["t_start_us"].get<int64_t>();
+      if (rec["peer"] == -1) {
+        REQUIRE(rec.contains("wait_us"));
+        const int64_t wait = rec["wait_us"].get<int64_t>();
+        CHECK(wait >= 0);
+        CHECK(wait <= duration);
+        CHECK(wait + rec["transfer_us"].get<int64_t>() == duration);
+        waits[r].push_back(wait);
+      } else {
+        CHECK_FALSE(rec.contains("wait_us"));  // point to point has no last rank
+      }
+    }
+  }
+  // Collectives match by call order; the last rank to enter one waited exactly 0 in it.
+  for (int r = 1; r < P; ++r) REQUIRE(waits[r].size() == waits[0].size());
+  REQUIRE_FALSE(waits[0].empty());
+  int calls_without_a_last_rank = 0;
+  for (size_t i = 0; i < waits[0].size(); ++i) {
+    int64_t least = waits[0][i];
+    for (int r = 1; r < P; ++r) least = std::min(least, waits[r][i]);
+    if (least != 0) ++calls_without_a_last_rank;
+  }
+  CHECK(calls_without_a_last_rank == 0);
+
+  std::ifstream f(dir.path / "trace.json");
+  REQUIRE(f);
+  const auto trace = nlohmann::json::parse(f);  // throws (fails the test) on invalid JSON
+  std::vector<std::map<std::string, int64_t>> traced_ops(P);
+  std::vector<std::map<std::string, int64_t>> phases(P);
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e["ph"] != "X") continue;
+    const int pid = e["pid"].get<int>();
+    REQUIRE(pid >= 0);
+    REQUIRE(pid < P);
+    CHECK(e["dur"].get<int64_t>() >= 0);
+    if (e["cat"] == "comm") {
+      traced_ops[pid][e["name"].get<std::string>()] += 1;
+      CHECK(e["args"].contains("bytes"));
+      CHECK(e["args"]["step"].get<int64_t>() >= 1);
+      CHECK(e["args"]["step"].get<int64_t>() <= 3);
+      CHECK(e["args"].contains("wait_us") == (e["args"]["peer"] == -1));
+    } else {
+      phases[pid][e["name"].get<std::string>()] += 1;
+    }
+  }
+  for (int r = 0; r < P; ++r) {
+    CHECK(traced_ops[r] == window_ops[r]);  // one event per logged op of the window
+    for (const char* name : {"step", "data", "forward_backward", "sync", "optimizer", "after_step"})
+      CHECK(phases[r][name] == 3);
+  }
+  CHECK(window_ops[0].count("ALLREDUCE_DENSE") == 1);  // step 1 is dense warmup
+  CHECK_THAT(o.output, Contains("wait per rank in collectives"));
+}

@@ -124,6 +124,8 @@ struct CommConfig {
   int64_t log_first_step = 0;
   int64_t log_last_step = -1;
   int64_t log_every = 1;
+  int64_t trace_first_step = 0;
+  int64_t trace_steps = 0;
 };
 
 struct Config {

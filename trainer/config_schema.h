@@ -259,6 +259,12 @@ void visit_config(Cfg& c, Visitor& v) {
   v.key("comm.log_last_step", c.comm.log_last_step, "Last step recorded (-1 = to the end).", at_least(-1));
   v.key("comm.log_every", c.comm.log_every, "Record only steps that are multiples of N (sampling).",
         at_least(1));
+  v.key("comm.trace_first_step", c.comm.trace_first_step, "First step of the Chrome trace (trace.json).",
+        at_least(0));
+  v.key("comm.trace_steps", c.comm.trace_steps,
+        "Steps in the Chrome trace trace.json: every rank's compute phases and comm calls (0 = no trace; "
+        "comm calls need comm.log).",
+        closed(0, 1000));
 }
 
 // One row of the key table: everything visit_config() says about a key, with its default.

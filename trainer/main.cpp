@@ -6,6 +6,7 @@
 //   mpiexec -n P trainer bench comm [--n N]     (Communicator + log overhead vs bare MPI_Allreduce)
 //   mpiexec -n P trainer bench sync [--n N]     (every sync method on synthetic gradients)
 //   trainer report RUN_DIR [RUN_DIR2 ...] [--out DIR]   (RUN_DIR/report/report.md and figures)
+//   trainer whatif RUN_DIR --bandwidth 1gbit --latency 0.1ms [--ranks P]   (step time on another network)
 //   trainer --config-reference          (the documentation of every config key, as Markdown)
 #include <CLI/CLI.hpp>
 #include <malloc.h>
@@ -21,6 +22,7 @@
 #include "trainer/config.h"
 #include "trainer/report.h"
 #include "trainer/run.h"
+#include "trainer/whatif.h"
 
 int main(int argc, char** argv) {
   // Large buffers from the heap, never from fresh mmap'ed pages that are returned on free: Open MPI
@@ -87,6 +89,16 @@ int main(int argc, char** argv) {
       ->required();
   report->add_option("--out", ro.out, "Report folder (default: RUN_DIR/report)");
   report->add_flag("--seed-check", ro.seed_check, "Check the published AN4 Ok-Top-k analyses' counts");
+  auto* whatif = app.add_subcommand("whatif", "Predict a finished run's step time on another network and rank count");
+  std::string whatif_dir, whatif_bandwidth, whatif_latency = "0";
+  int whatif_ranks = 0;
+  bool whatif_as_json = false;
+  whatif->add_option("RUN_DIR", whatif_dir, "Output folder of a run with comm.log = true")->required();
+  whatif->add_option("--bandwidth", whatif_bandwidth, "Link bandwidth per rank: 100mbit, 1gbit, 10gbit, 1.25GB/s")
+      ->required();
+  whatif->add_option("--latency", whatif_latency, "Latency per message: 0.1ms, 50us (default 0)");
+  whatif->add_option("--ranks", whatif_ranks, "Ranks (default: the run's)")->check(CLI::PositiveNumber);
+  whatif->add_flag("--json", whatif_as_json, "One JSON object instead of the table");
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -105,6 +117,18 @@ int main(int argc, char** argv) {
       return trainer::comm::run_comm_bench(comm_n, comm_steps, comm_bucket_mb);
     }
     if (report->parsed()) return trainer::app::run_report(ro, argv[0]);
+    if (whatif->parsed()) {
+      const trainer::comm::Network net{trainer::comm::parse_bandwidth(whatif_bandwidth),
+                                       trainer::comm::parse_latency(whatif_latency)};
+      const trainer::app::RunMeasurement run = trainer::app::measure_run(whatif_dir);
+      const int ranks = whatif_ranks > 0 ? whatif_ranks : run.ranks;
+      const auto predictions = trainer::app::predict(run, net, ranks);
+      std::fputs((whatif_as_json ? trainer::app::whatif_json(run, predictions, net, ranks)
+                                 : trainer::app::whatif_report(run, predictions, net, ranks))
+                     .c_str(),
+                 stdout);
+      return 0;
+    }
     if (bench_sync->parsed()) return trainer::comm::run_sync_bench(so);
     if (bench->parsed()) {
       bo.torch = !no_torch;

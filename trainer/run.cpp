@@ -8,8 +8,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "comm/chrome_trace.h"
 #include "comm/comm_log.h"
 #include "comm/comm_summary.h"
+#include "comm/comm_wait.h"
 #include "comm/sync/dense.h"
 #include "comm/sync/select.h"
 #include "optim/clip.h"
@@ -138,7 +140,10 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   log_options.last_step = config.comm.log_last_step;
   log_options.every = config.comm.log_every;
   log_options.append = !options.resume.empty();  // a resumed run continues its records
+  log_options.trace_first_step = config.comm.trace_first_step;
+  log_options.trace_last_step = config.comm.trace_first_step + config.comm.trace_steps - 1;
   comm.log().open(log_options, rank, world);
+  comm::align_log_clock(comm);  // first clock sample for the wait split and the trace
 
   Experiment e = build_experiment(config, comm, say);
   Task& task = *e.task;
@@ -219,13 +224,31 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   auto interval_start = Clock::now();
   const auto train_start = Clock::now();
   comm::Phase phase = comm::Phase::kDense;
+  // The Chrome trace's compute phases (comm/chrome_trace.h), on the comm log's clock.
+  std::vector<comm::TraceSpan> spans;
+  const int64_t trace_end = config.comm.trace_first_step + config.comm.trace_steps;
+  int64_t span_start = 0;
+  auto span = [&](const char* name, int64_t step) {
+    if (step < config.comm.trace_first_step || step >= trace_end) return;
+    const int64_t now = comm.log().now_us();
+    spans.push_back(comm::TraceSpan{name, step, span_start, now});
+    span_start = now;
+  };
+  // After training (also after --stop-after): waits from the ranks' entry times, then the trace.
+  auto finish_comm_log = [&]() {
+    comm.log().flush();
+    comm::resolve_waits(comm);
+    if (config.comm.trace_steps > 0) comm::write_chrome_trace(comm, spans, out + "/trace.json");
+  };
 
   if (config.train.eval_at_start && first_step == 0) run_eval(0, 0);
   for (int64_t step = first_step; step < total_steps; ++step) {
     const int64_t epoch = step / steps_per_epoch;
     auto t0 = Clock::now();
+    const int64_t step_start = span_start = comm.log().now_us();
     task.load_batch();
     t_data += ms_since(t0);
+    span("data", step);
 
     if (rank == options.fail_rank && step == options.fail_step)
       throw std::runtime_error(fmt("injected failure at step %lld (--inject-failure)", static_cast<long long>(step)));
@@ -237,10 +260,12 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
                                    "optim.grad_clip_norm)",
                                    rank, loss, static_cast<long long>(step)));
     t_compute += ms_since(t0);
+    span("forward_backward", step);
 
     t0 = Clock::now();
     const comm::SyncStats stats = e.sync->reduce(sync_buffers, step);
     t_sync += ms_since(t0);
+    span("sync", step);
 
     t0 = Clock::now();
     if (config.optim.grad_clip_norm > 0)
@@ -248,9 +273,13 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     const double lr = optim::learning_rate(e.schedule, step, steps_per_epoch, total_steps);
     e.optimizer->step(params.values(), params.grads(), lr);
     t_optim += ms_since(t0);
+    span("optimizer", step);
     t0 = Clock::now();
     e.sync->after_step(sync_buffers, step);
     t_sync += ms_since(t0);
+    span("after_step", step);
+    span_start = step_start;
+    span("step", step);
 
     int64_t step_sent = 0, step_received = 0;
     comm.log().take_totals(step_sent, step_received);
@@ -306,13 +335,13 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     const int64_t ck_every = config.train.checkpoint_every;
     if ((ck_every > 0 && done % ck_every == 0) || done == total_steps) save(done);
     if (done == options.stop_after) {
-      comm.log().flush();
+      finish_comm_log();
       if (lead) progress.line(fmt("stopping after step %lld (--stop-after)", static_cast<long long>(done)));
       return summary;
     }
   }
   if (lead) progress.finish();
-  comm.log().flush();
+  finish_comm_log();
 
   summary.steps = total_steps;
   summary.best_accuracy = best;

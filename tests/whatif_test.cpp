@@ -1,0 +1,177 @@
+// The alpha-beta network model (comm/network_model.h) and `trainer whatif` (trainer/whatif.h)
+// against cases computed by hand: each collective's schedule, the unit parsers, and whole runs
+// written as files (config.toml, metrics.jsonl, comm logs) with known compute, comm and wait.
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "comm/network_model.h"
+#include "process.h"
+#include "trainer/config.h"
+#include "trainer/whatif.h"
+
+using namespace trainer::comm;
+using trainer::app::measure_run;
+using trainer::app::predict;
+using trainer::testing::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+const Network kNet{1e9, 10e-6};  // 8 Gbit/s = 1 GB/s, 10 us per message
+
+void write(const fs::path& path, const std::string& text) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path) << text;
+}
+
+std::string record(int64_t step, const char* phase, const char* op, int64_t bytes, int64_t bytes_recv, int peer,
+                   int64_t t0, int64_t t1, int64_t wait = -1) {
+  std::string s = "{\"step\":" + std::to_string(step) + ",\"phase\":\"" + phase + "\",\"op\":\"" + op +
+                  "\",\"bytes\":" + std::to_string(bytes) + ",\"bytes_recv\":" + std::to_string(bytes_recv) +
+                  ",\"peer\":" + std::to_string(peer) + ",\"t_start_us\":" + std::to_string(t0) +
+                  ",\"t_end_us\":" + std::to_string(t1);
+  if (wait >= 0) s += ",\"wait_us\":" + std::to_string(wait) + ",\"transfer_us\":" + std::to_string(t1 - t0 - wait);
+  return s + "}\n";
+}
+
+std::string metrics_record(int64_t step, const char* phase) {
+  // Step time 1 + 10 + 5 + 1 = 17 ms.
+  return "{\"step\":" + std::to_string(step) + ",\"phase\":\"" + phase +
+         "\",\"t_data_ms\":1,\"t_compute_ms\":10,\"t_sync_ms\":5,\"t_optim_ms\":1,\"loss\":1}\n";
+}
+
+void write_config(const fs::path& dir, const std::string& method) {
+  trainer::Config c;
+  c.sync.method = method;
+  write(dir / "config.toml", trainer::to_toml(c));
+}
+
+}  // namespace
+
+TEST_CASE("each collective costs its algorithm's schedule") {
+  const double a = kNet.latency, b = kNet.bandwidth;
+  // Ring allreduce of 1 MB on 4 ranks: 6 steps of 250 kB each way = 60 us + 1.5 ms; recursive
+  // doubling would be 2 x (10 us + 1 ms), so the ring wins.
+  CHECK(collective_seconds(OpKind::kAllreduce, 1e6, 4, kNet) == Approx(6 * a + 1.5e6 / b));
+  // 16 bytes: recursive doubling, 2 rounds of (10 us + 16 ns), beats the ring's 60 us.
+  CHECK(collective_seconds(OpKind::kAllreduce, 16, 4, kNet) == Approx(2 * (a + 16 / b)));
+  // 3 ranks: ceil(log2 3) = 2 rounds.
+  CHECK(collective_seconds(OpKind::kAllreduce, 16, 3, kNet) == Approx(2 * (a + 16 / b)));
+  // Allgather(v) ring of a 800 kB output on 8 ranks: 7 steps of 100 kB.
+  CHECK(collective_seconds(OpKind::kAllgatherv, 8e5, 8, kNet) == Approx(7 * a + 7e5 / b));
+  CHECK(collective_seconds(OpKind::kAllgather, 8e5, 8, kNet) == Approx(7 * a + 7e5 / b));
+  // Pairwise alltoall of a 4 kB send buffer on 4 ranks: 3 exchanges of 1 kB.
+  CHECK(collective_seconds(OpKind::kAlltoall, 4000, 4, kNet) == Approx(3 * (a + 1000 / b)));
+  CHECK(collective_seconds(OpKind::kBroadcast, 1e6, 8, kNet) == Approx(3 * (a + 1e6 / b)));
+  CHECK(collective_seconds(OpKind::kBarrier, 0, 8, kNet) == Approx(3 * a));
+  CHECK(collective_seconds(OpKind::kPointToPoint, 5000, 2, kNet) == Approx(a + 5000 / b));
+  // One rank: no collective traffic.
+  CHECK(collective_seconds(OpKind::kAllreduce, 1e6, 1, kNet) == 0);
+  // Messages share the link, each direction at once.
+  CHECK(p2p_seconds(3, 2, 6000, 9000, kNet) == Approx(3 * a + 9000 / b));
+  CHECK(p2p_seconds(0, 0, 0, 0, kNet) == 0);
+}
+
+TEST_CASE("bandwidth and latency units, and bad ones named") {
+  CHECK(parse_bandwidth("100mbit") == Approx(12.5e6));
+  CHECK(parse_bandwidth("1gbit") == Approx(125e6));
+  CHECK(parse_bandwidth("10Gbit") == Approx(1.25e9));
+  CHECK(parse_bandwidth("1.25GB/s") == Approx(1.25e9));
+  CHECK(parse_bandwidth("8000") == Approx(1000));
+  CHECK(parse_latency("0.1ms") == Approx(1e-4));
+  CHECK(parse_latency("50us") == Approx(5e-5));
+  CHECK(parse_latency("0") == 0);
+  CHECK_THROWS_WITH(parse_bandwidth("fast"), Catch::Contains("'fast'"));
+  CHECK_THROWS_WITH(parse_bandwidth("10xb"), Catch::Contains("unknown unit"));
+  CHECK_THROWS_WITH(parse_bandwidth("0mbit"), Catch::Contains("positive"));
+  CHECK_THROWS_WITH(parse_latency("3 parsecs"), Catch::Contains("unknown unit"));
+  CHECK(kind_from_tag("ALLGATHERV_FINAL") == OpKind::kAllgatherv);
+  CHECK(kind_from_tag("ALLGATHER_COUNTS") == OpKind::kAllgather);
+  CHECK(kind_from_tag("ISEND_INDEX") == OpKind::kPointToPoint);
+}
+
+TEST_CASE("whatif on a dense run: compute, wait and the allreduce's cost, for other rank counts") {
+  TempDir dir("whatif_dense");
+  write_config(dir.path, "dense");
+  // Two ranks, two logged steps; each step one 1 MB allreduce of 4 ms, 1 ms of it waiting. Rank
+  // 0's evaluation allreduce is not part of a step.
+  std::string log;
+  for (int step = 0; step < 2; ++step)
+    log += record(step, "dense", "ALLREDUCE_DENSE", 1000000, 1000000, -1, 100000 * step, 100000 * step + 4000, 1000);
+  log += record(1, "dense", "ALLREDUCE_EVAL", 8, 8, -1, 300000, 900000, 0);
+  write(dir.path / "comm/rank0.jsonl", log);
+  write(dir.path / "comm/rank1.jsonl", log);
+  write(dir.path / "metrics.jsonl", metrics_record(1, "dense") + metrics_record(2, "dense") +
+                                        "{\"split\":\"test\",\"step\":2,\"loss\":1,\"accuracy\":0.5}\n");
+  const auto run = measure_run(dir.path.string());
+  CHECK(run.ranks == 2);
+  CHECK(run.waits_known);
+  REQUIRE(run.phases.size() == 1);
+  const auto& ph = run.phases[0];
+  CHECK(ph.step_ms == Approx(17));
+  CHECK(ph.comm_ms == Approx(4));
+  CHECK(ph.wait_ms == Approx(1));
+  CHECK(ph.compute_ms == Approx(13));
+  REQUIRE(ph.ops.size() == 1);  // the evaluation's allreduce is left out
+
+  // P = 2: min(ring 2 x 10 us + 1 ms, doubling 10 us + 1 ms) = 1.01 ms.
+  auto p2 = predict(run, kNet, 2);
+  REQUIRE(p2.size() == 1);
+  CHECK(p2[0].comm_ms == Approx(1.01));
+  CHECK(p2[0].step_ms == Approx(13 + 1.01 + 1));
+  CHECK(p2[0].efficiency == Approx(13 / 15.01));
+  const auto j = nlohmann::json::parse(trainer::app::whatif_json(run, p2, kNet, 2));
+  CHECK(j["phases"][0]["step_ms"].get<double>() == Approx(15.01));
+  CHECK(j["phases"][0]["measured_step_ms"].get<double>() == Approx(17));
+  CHECK(j["measured_ranks"] == 2);
+  // P = 4: the ring, 60 us + 1.5 ms; the wait carries over.
+  auto p4 = predict(run, kNet, 4);
+  CHECK(p4[0].step_ms == Approx(13 + 1.56 + 1));
+  CHECK(p4[0].comm_share == Approx(2.56 / 15.56));
+  // P = 1: compute alone, E = 1.
+  auto p1 = predict(run, kNet, 1);
+  CHECK(p1[0].step_ms == Approx(13));
+  CHECK(p1[0].efficiency == Approx(1));
+}
+
+TEST_CASE("whatif on an oktopk run: messages and the final allgatherv scale as the method's bound says") {
+  TempDir dir("whatif_oktopk");
+  write_config(dir.path, "oktopk");
+  // Two ranks; per step one 4 kB message each way (overlapping: 1 ms of union) and an allgatherv of
+  // 8 kB output (1 ms, no wait).
+  std::string log;
+  for (int step = 0; step < 2; ++step) {
+    const int64_t t = 100000 * step;
+    log += record(step, "compressed", "ISEND_VALUE", 4000, 0, 1, t, t + 800);
+    log += record(step, "compressed", "IRECV_VALUE", 0, 4000, 1, t + 200, t + 1000);
+    log += record(step, "compressed", "ALLGATHERV_FINAL", 4000, 4000, -1, t + 2000, t + 3000, 0);
+  }
+  write(dir.path / "comm/rank0.jsonl", log);
+  write(dir.path / "comm/rank1.jsonl", log);
+  write(dir.path / "metrics.jsonl", metrics_record(1, "compressed") + metrics_record(2, "compressed"));
+  const auto run = measure_run(dir.path.string());
+  REQUIRE(run.phases.size() == 1);
+  CHECK(run.phases[0].comm_ms == Approx(2));  // 1 ms of messages (union) + 1 ms allgatherv
+  CHECK(run.phases[0].compute_ms == Approx(15));
+  const double a = kNet.latency, b = kNet.bandwidth;
+  // P = 2: one message each way: a + 4000/B; allgatherv: a + 4000/B.
+  CHECK(predict(run, kNet, 2)[0].comm_ms == Approx(1e3 * (2 * a + 8000 / b)));
+  // P = 4: 3 messages each way carrying 4000 x (3/4)/(1/2) = 6000 B; allgatherv output unchanged
+  // (the k global entries): 3a + (3/4) 8000/B.
+  CHECK(predict(run, kNet, 4)[0].comm_ms == Approx(1e3 * (3 * a + 6000 / b + 3 * a + 6000 / b)));
+}
+
+TEST_CASE("whatif names the missing or malformed file") {
+  TempDir dir("whatif_bad");
+  CHECK_THROWS_WITH(measure_run(dir.path.string()), Catch::Contains("config.toml"));
+  write_config(dir.path, "dense");
+  CHECK_THROWS_WITH(measure_run(dir.path.string()), Catch::Contains("comm/rank0.jsonl"));
+  write(dir.path / "comm/rank0.jsonl", "{\"step\":0}\n");
+  CHECK_THROWS_WITH(measure_run(dir.path.string()), Catch::Contains("rank0.jsonl:1"));
+  write(dir.path / "comm/rank0.jsonl", record(0, "dense", "ALLREDUCE_DENSE", 8, 8, -1, 0, 10, 0));
+  CHECK_THROWS_WITH(measure_run(dir.path.string()), Catch::Contains("metrics.jsonl"));
+}
