@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include <unistd.h>
+
 namespace trainer::comm {
 
 namespace {
@@ -64,6 +66,8 @@ void CommLog::open(const CommLogOptions& options, int rank, int world_size) {
     if (!file_) {
       throw std::runtime_error("comm log: cannot open " + options_.path + " for writing: " + std::strerror(errno));
     }
+    std::fseek(file_, 0, SEEK_END);
+    committed_ = std::ftell(file_);
     pending_.reserve(kBatchRecords);
   }
   active_ = options_.enabled;
@@ -146,19 +150,27 @@ void CommLog::write_pending() {
     if (len > 0) line_buffer_.append(line, std::min<size_t>(static_cast<size_t>(len), sizeof line - 1));
   }
   pending_.clear();
-  if (std::fwrite(line_buffer_.data(), 1, line_buffer_.size(), file_) != line_buffer_.size()) {
-    // A full disk must not kill a training run; stop logging and say so once.
-    std::fprintf(stderr, "comm log: write to %s failed (%s); logging stops\n", options_.path.c_str(),
+  if (std::fwrite(line_buffer_.data(), 1, line_buffer_.size(), file_) != line_buffer_.size()) stop_logging(errno);
+}
+
+void CommLog::stop_logging(int err) {
+  // A full disk must not kill a training run; stop logging and say so once. stdio may already have
+  // written part of a record: cut the file back to what the last successful flush vouched for.
+  std::fprintf(stderr, "comm log: write to %s failed (%s); logging stops, records up to the last flush kept\n",
+               options_.path.c_str(), std::strerror(err));
+  std::fclose(file_);
+  file_ = nullptr;
+  in_window_ = false;
+  if (truncate(options_.path.c_str(), committed_) != 0)
+    std::fprintf(stderr, "comm log: cannot cut %s back to its last whole record (%s)\n", options_.path.c_str(),
                  std::strerror(errno));
-    std::fclose(file_);
-    file_ = nullptr;
-    in_window_ = false;
-  }
 }
 
 void CommLog::flush() {
   write_pending();
-  if (file_) std::fflush(file_);
+  if (!file_) return;
+  if (std::fflush(file_) != 0) return stop_logging(errno);
+  committed_ = std::ftell(file_);
 }
 
 void CommLog::close() {
