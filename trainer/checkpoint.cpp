@@ -411,6 +411,7 @@ void save_checkpoint(const std::string& output_dir, const CheckpointIdentity& id
       std::error_code ignored;
       if (!fs::exists(folder / kManifest, ignored)) fs::remove_all(folder, ignored);
     }
+    comm.barrier("CHECKPOINT_CLEANUP");  // every rank threw above: none returns before it is gone
     throw;
   }
 }
