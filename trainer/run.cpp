@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <set>
 #include <sstream>
 
@@ -281,8 +280,10 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
                                   : comm::Phase::kCompressed);
     const StepVerdict verdict = agree_on_step(comm, stop_signal_received(), loss, params);
     t_sync += ms_since(t0);
-    // A skipped step (train.skip_nonfinite_steps) changes nothing but the loader position: no
-    // sync, no optimizer step, no local-SGD averaging, BN statistics restored, on every rank alike.
+    // A skipped step (train.skip_nonfinite_steps) changes nothing but the loader position on every
+    // rank alike: no optimizer step, no local-SGD averaging, BN statistics restored, and no sync when
+    // the control allreduce found it (after the sync only an overflow of finite local gradients
+    // can be found, which leaves finite residuals).
     bool applied = false;
     comm::SyncStats stats;
     const double lr = optim::learning_rate(e.schedule, step, steps_per_epoch, total_steps);
