@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include <unistd.h>
+
 namespace trainer::comm {
 
 namespace {
@@ -76,6 +78,7 @@ void CommLog::open(const CommLogOptions& options, int rank, int world_size) {
     }
     std::fseek(file_, 0, SEEK_END);
     file_start_bytes_ = std::ftell(file_);
+    committed_ = file_start_bytes_;
     pending_.reserve(kBatchRecords);
   }
   active_ = options_.enabled;
@@ -173,19 +176,27 @@ void CommLog::write_pending() {
   }
   pending_.clear();
   pending_collective_.clear();
-  if (std::fwrite(line_buffer_.data(), 1, line_buffer_.size(), file_) != line_buffer_.size()) {
-    // A full disk must not kill a training run; stop logging and say so once.
-    std::fprintf(stderr, "comm log: write to %s failed (%s); logging stops\n", options_.path.c_str(),
+  if (std::fwrite(line_buffer_.data(), 1, line_buffer_.size(), file_) != line_buffer_.size()) stop_logging(errno);
+}
+
+void CommLog::stop_logging(int err) {
+  // A full disk must not kill a training run; stop logging and say so once. stdio may already have
+  // written part of a record: cut the file back to what the last successful flush vouched for.
+  std::fprintf(stderr, "comm log: write to %s failed (%s); logging stops, records up to the last flush kept\n",
+               options_.path.c_str(), std::strerror(err));
+  std::fclose(file_);
+  file_ = nullptr;
+  in_window_ = false;
+  if (truncate(options_.path.c_str(), committed_) != 0)
+    std::fprintf(stderr, "comm log: cannot cut %s back to its last whole record (%s)\n", options_.path.c_str(),
                  std::strerror(errno));
-    std::fclose(file_);
-    file_ = nullptr;
-    in_window_ = false;
-  }
 }
 
 void CommLog::flush() {
   write_pending();
-  if (file_) std::fflush(file_);
+  if (!file_) return;
+  if (std::fflush(file_) != 0) return stop_logging(errno);
+  committed_ = std::ftell(file_);
 }
 
 void CommLog::set_waits(const std::vector<int64_t>& wait_us) {
@@ -261,6 +272,7 @@ void CommLog::set_waits(const std::vector<int64_t>& wait_us) {
   }
   std::fseek(file_, 0, SEEK_END);
   file_start_bytes_ = std::ftell(file_);
+  committed_ = file_start_bytes_;
   records_written_ = 0;
   written_collectives_.clear();
 }

@@ -201,6 +201,8 @@ class CommLog {
   const char* last_tag_ = nullptr;  // ... and the literal it was looked up by
   PhaseStats phases_[2];
   std::FILE* file_ = nullptr;
+  long committed_ = 0;  // bytes of the file known to be whole records (at the last good flush)
+  void stop_logging(int err);
   std::string line_buffer_;
   int64_t t0_ns_ = 0;
   std::vector<CollectiveCall> collectives_;

@@ -470,8 +470,9 @@ TEST_CASE("a save that fails on one rank fails on every rank and leaves no manif
   }
   CHECK_THAT(error, Contains(bad));
   CHECK(!fs::exists(t.step(20) / "manifest.json"));
+  CHECK(!fs::exists(t.step(20)));  // its space given back (a full disk)
   Model loaded;
   const LoadedCheckpoint c = load_checkpoint(t.dir.string(), "latest", t.id(), loaded.params, loaded.buffers, t.comm);
   CHECK(c.path == t.step(10).string());
-  CHECK_THAT(c.warning, Contains("incomplete"));
+  CHECK(c.warning.empty());
 }

@@ -383,26 +383,37 @@ void save_checkpoint(const std::string& output_dir, const CheckpointIdentity& id
   // file system, so the manifest vouches for what is on disk, not for what was meant to be.
   int64_t mine[2] = {0, 0};
   FileSum model;
-  together(comm, true, [&] {
-    const fs::path path = folder / state_file_name(rank);
-    write_rank_state(path, identity, params, buffers, state, rank, world);
-    const FileSum sum = checksum_file(path.string());
-    mine[0] = static_cast<int64_t>(sum.bytes);
-    mine[1] = sum.crc;
-    if (rank == 0) {
-      write_model(folder / kModelFile, identity, params, buffers, state.step);
-      model = checksum_file((folder / kModelFile).string());
-    }
-  });
-  std::vector<int64_t> sums(2 * static_cast<size_t>(world));
-  comm.allgather(mine, 2, sums.data(), comm::DType::kI64, "CHECKPOINT_FILES");
+  try {
+    together(comm, true, [&] {
+      const fs::path path = folder / state_file_name(rank);
+      write_rank_state(path, identity, params, buffers, state, rank, world);
+      const FileSum sum = checksum_file(path.string());
+      mine[0] = static_cast<int64_t>(sum.bytes);
+      mine[1] = sum.crc;
+      if (rank == 0) {
+        write_model(folder / kModelFile, identity, params, buffers, state.step);
+        model = checksum_file((folder / kModelFile).string());
+      }
+    });
+    std::vector<int64_t> sums(2 * static_cast<size_t>(world));
+    comm.allgather(mine, 2, sums.data(), comm::DType::kI64, "CHECKPOINT_FILES");
 
-  // Every state file is renamed and fsync'd (the agreement above is the barrier): the manifest
-  // makes the checkpoint exist, and only then may older ones go.
-  together(comm, rank == 0, [&] {
-    write_manifest(folder, identity, params, buffers, state.step, world, model, sums);
-    prune(root, state.step, keep);
-  });
+    // Every state file is renamed and fsync'd (the agreement above is the barrier): the manifest
+    // makes the checkpoint exist, and only then may older ones go.
+    together(comm, rank == 0, [&] {
+      write_manifest(folder, identity, params, buffers, state.step, world, model, sums);
+      prune(root, state.step, keep);
+    });
+  } catch (const std::runtime_error&) {
+    // Every rank is past its writes (together() agreed): give the space of the unfinished folder
+    // back, so that a full disk does not stay full and older checkpoints are not crowded out.
+    if (rank == 0) {
+      std::error_code ignored;
+      if (!fs::exists(folder / kManifest, ignored)) fs::remove_all(folder, ignored);
+    }
+    comm.barrier("CHECKPOINT_CLEANUP");  // every rank threw above: none returns before it is gone
+    throw;
+  }
 }
 
 // ---- reading ----

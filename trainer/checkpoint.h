@@ -49,7 +49,9 @@ struct CheckpointIdentity {
 
 // Writes checkpoints/step_<state.step>/ (replacing an unfinished or older folder of that step), then
 // keeps only the newest `keep` complete checkpoints up to this step (keep < 1 keeps all; folders of
-// later steps, e.g. from a run this one was resumed before, are never touched).
+// later steps, e.g. from a run this one was resumed before, are never touched). A save that fails
+// (full disk, I/O error) removes its unfinished folder, giving its space back, and leaves every
+// older checkpoint as it was.
 void save_checkpoint(const std::string& output_dir, const CheckpointIdentity& identity,
                      const models::ParameterStore& params, const models::ParameterStore& buffers,
                      const TrainingState& state, comm::Communicator& comm, int keep);

@@ -98,6 +98,7 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;  // 0: only at the end
   int64_t keep_checkpoints = 2;
   int64_t eval_examples = 3;
+  int64_t skip_nonfinite_steps = 0;  // 0: a NaN/Inf loss or gradient is an error
 };
 
 struct RuntimeConfig {

@@ -200,6 +200,11 @@ void visit_config(Cfg& c, Visitor& v) {
   v.key("train.keep_checkpoints", c.train.keep_checkpoints,
         "Complete checkpoints kept on disk; older ones are deleted after a newer one is complete.",
         at_least(1));
+  v.key("train.skip_nonfinite_steps", c.train.skip_nonfinite_steps,
+        "A step whose loss or gradient holds a NaN or an infinity on any rank is skipped on every "
+        "rank (no optimizer step, BN statistics restored), at most N steps in a row; 0 = such a step is an error "
+        "(exit status 3).",
+        at_least(0));
   v.key("train.eval_examples", c.train.eval_examples,
         "an4: reference/hypothesis pairs shown with each evaluation.", closed(0, 100));
 

@@ -20,6 +20,7 @@
 #include "data/synthetic_cifar.h"
 #include "trainer/bench.h"
 #include "trainer/config.h"
+#include "trainer/preemption.h"
 #include "trainer/report.h"
 #include "trainer/run.h"
 #include "trainer/whatif.h"
@@ -165,8 +166,12 @@ int main(int argc, char** argv) {
       run_options.fail_rank = std::stoi(inject_failure.substr(0, colon));
       run_options.fail_step = std::stoll(inject_failure.substr(colon + 1));
     }
-    trainer::app::run_training(config, run_options, comm);
-    return 0;
+    const trainer::app::RunSummary summary = trainer::app::run_training(config, run_options, comm);
+    return summary.stop_signal ? trainer::app::stop_exit_status(summary.stop_signal) : 0;
+  } catch (const trainer::app::AgreedError& e) {  // every rank has the same one: no abort needed
+    std::fflush(stdout);
+    if (comm.rank() == 0) std::fprintf(stderr, "\nerror: %s\n", e.what());
+    return e.exit_status;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     if (comm.size() > 1) {

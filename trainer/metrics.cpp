@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <stdexcept>
 
@@ -11,6 +13,8 @@ namespace trainer::app {
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
   file_ = std::fopen(path.c_str(), "a");
   if (!file_) throw std::runtime_error(path + ": cannot open for writing");
+  std::fseek(file_, 0, SEEK_END);
+  complete_ = std::ftell(file_);
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -19,8 +23,22 @@ MetricsWriter::~MetricsWriter() {
 
 void MetricsWriter::write(const nlohmann::json& record) {
   const std::string line = record.dump() + "\n";
-  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0)
-    throw std::runtime_error(path_ + ": write failed");
+  if (std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0) {
+    complete_ += static_cast<long>(line.size());
+    return;
+  }
+  const int err = errno;
+  // Drop what stdio still holds, then cut the file back to its last whole record.
+  std::fclose(file_);
+  file_ = nullptr;
+  const bool cut = truncate(path_.c_str(), complete_) == 0;
+  file_ = std::fopen(path_.c_str(), "a");
+  if (!file_) throw std::runtime_error(path_ + ": cannot reopen after a failed write: " + std::strerror(errno));
+  if (!warned_ || !cut)
+    std::fprintf(stderr, "warning: %s: write failed (%s); record of step %s lost%s\n", path_.c_str(),
+                 std::strerror(err), record.contains("step") ? record["step"].dump().c_str() : "?",
+                 cut ? ", earlier records kept" : " and the file could not be cut back to its last whole record");
+  warned_ = true;
 }
 
 bool Progress::stdout_is_terminal() { return isatty(fileno(stdout)) != 0; }

@@ -16,12 +16,16 @@ class MetricsWriter {
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
-  // Writes one record and flushes, so a killed run keeps everything it logged.
+  // Writes one record and flushes, so a killed run keeps everything it logged. A failed write (full
+  // disk, I/O error) must not end training nor leave half a record: the file is cut back to its
+  // last complete record, this record is lost, and a warning is printed (once).
   void write(const nlohmann::json& record);
 
  private:
   std::FILE* file_ = nullptr;
   std::string path_;
+  long complete_ = 0;  // bytes of whole records in the file
+  bool warned_ = false;
 };
 
 class Progress {

@@ -1,11 +1,13 @@
 #include "trainer/run.h"
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "comm/chrome_trace.h"
@@ -18,6 +20,8 @@
 #include "trainer/checkpoint.h"
 #include "trainer/experiment.h"
 #include "trainer/metrics.h"
+#include "trainer/preemption.h"
+#include "trainer/step_control.h"
 
 namespace trainer::app {
 namespace fs = std::filesystem;
@@ -96,6 +100,26 @@ void write_run_info(const std::string& path, const Config& config, const models:
   if (!f) throw std::runtime_error(path + ": write failed");
 }
 
+// Test hook: TRAINER_TEST_INJECT_NAN="RANK:STEP[,RANK:STEP]..." puts a NaN into the local gradient
+// of the last parameter tensor on that rank after that step's backward pass.
+std::set<std::pair<int, int64_t>> nan_injections() {
+  std::set<std::pair<int, int64_t>> at;
+  const char* env = std::getenv("TRAINER_TEST_INJECT_NAN");
+  if (!env) return at;
+  std::istringstream in(env);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    int rank = -1;
+    long long step = -1;
+    char extra = 0;
+    if (std::sscanf(item.c_str(), "%d:%lld%c", &rank, &step, &extra) != 2 || rank < 0 || step < 0)
+      throw std::runtime_error("TRAINER_TEST_INJECT_NAN: expected RANK:STEP[,RANK:STEP]..., got '" +
+                               std::string(env) + "'");
+    at.insert({rank, step});
+  }
+  return at;
+}
+
 }  // namespace
 
 void print_dry_run(const Config& config, comm::Communicator& comm) {
@@ -124,6 +148,8 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   auto say = [&](const std::string& text) {
     if (lead) progress.line(text);
   };
+  install_stop_handlers();
+  const auto inject_nan = nan_injections();
   const int threads = configure_runtime(config, comm.local_size());
   const std::string out = output_dir(config);
   if (lead) {
@@ -158,6 +184,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
 
   const CheckpointIdentity identity{world, rank, config_hash(config), config.model.arch};
   int64_t first_step = 0;
+  std::string last_checkpoint;  // the newest complete one, for messages
   if (!options.resume.empty()) {
     LoadedCheckpoint ck = load_checkpoint(out, options.resume, identity, params, buffers, comm);
     if (!ck.warning.empty()) say("warning: " + ck.warning);
@@ -165,6 +192,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     e.optimizer->load(opt_state);
     e.sync->load(sync_state);
     first_step = ck.state.step;
+    last_checkpoint = ck.path;
     task.seek(ck.state.epoch, ck.state.batch_in_epoch);
     if (lead) truncate_metrics(out + "/metrics.jsonl", first_step);
     say(fmt("resumed from %s at step %lld", ck.path.c_str(), static_cast<long long>(first_step)));
@@ -196,6 +224,24 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     state.optimizer_state = opt_state.str();
     state.sync_state = sync_state.str();
     save_checkpoint(out, identity, params, buffers, state, comm, static_cast<int>(config.train.keep_checkpoints));
+    last_checkpoint = out + "/checkpoints/step_" + std::to_string(step);
+  };
+  auto last_checkpoint_note = [&] {
+    return last_checkpoint.empty() ? std::string("no checkpoint has been written yet")
+                                   : "the last complete checkpoint is " + last_checkpoint;
+  };
+  // A failed periodic checkpoint (full disk, I/O error, read-only folder: every rank throws the
+  // same line) is a warning: training goes on and the previous complete checkpoint stays the one
+  // "--resume latest" finds. The final one, or the one a stop signal asks for, is an error.
+  auto save_or_warn = [&](int64_t step, bool must_succeed) {
+    try {
+      save(step);
+    } catch (const std::runtime_error& err) {
+      const std::string what = fmt("checkpoint at step %lld failed: %s; ", static_cast<long long>(step), err.what()) +
+                               last_checkpoint_note();
+      if (must_succeed) throw AgreedError(what, 1);
+      say("warning: " + what + "; training continues");
+    }
   };
 
   RunSummary summary;
@@ -220,7 +266,8 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
 
   // Interval accumulators, reset at each metrics record.
   double loss_sum = 0, t_data = 0, t_compute = 0, t_sync = 0, t_optim = 0, density_sum = 0;
-  int64_t interval_steps = 0, interval_samples = 0, interval_correct = 0, sent = 0, received = 0;
+  int64_t interval_steps = 0, interval_samples = 0, interval_correct = 0, interval_skipped = 0, sent = 0,
+          received = 0;
   auto interval_start = Clock::now();
   const auto train_start = Clock::now();
   comm::Phase phase = comm::Phase::kDense;
@@ -241,6 +288,27 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     if (config.comm.trace_steps > 0) comm::write_chrome_trace(comm, spans, out + "/trace.json");
   };
 
+  // Non-finite steps skipped in a row (train.skip_nonfinite_steps), and the BN statistics before
+  // the step's forward pass, restored when it is skipped (only kept when skipping is enabled).
+  int64_t skipped_in_a_row = 0;
+  std::vector<float> buffers_before;
+  auto nonfinite = [&](int64_t step, const std::string& what) {
+    ++skipped_in_a_row;
+    const std::string where = fmt("non-finite value at step %lld: %s", static_cast<long long>(step), what.c_str());
+    if (skipped_in_a_row > config.train.skip_nonfinite_steps) {
+      const std::string limit =
+          config.train.skip_nonfinite_steps == 0
+              ? std::string("set train.skip_nonfinite_steps to skip such steps, or lower optim.lr / set "
+                            "optim.grad_clip_norm")
+              : fmt("more than train.skip_nonfinite_steps = %lld steps in a row",
+                    static_cast<long long>(config.train.skip_nonfinite_steps));
+      throw AgreedError(where + " (" + limit + "); " + last_checkpoint_note(), kExitNonFinite);
+    }
+    std::copy(buffers_before.begin(), buffers_before.end(), buffers.values());
+    say(fmt("warning: %s; step skipped on every rank (%lld in a row)", where.c_str(),
+            static_cast<long long>(skipped_in_a_row)));
+  };
+
   if (config.train.eval_at_start && first_step == 0) run_eval(0, 0);
   for (int64_t step = first_step; step < total_steps; ++step) {
     const int64_t epoch = step / steps_per_epoch;
@@ -253,31 +321,56 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     if (rank == options.fail_rank && step == options.fail_step)
       throw std::runtime_error(fmt("injected failure at step %lld (--inject-failure)", static_cast<long long>(step)));
     t0 = Clock::now();
+    if (config.train.skip_nonfinite_steps > 0) buffers_before.assign(buffers.values(), buffers.values() + buffers.size());
     const StepResult result = task.forward_backward();
     const double loss = result.loss;
-    if (!std::isfinite(loss))
-      throw std::runtime_error(fmt("training diverged on rank %d: loss is %f at step %lld (lower optim.lr or set "
-                                   "optim.grad_clip_norm)",
-                                   rank, loss, static_cast<long long>(step)));
+    if (inject_nan.count({rank, step})) params.grads()[params.views().back().offset] = std::nanf("");
     t_compute += ms_since(t0);
     span("forward_backward", step);
 
+    // The control allreduce: a stop signal on any rank, and a NaN or infinity in any rank's loss or
+    // local gradient, found before the sync can spread it into other ranks' weights or residuals.
     t0 = Clock::now();
-    const comm::SyncStats stats = e.sync->reduce(sync_buffers, step);
+    comm.log().set_step(step, config.sync.method == "dense" || step < config.sync.dense_warmup_steps
+                                  ? comm::Phase::kDense
+                                  : comm::Phase::kCompressed);
+    const StepVerdict verdict = agree_on_step(comm, stop_signal_received(), loss, params);
     t_sync += ms_since(t0);
-    span("sync", step);
-
-    t0 = Clock::now();
-    if (config.optim.grad_clip_norm > 0)
-      optim::clip_grad_norm(params.grads(), params.size(), config.optim.grad_clip_norm);
+    // A skipped step (train.skip_nonfinite_steps) changes nothing but the loader position on every
+    // rank alike: no optimizer step, no local-SGD averaging, BN statistics restored, and no sync when
+    // the control allreduce found it (after the sync only an overflow of finite local gradients
+    // can be found, which leaves finite residuals).
+    bool applied = false;
+    comm::SyncStats stats;
     const double lr = optim::learning_rate(e.schedule, step, steps_per_epoch, total_steps);
-    e.optimizer->step(params.values(), params.grads(), lr);
-    t_optim += ms_since(t0);
-    span("optimizer", step);
-    t0 = Clock::now();
-    e.sync->after_step(sync_buffers, step);
-    t_sync += ms_since(t0);
-    span("after_step", step);
+    if (verdict.nonfinite) {
+      nonfinite(step, fmt("%s on rank %d, before the gradient sync", nonfinite_item(verdict.tensor, params).c_str(),
+                          verdict.rank));
+    } else {
+      t0 = Clock::now();
+      stats = e.sync->reduce(sync_buffers, step);
+      t_sync += ms_since(t0);
+      span("sync", step);
+
+      // Finite local gradients can still sum to an infinity. The synced gradient is the same on
+      // every rank, so every rank decides alike without another message; the norm pass is the one
+      // clipping needs anyway.
+      t0 = Clock::now();
+      const double norm = optim::clip_grad_norm(params.grads(), params.size(), config.optim.grad_clip_norm);
+      if (!std::isfinite(norm)) {
+        nonfinite(step, nonfinite_item(first_nonfinite_gradient(params), params) + " after the gradient sync");
+      } else {
+        applied = true;
+        skipped_in_a_row = 0;
+        e.optimizer->step(params.values(), params.grads(), lr);
+        t_optim += ms_since(t0);
+        span("optimizer", step);
+        t0 = Clock::now();
+        e.sync->after_step(sync_buffers, step);
+        t_sync += ms_since(t0);
+        span("after_step", step);
+      }
+    }
     span_start = step_start;
     span("step", step);
 
@@ -285,12 +378,16 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     comm.log().take_totals(step_sent, step_received);
     sent += step_sent;
     received += step_received;
-    phase = stats.phase;
-    density_sum += stats.density;
-    loss_sum += loss;
-    interval_steps += 1;
-    interval_samples += result.samples;
-    interval_correct += result.correct;
+    if (applied) {
+      phase = stats.phase;
+      density_sum += stats.density;
+      loss_sum += loss;
+      interval_steps += 1;
+      interval_samples += result.samples;
+      interval_correct += result.correct;
+    } else {
+      interval_skipped += 1;
+    }
     const int64_t done = step + 1;
     const bool log_now = done % config.train.log_every_steps == 0 || done == total_steps;
     if (lead) {
@@ -299,12 +396,12 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
       const double busy = t_data + t_compute + t_sync + t_optim;
       progress.step(fmt("step %lld/%lld  epoch %lld  loss %.4f  lr %.4g  %.0f samples/s  sync %.0f%%  ETA %s",
                         static_cast<long long>(done), static_cast<long long>(total_steps),
-                        static_cast<long long>(epoch), loss_sum / interval_steps, lr, rate,
+                        static_cast<long long>(epoch), loss_sum / std::max<int64_t>(interval_steps, 1), lr, rate,
                         busy > 0 ? 100 * t_sync / busy : 0.0,
                         format_duration(elapsed / (done - first_step) * (total_steps - done)).c_str()),
                     log_now);
       if (log_now) {
-        const double k = 1.0 / interval_steps;
+        const double k = 1.0 / std::max<int64_t>(interval_steps, 1);
         nlohmann::json record{{"step", done},
                         {"epoch", epoch},
                         {"time_s", ms_since(t_start) / 1e3},
@@ -320,20 +417,33 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
                         {"density", density_sum * k},
                         {"phase", comm::phase_name(phase)}};
         if (task.classifies())
-          record["train_accuracy"] = static_cast<double>(interval_correct) / interval_samples;
+          record["train_accuracy"] = static_cast<double>(interval_correct) / std::max<int64_t>(interval_samples, 1);
+        if (interval_skipped > 0) record["skipped_steps"] = interval_skipped;
         metrics->write(record);
       }
     }
     if (log_now) {
       loss_sum = t_data = t_compute = t_sync = t_optim = density_sum = 0;
-      interval_steps = interval_samples = interval_correct = sent = received = 0;
+      interval_steps = interval_samples = interval_correct = interval_skipped = sent = received = 0;
       interval_start = Clock::now();
     }
     const int64_t every = config.train.eval_every_steps;
     const bool epoch_end = done % steps_per_epoch == 0;
     if ((every > 0 && done % every == 0) || (every == 0 && epoch_end) || done == total_steps) run_eval(done, epoch);
     const int64_t ck_every = config.train.checkpoint_every;
-    if ((ck_every > 0 && done % ck_every == 0) || done == total_steps) save(done);
+    const bool final_step = done == total_steps;
+    if ((ck_every > 0 && done % ck_every == 0) || final_step || verdict.stop_signal)
+      save_or_warn(done, final_step || verdict.stop_signal);
+    if (verdict.stop_signal && !final_step) {
+      finish_comm_log();
+      say(fmt("stopped by %s after step %lld of %lld; checkpoint %s; continue with the same command and "
+              "--resume latest",
+              verdict.stop_signal == SIGTERM ? "SIGTERM" : verdict.stop_signal == SIGINT ? "SIGINT" : "a signal",
+              static_cast<long long>(done), static_cast<long long>(total_steps), last_checkpoint.c_str()));
+      summary.steps = done;
+      summary.stop_signal = verdict.stop_signal;
+      return summary;
+    }
     if (done == options.stop_after) {
       finish_comm_log();
       if (lead) progress.line(fmt("stopping after step %lld (--stop-after)", static_cast<long long>(done)));

@@ -1,0 +1,39 @@
+// The per-step control message: after the backward pass and before the gradient sync, every rank
+// contributes two int32 (8 bytes) to one MAX allreduce, logged under ALLREDUCE_CONTROL:
+//   [0] the stop signal this rank has received (SIGTERM/SIGINT, trainer/preemption.h), or 0;
+//   [1] 0 when this rank's loss and local gradient are finite, else a key naming the first
+//       non-finite item (the loss, or the lowest parameter tensor) and the rank.
+// So every rank learns in the same step that the job must stop, or that the step must not be
+// applied, before any rank has changed its sync state (error-feedback residuals, counters) or its
+// weights. Its cost is one 8-byte allreduce per step (latency only, microseconds on one node)
+// and one read of the local gradient to sum its squares.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "comm/communicator.h"
+#include "models/parameters.h"
+
+namespace trainer::app {
+
+struct StepVerdict {
+  int stop_signal = 0;     // the largest signal number any rank received, or 0
+  bool nonfinite = false;  // some rank's loss or local gradient holds a NaN or an infinity
+  int rank = -1;           // the lowest such rank (for the first item below)
+  int tensor = -1;         // -1: the loss; else the first parameter tensor (index into views())
+};
+
+// The index of the first parameter tensor whose gradient holds a NaN or an infinity, or -1.
+// One pass over the whole gradient (its sum of squares, in double: finite for any finite float);
+// the per-tensor scan runs only when that sum is not finite.
+int first_nonfinite_gradient(const models::ParameterStore& params);
+
+// Collective, once per step on every rank: the control allreduce described above.
+StepVerdict agree_on_step(comm::Communicator& comm, int local_stop_signal, double loss,
+                          const models::ParameterStore& params);
+
+// "the loss" or "the gradient of layer1.0.conv1.weight", for messages.
+std::string nonfinite_item(int tensor, const models::ParameterStore& params);
+
+}  // namespace trainer::app
