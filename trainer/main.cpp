@@ -78,6 +78,9 @@ int main(int argc, char** argv) {
   bench_sync->add_option("--steps", so.steps, "Timed steps per method");
   bench_sync->add_option("--warmup", so.warmup, "Compressed steps before timing");
   bench_sync->add_option("--methods", so.methods, "Methods to time");
+  bench_sync->add_option("--powersgd-ranks", so.powersgd_ranks, "Factor ranks powersgd runs with");
+  bool sync_no_torch = false;
+  bench_sync->add_flag("--no-torch", sync_no_torch, "Skip PyTorch's DDP powerSGD_hook beside powersgd");
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -95,7 +98,10 @@ int main(int argc, char** argv) {
       trainer::comm::world();
       return trainer::comm::run_comm_bench(comm_n, comm_steps, comm_bucket_mb);
     }
-    if (bench_sync->parsed()) return trainer::comm::run_sync_bench(so);
+    if (bench_sync->parsed()) {
+      if (!sync_no_torch) so.torch_script = trainer::app::bench_script("bench_torch_powersgd.py");
+      return trainer::comm::run_sync_bench(so);
+    }
     if (bench->parsed()) {
       bo.torch = !no_torch;
       return trainer::app::run_bench(bo);
