@@ -315,6 +315,12 @@ int run_sync_bench(const SyncBenchOptions& o) {
     if (rank == 0) std::fprintf(stderr, "bench sync: need 1 <= n < 2^31, 0 < density <= 1, steps >= 1, warmup >= 0\n");
     return 2;
   }
+  for (int64_t r : o.powersgd_ranks)
+    if (r < 1 || r > 1024) {
+      if (rank == 0) std::fprintf(stderr, "bench sync: --powersgd-ranks must be in [1, 1024], got %lld\n",
+                                  static_cast<long long>(r));
+      return 2;
+    }
   for (const auto& m : o.methods) {
     const auto& names = sync_method_names();
     if (std::find(names.begin(), names.end(), m) == names.end() || m == "local_sgd") {
