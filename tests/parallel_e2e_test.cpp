@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/sync/method_names.h"
 #include "data/synthetic_cifar.h"
 #include "models/safetensors.h"
 #include "process.h"
@@ -79,9 +80,9 @@ void require_identical_states(const fs::path& a, const fs::path& b, int ranks) {
 
 TEST_CASE("Resume is bit-identical: between checkpoints, on a checkpoint, every sync method", "[mpi][resume]") {
   // Checkpoints at steps 5 and 10 fall in the compressed phase (dense warmup: 2 steps), so the
-  // sparse methods' residuals, thresholds and region bounds must come back exactly.
+  // compressed methods' residuals, thresholds, region bounds and PowerSGD's Q must come back exactly.
   const int P = 2;
-  for (const std::string method : {"dense", "local_sgd", "oktopk", "topka", "gaussiank", "gtopk"}) {
+  for (const std::string& method : trainer::comm::sync_method_names()) {
     SECTION(method) {
       const std::string sync = "--set sync.method=" + method + " --set sync.period=3 --set sync.dense_warmup_steps=2" +
                                " --set sync.density=0.02 --set train.max_steps=16 --set train.checkpoint_every=5";

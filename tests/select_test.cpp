@@ -17,7 +17,6 @@
 #include "comm/sync/error_feedback.h"
 #include "comm/sync/gaussiank.h"
 #include "comm/sync/gradient_sync.h"
-#include "trainer/config.h"
 
 using namespace trainer::comm;
 
@@ -329,6 +328,3 @@ TEST_CASE("The dense output is written in one pass: values / divisor at the indi
   omp_set_num_threads(saved);
 }
 
-TEST_CASE("The config's sync methods are the ones the factory builds", "[select]") {
-  CHECK(trainer::kSyncMethods == sync_method_names());
-}

@@ -164,6 +164,8 @@ bool is_one_of(const std::string& name, const std::vector<std::string>& names) {
 
 }  // namespace
 
+std::string bench_script(const std::string& name) { return std::string(TRAINER_SOURCE_DIR) + "/scripts/" + name; }
+
 int run_bench(const BenchOptions& o) {
   if (o.conv_algorithm != "auto" && o.conv_algorithm != "direct" && o.conv_algorithm != "winograd")
     throw std::invalid_argument("--conv-algorithm must be auto, direct or winograd, got '" + o.conv_algorithm + "'");

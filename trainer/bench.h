@@ -28,4 +28,7 @@ struct BenchOptions {
 
 int run_bench(const BenchOptions& options);
 
+// The path of a benchmark's PyTorch side in this source tree's scripts/ folder.
+std::string bench_script(const std::string& name);
+
 }  // namespace trainer::app

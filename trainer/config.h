@@ -26,8 +26,6 @@ inline const std::vector<std::string> kSpeechFeatures = {"spectrogram", "logmel"
 inline const std::vector<std::string> kOptimizers = {"sgd", "adam", "adamw"};
 inline const std::vector<std::string> kSchedules = {"constant", "multistep", "cosine", "exponential"};
 inline const std::vector<std::string> kConvAlgorithms = {"auto", "direct", "winograd"};
-// Must match comm::sync_method_names() (a test checks).
-inline const std::vector<std::string> kSyncMethods = {"dense", "local_sgd", "oktopk", "topka", "gaussiank", "gtopk"};
 
 struct ExperimentConfig {
   std::string name = "quickstart";
@@ -118,6 +116,8 @@ struct SyncConfig {
   int64_t region_every = 64;
   int64_t max_in_flight = 4;
   bool balance = true;
+  int64_t rank = 2;
+  double min_compression_rate = 2.0;
 };
 
 struct CommConfig {

@@ -16,6 +16,7 @@
 #include <variant>
 #include <vector>
 
+#include "comm/sync/method_names.h"
 #include "trainer/config.h"
 
 namespace trainer::config_schema {
@@ -229,9 +230,11 @@ void visit_config(Cfg& c, Visitor& v) {
         "Gradient-sync method: dense (bucketed allreduce of the averaged gradient); local_sgd "
         "(local steps, parameters averaged every sync.period steps); oktopk (Ok-Top-k sparse "
         "allreduce); topka (local top-k, allgather); gaussiank (normal-fit threshold, allgatherv); "
-        "gtopk (tree of pairwise top-k merges, power-of-two process counts). The sparse methods send "
-        "about sync.density of the entries and keep the rest in an error-feedback residual.",
-        kSyncMethods);
+        "gtopk (tree of pairwise top-k merges, power-of-two process counts); powersgd (rank-r factors "
+        "P Q^T of each weight matrix, PyTorch's powerSGD_hook). The sparse methods send about "
+        "sync.density of the entries, powersgd (n + m) r per n x m matrix; all keep the rest in an "
+        "error-feedback residual.",
+        comm::sync_method_names());
   v.key("sync.dense_warmup_steps", c.sync.dense_warmup_steps,
         "The first N steps use dense allreduce whatever the method (synchronous SGD for local_sgd).",
         at_least(0));
@@ -257,6 +260,14 @@ void visit_config(Cfg& c, Visitor& v) {
         "oktopk: peers with split-and-reduce messages in flight at once.", closed(1, 1 << 20));
   v.key("sync.balance", c.sync.balance,
         "oktopk: even out the globally selected entries across processes before the final allgatherv.");
+  v.key("sync.rank", c.sync.rank,
+        "powersgd: rank r of the factors P (n x r) and Q (m x r) of each n x m matrix (capped at "
+        "min(n, m)).",
+        closed(1, 1024));
+  v.key("sync.min_compression_rate", c.sync.min_compression_rate,
+        "powersgd: a tensor (viewed as shape[0] x the rest) is compressed when (n + m) r times this is "
+        "below n m; the others (and 1-D tensors) are averaged densely in the same allreduce.",
+        closed(0, 1e6));
 
   v.section("comm", "The communication log (comm/rank<R>.jsonl and comm/summary.txt).");
   v.key("comm.log", c.comm.log, "Record every message and collective of the recorded steps.");

@@ -37,6 +37,9 @@ comm::SyncOptions sync_options(const Config& c) {
   o.region_every = c.sync.region_every;
   o.max_in_flight = c.sync.max_in_flight;
   o.balance = c.sync.balance;
+  o.rank = c.sync.rank;
+  o.min_compression_rate = c.sync.min_compression_rate;
+  o.seed = static_cast<uint64_t>(c.experiment.seed);
   return o;
 }
 
@@ -76,7 +79,7 @@ Experiment build_experiment(const Config& config, comm::Communicator& comm,
   const int64_t n = e.task->parameters().size();
   e.optimizer = optim::make_optimizer(optimizer_options(config), n);
   e.schedule = schedule_options(o);
-  e.sync = comm::make_gradient_sync(sync_options(config), comm, n);
+  e.sync = comm::make_gradient_sync(sync_options(config), comm, n, &e.task->parameters().views());
   return e;
 }
 

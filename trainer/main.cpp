@@ -83,6 +83,9 @@ int main(int argc, char** argv) {
   bench_sync->add_option("--steps", so.steps, "Timed steps per method");
   bench_sync->add_option("--warmup", so.warmup, "Compressed steps before timing");
   bench_sync->add_option("--methods", so.methods, "Methods to time");
+  bench_sync->add_option("--powersgd-ranks", so.powersgd_ranks, "Factor ranks powersgd runs with");
+  bool sync_no_torch = false;
+  bench_sync->add_flag("--no-torch", sync_no_torch, "Skip PyTorch's DDP powerSGD_hook beside powersgd");
 
   auto* report = app.add_subcommand("report", "Write RUN_DIR/report/report.md and figures from a run's logs");
   trainer::app::ReportOptions ro;
@@ -130,7 +133,10 @@ int main(int argc, char** argv) {
                  stdout);
       return 0;
     }
-    if (bench_sync->parsed()) return trainer::comm::run_sync_bench(so);
+    if (bench_sync->parsed()) {
+      if (!sync_no_torch) so.torch_script = trainer::app::bench_script("bench_torch_powersgd.py");
+      return trainer::comm::run_sync_bench(so);
+    }
     if (bench->parsed()) {
       bo.torch = !no_torch;
       return trainer::app::run_bench(bo);

@@ -125,15 +125,16 @@ std::set<std::pair<int, int64_t>> nan_injections() {
 void print_dry_run(const Config& config, comm::Communicator& comm) {
   if (comm.rank() != 0) return;
   std::printf("%s\n", to_toml(config).c_str());
-  size_t tensors = 0;
-  const int64_t n = model_parameter_count(config, &tensors);
+  std::vector<models::ParamView> views;
+  const int64_t n = model_parameter_count(config, &views);
+  const size_t tensors = views.size();
   std::printf("model: %s, %lld parameters in %zu tensors, gradient %.2f MB per step (%lld bytes)\n",
               config.model.arch.c_str(), static_cast<long long>(n), tensors, n * 4 / 1e6,
               static_cast<long long>(n * 4));
   std::printf("data: %s at %s%s, batch %lld per process x %d processes\n", config.data.dataset.c_str(),
               config.data.root.c_str(), config.data.synthesize_if_missing ? " (synthesized if missing)" : "",
               static_cast<long long>(config.data.batch_size), comm.size());
-  auto sync = comm::make_gradient_sync(sync_options(config), comm, n);
+  auto sync = comm::make_gradient_sync(sync_options(config), comm, n, &views);
   std::printf("sync: %s\n", sync->describe().c_str());
   std::printf("output: %s\n", output_dir(config).c_str());
 }

@@ -33,15 +33,15 @@ std::unique_ptr<Task> make_task(const Config& config, comm::Communicator& comm,
   return std::make_unique<ImageTask>(config, comm, announce);
 }
 
-int64_t model_parameter_count(const Config& config, size_t* tensors) {
+int64_t model_parameter_count(const Config& config, std::vector<models::ParamView>* views) {
   check_pairing(config);
   if (is_speech(config)) {
     auto model = SpeechTask::build_model(config);
-    if (tensors) *tensors = model->parameters().views().size();
+    if (views) *views = model->parameters().views();
     return model->parameters().size();
   }
   auto model = ImageTask::build_model(config);
-  if (tensors) *tensors = model->parameters().views().size();
+  if (views) *views = model->parameters().views();
   return model->parameters().size();
 }
 

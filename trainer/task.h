@@ -50,7 +50,7 @@ class Task {
 std::unique_ptr<Task> make_task(const Config& config, comm::Communicator& comm,
                                 const std::function<void(const std::string&)>& announce);
 
-// The model's parameter store layout alone (no data), for --dry-run: count and tensors.
-int64_t model_parameter_count(const Config& config, size_t* tensors = nullptr);
+// The model's parameter store layout alone (no data), for --dry-run: count and named tensors.
+int64_t model_parameter_count(const Config& config, std::vector<models::ParamView>* views = nullptr);
 
 }  // namespace trainer::app

@@ -8,6 +8,7 @@
 #include "comm/sync/gtopk.h"
 #include "comm/sync/local_sgd.h"
 #include "comm/sync/oktopk.h"
+#include "comm/sync/powersgd.h"
 #include "comm/sync/topka.h"
 #include "comm/sync/sync_state.h"
 
@@ -43,12 +44,8 @@ class WarmupSync final : public GradientSync {
 
 }  // namespace
 
-const std::vector<std::string>& sync_method_names() {
-  static const std::vector<std::string> names{"dense", "local_sgd", "oktopk", "topka", "gaussiank", "gtopk"};
-  return names;
-}
-
-std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communicator& comm, int64_t n) {
+std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communicator& comm, int64_t n,
+                                                 const std::vector<models::ParamView>* views) {
   std::unique_ptr<GradientSync> method;
   if (o.method == "dense") return std::make_unique<DenseSync>(comm, n, o.bucket_mb);
   if (o.method == "local_sgd") method = std::make_unique<LocalSgd>(comm, n, o.bucket_mb, o.period);
@@ -56,6 +53,10 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
   if (o.method == "topka") method = std::make_unique<TopkA>(comm, n, o.density);
   if (o.method == "gaussiank") method = std::make_unique<GaussianK>(comm, n, o.density);
   if (o.method == "gtopk") method = std::make_unique<GTopk>(comm, n, o.density);
+  if (o.method == "powersgd") {
+    if (!views) throw std::invalid_argument("sync.method 'powersgd' needs the model's tensor shapes");
+    method = std::make_unique<PowerSgd>(comm, *views, n, o.rank, o.min_compression_rate, o.seed, models::cpu_backend());
+  }
   if (!method) {
     std::string list;
     for (const auto& name : sync_method_names()) list += (list.empty() ? "" : ", ") + name;

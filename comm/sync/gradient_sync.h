@@ -19,6 +19,7 @@
 
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
+#include "comm/sync/method_names.h"
 #include "models/parameters.h"
 
 namespace trainer::comm {
@@ -64,12 +65,15 @@ struct SyncOptions {
   int64_t region_every = 64;            // oktopk: region bounds recomputed every N compressed steps
   int64_t max_in_flight = 4;            // oktopk: peers with messages in flight at once
   bool balance = true;                  // oktopk: even out the final allgatherv blocks
+  int64_t rank = 2;                     // powersgd: rank of the factors
+  double min_compression_rate = 2.0;    // powersgd: compress when (n + m) r * rate < n m
+  uint64_t seed = 0;                    // powersgd: the first Q's seed (the same on every rank)
 };
 
-// The methods this build provides, for the config's choice list and error messages.
-const std::vector<std::string>& sync_method_names();
-
-// Throws std::invalid_argument naming the available methods for an unknown one.
-std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& options, Communicator& comm, int64_t n);
+// Throws std::invalid_argument naming the available methods (method_names.h) for an unknown one.
+// `views` (the model's named tensors) are needed by layer-wise methods (powersgd), which refuse to
+// be built without them.
+std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& options, Communicator& comm, int64_t n,
+                                                 const std::vector<models::ParamView>* views = nullptr);
 
 }  // namespace trainer::comm

@@ -16,7 +16,9 @@
 #include "comm/communicator.h"
 #include "comm/sync/gradient_sync.h"
 #include "comm/sync/oktopk.h"
+#include "comm/sync/powersgd.h"
 #include "comm/sync/select.h"
+#include "models/speech_model.h"
 
 namespace trainer::comm {
 namespace {
@@ -88,18 +90,25 @@ double max_over_ranks(Communicator& comm, double v) {
   return v;
 }
 
+// powersgd's views: the DeepSpeech model's tensors (what the paper's 27,569,568 parameters are).
+std::vector<models::ParamView> deepspeech_views() {
+  return models::make_speech_model("deepspeech", models::cpu_backend(), 0)->parameters().views();
+}
+
 MethodResult bench_method(Communicator& comm, const Pools& pools, const SyncBenchOptions& o,
-                          const std::string& method) {
+                          const std::string& method, const std::vector<models::ParamView>* views = nullptr,
+                          int64_t powersgd_rank = 0) {
   const int p = comm.size();
   const int64_t n = o.n, k = top_k_count(o.density, n);
   SyncOptions so;
   so.method = method;
   so.density = o.density;
+  so.rank = powersgd_rank;
   const bool oktopk = method == "oktopk";
   // The baselines keep no thresholds: a couple of warmup steps and 16 timed ones are enough.
   const int warmup = oktopk ? o.warmup : std::min(o.warmup, 2);
   const int steps = oktopk ? o.steps : std::min(o.steps, 16);
-  auto sync = make_gradient_sync(so, comm, n);
+  auto sync = make_gradient_sync(so, comm, n, views);
   auto* ok = dynamic_cast<OkTopk*>(sync.get());
   // 64-byte aligned, as the trainer's gradient buffer (models/tensor.cpp).
   std::unique_ptr<float, void (*)(void*)> grad_buffer(
@@ -129,7 +138,7 @@ MethodResult bench_method(Communicator& comm, const Pools& pools, const SyncBenc
     if (ok) local_sum += ok->local_count(), global_sum += ok->global_count();
   }
   MethodResult r;
-  r.method = method;
+  r.method = powersgd_rank ? method + " r" + std::to_string(powersgd_rank) : method;
   r.ms = median(all);
   r.reuse_ms = median(reuse);
   r.exact_ms = median(exact);
@@ -153,6 +162,9 @@ MethodResult bench_method(Communicator& comm, const Pools& pools, const SyncBenc
   } else if (oktopk) {
     r.theory_words = 6.0 * k * (p - 1) / p;
     r.theory = "6k(P-1)/P";
+  } else if (auto* psgd = dynamic_cast<PowerSgd*>(sync.get())) {
+    r.theory_words = static_cast<double>(psgd->floats_per_step());
+    r.theory = "sum(n+m)r + dense";
   }
   return r;
 }
@@ -243,6 +255,57 @@ nlohmann::json bench_selection(const Pools& pools, int64_t n, int64_t k, int thr
           {"nth_element_agrees", agree}};
 }
 
+// PyTorch's side, run by rank 0 while the others wait in a barrier (Open MPI yields the cores when
+// oversubscribed): one JSON line per factor rank. Prints torch's hook time beside ours.
+nlohmann::json bench_torch_powersgd(Communicator& comm, const SyncBenchOptions& o,
+                                    const std::vector<MethodResult>& results) {
+  nlohmann::json rows = nlohmann::json::array();
+  if (comm.rank() == 0) {
+    std::string ranks;
+    for (int64_t r : o.powersgd_ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+    const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(omp_get_max_threads()) + " " + o.torch_python + " " +
+                            o.torch_script + " --world " + std::to_string(comm.size()) + " --ranks " + ranks +
+                            " --threads " + std::to_string(omp_get_max_threads()) + " --steps " +
+                            std::to_string(std::min(o.steps, 16)) + " 2>&1";
+    std::string out;
+    if (std::FILE* pipe = popen(cmd.c_str(), "r")) {
+      char buf[4096];
+      while (std::fgets(buf, sizeof buf, pipe)) out += buf;
+      if (pclose(pipe) != 0) out += "\n(exit status non-zero)";
+    }
+    size_t begin = 0;
+    while (begin < out.size()) {
+      const size_t end = std::min(out.find('\n', begin), out.size());
+      const auto line = nlohmann::json::parse(out.substr(begin, end - begin), nullptr, false);
+      if (line.is_object() && line.contains("hook_ms")) rows.push_back(line);
+      begin = end + 1;
+    }
+    if (rows.empty()) {
+      std::printf("pytorch powerSGD_hook: unavailable (needs python3-torch: scripts/install_deps.sh --bench):\n%s\n",
+                  out.substr(0, 2000).c_str());
+    } else {
+      std::printf("pytorch DDP powerSGD_hook (gloo, CPU, the same shapes, P = %d, %d thread(s) per rank):\n",
+                  comm.size(), omp_get_max_threads());
+      std::printf("  %-12s %10s %10s %12s %10s %10s\n", "rank", "torch ms", "ours ms", "torch/ours", "ddp step", "no-op step");
+      for (auto& row : rows) {
+        const std::string label = "powersgd r" + std::to_string(row["rank"].get<int64_t>());
+        double ours = 0;
+        for (const auto& r : results)
+          if (r.method == label) ours = r.ms;
+        row["ours_ms"] = ours;
+        std::printf("  %-12s %10.1f %10.1f %12.2f %10.1f %10.1f\n", label.c_str(), row["hook_ms"].get<double>(), ours,
+                    ours > 0 ? row["hook_ms"].get<double>() / ours : 0.0, row["ddp_step_ms"].get<double>(),
+                    row["noop_step_ms"].get<double>());
+      }
+      std::printf(
+          "  torch ms: median DDP backward with powerSGD_hook minus the median with a no-op hook (the hook's "
+          "compression and allreduces), slowest rank per step\n");
+    }
+  }
+  comm.barrier("BENCH");
+  return rows;
+}
+
 }  // namespace
 
 int run_sync_bench(const SyncBenchOptions& o) {
@@ -252,6 +315,12 @@ int run_sync_bench(const SyncBenchOptions& o) {
     if (rank == 0) std::fprintf(stderr, "bench sync: need 1 <= n < 2^31, 0 < density <= 1, steps >= 1, warmup >= 0\n");
     return 2;
   }
+  for (int64_t r : o.powersgd_ranks)
+    if (r < 1 || r > 1024) {
+      if (rank == 0) std::fprintf(stderr, "bench sync: --powersgd-ranks must be in [1, 1024], got %lld\n",
+                                  static_cast<long long>(r));
+      return 2;
+    }
   for (const auto& m : o.methods) {
     const auto& names = sync_method_names();
     if (std::find(names.begin(), names.end(), m) == names.end() || m == "local_sgd") {
@@ -269,9 +338,20 @@ int run_sync_bench(const SyncBenchOptions& o) {
   nlohmann::json report{{"bench", "sync"}, {"n", o.n}, {"density", o.density},
                         {"k", k},          {"P", p},   {"threads_per_rank", omp_get_max_threads()}};
   std::vector<MethodResult> results;
+  bool powersgd = false;
   for (const auto& m : o.methods) {
     if (m == "gtopk" && (p & (p - 1)) != 0) continue;
-    results.push_back(bench_method(comm, pools, o, m));
+    if (m != "powersgd") {
+      results.push_back(bench_method(comm, pools, o, m));
+      continue;
+    }
+    const auto views = deepspeech_views();
+    if (views.back().offset + views.back().numel() != o.n) {
+      if (rank == 0) std::printf("  powersgd skipped: it runs on the DeepSpeech shapes, n = 27569568\n");
+      continue;
+    }
+    for (int64_t r : o.powersgd_ranks) results.push_back(bench_method(comm, pools, o, m, &views, r));
+    powersgd = true;
   }
   if (rank == 0) {
     std::printf("  %-10s %9s %9s %9s %12s %12s  %-17s %7s  %s\n", "method", "ms/step", "reuse ms", "exact ms",
@@ -302,6 +382,7 @@ int run_sync_bench(const SyncBenchOptions& o) {
         "  sent/recv: the comm log's per-rank totals (a collective counts this rank's own block); ratio = "
         "max(sent, recv) / theory\n");
   }
+  if (powersgd && !o.torch_script.empty()) report["torch_powersgd"] = bench_torch_powersgd(comm, o, results);
   if (o.selection) {
     if (rank == 0) {
       std::printf("selection on rank 0 alone (%lld floats = %.0f MB, k = %lld):\n", static_cast<long long>(o.n),

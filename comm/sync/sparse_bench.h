@@ -6,11 +6,15 @@
 // gradient is not timed). Error feedback runs as in training, so the residual and the reused
 // thresholds evolve; `warmup` compressed steps run untimed first.
 //
-// Per method (dense, topka, gaussiank, gtopk, oktopk): the time of a step is the slowest rank's
+// Per method (dense, topka, gaussiank, gtopk, oktopk, powersgd): the time of a step is the slowest rank's
 // reduce() after a barrier; the table shows the median over the timed steps, for oktopk separately
 // over threshold-reuse steps and exact-recompute steps (either threshold exact), the bytes each
 // rank sent and received per step (the comm log's totals: collectives count this rank's own
 // block, see communicator.h), and the ratio to the method's volume in DESIGN.md section 4.
+// powersgd runs once per rank in powersgd_ranks on the DeepSpeech model's tensor shapes (n must be
+// its 27,569,568), against its volume 4 (sum (n + m) r + dense) bytes; then, when torch_script is
+// set, rank 0 runs it (PyTorch DDP with powerSGD_hook, gloo on CPU, the same shapes, world size
+// and threads per rank) while the other ranks wait, and prints both sides with the ratio.
 // Selection (rank 0 alone while the others wait in a barrier; 1 thread and all threads): the
 // exact top-k selection and the threshold pass on one n-float buffer, the fused
 // grad + residual pass, against one streaming read of the buffer and std::nth_element.
@@ -28,8 +32,11 @@ struct SyncBenchOptions {
   double density = 0.02;
   int warmup = 32;  // compressed steps before timing (residuals and thresholds settle)
   int steps = 64;   // timed steps per method (oktopk: exact steps at multiples of 32)
-  std::vector<std::string> methods = {"dense", "topka", "gaussiank", "gtopk", "oktopk"};
+  std::vector<std::string> methods = {"dense", "topka", "gaussiank", "gtopk", "oktopk", "powersgd"};
   bool selection = true;  // also the selection kernel alone
+  std::vector<int64_t> powersgd_ranks = {1, 2, 4};
+  std::string torch_python = "/usr/bin/python3";
+  std::string torch_script;  // scripts/bench_torch_powersgd.py; empty: no PyTorch side
 };
 
 // Collective over world(). Returns the process exit code (0; 2 for bad options).

@@ -1,0 +1,16 @@
+// The gradient-sync methods by name: the one list that the config's choices (sync.method), the
+// factory's error message and the sync benchmark read. A new method adds its name here and its
+// constructor to make_gradient_sync (a test builds every name).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace trainer::comm {
+
+inline const std::vector<std::string>& sync_method_names() {
+  static const std::vector<std::string> names{"dense", "local_sgd", "oktopk", "topka", "gaussiank", "gtopk", "powersgd"};
+  return names;
+}
+
+}  // namespace trainer::comm
