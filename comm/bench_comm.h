@@ -1,5 +1,5 @@
 // `trainer bench comm`: what the Communicator and the CommLog cost on top of bare MPI, measured side
-// by side in one run under mpiexec (DESIGN.md section 8: benchmarks print ratios, never pass/fail).
+// by side in one run under mpiexec (docs/architecture.md section 8: benchmarks print ratios, never pass/fail).
 //
 // Cases, interleaved step by step so that drift in the machine hits them alike; each step is the
 // sync of an n-float gradient (sum over ranks, then scale by 1/P, as dense sync must do):

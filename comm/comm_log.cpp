@@ -157,7 +157,7 @@ void CommLog::write_pending() {
     pending_collective_.clear();
     return;
   }
-  // The field order and names are the published format (DESIGN.md section 3); op tags are plain
+  // The field order and names are the published format (docs/architecture.md section 3); op tags are plain
   // identifiers, so they need no escaping.
   line_buffer_.clear();
   char line[320];

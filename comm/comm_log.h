@@ -1,5 +1,5 @@
 // The communication log: one record per message or collective, per rank, written to
-// comm/rank<R>.jsonl exactly as DESIGN.md section 3 specifies, plus running per-op statistics for
+// comm/rank<R>.jsonl exactly as docs/architecture.md section 3 specifies, plus running per-op statistics for
 // the end-of-run summary (comm_summary.h) and the byte totals that metrics.jsonl reports per step.
 //
 // Three levels of work, so that a disabled log costs nothing measurable:

@@ -1,4 +1,4 @@
-// The end-of-run communication summary (DESIGN.md section 3: comm/summary.txt, printed by rank 0):
+// The end-of-run communication summary (docs/architecture.md section 3: comm/summary.txt, printed by rank 0):
 // every rank's per-op statistics (comm_log.h) gathered to rank 0 and laid out as a fixed-width
 // table, one row per op tag, then totals per phase (dense, compressed) and the grand total. Only
 // calls made while a rank's log was enabled count (CommLogOptions::enabled; a path is not needed);

@@ -1,5 +1,5 @@
 // The network seam: every byte a training step sends goes through a Communicator, and every call
-// carries an op tag (DESIGN.md section 3, e.g. "ALLREDUCE_DENSE", "ISEND_INDEX") that the CommLog
+// carries an op tag (docs/architecture.md section 3, e.g. "ALLREDUCE_DENSE", "ISEND_INDEX") that the CommLog
 // records with the step, phase, sizes and times. The MPI implementation is the only one today; an
 // NCCL one (device buffers) arrives with the CUDA backend.
 //

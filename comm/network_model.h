@@ -36,7 +36,7 @@ double collective_seconds(OpKind kind, double size_bytes, int ranks, const Netwo
 // receives each way at once: max(sends, receives) alpha + max(sent, received)/B.
 double p2p_seconds(int64_t sends, int64_t receives, double sent_bytes, double received_bytes, const Network& net);
 
-// The op kind of a log record from its tag (DESIGN.md's naming: ALLREDUCE_*, ALLGATHERV_*,
+// The op kind of a log record from its tag (docs/architecture.md's naming: ALLREDUCE_*, ALLGATHERV_*,
 // ALLGATHER_*, ALLTOALL_*, BROADCAST_*, BARRIER_*, ISEND_*/IRECV_*); kOther for anything else.
 OpKind kind_from_tag(const std::string& op);
 

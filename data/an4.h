@@ -25,7 +25,7 @@
 
 namespace trainer::data {
 
-// CTC: 0 = blank, 1 = apostrophe, 2..27 = A..Z, 28 = space (DESIGN.md section 5).
+// CTC: 0 = blank, 1 = apostrophe, 2..27 = A..Z, 28 = space (docs/architecture.md section 5).
 constexpr int kCtcBlank = 0;
 constexpr int kCtcClasses = 29;
 // LAS: 0 = <sos>, 1 = <eos>, then the same 28 characters in the same order: apostrophe = 2,

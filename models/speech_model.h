@@ -43,7 +43,7 @@ class SpeechModel {
   virtual double forward_flops() const { return 0; }
 };
 
-// The speech models by name at their default (an4) sizes: "deepspeech" and "las" (DESIGN.md
+// The speech models by name at their default (an4) sizes: "deepspeech" and "las" (docs/architecture.md
 // section 5). Parameters are initialized from
 // `seed`; the same seed gives the same weights on every rank.
 std::unique_ptr<SpeechModel> make_speech_model(const std::string& arch, Backend& backend, uint64_t seed);

@@ -1,4 +1,4 @@
-// The optimizer interface the training loop holds (DESIGN.md section 2: Optimizer::step(params,
+// The optimizer interface the training loop holds (docs/architecture.md section 2: Optimizer::step(params,
 // grads, lr)), and the factory that builds one by name.
 //
 // Every optimizer works on one flat float32 parameter buffer and the gradient buffer of the same

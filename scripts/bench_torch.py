@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch side of the training-step benchmark (DESIGN.md section 8).
+"""PyTorch side of the training-step benchmark (docs/architecture.md section 8).
 
 Times one training step (forward, cross-entropy, backward, SGD momentum step) of a CIFAR model at a
 given batch size on random 3x32x32 input, and prints one JSON line on stdout:
@@ -8,7 +8,7 @@ given batch size on random 3x32x32 input, and prints one JSON line on stdout:
     {"model": "resnet20", "params": 269722, ..., "median_ms": ..., "mean_ms": ..., "samples_per_s": ...}
 
 Run it with Debian's Python (/usr/bin/python3 has python3-torch). The models are the ones the C++
-trainer implements (DESIGN.md section 5), and their parameter counts are asserted:
+trainer implements (docs/architecture.md section 5), and their parameter counts are asserted:
   resnet20 / resnet56  He et al. 2016 CIFAR ResNets, option-A shortcuts (akamaster/pytorch_resnet_cifar10)
   resnet18             CIFAR variant: 3x3 stem 64, no max-pool, 1x1 conv + BN projection shortcuts
   vgg16                CIFAR VGG-16 with BN, conv bias, Linear(512, 10)

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch side of the speech training-step benchmark (DESIGN.md section 8; `trainer bench --model
+"""PyTorch side of the speech training-step benchmark (docs/architecture.md section 8; `trainer bench --model
 deepspeech|las` runs it beside the C++ step).
 
 Times one training step (forward, loss, backward, SGD momentum step) of a speech model of

@@ -35,7 +35,7 @@ EOS_DECODE_STEPS = 12
 
 
 def las_tiny():
-    # The an4 configuration of DESIGN.md section 5 (the defaults) has exactly this many parameters.
+    # The an4 configuration of docs/architecture.md section 5 (the defaults) has exactly this many parameters.
     default_count = sum(p.numel() for p in Las().parameters())
     assert default_count == LAS_PARAMETERS, f"default Las has {default_count} parameters, expected {LAS_PARAMETERS}"
 

@@ -1,6 +1,6 @@
 """The numbers of `trainer report`, computed from a run folder's logs (no plotting, no formatting).
 
-A run folder (DESIGN.md section 3) holds config.toml, metrics.jsonl (rank 0), comm/rank<R>.jsonl
+A run folder (docs/architecture.md section 3) holds config.toml, metrics.jsonl (rank 0), comm/rank<R>.jsonl
 (one record per message or collective per rank), and, from runs of this version on, run.json (n, P,
 k, dense buckets, parameter shapes: what the theoretical volumes need) and comm/summary.json (the
 end-of-run summary's statistics: the kind of every op tag, and totals to check against).
@@ -44,7 +44,7 @@ def is_bookkeeping(op):
 
 
 def infer_kind(op, peer):
-    """The kind of an op tag when comm/summary.json is absent: from the tag's name (DESIGN.md's tags
+    """The kind of an op tag when comm/summary.json is absent: from the tag's name (docs/architecture.md's tags
     start with the collective's name) or, for messages, the peer."""
     if peer >= 0:
         return "p2p"

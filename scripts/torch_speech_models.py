@@ -1,4 +1,4 @@
-"""The speech models of DESIGN.md section 5 in torch.nn, for fixtures and benchmarks.
+"""The speech models of docs/architecture.md section 5 in torch.nn, for fixtures and benchmarks.
 
 Imported by scripts/make_speech_fixtures.py, scripts/make_las_fixtures.py and
 scripts/bench_torch_speech.py (run them with Debian's /usr/bin/python3, which has python3-torch).
@@ -140,7 +140,7 @@ def deepspeech_loss(model, features, frames, labels_list):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Listen, Attend and Spell (models/nets/las.h). The defaults are the an4 configuration of DESIGN.md
+# Listen, Attend and Spell (models/nets/las.h). The defaults are the an4 configuration of docs/architecture.md
 # section 5: 27,468,449 parameters.
 
 class Listener(nn.Module):

@@ -1,4 +1,4 @@
-// Exact checkpoint and resume (DESIGN.md section 3): everything a run needs to continue bit for bit
+// Exact checkpoint and resume (docs/architecture.md section 3): everything a run needs to continue bit for bit
 // as if it had never stopped, written so that a crash at any moment leaves the previous checkpoint
 // usable.
 //

@@ -38,7 +38,7 @@ struct ModelConfig {
   int64_t num_classes = 10;
   double label_smoothing = 0.0;
   bool freeze_batchnorm = false;
-  // Listen-Attend-Spell sizes (the an4 configuration of DESIGN.md section 5) and its training and
+  // Listen-Attend-Spell sizes (the an4 configuration of docs/architecture.md section 5) and its training and
   // decoding choices.
   int64_t las_listener_hidden = 384;
   int64_t las_pyramid_layers = 3;

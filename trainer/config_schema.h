@@ -77,7 +77,7 @@ void visit_config(Cfg& c, Visitor& v) {
         "runs/<experiment.name>.");
 
   v.section("model", "The network to train.");
-  v.key("model.arch", c.model.arch, "Network architecture (layers as in DESIGN.md, section 5).",
+  v.key("model.arch", c.model.arch, "Network architecture (layers as in docs/architecture.md, section 5).",
         kModelArchs);
   v.key("model.num_classes", c.model.num_classes, "Number of output classes.", closed(2, 1e6));
   v.key("model.label_smoothing", c.model.label_smoothing,

@@ -1,6 +1,6 @@
 // `trainer report RUN_DIR [RUN_DIR2 ...]`: checks that the folders are runs, then runs
 // scripts/report.py (Debian's /usr/bin/python3 with numpy and matplotlib), which writes
-// RUN_DIR/report/report.md and its PNG figures from the logs (DESIGN.md section 3).
+// RUN_DIR/report/report.md and its PNG figures from the logs (docs/architecture.md section 3).
 #pragma once
 
 #include <string>

@@ -1,5 +1,5 @@
 // The training loop: data -> forward -> backward -> gradient sync -> optimizer -> metrics, with
-// periodic evaluation and checkpoints. One function, read top to bottom (DESIGN.md section 2).
+// periodic evaluation and checkpoints. One function, read top to bottom (docs/architecture.md section 2).
 #pragma once
 
 #include <stdexcept>

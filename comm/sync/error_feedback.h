@@ -1,4 +1,4 @@
-// Error feedback (BytePS style, DESIGN.md section 4), kept apart from the compressors: a residual
+// Error feedback (BytePS style, docs/architecture.md section 4), kept apart from the compressors: a residual
 // buffer of n floats holding, per entry, everything this rank has not yet contributed to an
 // output. Each compressed step the method forms acc = grad + residual into the residual itself, in
 // its selection pass (accumulate() hands that pass what it needs), exchanges, and then clears the

@@ -15,7 +15,7 @@
 namespace trainer::comm {
 namespace {
 
-// The dense warmup of DESIGN.md section 4, as a decorator around any method: the first
+// The dense warmup of docs/architecture.md section 4, as a decorator around any method: the first
 // `warmup_steps` steps are dense allreduce; from then on the method runs (compression starts from
 // zero residuals: the method has not seen a gradient before its first step).
 class WarmupSync final : public GradientSync {

@@ -1,4 +1,4 @@
-// The gradient-sync stage: the only place a training step talks to the network (DESIGN.md
+// The gradient-sync stage: the only place a training step talks to the network (docs/architecture.md
 // sections 2 and 4). A method is one class behind this small interface, chosen by
 // `[sync] method` and built by make_gradient_sync(); it owns its state (residuals, thresholds,
 // region bounds, PowerSGD factors, counters) and saves and restores it for exact resume.

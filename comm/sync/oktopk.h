@@ -6,7 +6,7 @@
 
 namespace trainer::comm {
 
-// Ok-Top-k (Li & Hoefler, PPoPP 2022, "Near-Optimal Sparse Allreduce"), DESIGN.md section 4. With
+// Ok-Top-k (Li & Hoefler, PPoPP 2022, "Near-Optimal Sparse Allreduce"), docs/architecture.md section 4. With
 // k = ceil(density * n), one compressed step on every rank:
 //   1. local selection: acc = grad + residual (into the residual, in the selection pass); keep
 //      |acc| >= t_local. t_local is the exact k-th largest |acc| every local_threshold_every steps

@@ -135,7 +135,7 @@ int64_t write_sparse_output(float* dst, int64_t n, const std::vector<ListRef>& r
 // k = ceil(density * n), clamped to [1, n] (n >= 1).
 int64_t top_k_count(double density, int64_t n);
 
-// The threshold nudge between exact recomputations (DESIGN.md section 4): a count under 3k/4
+// The threshold nudge between exact recomputations (docs/architecture.md section 4): a count under 3k/4
 // lowers t by the factor 1.012, a count over 5k/4 raises it; the result applies to the next step.
 float nudge_threshold(float t, int64_t count, int64_t k);
 

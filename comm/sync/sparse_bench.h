@@ -1,5 +1,5 @@
 // `trainer bench sync`: the gradient-sync methods on synthetic gradients, and the selection kernel
-// alone (DESIGN.md section 8: benchmarks print measurements and ratios, never pass/fail).
+// alone (docs/architecture.md section 8: benchmarks print measurements and ratios, never pass/fail).
 //
 // Gradients: per rank and step, 0.5 x a normal vector shared by all ranks + a per-rank normal
 // vector (windows of two pre-generated pools at offsets that change every step; filling the
@@ -10,7 +10,7 @@
 // reduce() after a barrier; the table shows the median over the timed steps, for oktopk separately
 // over threshold-reuse steps and exact-recompute steps (either threshold exact), the bytes each
 // rank sent and received per step (the comm log's totals: collectives count this rank's own
-// block, see communicator.h), and the ratio to the method's volume in DESIGN.md section 4.
+// block, see communicator.h), and the ratio to the method's volume in docs/architecture.md section 4.
 // powersgd runs once per rank in powersgd_ranks on the DeepSpeech model's tensor shapes (n must be
 // its 27,569,568), against its volume 4 (sum (n + m) r + dense) bytes; then, when torch_script is
 // set, rank 0 runs it (PyTorch DDP with powerSGD_hook, gloo on CPU, the same shapes, world size

@@ -12,7 +12,7 @@ namespace trainer::comm {
 // sums all P lists locally in rank order; grads = sum / P on every rank. Everything selected is
 // contributed, so the residual keeps acc minus the selected entries.
 // Per rank and step: sends 2k words (its block of each allgather) and receives 2k(P-1) words,
-// the method's volume 2k(P-1) in DESIGN.md section 4 (what a ring allgather forwards).
+// the method's volume 2k(P-1) in docs/architecture.md section 4 (what a ring allgather forwards).
 class TopkA final : public GradientSync {
  public:
   TopkA(Communicator& comm, int64_t n, double density);

@@ -15,7 +15,7 @@
 
 namespace trainer::models {
 
-// The defaults are the model of DESIGN.md section 5 (27,569,568 parameters); smaller values make
+// The defaults are the model of docs/architecture.md section 5 (27,569,568 parameters); smaller values make
 // fast test models of the same structure.
 struct DeepSpeechOptions {
   int64_t feature_dim = 161;  // spectrogram bins

@@ -1,4 +1,4 @@
-// Listen, Attend and Spell (Chan et al. 2016) for character transcription, DESIGN.md section 5.
+// Listen, Attend and Spell (Chan et al. 2016) for character transcription, docs/architecture.md section 5.
 //
 // Listener: the features {N, T, F} as a time-major sequence -> BLSTM(F -> 2 x Hl) -> `pyramid_layers`
 //   times: concatenate each pair of neighbouring frames (T -> T/2, lengths l -> l/2, an odd last
@@ -24,7 +24,7 @@
 // bias_hh), speller.output (nn.Linear). Initialization as PyTorch's defaults (embedding N(0, 1)).
 // scripts/torch_speech_models.py builds the same model in torch.nn.
 //
-// The defaults are the an4 configuration of DESIGN.md: 80 log-mel bins, Hl 384, 3 pyramid layers,
+// The defaults are the an4 configuration of docs/architecture.md: 80 log-mel bins, Hl 384, 3 pyramid layers,
 // A 512, E 256, 2 x 640 speller, 33 classes: 27,468,449 parameters.
 #pragma once
 
