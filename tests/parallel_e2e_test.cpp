@@ -19,8 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/sync/method_names.h"
-#include "data/synthetic_cifar.h"
-#include "models/safetensors.h"
+#include "cifar_runs.h"
 #include "process.h"
 
 namespace fs = std::filesystem;
@@ -33,48 +32,12 @@ namespace {
 
 Outcome run(const std::string& command) { return run_command(command); }
 
-const fs::path& dataset() {
-  static TempDir dir("data");
-  static bool made = false;
-  if (!made) {
-    trainer::data::write_synthetic_cifar10(dir.path.string(), 640, 100, 3);
-    made = true;
-  }
-  return dir.path;
-}
-
-// A small, fast experiment: ResNet-20 at batch 8 per rank on 640 images (40 steps per epoch at P=2).
+// ResNet-20 at batch 8 per rank on 640 images (tests/cifar_runs.h).
 std::string trainer_command(int ranks, const fs::path& out, const std::string& extra) {
-  return std::string(TRAINER_MPIEXEC) + " -n " + std::to_string(ranks) + " " + TRAINER_BINARY + " --config " +
-         TRAINER_SOURCE_DIR + "/configs/quickstart_cifar.toml --set data.root=" + dataset().string() +
-         " --set data.synthesize_if_missing=false --set data.batch_size=8 --set data.eval_batch_size=50" +
-         " --set train.epochs=1 --set train.eval_every_steps=1000 --set train.log_every_steps=5" +
-         " --set runtime.threads=1 --set data.loader_threads=1 --set experiment.output_dir=" + out.string() + " " +
-         extra;
+  return trainer::testing::small_cifar_command(ranks, out, "" + extra);
 }
-
-// Every tensor of every rank's state in a checkpoint folder, by "rank<R>.state/<tensor>".
-std::map<std::string, std::vector<uint8_t>> rank_states(const fs::path& checkpoint, int ranks) {
-  std::map<std::string, std::vector<uint8_t>> all;
-  for (int r = 0; r < ranks; ++r) {
-    const std::string file = "rank" + std::to_string(r) + ".state";
-    const auto st = trainer::models::read_safetensors((checkpoint / file).string());
-    for (const auto& t : st.tensors) all[file + "/" + t.name] = t.bytes;
-  }
-  return all;
-}
-
-void require_identical_states(const fs::path& a, const fs::path& b, int ranks) {
-  const auto x = rank_states(a, ranks), y = rank_states(b, ranks);
-  REQUIRE(x.size() == y.size());
-  for (const auto& [name, bytes] : x) {
-    INFO(name);
-    REQUIRE(y.count(name));
-    // A bool, not the vectors: Catch would print megabytes of bytes on a mismatch.
-    const bool identical = bytes == y.at(name);
-    CHECK(identical);
-  }
-}
+using trainer::testing::rank_states;
+using trainer::testing::require_identical_states;
 
 }  // namespace
 
