@@ -76,19 +76,20 @@ PowerSgd::PowerSgd(Communicator& comm, const std::vector<models::ParamView>& vie
     p_floats_ += m.rows * m.rank;
     q_floats_ += m.cols * m.rank;
     residual_floats_ += m.rows * m.cols;
-    const Matrix* prev = i ? &matrices_[i - 1] : nullptr;
-    if (prev && prev->rows == m.rows && prev->cols == m.cols && prev->rank == m.rank)
-      ++groups_.back().count;
-    else
-      groups_.push_back({static_cast<int64_t>(i), 1});
   }
 }
 
 std::string PowerSgd::describe() const {
   const int p = comm_.size();
+  size_t shape_groups = 0;
+  for (size_t i = 0; i < matrices_.size(); ++i) {
+    const Matrix& m = matrices_[i];
+    const Matrix* prev = i ? &matrices_[i - 1] : nullptr;
+    shape_groups += !(prev && prev->rows == m.rows && prev->cols == m.cols && prev->rank == m.rank);
+  }
   std::ostringstream out;
   out << "powersgd: rank " << rank_ << "; " << matrices_.size() << " tensors compressed as rank-r factors ("
-      << residual_floats_ << " elements -> sum (n + m) r = " << p_floats_ + q_floats_ << " floats, " << groups_.size()
+      << residual_floats_ << " elements -> sum (n + m) r = " << p_floats_ + q_floats_ << " floats, " << shape_groups
       << " shape groups), " << dense_floats_ << " elements of the others sent dense; per step ALLREDUCE_P of "
       << p_floats_ << " floats and ALLREDUCE_Q of " << q_floats_ << " + " << dense_floats_ << " floats: "
       << floats_per_step() * 4 / 1e6 << " MB per rank (dense: " << n_ * 4 / 1e6 << " MB, "
@@ -118,19 +119,15 @@ SyncStats PowerSgd::reduce(SyncBuffers& b, int64_t step) {
   float* q = q_.data();
   // 1. acc = grad + e, kept in the residual buffer.
   for (const Matrix& m : matrices_) add_into(m.rows * m.cols, grads + m.offset, e + m.e_offset);
-  // 2. P = acc Q, Q orthonormalized first (the hook does so with the warm-started Q too), a strided
-  // batch per shape group.
+  // 2. P = acc Q, Q orthonormalized first (the hook does so with the warm-started Q too).
 #pragma omp parallel for schedule(dynamic)
   for (size_t i = 0; i < matrices_.size(); ++i) {
     const Matrix& m = matrices_[i];
     orthonormalize_columns(q + m.q_offset, m.cols, m.rank);
   }
-  for (const Group& g : groups_)
-    for (int64_t i = g.first; i < g.first + g.count; ++i) {
-      const Matrix& m = matrices_[i];
-      backend_.gemm(false, false, m.rows, m.rank, m.cols, 1.f, e + m.e_offset, m.cols, q + m.q_offset, m.rank, 0.f,
-                    p + m.p_offset, m.rank);
-    }
+  for (const Matrix& m : matrices_)
+    backend_.gemm(false, false, m.rows, m.rank, m.cols, 1.f, e + m.e_offset, m.cols, q + m.q_offset, m.rank, 0.f,
+                  p + m.p_offset, m.rank);
   // 3. Every P in one allreduce.
   if (p_floats_ > 0) comm_.allreduce(p, p_floats_, DType::kF32, ReduceOp::kSum, "ALLREDUCE_P");
   // 4. Orthonormal columns (the sum's scale does not matter).
@@ -140,12 +137,9 @@ SyncStats PowerSgd::reduce(SyncBuffers& b, int64_t step) {
     orthonormalize_columns(p + m.p_offset, m.rows, m.rank);
   }
   // 5. Q = acc^T P.
-  for (const Group& g : groups_)
-    for (int64_t i = g.first; i < g.first + g.count; ++i) {
-      const Matrix& m = matrices_[i];
-      backend_.gemm(true, false, m.cols, m.rank, m.rows, 1.f, e + m.e_offset, m.cols, p + m.p_offset, m.rank, 0.f,
-                    q + m.q_offset, m.rank);
-    }
+  for (const Matrix& m : matrices_)
+    backend_.gemm(true, false, m.cols, m.rank, m.rows, 1.f, e + m.e_offset, m.cols, p + m.p_offset, m.rank, 0.f,
+                  q + m.q_offset, m.rank);
   // 6. Every Q and the dense tensors in one allreduce, averaged.
   float* dense = q + q_floats_;
   for (const Range& r : dense_) {
@@ -156,12 +150,9 @@ SyncStats PowerSgd::reduce(SyncBuffers& b, int64_t step) {
   if (total > 0) comm_.allreduce(q, total, DType::kF32, ReduceOp::kSum, "ALLREDUCE_Q");
   scale(total, 1.f / static_cast<float>(comm_.size()), q);
   // 7. grads = P Q^T (the averaged approximation), e = acc - P Q^T; dense tensors get their average.
-  for (const Group& g : groups_)
-    for (int64_t i = g.first; i < g.first + g.count; ++i) {
-      const Matrix& m = matrices_[i];
-      backend_.gemm(false, true, m.rows, m.cols, m.rank, 1.f, p + m.p_offset, m.rank, q + m.q_offset, m.rank, 0.f,
-                    grads + m.offset, m.cols);
-    }
+  for (const Matrix& m : matrices_)
+    backend_.gemm(false, true, m.rows, m.cols, m.rank, 1.f, p + m.p_offset, m.rank, q + m.q_offset, m.rank, 0.f,
+                  grads + m.offset, m.cols);
   for (const Matrix& m : matrices_) subtract_from(m.rows * m.cols, grads + m.offset, e + m.e_offset);
   dense = q + q_floats_;
   for (const Range& r : dense_) {

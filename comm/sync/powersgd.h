@@ -50,9 +50,6 @@ class PowerSgd final : public GradientSync {
     int64_t p_offset = 0, q_offset = 0, e_offset = 0;  // into p_, q_, residual_
   };
   // Consecutive matrices of one shape: strides rows*rank (P), cols*rank (Q), rows*cols (residual).
-  struct Group {
-    int64_t first = 0, count = 0;
-  };
   struct Range {
     int64_t offset = 0, count = 0;
   };
@@ -70,8 +67,9 @@ class PowerSgd final : public GradientSync {
   models::Backend& backend_;
   int64_t n_, rank_;
   uint64_t seed_;
-  std::vector<Matrix> matrices_;  // grouped by shape
-  std::vector<Group> groups_;
+  // Sorted by shape, so each run of equal shapes has equal strides in P, Q and the residual: one
+  // strided batched GEMM for a device backend (one gemm per matrix on the CPU today).
+  std::vector<Matrix> matrices_;
   std::vector<Range> dense_;       // the uncompressed tensors, adjacent ones merged
   int64_t p_floats_ = 0, q_floats_ = 0, dense_floats_ = 0, residual_floats_ = 0;
   bool started_ = false;
