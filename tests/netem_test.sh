@@ -8,7 +8,7 @@ src="$1" trainer="$2"
 skip() { echo "SKIP: $*"; exit 77; }
 [[ $(id -u) -eq 0 ]] || skip "needs root for network namespaces"
 command -v ip >/dev/null && command -v tc >/dev/null || skip "iproute2 (ip, tc) not installed"
-probe="netemprobe$$"
+probe="nep$$"  # interface names hold at most 15 characters
 ip netns add "$probe" 2>/dev/null || skip "ip netns add fails here (no network namespaces)"
 ip netns del "$probe"
 ip link add "${probe}a" type veth peer name "${probe}b" 2>/dev/null || skip "no veth pairs here"
