@@ -363,3 +363,28 @@ def summary_mismatches(run, ops):
             if got != o[key]:
                 out.append((o["op"], key, got, o[key]))
     return out
+
+
+# Link bandwidths of the scalability view (`trainer whatif` units), 100 Mbit/s to 100 Gbit/s.
+SCALING_BANDWIDTHS = ("100mbit", "250mbit", "500mbit", "1gbit", "2.5gbit", "5gbit", "10gbit", "25gbit", "40gbit",
+                      "100gbit")
+
+
+def scaling(run, trainer, latency, bandwidths=SCALING_BANDWIDTHS):
+    """The what-if model's prediction for this run at its own rank count on each bandwidth: one dict per
+    bandwidth, {"bandwidth": text, "bits_per_s": float, "phases": {phase: {step_ms, efficiency, comm_ms,
+    wait_ms, compute_ms, comm_share}}}, from `trainer whatif RUN --json` (the model lives there, in C++:
+    comm/network_model.h, trainer/whatif.h). Raises RunError with whatif's own message when it fails."""
+    import subprocess
+    out = []
+    for bw in bandwidths:
+        done = subprocess.run([trainer, "whatif", run.folder, "--bandwidth", bw, "--latency", latency, "--json"],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            lines = (done.stderr or done.stdout).strip().splitlines()
+            raise RunError(f"trainer whatif {run.folder}: " + (lines[-1] if lines else f"exit status {done.returncode}"))
+        result = json.loads(done.stdout)
+        out.append({"bandwidth": bw, "bits_per_s": 8 * result["bandwidth_bytes_per_s"],
+                    "latency_s": result["latency_s"], "ranks": result["ranks"],
+                    "phases": {p["phase"]: p for p in result["phases"]}})
+    return out

@@ -134,6 +134,31 @@ class ReportChecks:
         return text, run
 
 
+    def check_scaling(self, folder, out, binary, latency="50us"):
+        """The scalability view: each cell is `trainer whatif --json` at that bandwidth; more bandwidth
+        never predicts a slower step or a lower E(P); the figure is written."""
+        with open(os.path.join(out, "report.md")) as f:
+            text = f.read()
+        header, rows = markdown_table(text, "## Scalability against bandwidth")
+        self.assertEqual([row[0] for row in rows], list(ra.SCALING_BANDWIDTHS))
+        phases = [h.rsplit(" ", 1)[1] for h in header[1:]]
+        self.assertIn("dense", phases)
+        for row in rows:
+            done = subprocess.run([binary, "whatif", folder, "--bandwidth", row[0], "--latency", latency, "--json"],
+                                  capture_output=True, text=True, check=True)
+            want = {p["phase"]: p for p in json.loads(done.stdout)["phases"]}
+            for phase, cell in zip(phases, row[1:]):
+                self.assertEqual(cell, f"{want[phase]['step_ms']:.1f} / {want[phase]['efficiency']:.3f}", row[0])
+        for i, phase in enumerate(phases):
+            step = [float(row[1 + i].split(" / ")[0]) for row in rows]
+            eff = [float(row[1 + i].split(" / ")[1]) for row in rows]
+            self.assertEqual(step, sorted(step, reverse=True), phase)
+            self.assertEqual(eff, sorted(eff), phase)
+            self.assertLess(eff[0], eff[-1], phase)  # 100 Mbit/s costs this run something
+        self.assertGreater(os.path.getsize(os.path.join(out, "scaling.png")), 1000)
+        return text
+
+
 class FixtureTest(unittest.TestCase, ReportChecks):
     def test_tables_equal_sums_over_records(self):
         with tempfile.TemporaryDirectory() as out:
@@ -144,6 +169,7 @@ class FixtureTest(unittest.TestCase, ReportChecks):
         self.assertIn("| ALLGATHERV_FINAL | 8 | 8 | yes |", text)
         self.assertIn("| ALLREDUCE_REGION | 4 | 4 | yes |", text)
         self.assertIn("Not recorded", text)  # no wait field in this log version
+        self.assertIn("Not computed: the model is `trainer whatif`", text)  # no --trainer given
 
     def test_dense_volume_matches_formula(self):
         run = ra.Run(FIXTURE)
@@ -188,6 +214,17 @@ class FixtureTest(unittest.TestCase, ReportChecks):
 
 
 @unittest.skipUnless(os.environ.get("TRAINER_BINARY"), "TRAINER_BINARY not set")
+class FixtureScalingTest(unittest.TestCase, ReportChecks):
+    def test_scaling_view_is_the_whatif_model(self):
+        binary = os.environ["TRAINER_BINARY"]
+        with tempfile.TemporaryDirectory() as out:
+            self.assertEqual(report.main([FIXTURE, "--out", out, "--trainer", binary, "--latency", "20us"]), 0)
+            text = self.check_scaling(FIXTURE, out, binary, "20us")
+        self.assertIn("report_run dense", text)
+        self.assertIn("report_run compressed", text)
+
+
+@unittest.skipUnless(os.environ.get("TRAINER_BINARY"), "TRAINER_BINARY not set")
 class FreshRunTest(unittest.TestCase, ReportChecks):
     def test_fresh_two_rank_run(self):
         binary = os.environ["TRAINER_BINARY"]
@@ -210,6 +247,10 @@ class FreshRunTest(unittest.TestCase, ReportChecks):
             out = os.path.join(run_dir, "report")
             self.assertIn(os.path.join(out, "report.md"), done.stdout)
             self.check_report(run_dir, out)
+            self.check_scaling(run_dir, out, binary)
+            bad = subprocess.run([binary, "report", run_dir, "--latency", "5 parsecs"], capture_output=True, text=True)
+            self.assertNotEqual(bad.returncode, 0)
+            self.assertIn("latency '5 parsecs'", bad.stderr)
             # A folder that is not a run: one line naming the missing file, non-zero exit.
             os.remove(os.path.join(run_dir, "metrics.jsonl"))
             bad = subprocess.run([binary, "report", run_dir], capture_output=True, text=True)

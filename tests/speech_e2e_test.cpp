@@ -64,6 +64,25 @@ TEST_CASE("The an4 LAS configs have 27,468,449 parameters, 109,873,796 bytes of 
   }
 }
 
+TEST_CASE("The seed's DeepSpeech configs: 27,569,568 parameters, and the small variant's 2,925,856", "[e2e][speech]") {
+  for (const char* config : {"repro/an4_oktopk_seed.toml", "repro/an4_dense_seed.toml"}) {
+    const std::string command = std::string(TRAINER_BINARY) + " --config " + TRAINER_SOURCE_DIR + "/configs/" + config;
+    const Outcome paper = run_command(command + " --dry-run");
+    INFO(paper.output);
+    CHECK(paper.exit_code == 0);
+    CHECK_THAT(paper.output, Contains("27569568 parameters") && Contains("110278272 bytes"));
+    // scripts/reproduce_seed's small variant, counted by hand: convolutions 14,464 + 236,576 and their
+    // batch norms 2 x 64; LSTM(1312 -> 256) 4*256*(1312+256) + 2*4*256 = 1,607,680, two LSTM(256 -> 256)
+    // of 526,336 with sequence-wise batch norms of 512; lookahead 256 x 21; batch norm 512; Linear
+    // 256 x 29 = 7,424.
+    const Outcome small = run_command(command + " --set model.deepspeech_hidden=256 --set "
+                                      "model.deepspeech_rnn_layers=3 --dry-run");
+    INFO(small.output);
+    CHECK(small.exit_code == 0);
+    CHECK_THAT(small.output, Contains("2925856 parameters") && Contains("11703424 bytes"));
+  }
+}
+
 TEST_CASE("LAS with Ok-Top-k and sampled teacher forcing resumes bit for bit", "[e2e][speech][resume]") {
   const std::string args = "--set data.root=" + corpus(40, 10) +
                            " --set model.teacher_forcing=0.7 --set data.batch_size=4 --set train.max_steps=12"

@@ -40,6 +40,9 @@ struct ModelConfig {
   bool freeze_batchnorm = false;
   // Listen-Attend-Spell sizes (the an4 configuration of docs/architecture.md section 5) and its training and
   // decoding choices.
+  int64_t deepspeech_conv_channels = 32;
+  int64_t deepspeech_hidden = 800;
+  int64_t deepspeech_rnn_layers = 5;
   int64_t las_listener_hidden = 384;
   int64_t las_pyramid_layers = 3;
   int64_t las_attention_dim = 512;

@@ -88,6 +88,13 @@ void visit_config(Cfg& c, Visitor& v) {
   v.key("model.freeze_batchnorm", c.model.freeze_batchnorm,
         "Train every BatchNorm with its running statistics, left unchanged (frozen BN, as for "
         "fine-tuning); a batch's gradient is then the mean of its samples' gradients.");
+  // The defaults are the Ok-Top-k paper's DeepSpeech (27.6M parameters); smaller values keep its
+  // structure for runs that must fit a small machine (configs/repro's small variant).
+  v.key("model.deepspeech_conv_channels", c.model.deepspeech_conv_channels,
+        "deepspeech: channels of both convolutions.", closed(1, 1024));
+  v.key("model.deepspeech_hidden", c.model.deepspeech_hidden, "deepspeech: LSTM width (and lookahead, final layer input).",
+        closed(1, 16384));
+  v.key("model.deepspeech_rnn_layers", c.model.deepspeech_rnn_layers, "deepspeech: LSTM layers.", closed(1, 16));
   v.key("model.las_listener_hidden", c.model.las_listener_hidden,
         "las: BLSTM width per direction of the listener.", at_least(1));
   v.key("model.las_pyramid_layers", c.model.las_pyramid_layers,

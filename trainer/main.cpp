@@ -5,7 +5,7 @@
 //   trainer bench [--model resnet20|...|deepspeech|las] [--batch N] [--threads N] [--no-torch]
 //   mpiexec -n P trainer bench comm [--n N]     (Communicator + log overhead vs bare MPI_Allreduce)
 //   mpiexec -n P trainer bench sync [--n N]     (every sync method on synthetic gradients)
-//   trainer report RUN_DIR [RUN_DIR2 ...] [--out DIR]   (RUN_DIR/report/report.md and figures)
+//   trainer report RUN_DIR [RUN_DIR2 ...] [--out DIR] [--latency L]   (RUN_DIR/report/report.md and figures)
 //   trainer whatif RUN_DIR --bandwidth 1gbit --latency 0.1ms [--ranks P]   (step time on another network)
 //   trainer --config-reference          (the documentation of every config key, as Markdown)
 #include <CLI/CLI.hpp>
@@ -93,6 +93,8 @@ int main(int argc, char** argv) {
       ->required();
   report->add_option("--out", ro.out, "Report folder (default: RUN_DIR/report)");
   report->add_flag("--seed-check", ro.seed_check, "Check the published AN4 Ok-Top-k analyses' counts");
+  report->add_option("--latency", ro.latency,
+                     "Per-message latency of the scalability view (E(P) against bandwidth, trainer whatif; default 50us)");
   auto* whatif = app.add_subcommand("whatif", "Predict a finished run's step time on another network and rank count");
   std::string whatif_dir, whatif_bandwidth, whatif_latency = "0";
   int whatif_ranks = 0;

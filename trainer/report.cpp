@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "comm/network_model.h"
+
 extern char** environ;
 
 namespace trainer::app {
@@ -28,12 +30,18 @@ void check_run_folder(const std::string& folder) {
   }
 }
 
-}  // namespace
-
-std::string report_script(const std::string& argv0) {
+// This executable, for the script's calls of `trainer whatif`.
+fs::path self_path(const std::string& argv0) {
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (ec) exe = fs::absolute(argv0, ec);
+  return exe;
+}
+
+}  // namespace
+
+std::string report_script(const std::string& argv0) {
+  const fs::path exe = self_path(argv0);
   const fs::path beside = exe.parent_path().parent_path() / "scripts" / "report.py";
   if (fs::is_regular_file(beside)) return beside.string();
   const fs::path source = fs::path(TRAINER_SOURCE_DIR) / "scripts" / "report.py";
@@ -44,6 +52,7 @@ std::string report_script(const std::string& argv0) {
 
 int run_report(const ReportOptions& options, const std::string& argv0) {
   if (options.runs.empty()) throw std::runtime_error("trainer report: give at least one run folder");
+  comm::parse_latency(options.latency);  // a bad --latency is one clear error here, not in the script
   for (const std::string& folder : options.runs) check_run_folder(folder);
   if (access(kPython, X_OK) != 0)
     throw std::runtime_error(std::string(kPython) + " not found (scripts/install_deps.sh installs it)");
@@ -51,6 +60,7 @@ int run_report(const ReportOptions& options, const std::string& argv0) {
   args.insert(args.end(), options.runs.begin(), options.runs.end());
   if (!options.out.empty()) args.insert(args.end(), {"--out", options.out});
   if (options.seed_check) args.emplace_back("--seed-check");
+  args.insert(args.end(), {"--trainer", self_path(argv0).string(), "--latency", options.latency});
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

@@ -1,6 +1,8 @@
 // `trainer report RUN_DIR [RUN_DIR2 ...]`: checks that the folders are runs, then runs
 // scripts/report.py (Debian's /usr/bin/python3 with numpy and matplotlib), which writes
-// RUN_DIR/report/report.md and its PNG figures from the logs (docs/architecture.md section 3).
+// RUN_DIR/report/report.md and its PNG figures from the logs (docs/architecture.md section 3). The
+// script calls this binary's `trainer whatif --json` for the scalability view (E(P) against bandwidth),
+// so the model has one implementation.
 #pragma once
 
 #include <string>
@@ -12,6 +14,7 @@ struct ReportOptions {
   std::vector<std::string> runs;  // the first is reported in full, the others compared with it
   std::string out;                // report folder; empty: <first run>/report
   bool seed_check = false;        // add the check of the published AN4 Ok-Top-k counts
+  std::string latency = "50us";   // per-message latency of the scalability view (`trainer whatif`)
 };
 
 // The report script: scripts/report.py beside the executable's build folder (build/trainer ->

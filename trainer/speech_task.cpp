@@ -49,6 +49,9 @@ std::unique_ptr<models::SpeechModel> SpeechTask::build_model(const Config& c) {
   if (c.model.arch == "deepspeech") {
     models::DeepSpeechOptions o;
     o.feature_dim = feature_dim;
+    o.conv_channels = c.model.deepspeech_conv_channels;
+    o.hidden = c.model.deepspeech_hidden;
+    o.rnn_layers = c.model.deepspeech_rnn_layers;
     return models::make_deepspeech(models::cpu_backend(), o, seed);
   }
   return models::make_speech_model(c.model.arch, models::cpu_backend(), seed);  // names the known ones
