@@ -229,18 +229,23 @@ def section_distributions(run, ops, figs):
                   + "\n\n" + figs.save(fig, "region_balance.png") + "\n")
         md.append(table(["rank"] + [str(r) for r in ranks],
                         [["recv MB, all sync"] + [mb(b) for b in total], ["recv MB, p2p"] + [mb(b) for b in p2p]]))
-    wait = ra.straggler_wait(run)
+    split = ra.wait_split(run)
     md.append("\n### Straggler wait\n\n")
-    if wait is None:
+    if split is None:
         md.append("Not recorded: this run's comm log has no per-collective wait field "
                   f"({' or '.join(ra.WAIT_FIELDS)}).\n")
     else:
-        field, per_rank, per_op = wait
-        md.append(f"From the records' `{field}` (microseconds a rank waited for the last rank to arrive), summed:\n\n")
+        field, per_rank, per_op = split
+        ms = lambda us: f"{us / 1e3:.3f}"  # noqa: E731
+        md.append(f"Collectives' time split by the records' `{field}`: wait, until the last rank entered the call "
+                  "(skew: another rank was still computing), and transfer, the rest of the call; summed over the "
+                  "calls:\n\n")
         md.append(table(["rank"] + [str(r) for r in range(run.world)],
-                        [["wait ms"] + [f"{w / 1e3:.3f}" for w in per_rank]]))
-        md.append("\n" + table(["op", "wait ms (all ranks)"],
-                               [[op, f"{w / 1e3:.3f}"] for op, w in sorted(per_op.items(), key=lambda x: -x[1])]))
+                        [["wait ms"] + [ms(w) for _, w in per_rank],
+                         ["transfer ms"] + [ms(t - w) for t, w in per_rank]]))
+        md.append("\n" + table(["op", "time ms (all ranks)", "wait ms", "transfer ms", "wait %"],
+                               [[op, ms(t), ms(w), ms(t - w), f"{100 * w / t:.1f}" if t else "-"]
+                                for op, (t, w) in sorted(per_op.items(), key=lambda x: -x[1][1])]))
     return "".join(md)
 
 

@@ -324,20 +324,24 @@ def region_balance(run):
     return total, p2p
 
 
-def straggler_wait(run):
-    """(field, per rank total microseconds, per op total) when the log records a wait, else None."""
+def wait_split(run):
+    """(field, per rank [time_us, wait_us], per op {op: [time_us, wait_us]}) over the records that carry
+    a wait (the collectives), else None. Transfer = time - wait: the part of a call after the last rank
+    entered it."""
     field = next((f for f in WAIT_FIELDS if any(f in r for r in run.records)), None)
     if field is None:
         return None
-    per_rank = [0.0] * run.world
-    per_op = defaultdict(float)
+    per_rank = [[0.0, 0.0] for _ in range(run.world)]
+    per_op = defaultdict(lambda: [0.0, 0.0])
     for rec in run.records:
         if field not in rec:
             continue
         wait = rec[field] - rec["t_start_us"] if field == "t_last_enter_us" else rec[field]
         wait = max(wait, 0)
-        per_rank[rec["rank"]] += wait
-        per_op[rec["op"]] += wait
+        time = rec["t_end_us"] - rec["t_start_us"]
+        for cell in (per_rank[rec["rank"]], per_op[rec["op"]]):
+            cell[0] += time
+            cell[1] += wait
     return field, per_rank, dict(per_op)
 
 

@@ -134,6 +134,27 @@ class ReportChecks:
         return text, run
 
 
+    def check_wait_split(self, folder, text):
+        """The straggler tables: wait and transfer (time - wait) per rank and per op equal the sums over
+        the records that carry wait_us."""
+        recs = [r for r in records(folder) if "wait_us" in r]
+        self.assertTrue(recs)
+        header, rows = markdown_table(text, "### Straggler wait")
+        by_row = {row[0]: row[1:] for row in rows}
+        for rank in range(len(header) - 1):
+            mine = [r for r in recs if r["rank"] == rank]
+            wait = sum(r["wait_us"] for r in mine)
+            time = sum(r["t_end_us"] - r["t_start_us"] for r in mine)
+            self.assertEqual(by_row["wait ms"][rank], f"{wait / 1e3:.3f}")
+            self.assertEqual(by_row["transfer ms"][rank], f"{(time - wait) / 1e3:.3f}")
+        header, rows = markdown_table(text, "| op | time ms (all ranks)")
+        self.assertEqual({row[0] for row in rows}, {r["op"] for r in recs})
+        for row in rows:
+            mine = [r for r in recs if r["op"] == row[0]]
+            wait = sum(r["wait_us"] for r in mine)
+            time = sum(r["t_end_us"] - r["t_start_us"] for r in mine)
+            self.assertEqual(row[1:4], [f"{time / 1e3:.3f}", f"{wait / 1e3:.3f}", f"{(time - wait) / 1e3:.3f}"])
+
     def check_scaling(self, folder, out, binary, latency="50us"):
         """The scalability view: each cell is `trainer whatif --json` at that bandwidth; more bandwidth
         never predicts a slower step or a lower E(P); the figure is written."""
@@ -191,9 +212,14 @@ class FixtureTest(unittest.TestCase, ReportChecks):
                         rec["wait_us"] = 10 * (r + 1)
                         f.write(json.dumps(rec) + "\n")
             run = ra.Run(folder)
-            field, per_rank, _ = ra.straggler_wait(run)
+            field, per_rank, _ = ra.wait_split(run)
             self.assertEqual(field, "wait_us")
-            self.assertEqual(per_rank, [10 * len(records(FIXTURE)) / 2, 20 * len(records(FIXTURE)) / 2])
+            self.assertEqual([wait for _, wait in per_rank], [10 * len(records(FIXTURE)) / 2, 20 * len(records(FIXTURE)) / 2])
+            with tempfile.TemporaryDirectory() as out:
+                self.assertEqual(report.main([folder, "--out", out]), 0)
+                with open(os.path.join(out, "report.md")) as f:
+                    text = f.read()
+            self.check_wait_split(folder, text)
 
     def test_missing_rank_file_is_one_clear_error(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -248,6 +274,8 @@ class FreshRunTest(unittest.TestCase, ReportChecks):
             self.assertIn(os.path.join(out, "report.md"), done.stdout)
             self.check_report(run_dir, out)
             self.check_scaling(run_dir, out, binary)
+            with open(os.path.join(out, "report.md")) as f:
+                self.check_wait_split(run_dir, f.read())
             bad = subprocess.run([binary, "report", run_dir, "--latency", "5 parsecs"], capture_output=True, text=True)
             self.assertNotEqual(bad.returncode, 0)
             self.assertIn("latency '5 parsecs'", bad.stderr)
