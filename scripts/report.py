@@ -316,7 +316,7 @@ def section_scaling(runs, trainer, latency, figs):
             continue
         for phase in ra.PHASES:
             if phase in points[0]["phases"]:
-                series.append((f"{run.name} {phase}", phase, points))
+                series.append((f"{run.name}: {phase}", phase, points))
     if not series:
         return "".join(md) + " ".join(notes) + "\n"
     md.append(f"`trainer whatif RUN --bandwidth B --latency {latency}` at each run's own rank count: the alpha-beta model "

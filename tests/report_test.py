@@ -246,8 +246,8 @@ class FixtureScalingTest(unittest.TestCase, ReportChecks):
         with tempfile.TemporaryDirectory() as out:
             self.assertEqual(report.main([FIXTURE, "--out", out, "--trainer", binary, "--latency", "20us"]), 0)
             text = self.check_scaling(FIXTURE, out, binary, "20us")
-        self.assertIn("report_run dense", text)
-        self.assertIn("report_run compressed", text)
+        self.assertIn("report_run: dense", text)
+        self.assertIn("report_run: compressed", text)
 
 
 @unittest.skipUnless(os.environ.get("TRAINER_BINARY"), "TRAINER_BINARY not set")
