@@ -103,7 +103,8 @@ SyncStats PowerSgd::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& 
   float* p = p_.data();
   float* q = q_.data();
   // 1. acc = grad + e per compressed matrix, formed by error feedback in its residual (the
-  // gradient's layout: e + offset); an empty first range gives the buffer's start.
+  // gradient's layout: e + offset). The empty first range gives the buffer's start and forms acc
+  // even when no tensor is compressed.
   float* e = ef.materialize(0, 0);
   for (const Matrix& m : matrices_) ef.materialize(m.offset, m.rows * m.cols);
   // 2. P = acc Q, Q orthonormalized first (the hook does so with the warm-started Q too).
