@@ -12,12 +12,11 @@
 namespace trainer::comm {
 
 float* ErrorFeedback::storage() {
-  if (!residual_) {
-    residual_.reset(new float[n_]);
-    std::memset(residual_.get(), 0, n_ * sizeof(float));
+  if (residual_.empty()) {
+    residual_.assign(n_, 0.f);
     pending_.assign((n_ + 15) / 16, 0);
   }
-  return residual_.get();
+  return residual_.data();
 }
 
 float* ErrorFeedback::residual() {
@@ -55,10 +54,10 @@ uint16_t* ErrorFeedback::clear_flags() {
 
 void ErrorFeedback::save(std::ostream& out) const {
   write_pod(out, n_);
-  write_pod(out, static_cast<uint8_t>(residual_ != nullptr));
-  if (!residual_) return;
+  write_pod(out, static_cast<uint8_t>(!residual_.empty()));
+  if (residual_.empty()) return;
   if (!has_pending_) {
-    out.write(reinterpret_cast<const char*>(residual_.get()), static_cast<std::streamsize>(n_ * sizeof(float)));
+    out.write(reinterpret_cast<const char*>(residual_.data()), static_cast<std::streamsize>(n_ * sizeof(float)));
     return;
   }
   // Pending clears applied on the way out, a chunk at a time (save is const).
@@ -66,7 +65,7 @@ void ErrorFeedback::save(std::ostream& out) const {
   std::vector<float> chunk(std::min(n_, kChunk));
   for (int64_t begin = 0; begin < n_; begin += kChunk) {
     const int64_t count = std::min(kChunk, n_ - begin);
-    std::memcpy(chunk.data(), residual_.get() + begin, count * sizeof(float));
+    std::memcpy(chunk.data(), residual_.data() + begin, count * sizeof(float));
     for (int64_t i = 0; i < count; ++i)
       if (pending_[(begin + i) >> 4] >> ((begin + i) & 15) & 1u) chunk[i] = 0.f;
     out.write(reinterpret_cast<const char*>(chunk.data()), static_cast<std::streamsize>(count * sizeof(float)));
@@ -81,17 +80,64 @@ void ErrorFeedback::load(std::istream& in, const char* what) {
     throw std::runtime_error(std::string(what) + " state holds a residual of " + std::to_string(n) +
                              " entries, this model has " + std::to_string(n_));
   if (!present) {
-    residual_.reset();
+    residual_.clear();
+    residual_.shrink_to_fit();
     pending_.clear();
     has_pending_ = false;
     return;
   }
-  std::unique_ptr<float[]> r(new float[n_]);
-  in.read(reinterpret_cast<char*>(r.get()), static_cast<std::streamsize>(n_ * sizeof(float)));
+  std::vector<float> r(n_);
+  in.read(reinterpret_cast<char*>(r.data()), static_cast<std::streamsize>(n_ * sizeof(float)));
   if (!in) throw std::runtime_error(std::string(what) + " state: residual truncated");
   residual_ = std::move(r);
   pending_.assign((n_ + 15) / 16, 0);
   has_pending_ = false;
+}
+
+void ErrorFeedback::Step::require_formed(const char* call) const {
+  if (state_ == State::kFresh)
+    throw std::logic_error(std::string("error feedback: ") + call + " before acc = grad + residual was formed");
+}
+
+SelectSource ErrorFeedback::Step::fused() {
+  if (state_ != State::kFresh) throw std::logic_error("error feedback: acc = grad + residual formed twice in a step");
+  state_ = State::kWhole;
+  return ef_.accumulate(grad_);
+}
+
+float* ErrorFeedback::Step::in_place() {
+  if (state_ != State::kFresh) throw std::logic_error("error feedback: acc = grad + residual formed twice in a step");
+  state_ = State::kWhole;
+  return ef_.residual();
+}
+
+float* ErrorFeedback::Step::materialize(int64_t at, int64_t count) {
+  if (state_ == State::kWhole) throw std::logic_error("error feedback: acc = grad + residual formed twice in a step");
+  if (at < 0 || count < 0 || at + count > ef_.size()) throw std::logic_error("error feedback: range outside the gradient");
+  state_ = State::kRanges;
+  float* acc = ef_.residual() + at;
+  const float* grad = grad_ + at;
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < count; ++i) acc[i] += grad[i];
+  return acc;
+}
+
+void ErrorFeedback::Step::sent(const int32_t* index, int64_t count) {
+  require_formed("sent()");
+  ef_.clear(index, count);
+}
+
+uint16_t* ErrorFeedback::Step::sent_flags() {
+  require_formed("sent_flags()");
+  return ef_.clear_flags();
+}
+
+void ErrorFeedback::Step::sent_approximately(int64_t at, const float* approx, int64_t count) {
+  require_formed("sent_approximately()");
+  if (at < 0 || count < 0 || at + count > ef_.size()) throw std::logic_error("error feedback: range outside the gradient");
+  float* e = ef_.residual() + at;
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < count; ++i) e[i] -= approx[i];
 }
 
 }  // namespace trainer::comm

@@ -1,21 +1,24 @@
-// Error feedback (BytePS style, docs/architecture.md section 4), kept apart from the compressors: a residual
-// buffer of n floats holding, per entry, everything this rank has not yet contributed to an
-// output. Each compressed step the method forms acc = grad + residual into the residual itself, in
-// its selection pass (accumulate() hands that pass what it needs), exchanges, and then clears the
-// entries it contributed, which leaves residual = acc - contributed.
+// Error feedback's residual (docs/architecture.md section 4), and the one way a compressor touches
+// it during a step (ErrorFeedback::Step). Every compressing method (error_feedback_sync.h) keeps, per
+// rank and per gradient entry, what it has not yet contributed to an output, BytePS style:
+//   acc = grad + residual;  c = compress(acc);  residual = acc - decompress(c)
+// where decompress(c) is, per entry, what this rank counts as sent: acc itself for an entry a
+// sparse method contributed whole (residual 0), an approximation for a dense compressor
+// (PowerSGD: residual = acc - P Q^T), nothing for an entry not sent (residual = acc).
 //
+// acc is formed in the residual buffer itself, and where a compressor streams the gradient anyway
+// (the sparse selection pass) inside that pass, so error feedback costs no pass of its own.
 // Clears are deferred: they only set a bit per entry (a 3.4 MB bitmap for the paper's 27.5M
 // entries, cache-friendly), and the next selection pass applies them while it streams through the
-// residual anyway, instead of scattered writes into the 110 MB residual now. residual() and save()
-// apply pending clears first, so everyone outside the pass sees the true residual.
+// residual anyway, instead of scattered writes into the 110 MB residual now. residual(), values()
+// and save() see the true residual (pending clears applied).
 //
 // The buffer is allocated (zero) on first use, so the dense warmup holds no residual and
-// compression starts from zeros. Saved as a count and the raw n floats in one stream write.
+// compression starts from zeros. Saved as a count, a presence byte and the raw n floats.
 #pragma once
 
 #include <cstdint>
 #include <iosfwd>
-#include <memory>
 #include <vector>
 
 #include "comm/sync/select.h"
@@ -26,9 +29,12 @@ class ErrorFeedback {
  public:
   explicit ErrorFeedback(int64_t n) : n_(n) {}
   int64_t size() const { return n_; }
-  bool allocated() const { return residual_ != nullptr; }
+  bool allocated() const { return !residual_.empty(); }
   // The residual, pending clears applied (zero-filled on the first call).
   float* residual();
+  // The residual as it is stored (empty before the first use), for readers that know no clears are
+  // pending (a dense compressor never defers any).
+  const std::vector<float>& values() const { return residual_; }
   // For a selection pass forming acc = grad + residual (select.h's SelectSource): the pass applies
   // and resets the pending clears, so call this right before the pass.
   SelectSource accumulate(const float* grad);
@@ -42,11 +48,48 @@ class ErrorFeedback {
   // Throws std::runtime_error (prefixed with `what`) when the saved size differs or data is short.
   void load(std::istream& in, const char* what);
 
+  // One compressed step's access to the residual, in the order error feedback needs, for one
+  // compressor (ErrorFeedbackSync builds it around the step's gradient and checks the order):
+  // first acc = grad + residual is formed, once, in one of three ways
+  //   fused()               a select.h source: the compressor's selection pass forms acc into the
+  //                         residual while it selects (sparse compressors; no pass of its own)
+  //   in_place()            the residual buffer, clears applied, for the compressor's own fused
+  //                         pass that writes acc = grad + residual into it (GaussianK's moments)
+  //   materialize(at, count)  acc formed now over [at, at + count) and returned (dense
+  //                         compressors; one call per range, any number of ranges)
+  // then what this rank contributed is reported (any number of reports, any mix)
+  //   sent(index, count)    those entries went out whole: residual 0 there (deferred clears)
+  //   sent_flags()          the same as flags a pass sets (write_sparse_output's `clear`)
+  //   sent_approximately(at, approx, count)  [at, at + count) went out as approx:
+  //                         residual = acc - approx
+  // Entries not reported keep acc. Entries never formed keep their residual: a compressor may send
+  // some entries exactly without forming acc (PowerSGD's dense tensors), their residual stays 0.
+  // Calls out of this order throw std::logic_error.
+  class Step {
+   public:
+    Step(ErrorFeedback& ef, const float* grad) : ef_(ef), grad_(grad) {}
+    SelectSource fused();
+    float* in_place();
+    float* materialize(int64_t at, int64_t count);
+    void sent(const int32_t* index, int64_t count);
+    uint16_t* sent_flags();
+    void sent_approximately(int64_t at, const float* approx, int64_t count);
+    bool formed() const { return state_ != State::kFresh; }
+
+   private:
+    enum class State { kFresh, kWhole, kRanges };
+    void require_formed(const char* call) const;
+
+    ErrorFeedback& ef_;
+    const float* grad_;
+    State state_ = State::kFresh;
+  };
+
  private:
   float* storage();  // allocated, pending clears not applied
 
   int64_t n_;
-  std::unique_ptr<float[]> residual_;
+  std::vector<float> residual_;
   std::vector<uint16_t> pending_;  // one bit per entry; all zero when has_pending_ is false
   bool has_pending_ = false;
 };

@@ -28,7 +28,7 @@ double normal_two_sided_quantile(double tail) {
 }
 
 GaussianK::GaussianK(Communicator& comm, int64_t n, double density)
-    : comm_(comm), n_(n), k_(top_k_count(density, n)), density_(density), ef_(n) {}
+    : ErrorFeedbackSync(n), comm_(comm), n_(n), k_(top_k_count(density, n)), density_(density) {}
 
 std::string GaussianK::describe() const {
   const int p = comm_.size();
@@ -101,10 +101,10 @@ float GaussianK::adjusted_threshold(float t, const float* acc) {
   return t;
 }
 
-SyncStats GaussianK::reduce(SyncBuffers& b, int64_t step) {
+SyncStats GaussianK::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) {
   comm_.log().set_step(step, Phase::kCompressed);
   const int p = comm_.size(), me = comm_.rank();
-  float* acc = ef_.residual();
+  float* acc = ef.in_place();
   double mean = 0, stddev = 0;
   accumulate_with_moments(b.grads, acc, mean, stddev);
   const float fit = static_cast<float>(mean + stddev * normal_two_sided_quantile(std::min(density_, 1.0 - 1e-12)));
@@ -137,24 +137,22 @@ SyncStats GaussianK::reduce(SyncBuffers& b, int64_t step) {
   merge_sum_all(lists_, merged_, tmp_);
   lists_.assign(1, {merged_.index(), merged_.value(), merged_.size()});
   write_sparse_output(b.grads, n_, lists_, static_cast<float>(p), output_);
-  ef_.clear(local_.index(), mine);
+  ef.sent(local_.index(), mine);
   ++steps_;
   return {Phase::kCompressed, static_cast<double>(mine) / n_};
 }
 
-void GaussianK::save(std::ostream& out) const {
+void GaussianK::save_state(std::ostream& out) const {
   write_sync_header(out, "gaussiank", 1);
   write_pod(out, steps_);
   write_pod(out, threshold_);
-  ef_.save(out);
 }
 
-void GaussianK::load(std::istream& in) {
+void GaussianK::load_state(std::istream& in) {
   read_sync_header(in, "gaussiank", 1);
   const auto steps = read_pod<int64_t>(in);
   const auto threshold = read_pod<float>(in);
   if (!in) throw std::runtime_error("gaussiank state: truncated");
-  ef_.load(in, "gaussiank");
   steps_ = steps;
   threshold_ = threshold;
 }

@@ -1,7 +1,6 @@
 #pragma once
 
-#include "comm/sync/error_feedback.h"
-#include "comm/sync/gradient_sync.h"
+#include "comm/sync/error_feedback_sync.h"
 #include "comm/sync/select.h"
 
 namespace trainer::comm {
@@ -17,28 +16,27 @@ namespace trainer::comm {
 // (index and value blocks of every rank), summed in rank order; grads = sum / P on every rank.
 // Everything selected is contributed: the residual keeps acc minus the selection.
 // Per rank and step: about 2k words sent, 2k(P-1) received.
-class GaussianK final : public GradientSync {
+class GaussianK final : public ErrorFeedbackSync {
  public:
   GaussianK(Communicator& comm, int64_t n, double density);
   std::string name() const override { return "gaussiank"; }
   std::string describe() const override;
-  SyncStats reduce(SyncBuffers& b, int64_t step) override;
-  void save(std::ostream& out) const override;
-  void load(std::istream& in) override;
 
   int64_t k() const { return k_; }
-  ErrorFeedback& error_feedback() { return ef_; }
   float last_threshold() const { return threshold_; }
 
  private:
-  // acc into the residual (pending clears applied first); returns mean and standard deviation of acc.
+  SyncStats compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) override;
+  void save_state(std::ostream& out) const override;
+  void load_state(std::istream& in) override;
+  // acc = grad + residual into the residual (ErrorFeedback::Step::in_place), fused with the mean and
+  // standard deviation of acc.
   void accumulate_with_moments(const float* grads, float* residual, double& mean, double& stddev);
   float adjusted_threshold(float t, const float* acc);
 
   Communicator& comm_;
   int64_t n_, k_;
   double density_;
-  ErrorFeedback ef_;
   int64_t steps_ = 0;
   float threshold_ = 0.f;  // the last step's final threshold (reported, not reused)
   SparseList local_, merged_, tmp_;

@@ -1,7 +1,8 @@
 // The gradient-sync stage: the only place a training step talks to the network (docs/architecture.md
 // sections 2 and 4). A method is one class behind this small interface, chosen by
-// `[sync] method` and built by make_gradient_sync(); it owns its state (residuals, thresholds,
-// region bounds, PowerSGD factors, counters) and saves and restores it for exact resume.
+// `[sync] method` and built by make_gradient_sync(); it owns its state (thresholds, region bounds,
+// PowerSGD factors, counters; the compressing methods' error-feedback residual through
+// ErrorFeedbackSync, error_feedback_sync.h) and saves and restores it for exact resume.
 //
 // Per step the trainer calls, in order:
 //   reduce(grads)        after backward: on return grads holds what the optimizer must apply

@@ -10,7 +10,7 @@
 namespace trainer::comm {
 
 GTopk::GTopk(Communicator& comm, int64_t n, double density)
-    : comm_(comm), n_(n), k_(top_k_count(density, n)), words_((comm.size() + 31) / 32), ef_(n) {
+    : ErrorFeedbackSync(n), comm_(comm), n_(n), k_(top_k_count(density, n)), words_((comm.size() + 31) / 32) {
   const int p = comm.size();
   if (p < 1 || (p & (p - 1)) != 0)
     throw std::invalid_argument("sync.method 'gtopk' needs a power-of-two number of processes, this run has " +
@@ -77,10 +77,10 @@ void GTopk::merge_received(const int32_t* message) {
   std::swap(mask_, merged_mask_);
 }
 
-SyncStats GTopk::reduce(SyncBuffers& b, int64_t step) {
+SyncStats GTopk::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) {
   comm_.log().set_step(step, Phase::kCompressed);
   const int p = comm_.size(), me = comm_.rank();
-  select_top_k(ef_.accumulate(b.grads), n_, k_, /*exactly_k=*/true, local_, scratch_);
+  select_top_k(ef.fused(), n_, k_, /*exactly_k=*/true, local_, scratch_);
   const int64_t k = local_.size();  // == k_
   const int64_t message_words = (2 + words_) * k;
   message_.resize(message_words);
@@ -112,23 +112,21 @@ SyncStats GTopk::reduce(SyncBuffers& b, int64_t step) {
   contributed_.clear();
   for (int64_t j = 0; j < k; ++j)
     if (mask[j * words_ + me / 32] >> (me % 32) & 1u) contributed_.push_back(index[j]);
-  ef_.clear(contributed_.data(), static_cast<int64_t>(contributed_.size()));
+  ef.sent(contributed_.data(), static_cast<int64_t>(contributed_.size()));
   const auto contributed = static_cast<int64_t>(contributed_.size());
   ++steps_;
   return {Phase::kCompressed, static_cast<double>(contributed) / n_};
 }
 
-void GTopk::save(std::ostream& out) const {
+void GTopk::save_state(std::ostream& out) const {
   write_sync_header(out, "gtopk", 1);
   write_pod(out, steps_);
-  ef_.save(out);
 }
 
-void GTopk::load(std::istream& in) {
+void GTopk::load_state(std::istream& in) {
   read_sync_header(in, "gtopk", 1);
   const auto steps = read_pod<int64_t>(in);
   if (!in) throw std::runtime_error("gtopk state: truncated");
-  ef_.load(in, "gtopk");
   steps_ = steps;
 }
 

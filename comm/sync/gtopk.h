@@ -1,7 +1,6 @@
 #pragma once
 
-#include "comm/sync/error_feedback.h"
-#include "comm/sync/gradient_sync.h"
+#include "comm/sync/error_feedback_sync.h"
 #include "comm/sync/select.h"
 
 namespace trainer::comm {
@@ -26,26 +25,24 @@ namespace trainer::comm {
 // BROADCAST_GTOPK (the final message from rank 0). Per rank and step: one message of (2 + W)k words
 // sent in the rounds (rank 0 none) plus the broadcast, W = ceil(P / 32).
 // P must be a power of two; construction throws std::invalid_argument otherwise.
-class GTopk final : public GradientSync {
+class GTopk final : public ErrorFeedbackSync {
  public:
   GTopk(Communicator& comm, int64_t n, double density);
   std::string name() const override { return "gtopk"; }
   std::string describe() const override;
-  SyncStats reduce(SyncBuffers& b, int64_t step) override;
-  void save(std::ostream& out) const override;
-  void load(std::istream& in) override;
 
   int64_t k() const { return k_; }
-  ErrorFeedback& error_feedback() { return ef_; }
 
  private:
+  SyncStats compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) override;
+  void save_state(std::ostream& out) const override;
+  void load_state(std::istream& in) override;
   void pack(int32_t* message) const;
   void merge_received(const int32_t* message);
 
   Communicator& comm_;
   int64_t n_, k_;
   int words_;  // mask words per entry
-  ErrorFeedback ef_;
   int64_t steps_ = 0;
   SparseList local_, current_, merged_;
   std::vector<uint32_t> mask_, merged_mask_;  // words_ per entry of current_ / merged_

@@ -32,7 +32,8 @@ float from_bits(uint32_t bits) {
 }  // namespace
 
 OkTopk::OkTopk(Communicator& comm, int64_t n, const SyncOptions& o)
-    : comm_(comm),
+    : ErrorFeedbackSync(n),
+      comm_(comm),
       n_(n),
       k_(top_k_count(o.density, n)),
       p_(comm.size()),
@@ -42,8 +43,7 @@ OkTopk::OkTopk(Communicator& comm, int64_t n, const SyncOptions& o)
       region_every_(o.region_every),
       max_in_flight_(o.max_in_flight),
       balance_(o.balance),
-      bounds_(comm.size() + 1),
-      ef_(n) {
+      bounds_(comm.size() + 1) {
   if (local_every_ < 1 || global_every_ < 1 || region_every_ < 1 || max_in_flight_ < 1)
     throw std::invalid_argument(
         "oktopk: sync.local_threshold_every, global_threshold_every, region_every and max_in_flight must be >= 1");
@@ -208,7 +208,7 @@ void OkTopk::select_global(bool exact) {
   global_.resize(kept);
 }
 
-void OkTopk::gather_output(float* grads) {
+void OkTopk::gather_output(float* grads, uint16_t* sent_flags) {
   const int64_t mine = global_.size();
   int64_t total = 0, offset = 0;  // offset: where this rank's entries start in the global order
   for (int r = 0; r < p_; ++r) {
@@ -275,11 +275,11 @@ void OkTopk::gather_output(float* grads) {
   mine_.resize((n_ + 15) / 16);
   for (int64_t j = 0; j < local_.size(); ++j) set_flag(mine_.data(), local_.index()[j]);
   contributed_ =
-      write_sparse_output(grads, n_, lists_, static_cast<float>(p_), output_, mine_.data(), ef_.clear_flags());
+      write_sparse_output(grads, n_, lists_, static_cast<float>(p_), output_, mine_.data(), sent_flags);
 }
 
-void OkTopk::reuse_local_threshold(const float* grads) {
-  select_at_least(ef_.accumulate(grads), n_, std::max(t_local_, min_threshold()), local_, scratch_);
+void OkTopk::reuse_local_threshold(const SelectSource& acc) {
+  select_at_least(acc, n_, std::max(t_local_, min_threshold()), local_, scratch_);
   // The reference's guard on reuse steps: while more than 3k/2 entries pass, raise t by 3% (at
   // most 5 times). Raising only drops collected entries, so this costs no pass over the gradient.
   for (int loop = 0; loop < kGuardSteps && 2 * local_.size() > 3 * k_; ++loop) {
@@ -288,13 +288,13 @@ void OkTopk::reuse_local_threshold(const float* grads) {
   }
 }
 
-SyncStats OkTopk::reduce(SyncBuffers& b, int64_t step) {
+SyncStats OkTopk::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) {
   comm_.log().set_step(step, Phase::kCompressed);
   // 1. Local selection, acc = grad + residual formed in the same pass.
   if (iteration_ % local_every_ == 0)
-    t_local_ = select_top_k(ef_.accumulate(b.grads), n_, k_, /*exactly_k=*/false, local_, scratch_);
+    t_local_ = select_top_k(ef.fused(), n_, k_, /*exactly_k=*/false, local_, scratch_);
   else
-    reuse_local_threshold(b.grads);
+    reuse_local_threshold(ef.fused());
   t_local_ = nudge_threshold(t_local_, local_.size(), k_);
   // 2-3. Regions, split and reduce.
   if (iteration_ % region_every_ == 0) repartition();
@@ -302,12 +302,12 @@ SyncStats OkTopk::reduce(SyncBuffers& b, int64_t step) {
   // 4. Global selection in this rank's region.
   select_global(iteration_ % global_every_ == 0);
   // 5-6. Balance, allgatherv, output and residual.
-  gather_output(b.grads);
+  gather_output(b.grads, ef.sent_flags());
   ++iteration_;
   return {Phase::kCompressed, static_cast<double>(contributed_) / n_};
 }
 
-void OkTopk::save(std::ostream& out) const {
+void OkTopk::save_state(std::ostream& out) const {
   write_sync_header(out, "oktopk", 1);
   write_pod(out, n_);
   write_pod(out, static_cast<int64_t>(p_));
@@ -316,10 +316,9 @@ void OkTopk::save(std::ostream& out) const {
   write_pod(out, t_global_);
   out.write(reinterpret_cast<const char*>(bounds_.data()),
             static_cast<std::streamsize>(bounds_.size() * sizeof(int64_t)));
-  ef_.save(out);
 }
 
-void OkTopk::load(std::istream& in) {
+void OkTopk::load_state(std::istream& in) {
   read_sync_header(in, "oktopk", 1);
   const auto n = read_pod<int64_t>(in);
   const auto p = read_pod<int64_t>(in);
@@ -338,7 +337,6 @@ void OkTopk::load(std::istream& in) {
   if (!in) throw std::runtime_error("oktopk state: truncated");
   if (bounds[0] != 0 || bounds[p_] != n_ || !std::is_sorted(bounds.begin(), bounds.end()))
     throw std::runtime_error("oktopk state: region bounds are not a partition of the gradient");
-  ef_.load(in, "oktopk");
   iteration_ = iteration;
   t_local_ = t_local;
   t_global_ = t_global;

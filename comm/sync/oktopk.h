@@ -1,7 +1,6 @@
 #pragma once
 
-#include "comm/sync/error_feedback.h"
-#include "comm/sync/gradient_sync.h"
+#include "comm/sync/error_feedback_sync.h"
 #include "comm/sync/select.h"
 
 namespace trainer::comm {
@@ -40,25 +39,22 @@ namespace trainer::comm {
 //      (zeros elsewhere), bitwise the same on all ranks.
 //   6. residual: acc, except the entries this rank selected locally AND that were selected
 //      globally, which are zeroed (what this rank contributed to the output); found in the pass
-//      that writes the output (flags of local_ AND the output) and applied, as error_feedback.h
-//      defers clears, by the next selection pass.
+//      that writes the output (flags of local_ AND the output, reported as sent_flags) and applied,
+//      as error_feedback.h defers clears, by the next selection pass.
 // Selection rules (select.h): |x| >= t keeps ties, zeros are never selected; when fewer than k
 // nonzero sums exist, all are kept. With both thresholds exact every step the output is exactly
 // the k largest |sums| of the locally selected entries (sums in rank order), divided by P.
 // Volume per rank and step: about 2k(P-1)/P words in step 3, at most that again to balance, and
 // 2k/P words of its own allgatherv block (receiving 2k(P-1)/P): within the 6k(P-1)/P bound.
-// State (saved): the residual, both thresholds, the region bounds and the step counter.
-class OkTopk final : public GradientSync {
+// State (saved): both thresholds, the region bounds and the step counter; the residual is
+// ErrorFeedbackSync's (step 1 forms acc with its fused source, step 6 reports the clears).
+class OkTopk final : public ErrorFeedbackSync {
  public:
   OkTopk(Communicator& comm, int64_t n, const SyncOptions& options);
   std::string name() const override { return "oktopk"; }
   std::string describe() const override;
-  SyncStats reduce(SyncBuffers& b, int64_t step) override;
-  void save(std::ostream& out) const override;
-  void load(std::istream& in) override;
 
   int64_t k() const { return k_; }
-  ErrorFeedback& error_feedback() { return ef_; }
   float local_threshold() const { return t_local_; }
   float global_threshold() const { return t_global_; }
   const std::vector<int64_t>& region_bounds() const { return bounds_; }
@@ -67,12 +63,15 @@ class OkTopk final : public GradientSync {
   int64_t global_count() const { return global_total_; }
 
  private:
-  void reuse_local_threshold(const float* grads);
+  SyncStats compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) override;
+  void save_state(std::ostream& out) const override;
+  void load_state(std::istream& in) override;
+  void reuse_local_threshold(const SelectSource& acc);
   void repartition();
   void split_and_reduce();
   float exact_global_threshold();
   void select_global(bool exact);
-  void gather_output(float* grads);
+  void gather_output(float* grads, uint16_t* sent_flags);
 
   Communicator& comm_;
   int64_t n_, k_;
@@ -84,7 +83,6 @@ class OkTopk final : public GradientSync {
   int64_t iteration_ = 0;  // compressed steps done
   float t_local_ = 0.f, t_global_ = 0.f;
   std::vector<int64_t> bounds_;  // P + 1 region starts; bounds_[P] = n
-  ErrorFeedback ef_;
 
   // Per-step buffers, reused (they only grow).
   SelectScratch scratch_;

@@ -13,18 +13,6 @@ namespace trainer::comm {
 
 namespace {
 
-// y[i] += x[i] (acc = grad + residual).
-void add_into(int64_t count, const float* x, float* y) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < count; ++i) y[i] += x[i];
-}
-
-// y[i] -= x[i] (residual = acc - P Q^T).
-void subtract_from(int64_t count, const float* x, float* y) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < count; ++i) y[i] -= x[i];
-}
-
 void scale(int64_t count, float s, float* y) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < count; ++i) y[i] *= s;
@@ -34,7 +22,7 @@ void scale(int64_t count, float s, float* y) {
 
 PowerSgd::PowerSgd(Communicator& comm, const std::vector<models::ParamView>& views, int64_t n, int64_t rank,
                    double min_compression_rate, uint64_t seed, models::Backend& backend)
-    : comm_(comm), backend_(backend), n_(n), rank_(rank), seed_(seed) {
+    : ErrorFeedbackSync(n), comm_(comm), backend_(backend), n_(n), rank_(rank), seed_(seed) {
   if (rank < 1) throw std::invalid_argument("powersgd: sync.rank must be at least 1");
   int64_t covered = 0;
   for (size_t v = 0; v < views.size(); ++v) {
@@ -72,10 +60,10 @@ PowerSgd::PowerSgd(Communicator& comm, const std::vector<models::ParamView>& vie
     Matrix& m = matrices_[i];
     m.p_offset = p_floats_;
     m.q_offset = q_floats_;
-    m.e_offset = residual_floats_;
+    m.e_offset = m.offset;
     p_floats_ += m.rows * m.rank;
     q_floats_ += m.cols * m.rank;
-    residual_floats_ += m.rows * m.cols;
+    compressed_floats_ += m.rows * m.cols;
   }
 }
 
@@ -89,7 +77,7 @@ std::string PowerSgd::describe() const {
   }
   std::ostringstream out;
   out << "powersgd: rank " << rank_ << "; " << matrices_.size() << " tensors compressed as rank-r factors ("
-      << residual_floats_ << " elements -> sum (n + m) r = " << p_floats_ + q_floats_ << " floats, " << shape_groups
+      << compressed_floats_ << " elements -> sum (n + m) r = " << p_floats_ + q_floats_ << " floats, " << shape_groups
       << " shape groups), " << dense_floats_ << " elements of the others sent dense; per step ALLREDUCE_P of "
       << p_floats_ << " floats and ALLREDUCE_Q of " << q_floats_ << " + " << dense_floats_ << " floats: "
       << floats_per_step() * 4 / 1e6 << " MB per rank (dense: " << n_ * 4 / 1e6 << " MB, "
@@ -99,7 +87,6 @@ std::string PowerSgd::describe() const {
 }
 
 void PowerSgd::start() {
-  residual_.assign(residual_floats_, 0.f);
   p_.assign(p_floats_, 0.f);
   q_.assign(q_floats_ + dense_floats_, 0.f);
   for (const Matrix& m : matrices_) {
@@ -109,16 +96,17 @@ void PowerSgd::start() {
   started_ = true;
 }
 
-SyncStats PowerSgd::reduce(SyncBuffers& b, int64_t step) {
-  if (b.n != n_) throw std::invalid_argument("powersgd: gradient size differs from the model it was built for");
+SyncStats PowerSgd::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) {
   comm_.log().set_step(step, Phase::kCompressed);
   if (!started_) start();
   float* grads = b.grads;
-  float* e = residual_.data();
   float* p = p_.data();
   float* q = q_.data();
-  // 1. acc = grad + e, kept in the residual buffer.
-  for (const Matrix& m : matrices_) add_into(m.rows * m.cols, grads + m.offset, e + m.e_offset);
+  // 1. acc = grad + e per compressed matrix, formed by error feedback in its residual (the
+  // gradient's layout: e + offset). The empty first range gives the buffer's start and forms acc
+  // even when no tensor is compressed.
+  float* e = ef.materialize(0, 0);
+  for (const Matrix& m : matrices_) ef.materialize(m.offset, m.rows * m.cols);
   // 2. P = acc Q, Q orthonormalized first (the hook does so with the warm-started Q too).
 #pragma omp parallel for schedule(dynamic)
   for (size_t i = 0; i < matrices_.size(); ++i) {
@@ -126,7 +114,7 @@ SyncStats PowerSgd::reduce(SyncBuffers& b, int64_t step) {
     orthonormalize_columns(q + m.q_offset, m.cols, m.rank);
   }
   for (const Matrix& m : matrices_)
-    backend_.gemm(false, false, m.rows, m.rank, m.cols, 1.f, e + m.e_offset, m.cols, q + m.q_offset, m.rank, 0.f,
+    backend_.gemm(false, false, m.rows, m.rank, m.cols, 1.f, e + m.offset, m.cols, q + m.q_offset, m.rank, 0.f,
                   p + m.p_offset, m.rank);
   // 3. Every P in one allreduce.
   if (p_floats_ > 0) comm_.allreduce(p, p_floats_, DType::kF32, ReduceOp::kSum, "ALLREDUCE_P");
@@ -138,7 +126,7 @@ SyncStats PowerSgd::reduce(SyncBuffers& b, int64_t step) {
   }
   // 5. Q = acc^T P.
   for (const Matrix& m : matrices_)
-    backend_.gemm(true, false, m.cols, m.rank, m.rows, 1.f, e + m.e_offset, m.cols, p + m.p_offset, m.rank, 0.f,
+    backend_.gemm(true, false, m.cols, m.rank, m.rows, 1.f, e + m.offset, m.cols, p + m.p_offset, m.rank, 0.f,
                   q + m.q_offset, m.rank);
   // 6. Every Q and the dense tensors in one allreduce, averaged.
   float* dense = q + q_floats_;
@@ -153,7 +141,7 @@ SyncStats PowerSgd::reduce(SyncBuffers& b, int64_t step) {
   for (const Matrix& m : matrices_)
     backend_.gemm(false, true, m.rows, m.cols, m.rank, 1.f, p + m.p_offset, m.rank, q + m.q_offset, m.rank, 0.f,
                   grads + m.offset, m.cols);
-  for (const Matrix& m : matrices_) subtract_from(m.rows * m.cols, grads + m.offset, e + m.e_offset);
+  for (const Matrix& m : matrices_) ef.sent_approximately(m.offset, grads + m.offset, m.rows * m.cols);
   dense = q + q_floats_;
   for (const Range& r : dense_) {
     backend_.copy(r.count, dense, grads + r.offset);
@@ -163,28 +151,26 @@ SyncStats PowerSgd::reduce(SyncBuffers& b, int64_t step) {
   return {Phase::kCompressed, static_cast<double>(floats_per_step()) / std::max<int64_t>(1, n_)};
 }
 
-void PowerSgd::save(std::ostream& out) const {
-  write_sync_header(out, "powersgd", 1);
+void PowerSgd::save_state(std::ostream& out) const {
+  write_sync_header(out, "powersgd", 2);
   write_pod(out, n_);
   write_pod(out, rank_);
   write_pod(out, static_cast<int64_t>(matrices_.size()));
-  write_pod(out, residual_floats_);
+  write_pod(out, compressed_floats_);
   write_pod(out, q_floats_);
   write_pod(out, seed_);
   write_pod(out, steps_);
   write_pod(out, static_cast<uint8_t>(started_));
   if (!started_) return;
   out.write(reinterpret_cast<const char*>(q_.data()), static_cast<std::streamsize>(q_floats_ * sizeof(float)));
-  out.write(reinterpret_cast<const char*>(residual_.data()),
-            static_cast<std::streamsize>(residual_floats_ * sizeof(float)));
 }
 
-void PowerSgd::load(std::istream& in) {
-  read_sync_header(in, "powersgd", 1);
+void PowerSgd::load_state(std::istream& in) {
+  read_sync_header(in, "powersgd", 2);
   const auto n = read_pod<int64_t>(in);
   const auto rank = read_pod<int64_t>(in);
   const auto matrices = read_pod<int64_t>(in);
-  const auto residual_floats = read_pod<int64_t>(in);
+  const auto compressed_floats = read_pod<int64_t>(in);
   const auto q_floats = read_pod<int64_t>(in);
   const auto seed = read_pod<uint64_t>(in);
   const auto steps = read_pod<int64_t>(in);
@@ -196,19 +182,16 @@ void PowerSgd::load(std::istream& in) {
   if (rank != rank_)
     throw std::runtime_error("powersgd state was saved with sync.rank = " + std::to_string(rank) + ", this run has " +
                              std::to_string(rank_));
-  if (matrices != static_cast<int64_t>(matrices_.size()) || residual_floats != residual_floats_ || q_floats != q_floats_)
+  if (matrices != static_cast<int64_t>(matrices_.size()) || compressed_floats != compressed_floats_ || q_floats != q_floats_)
     throw std::runtime_error("powersgd state compresses other tensors (saved with another sync.min_compression_rate?)");
   if (started) {
-    std::vector<float> q(q_floats_ + dense_floats_, 0.f), residual(residual_floats_);
+    std::vector<float> q(q_floats_ + dense_floats_, 0.f);
     in.read(reinterpret_cast<char*>(q.data()), static_cast<std::streamsize>(q_floats_ * sizeof(float)));
-    in.read(reinterpret_cast<char*>(residual.data()), static_cast<std::streamsize>(residual_floats_ * sizeof(float)));
     if (!in) throw std::runtime_error("powersgd state: truncated");
     q_ = std::move(q);
-    residual_ = std::move(residual);
     p_.assign(p_floats_, 0.f);
   } else {
     q_.clear();
-    residual_.clear();
     p_.clear();
   }
   started_ = started != 0;

@@ -8,7 +8,8 @@
 
 namespace trainer::comm {
 
-TopkA::TopkA(Communicator& comm, int64_t n, double density) : comm_(comm), n_(n), k_(top_k_count(density, n)), ef_(n) {}
+TopkA::TopkA(Communicator& comm, int64_t n, double density)
+    : ErrorFeedbackSync(n), comm_(comm), n_(n), k_(top_k_count(density, n)) {}
 
 std::string TopkA::describe() const {
   const int p = comm_.size();
@@ -19,10 +20,10 @@ std::string TopkA::describe() const {
   return out.str();
 }
 
-SyncStats TopkA::reduce(SyncBuffers& b, int64_t step) {
+SyncStats TopkA::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) {
   comm_.log().set_step(step, Phase::kCompressed);
   const int p = comm_.size();
-  select_top_k(ef_.accumulate(b.grads), n_, k_, /*exactly_k=*/true, local_, scratch_);
+  select_top_k(ef.fused(), n_, k_, /*exactly_k=*/true, local_, scratch_);
   all_index_.resize(p * k_);
   all_value_.resize(p * k_);
   comm_.allgather(local_.index(), k_, all_index_.data(), DType::kI32, "ALLGATHER_TOPK");
@@ -32,22 +33,20 @@ SyncStats TopkA::reduce(SyncBuffers& b, int64_t step) {
   merge_sum_all(lists_, merged_, tmp_);
   lists_.assign(1, {merged_.index(), merged_.value(), merged_.size()});
   write_sparse_output(b.grads, n_, lists_, static_cast<float>(p), output_);
-  ef_.clear(local_.index(), local_.size());
+  ef.sent(local_.index(), local_.size());
   ++steps_;
   return {Phase::kCompressed, static_cast<double>(k_) / n_};
 }
 
-void TopkA::save(std::ostream& out) const {
+void TopkA::save_state(std::ostream& out) const {
   write_sync_header(out, "topka", 1);
   write_pod(out, steps_);
-  ef_.save(out);
 }
 
-void TopkA::load(std::istream& in) {
+void TopkA::load_state(std::istream& in) {
   read_sync_header(in, "topka", 1);
   const auto steps = read_pod<int64_t>(in);
   if (!in) throw std::runtime_error("topka state: truncated");
-  ef_.load(in, "topka");
   steps_ = steps;
 }
 

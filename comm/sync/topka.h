@@ -1,7 +1,6 @@
 #pragma once
 
-#include "comm/sync/error_feedback.h"
-#include "comm/sync/gradient_sync.h"
+#include "comm/sync/error_feedback_sync.h"
 #include "comm/sync/select.h"
 
 namespace trainer::comm {
@@ -13,22 +12,21 @@ namespace trainer::comm {
 // contributed, so the residual keeps acc minus the selected entries.
 // Per rank and step: sends 2k words (its block of each allgather) and receives 2k(P-1) words,
 // the method's volume 2k(P-1) in docs/architecture.md section 4 (what a ring allgather forwards).
-class TopkA final : public GradientSync {
+class TopkA final : public ErrorFeedbackSync {
  public:
   TopkA(Communicator& comm, int64_t n, double density);
   std::string name() const override { return "topka"; }
   std::string describe() const override;
-  SyncStats reduce(SyncBuffers& b, int64_t step) override;
-  void save(std::ostream& out) const override;
-  void load(std::istream& in) override;
 
   int64_t k() const { return k_; }
-  ErrorFeedback& error_feedback() { return ef_; }
 
  private:
+  SyncStats compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) override;
+  void save_state(std::ostream& out) const override;
+  void load_state(std::istream& in) override;
+
   Communicator& comm_;
   int64_t n_, k_;
-  ErrorFeedback ef_;
   int64_t steps_ = 0;  // compressed steps done
   SparseList local_, merged_, tmp_;
   SelectScratch scratch_;

@@ -1,0 +1,49 @@
+// Error feedback for every compressing method (docs/architecture.md section 4), in one place: a
+// compressor (oktopk, topka, gaussiank, gtopk, powersgd) derives from ErrorFeedbackSync and
+// implements compress(), which receives the step's ErrorFeedback::Step (error_feedback.h) and no
+// residual of its own. The base owns the residual, builds the step around the gradient, checks
+// that acc = grad + residual was formed, and saves and loads the residual after the compressor's
+// own state. A new compressor implements compress(), save_state() and load_state(): it forms acc
+// (fused into its own pass, or materialized), exchanges, writes the output into the gradient and
+// reports what it contributed; the residual follows.
+//
+// Why a base class rather than a wrapper object around a separate compressor: the compressors'
+// own accessors (k, thresholds, region bounds, PowerSGD's factors) are read by the tests and the
+// benchmark on the same object that runs the steps, and the step handle already keeps the
+// compressor from touching the residual in any other way. The dense warmup stays a wrapper
+// (gradient_sync.cpp) around the whole method.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+
+#include "comm/sync/error_feedback.h"
+#include "comm/sync/gradient_sync.h"
+
+namespace trainer::comm {
+
+class ErrorFeedbackSync : public GradientSync {
+ public:
+  SyncStats reduce(SyncBuffers& b, int64_t step) final;
+  // The compressor's state, then the residual (ErrorFeedback::save).
+  void save(std::ostream& out) const final;
+  // All or nothing: on an error the compressor's state and the residual stay as they were.
+  void load(std::istream& in) final;
+
+  ErrorFeedback& error_feedback() { return ef_; }
+  const ErrorFeedback& error_feedback() const { return ef_; }
+
+ protected:
+  explicit ErrorFeedbackSync(int64_t n) : ef_(n) {}
+  // One compressed step: on return b.grads holds the output (the same on every rank).
+  virtual SyncStats compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) = 0;
+  // The compressor's versioned state (write_sync_header first); load_state throws
+  // std::runtime_error naming what does not match.
+  virtual void save_state(std::ostream& out) const = 0;
+  virtual void load_state(std::istream& in) = 0;
+
+ private:
+  ErrorFeedback ef_;
+};
+
+}  // namespace trainer::comm
