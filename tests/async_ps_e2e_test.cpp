@@ -1,0 +1,176 @@
+// The asynchronous parameter server (sync.method = "async_ps") end to end under mpiexec, on the small
+// synthetic CIFAR of tests/cifar_runs.h: synchronous rounds equal dense SGD, deterministic runs
+// resume bit for bit, the staleness a known push order must give, a failing worker ends the job,
+// and bad settings are one clear error.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cifar_runs.h"
+#include "models/safetensors.h"
+#include "process.h"
+
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+using trainer::testing::Outcome;
+using trainer::testing::run_command;
+using trainer::testing::small_cifar_command;
+using trainer::testing::TempDir;
+
+namespace {
+
+// The largest difference between two checkpoints' trainable parameters (model.safetensors: rank 0's,
+// which after the final round are the servers'). BN running statistics are left out: dense ranks keep
+// their own, async_ps servers average the workers' changes.
+double max_parameter_difference(const fs::path& a, const fs::path& b) {
+  const auto x = trainer::models::read_safetensors((a / "model.safetensors").string());
+  const auto y = trainer::models::read_safetensors((b / "model.safetensors").string());
+  REQUIRE(x.tensors.size() == y.tensors.size());
+  double worst = 0;
+  int compared = 0;
+  for (const auto& t : x.tensors) {
+    if (t.name.find("running_") != std::string::npos || t.name.find("num_batches") != std::string::npos) continue;
+    const std::vector<float> u = t.as_f32(), v = y.at(t.name).as_f32();
+    REQUIRE(u.size() == v.size());
+    for (size_t i = 0; i < u.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(u[i]) - v[i]));
+    ++compared;
+  }
+  REQUIRE(compared > 20);  // ResNet-20's weights, not only a few tensors
+  return worst;
+}
+
+std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+const std::string kAsync = " --set sync.method=async_ps --set sync.servers=1";
+
+}  // namespace
+
+TEST_CASE("async_ps with max_staleness = 0 is dense synchronous SGD up to the order of the gradient sum",
+          "[mpi][async_ps]") {
+  SECTION("2 workers: a sum of two floats does not depend on order, so the weights are bit-identical") {
+    // Dense at P = 2 against 2 workers and 2 servers (P = 4): the same data shards, the same
+    // optimizer per element, each server's shard of the mean gradient equal to dense's.
+    TempDir dense("dense2"), ps("ps2");
+    const std::string steps = " --set train.max_steps=8";
+    Outcome d = run_command(small_cifar_command(2, dense.path, steps));
+    INFO(d.output);
+    REQUIRE(d.exit_code == 0);
+    Outcome a = run_command(small_cifar_command(
+        4, ps.path, steps + " --set sync.method=async_ps --set sync.servers=2 --set sync.max_staleness=0"));
+    INFO(a.output);
+    REQUIRE(a.exit_code == 0);
+    CHECK(max_parameter_difference(dense.path / "checkpoints/step_8", ps.path / "checkpoints/step_8") == 0.0);
+  }
+  SECTION("3 workers: within float32 rounding of a reordered 3-term sum") {
+    // MPI's allreduce and the server add three gradients in different orders: each element of the
+    // mean can differ by about one float32 ulp (6e-8 relative), and two SGD steps at lr <= 0.1 move
+    // weights of magnitude below 1.1 by a few such ulps. 1e-6 is about eight ulps at 1.0; a wrong
+    // shard, scale or lr changes weights by 1e-3 and more (8 steps of training amplify the rounding
+    // itself past 1e-3 through batch norm at batch 8, hence 2 steps).
+    TempDir dense("dense3"), ps("ps3");
+    const std::string steps = " --set train.max_steps=2";
+    Outcome d = run_command(small_cifar_command(3, dense.path, steps));
+    INFO(d.output);
+    REQUIRE(d.exit_code == 0);
+    Outcome a = run_command(small_cifar_command(4, ps.path, steps + kAsync + " --set sync.max_staleness=0"));
+    INFO(a.output);
+    REQUIRE(a.exit_code == 0);
+    const double diff = max_parameter_difference(dense.path / "checkpoints/step_2", ps.path / "checkpoints/step_2");
+    CHECK(diff <= 1e-6);
+  }
+}
+
+TEST_CASE("async_ps deterministic: staleness follows the round-robin order and resume is bit-identical",
+          "[mpi][async_ps][resume]") {
+  // 2 workers and 1 server, no staleness bound, pushes taken in rank order: 0, 1, 0, 1, ... Worker
+  // 0's first push finds the version it pulled (tau 0); every later one finds worker 1's push applied
+  // since (tau 1). Steps 5 and 10 are checkpoint rounds: all workers pull the same version there, and
+  // the next push of worker 0 is again tau 0.
+  const std::string sync = kAsync + " --set sync.deterministic=true --set train.max_steps=16 --set train.checkpoint_every=5";
+  TempDir ref("det_ref");
+  Outcome r = run_command(small_cifar_command(3, ref.path, sync));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  std::vector<nlohmann::json> intervals;
+  for (const auto& rec : read_jsonl(ref.path / "metrics.jsonl"))
+    if (rec.contains("staleness_mean")) intervals.push_back(rec);
+  REQUIRE(intervals.size() == 4);  // steps 1-5, 6-10, 11-15, 16 (log every 5)
+  for (const auto& rec : intervals) {
+    INFO(rec.dump());
+    const int64_t done = rec["step"].get<int64_t>();
+    const int64_t steps = done == 16 ? 1 : 5;
+    // One tau-0 push per interval (after the start or a checkpoint round), the rest tau 1.
+    CHECK(rec["staleness_mean"].get<double>() == Approx(static_cast<double>(steps - 1) / steps));
+    CHECK(rec["staleness_max"].get<int64_t>() == (steps > 1 ? 1 : 0));
+  }
+  // The server's comm log: every worker's every step pushed and pulled once.
+  std::map<int, int> pushes, pulls;
+  for (const auto& rec : read_jsonl(ref.path / "comm/rank2.jsonl")) {
+    if (rec["op"] == "PUSH_GRAD") pushes[rec["peer"].get<int>()] += 1;
+    if (rec["op"] == "PULL_PARAMS") pulls[rec["peer"].get<int>()] += 1;
+  }
+  CHECK(pushes == std::map<int, int>{{0, 16}, {1, 16}});
+  CHECK(pulls == std::map<int, int>{{0, 16}, {1, 16}});
+
+  for (int stop : {7, 10}) {  // between checkpoints 5 and 10, and on one
+    TempDir part("det_part" + std::to_string(stop));
+    Outcome first = run_command(small_cifar_command(3, part.path, sync + " --stop-after " + std::to_string(stop)));
+    INFO(first.output);
+    REQUIRE(first.exit_code == 0);
+    Outcome second = run_command(small_cifar_command(3, part.path, sync + " --resume latest"));
+    INFO(second.output);
+    REQUIRE(second.exit_code == 0);
+    CHECK_THAT(second.output, Contains("resumed from"));
+    // Workers' parameters, BN statistics and pulled versions; the server's shard, optimizer state,
+    // version and push count.
+    trainer::testing::require_identical_states(ref.path / "checkpoints/step_16", part.path / "checkpoints/step_16", 3);
+  }
+}
+
+TEST_CASE("async_ps: an error on a worker ends every rank, servers included, promptly", "[mpi][async_ps][failure]") {
+  TempDir dir("ps_failure");
+  const auto t0 = std::chrono::steady_clock::now();
+  Outcome o = run_command(small_cifar_command(3, dir.path, kAsync + " --set train.max_steps=30 --inject-failure 1:5"));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(o.output);
+  CHECK(o.exit_code != 0);
+  CHECK_THAT(o.output, Contains("rank 1 of 3") && Contains("injected failure at step 5"));
+  CHECK(seconds < 120);
+}
+
+TEST_CASE("async_ps: bad settings are one clear error naming the key", "[mpi][async_ps][config]") {
+  TempDir dir("ps_config");
+  SECTION("no rank left to be a worker") {
+    Outcome o = run_command(small_cifar_command(2, dir.path, " --set sync.method=async_ps --set sync.servers=2"));
+    INFO(o.output);
+    CHECK(o.exit_code == 1);
+    CHECK_THAT(o.output, Contains("sync.servers = 2 must be at least 1 and below the number of processes (2)"));
+    // Every rank found it, one printed it.
+    size_t count = 0;
+    for (size_t at = o.output.find("sync.servers = 2"); at != std::string::npos;
+         at = o.output.find("sync.servers = 2", at + 1))
+      ++count;
+    CHECK(count == 1);
+  }
+  SECTION("unknown staleness rule") {
+    Outcome o = run_command(small_cifar_command(2, dir.path, kAsync + " --set sync.staleness_lr=sqrt"));
+    INFO(o.output);
+    CHECK(o.exit_code == 1);
+    CHECK_THAT(o.output, Contains("sync.staleness_lr") && Contains("inverse"));
+  }
+}
