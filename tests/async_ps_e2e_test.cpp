@@ -4,7 +4,14 @@
 // and bad settings are one clear error.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdlib>
+#include <iterator>
+#include <thread>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -140,6 +147,70 @@ TEST_CASE("async_ps deterministic: staleness follows the round-robin order and r
     // version and push count.
     trainer::testing::require_identical_states(ref.path / "checkpoints/step_16", part.path / "checkpoints/step_16", 3);
   }
+}
+
+TEST_CASE("async_ps: max_staleness bounds how far a worker runs ahead of the slowest", "[mpi][async_ps]") {
+  // Rank 1 three times slower (runtime.slowdown), s = 1: worker 0 may push step c only while c - (steps
+  // worker 1 has pushed) <= s, so in the server's push order the counts never differ by more than s + 1.
+  TempDir dir("ssp");
+  Outcome o = run_command(small_cifar_command(3, dir.path, kAsync + " --set train.max_steps=10 --set sync.max_staleness=1" +
+                                                               " --set runtime.slowdown.rank=1 --set runtime.slowdown.factor=3"));
+  INFO(o.output);
+  REQUIRE(o.exit_code == 0);
+  int count[2] = {0, 0}, widest = 0;
+  for (const auto& rec : read_jsonl(dir.path / "comm/rank2.jsonl")) {
+    if (rec["op"] != "PUSH_GRAD") continue;
+    count[rec["peer"].get<int>()] += 1;
+    widest = std::max(widest, std::abs(count[0] - count[1]));
+  }
+  CHECK(count[0] == 10);
+  CHECK(count[1] == 10);
+  CHECK(widest <= 2);
+  // The summary counts every rank's pushes and pulls (one server: one message each per step).
+  CHECK_THAT(o.output, Contains("PUSH_GRAD/PULL_PARAMS: r0 10/10 r1 10/10 r2 20/20"));
+}
+
+TEST_CASE("async_ps: a killed server ends the job (no hang)", "[mpi][async_ps][failure]") {
+  TempDir dir("ps_killed");
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    setsid();
+    execl("/bin/sh", "sh", "-c",
+          (small_cifar_command(3, dir.path, kAsync + " --set train.max_steps=2000") + " > /dev/null 2>&1").c_str(),
+          nullptr);
+    _exit(127);
+  }
+  const fs::path metrics = dir.path / "metrics.jsonl";
+  for (int i = 0; i < 6000 && (!fs::exists(metrics) || fs::file_size(metrics) == 0); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(fs::exists(metrics));
+  // The server is world rank 2: the descendant of the job whose environment says so (Open MPI puts
+  // each rank in a process group of its own, so the job's group does not find them).
+  pid_t victim = 0;
+  std::vector<pid_t> family{pid};
+  for (size_t i = 0; i < family.size(); ++i) {
+    std::FILE* children = popen(("pgrep -P " + std::to_string(family[i])).c_str(), "r");
+    REQUIRE(children);
+    for (int child = 0; std::fscanf(children, "%d", &child) == 1;) family.push_back(child);
+    pclose(children);
+  }
+  for (pid_t candidate : family) {
+    std::ifstream env("/proc/" + std::to_string(candidate) + "/environ");
+    const std::string all((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
+    if (all.find(std::string("OMPI_COMM_WORLD_RANK=2") + '\0') != std::string::npos) victim = candidate;
+  }
+  REQUIRE(victim > 0);
+  kill(victim, SIGKILL);
+  int status = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  pid_t done = 0;
+  while ((done = waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (done == 0) kill(-pid, SIGKILL), waitpid(pid, &status, 0);
+  CHECK(done == pid);  // the job ended by itself ...
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) != 0);  // ... as a failure
 }
 
 TEST_CASE("async_ps: an error on a worker ends every rank, servers included, promptly", "[mpi][async_ps][failure]") {
