@@ -283,8 +283,9 @@ void visit_config(Cfg& c, Visitor& v) {
         "number of processes).",
         closed(1, 1 << 20));
   v.key("sync.staleness_lr", c.sync.staleness_lr,
-        "async_ps: how a server treats a gradient computed tau versions ago: inverse (lr / (1 + tau)), "
-        "none (lr), or dc (DC-ASGD: g + dc_lambda g*g*(w_now - w_pulled) at lr).",
+        "async_ps: how a server treats a gradient computed tau versions ago. A push is 1/W of a "
+        "synchronous step (lr / W with W workers); then inverse (lr / W / (1 + tau)), none (lr / W), "
+        "or dc (DC-ASGD: g + dc_lambda g*g*(w_now - w_pulled) at lr / W).",
         kStalenessLr);
   v.key("sync.dc_lambda", c.sync.dc_lambda, "async_ps, staleness_lr = \"dc\": the compensation strength lambda.",
         closed(0, 1e6));

@@ -59,6 +59,7 @@ ParameterServer::ParameterServer(const Config& config, comm::Communicator& world
   state_in_.resize(static_cast<size_t>(s1_ - s0_));
   sum_grad_.assign(grad_.size(), 0.f);
   sum_state_.assign(state_in_.size(), 0.f);
+  reply_headers_.resize(W * comm::kReplyHeaderSize);
 }
 
 bool ParameterServer::synchronous(int64_t step) const {
@@ -97,8 +98,11 @@ void ParameterServer::receive_push(int w, int64_t step, int64_t pulled_version) 
     add_into(sum_grad_.data(), grad_.data(), p1_ - p0_);
     add_into(sum_state_.data(), state_in_.data(), s1_ - s0_);
   } else {
-    const double staleness_lr = config_.sync.staleness_lr == "inverse" ? lr / (1.0 + tau_[w]) : lr;
-    apply(grad_.data(), staleness_lr, w);
+    // One push is 1/W of a synchronous step (which applies the mean of W gradients at lr), so the lr
+    // and weight decay tuned for synchronous SGD carry over: W pushes at tau = 0 move the weights
+    // as far as one dense step.
+    const double push_lr = lr / W;
+    apply(grad_.data(), config_.sync.staleness_lr == "inverse" ? push_lr / (1.0 + tau_[w]) : push_lr, w);
     // Each worker's change of the BN statistics counts 1/W: a round of W pushes moves them as far as
     // the average of W synchronous ranks' statistics would.
     add_scaled_into(state_, state_in_.data(), 1.f / static_cast<float>(W), s1_ - s0_);
@@ -119,9 +123,7 @@ void ParameterServer::receive_push(int w, int64_t step, int64_t pulled_version) 
 }
 
 void ParameterServer::send_reply(int w, std::vector<comm::Request>& sends) {
-  static thread_local std::vector<int64_t> headers;  // stays valid until the sends complete
-  headers.resize(static_cast<size_t>(layout_.workers) * comm::kReplyHeaderSize);
-  int64_t* h = headers.data() + static_cast<size_t>(w) * comm::kReplyHeaderSize;
+  int64_t* h = reply_headers_.data() + static_cast<size_t>(w) * comm::kReplyHeaderSize;
   h[0] = version_;
   h[1] = tau_[w];
   std::memcpy(&h[2], &last_lr_, sizeof(double));
@@ -174,13 +176,15 @@ int64_t ParameterServer::serve(int64_t first_step, int64_t stop_after,
       throw std::runtime_error("async_ps server: rank " + std::to_string(w) + " pushed step " + std::to_string(step) +
                                ", expected step " + (w >= 0 && w < W ? std::to_string(clock_[w]) : "?") +
                                " (workers out of step: were they started with the same checkpoint?)");
-    if (total_steps_ == 0) {  // the plan arrives with the first push
+    if (total_steps_ == 0) {  // the plan arrives with the first push (a resumed run has it from the checkpoint)
       total_steps_ = header[2];
       steps_per_epoch_ = header[3];
       end_ = std::min(end_, total_steps_);
     } else if (header[2] != total_steps_ || header[3] != steps_per_epoch_) {
-      throw std::runtime_error("async_ps server: workers disagree on the number of steps (rank " + std::to_string(w) +
-                               " has " + std::to_string(header[2]) + ", others " + std::to_string(total_steps_) + ")");
+      throw std::runtime_error("async_ps server: rank " + std::to_string(w) + " plans " + std::to_string(header[2]) +
+                               " steps of " + std::to_string(header[3]) + " per epoch, the server " +
+                               std::to_string(total_steps_) + " of " + std::to_string(steps_per_epoch_) +
+                               " (train.epochs, train.max_steps or data.batch_size changed since the checkpoint?)");
     }
     world_.log().set_step(step, comm::Phase::kDense);
     receive_push(w, step, header[1]);

@@ -4,10 +4,11 @@
 // the workers' pushes until every worker has pushed its last step.
 //
 // Staleness: the server's version counts its optimizer steps; a push computed on version v and
-// arriving at version V has tau = V - v. sync.staleness_lr decides what tau does: inverse (lr / (1 +
-// tau)), none, or dc (DC-ASGD: g + lambda g*g*(w_now - w_pulled), with w_pulled the shard this
-// worker was last sent). The lr schedule runs on pushes / workers (one "step" is one push per
-// worker, as in the synchronous methods).
+// arriving at version V has tau = V - v. One push is applied as 1/W of a synchronous step, at lr / W
+// (W pushes at tau = 0 move the weights as far as one dense step of their mean), and
+// sync.staleness_lr decides what tau does: inverse (lr / W / (1 + tau)), none, or dc (DC-ASGD: g +
+// lambda g*g*(w_now - w_pulled), with w_pulled the shard this worker was last sent). The lr schedule
+// runs on pushes / W (one "step" is one push per worker, as in the synchronous methods).
 //
 // Rounds: a worker's clock is the number of steps it has pushed. Its reply (the pull) is held while
 //   - it is more than sync.max_staleness steps ahead of the slowest worker (stale synchronous
@@ -86,6 +87,7 @@ class ParameterServer {
   std::vector<float> grad_, state_in_, sum_grad_, sum_state_;  // one push; a synchronous round's sums
   std::vector<std::vector<float>> sent_;        // dc: per worker, the parameter shard it was last sent
   std::vector<std::vector<float>> sent_state_;  // per worker, the BN-statistics shard it was last sent
+  std::vector<int64_t> reply_headers_;  // per worker: its reply's header, valid until the send completes
   int next_ = 0;  // deterministic: the worker whose push is taken next
 };
 

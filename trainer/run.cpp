@@ -166,9 +166,11 @@ void print_dry_run(const Config& config, comm::Communicator& comm) {
   std::printf("model: %s, %lld parameters in %zu tensors, gradient %.2f MB per step (%lld bytes)\n",
               config.model.arch.c_str(), static_cast<long long>(n), tensors, n * 4 / 1e6,
               static_cast<long long>(n * 4));
-  std::printf("data: %s at %s%s, batch %lld per process x %d processes\n", config.data.dataset.c_str(),
+  const bool servers = config.sync.method == "async_ps";  // the last sync.servers ranks do not train
+  const int trainers = servers ? std::max<int>(0, comm.size() - static_cast<int>(config.sync.servers)) : comm.size();
+  std::printf("data: %s at %s%s, batch %lld per process x %d %s\n", config.data.dataset.c_str(),
               config.data.root.c_str(), config.data.synthesize_if_missing ? " (synthesized if missing)" : "",
-              static_cast<long long>(config.data.batch_size), comm.size());
+              static_cast<long long>(config.data.batch_size), trainers, servers ? "workers" : "processes");
   auto sync = comm::make_gradient_sync(sync_options(config), comm, n, &views);
   std::printf("sync: %s\n", sync->describe().c_str());
   std::printf("output: %s\n", output_dir(config).c_str());
