@@ -149,6 +149,24 @@ TEST_CASE("async_ps deterministic: staleness follows the round-robin order and r
   }
 }
 
+TEST_CASE("async_ps: DC-ASGD's compensation acts through dc_lambda, and is none at lambda 0",
+          "[mpi][async_ps]") {
+  // Deterministic, 2 workers: every push after the first has tau = 1, so w_now differs from the
+  // weights the gradient was computed on and g*g*(w_now - w_pulled) is not zero.
+  const std::string base = kAsync + " --set sync.deterministic=true --set train.max_steps=6";
+  TempDir none("dc_none"), zero("dc_zero"), dc("dc_on");
+  for (const auto& [dir, extra] :
+       std::vector<std::pair<const TempDir*, std::string>>{{&none, " --set sync.staleness_lr=none"},
+                                                          {&zero, " --set sync.staleness_lr=dc --set sync.dc_lambda=0"},
+                                                          {&dc, " --set sync.staleness_lr=dc --set sync.dc_lambda=2"}}) {
+    Outcome o = run_command(small_cifar_command(3, dir->path, base + extra));
+    INFO(o.output);
+    REQUIRE(o.exit_code == 0);
+  }
+  CHECK(max_parameter_difference(none.path / "checkpoints/step_6", zero.path / "checkpoints/step_6") == 0.0);
+  CHECK(max_parameter_difference(none.path / "checkpoints/step_6", dc.path / "checkpoints/step_6") > 0.0);
+}
+
 TEST_CASE("async_ps: max_staleness bounds how far a worker runs ahead of the slowest", "[mpi][async_ps]") {
   // Rank 1 three times slower (runtime.slowdown), s = 1: worker 0 may push step c only while c - (steps
   // worker 1 has pushed) <= s, so in the server's push order the counts never differ by more than s + 1.
