@@ -280,7 +280,7 @@ class MpiCommunicator final : public Communicator {
 
   int64_t start() const { return log_->active() ? log_->now_us() : 0; }
   void finish(const char* tag, OpKind kind, int64_t size_bytes, int64_t sent, int64_t received, int64_t t0) {
-    log_->record(tag, kind, size_bytes, sent, received, -1, t0, log_->active() ? log_->now_us() : 0);
+    log_->record(tag, kind, size_bytes, sent, received, -1, t0, log_->active() ? log_->now_us() : 0, !owns_comm_);
   }
 
   void raw_allreduce(void* buffer, int64_t count, DType type, ReduceOp op) {

@@ -84,11 +84,11 @@ TEST_CASE("async_ps with max_staleness = 0 is dense synchronous SGD up to the or
     CHECK(max_parameter_difference(dense.path / "checkpoints/step_8", ps.path / "checkpoints/step_8") == 0.0);
   }
   SECTION("3 workers: within float32 rounding of a reordered 3-term sum") {
-    // MPI's allreduce and the server add three gradients in different orders: each element of the
-    // mean can differ by about one float32 ulp (6e-8 relative), and two SGD steps at lr <= 0.1 move
-    // weights of magnitude below 1.1 by a few such ulps. 1e-6 is about eight ulps at 1.0; a wrong
-    // shard, scale or lr changes weights by 1e-3 and more (8 steps of training amplify the rounding
-    // itself past 1e-3 through batch norm at batch 8, hence 2 steps).
+    // MPI's allreduce and the server add three gradients in different orders (the server in arrival
+    // order): each element of the first step's mean differs by about one float32 ulp, and batch norm
+    // at batch 8 amplifies that in the second step's gradient (measured: 1e-7 to 3e-6 after 2 steps,
+    // 1e-2 after 8, hence 2 steps). A wrong shard, a missing 1/W or a wrong lr changes weights by lr
+    // times a gradient entry, 5e-4 and more even at the warmup's lr: 1e-4 separates the two.
     TempDir dense("dense3"), ps("ps3");
     const std::string steps = " --set train.max_steps=2";
     Outcome d = run_command(small_cifar_command(3, dense.path, steps));
@@ -98,7 +98,7 @@ TEST_CASE("async_ps with max_staleness = 0 is dense synchronous SGD up to the or
     INFO(a.output);
     REQUIRE(a.exit_code == 0);
     const double diff = max_parameter_difference(dense.path / "checkpoints/step_2", ps.path / "checkpoints/step_2");
-    CHECK(diff <= 1e-6);
+    CHECK(diff <= 1e-4);
   }
 }
 

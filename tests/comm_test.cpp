@@ -222,8 +222,11 @@ TEST_CASE("split: the last rank alone and the others, each with its own collecti
   CHECK(&group->log() == &c.log());  // one log per process
   // A sum over the group only: the workers' ranks 0..p-2, or the last rank's own.
   int64_t x = me;
+  const size_t world_collectives = c.log().collectives().size();
   group->allreduce(&x, 1, DType::kI64, ReduceOp::kSum, "ALLREDUCE_GROUP");
   CHECK(x == (last ? me : static_cast<int64_t>(p - 1) * (p - 2) / 2));
+  // Not a collective of every rank: left out of the wait split, which matches calls across the job.
+  CHECK(c.log().collectives().size() == world_collectives);
   std::unique_ptr<Communicator> none = c.split(me == 0 ? -1 : 0, 0);
   CHECK((none == nullptr) == (me == 0));
   if (none) CHECK(none->size() == p - 1);
