@@ -97,7 +97,7 @@ void CommLog::set_step(int64_t step, Phase phase) {
 int64_t CommLog::now_us() const { return (steady_ns() - t0_ns_) / 1000; }
 
 void CommLog::record_enabled(const char* op, OpKind kind, int64_t size_bytes, int64_t bytes, int64_t bytes_recv,
-                             int peer, int64_t t_start_us, int64_t t_end_us) {
+                             int peer, int64_t t_start_us, int64_t t_end_us, bool every_rank) {
   // Few distinct tags per run (about ten), so a linear search with a one-entry cache is enough; the
   // pointer test avoids strcmp when the same literal comes back.
   OpStats* s = nullptr;
@@ -132,7 +132,7 @@ void CommLog::record_enabled(const char* op, OpKind kind, int64_t size_bytes, in
   p.bytes_recv += bytes_recv;
   p.time_us += dt;
   // Calls every rank makes in the same order; the short form's kOther carries no such promise.
-  const bool collective = kind != OpKind::kPointToPoint && kind != OpKind::kOther;
+  const bool collective = every_rank && kind != OpKind::kPointToPoint && kind != OpKind::kOther;
   const int64_t index = collective ? static_cast<int64_t>(collectives_.size()) : -1;
   if (collective) collectives_.push_back(CollectiveCall{t_start_us, t_end_us, static_cast<int32_t>(last_op_), phase_});
   if (in_trace_)

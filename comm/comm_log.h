@@ -121,11 +121,13 @@ class CommLog {
   // One call. `size_bytes` is the call's data size S as nccl-tests counts it (allreduce: the
   // buffer; allgather(v): the whole output; alltoall: the whole send buffer; broadcast: the buffer;
   // point to point: the message). The communicator uses this form.
+  // `every_rank`: a collective that every rank of the job takes part in (false for the collectives of
+  // a sub-communicator, which the wait split leaves out: it matches collectives across all ranks).
   void record(const char* op, OpKind kind, int64_t size_bytes, int64_t bytes, int64_t bytes_recv, int peer,
-              int64_t t_start_us, int64_t t_end_us) {
+              int64_t t_start_us, int64_t t_end_us, bool every_rank = true) {
     sent_ += bytes;
     received_ += bytes_recv;
-    if (active_) record_enabled(op, kind, size_bytes, bytes, bytes_recv, peer, t_start_us, t_end_us);
+    if (active_) record_enabled(op, kind, size_bytes, bytes, bytes_recv, peer, t_start_us, t_end_us, every_rank);
   }
   // Short form for callers outside the communicator: point to point when peer >= 0, otherwise
   // kOther (bus factor 1); S = max(bytes, bytes_recv).
@@ -184,7 +186,7 @@ class CommLog {
 
  private:
   void record_enabled(const char* op, OpKind kind, int64_t size_bytes, int64_t bytes, int64_t bytes_recv, int peer,
-                      int64_t t_start_us, int64_t t_end_us);
+                      int64_t t_start_us, int64_t t_end_us, bool every_rank);
   void write_pending();
   void close();
 

@@ -243,6 +243,24 @@ std::string machine_readable(const std::vector<Merged>& ops, const PhaseStats ph
          "\n";
 }
 
+// async_ps: the messages each rank pushed (PUSH_GRAD sent) and pulled (PULL_PARAMS received), one
+// per server per step on a worker, one per worker per step on a server; "" for other methods.
+std::string per_rank_pushes(const std::vector<std::string>& blobs) {
+  std::string out;
+  for (size_t r = 0; r < blobs.size(); ++r) {
+    if (blobs[r].empty()) continue;
+    int64_t pushes = 0, pulls = 0;
+    const nlohmann::json stats = nlohmann::json::parse(blobs[r]);
+    for (const auto& op : stats.at("ops")) {
+      if (op["op"] == "PUSH_GRAD") pushes = op["calls"].get<int64_t>();
+      if (op["op"] == "PULL_PARAMS") pulls = op["calls"].get<int64_t>();
+    }
+    if (pushes == 0 && pulls == 0) continue;
+    out += " r" + std::to_string(r) + " " + std::to_string(pushes) + "/" + std::to_string(pulls);
+  }
+  return out.empty() ? out : "parameter server messages per rank, PUSH_GRAD/PULL_PARAMS:" + out + "\n";
+}
+
 }  // namespace
 
 double busbw_factor(OpKind kind, int world_size) {
@@ -287,7 +305,7 @@ std::string comm_summary(Communicator& comm, std::string* machine) {
   Waits waits;
   for (const std::string& b : blobs) enabled_ranks += merge(b, ops, phases, waits) ? 1 : 0;
   if (machine) *machine = machine_readable(ops, phases, world_size, enabled_ranks);
-  return table(ops, phases, world_size, enabled_ranks, waits);
+  return table(ops, phases, world_size, enabled_ranks, waits) + per_rank_pushes(blobs);
 }
 
 void write_comm_summary(const std::string& text, const std::string& path) {

@@ -28,6 +28,16 @@ struct Request {
   int64_t id = -1;  // index into the communicator's table of pending operations
 };
 
+// irecv's peer for "whichever rank sends first on this channel" (MPI_ANY_SOURCE).
+constexpr int kAnySource = -1;
+
+// What a completed send or receive moved: the peer (for an any-source receive, the rank that sent)
+// and the elements sent or received.
+struct Completion {
+  int peer = -1;
+  int64_t count = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -57,15 +67,25 @@ class Communicator {
   virtual void broadcast(void* buffer, int64_t count, DType type, int root, const char* tag) = 0;
   virtual void barrier(const char* tag) = 0;
 
+  // A communicator over the ranks of this one that pass the same `color` (>= 0), ranked by `key`
+  // (ties by their rank here); nullptr on ranks that pass a negative color. Collective over this
+  // communicator. The new one records into this one's log (one log per process: every call of every
+  // communicator is in comm/rank<R>.jsonl with its op tag; peers are ranks of the communicator the
+  // call was made on). Used for worker-only collectives when some ranks are parameter servers.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
   // Point to point. `channel` separates concurrent streams between the same pair (MPI's tag, >= 0);
   // messages on one channel between one pair arrive in the order they were sent. A receive's
   // `count` is its capacity and the log records what actually arrived; a message over 2^30 bytes
   // must be received with exactly the sent count (see set_message_piece_bytes). Buffers must stay
-  // untouched until the wait.
+  // untouched until the wait. irecv's peer may be kAnySource: then the message must fit one piece
+  // (set_message_piece_bytes), and wait_completion says who sent it.
   virtual Request isend(const void* buffer, int64_t count, DType type, int peer, int channel, const char* tag) = 0;
   virtual Request irecv(void* buffer, int64_t count, DType type, int peer, int channel, const char* tag) = 0;
   // Completes the request and sets its id to -1; waiting on an id of -1 does nothing.
   virtual void wait(Request& request) = 0;
+  // wait() that also says who sent (any-source receives) and how many elements moved.
+  virtual Completion wait_completion(Request& request) = 0;
   // Completes all, logging each at the moment it completed (not when the last one did).
   virtual void wait_all(std::vector<Request>& requests) = 0;
 

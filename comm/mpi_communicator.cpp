@@ -1,5 +1,5 @@
-// The Communicator over MPI_COMM_WORLD, with MPI's C API. Each public call is the MPI call plus one
-// log record; the MPI work itself lives in the raw_* helpers, which also cut 64-bit counts into
+// The Communicator over MPI_COMM_WORLD (and sub-communicators split from it), with MPI's C API.
+// Each public call is the MPI call plus one log record; the MPI work itself lives in the raw_* helpers, which also cut 64-bit counts into
 // pieces MPI's int counts can carry.
 #define OMPI_SKIP_MPICXX 1  // the C API only: no libmpi_cxx
 #define MPICH_SKIP_MPICXX 1
@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <memory>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -68,7 +69,7 @@ struct Pending {
   DType type = DType::kU8;
   int64_t bytes = 0;     // posted size
   int64_t received = 0;  // receives: what arrived so far
-  int peer = -1;
+  int peer = -1;          // kAnySource until an any-source receive completes
   int open = 0;          // MPI requests not yet complete
   bool send = false, busy = false;
   int64_t t_start_us = 0;
@@ -76,7 +77,8 @@ struct Pending {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator() {
+  // MPI_COMM_WORLD: initializes MPI and owns the process's log.
+  MpiCommunicator() : log_(&own_log_) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
@@ -84,25 +86,35 @@ class MpiCommunicator final : public Communicator {
       MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
       owns_mpi_ = true;
     }
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
-    MPI_Comm node;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
-    MPI_Comm_size(node, &local_size_);
-    MPI_Comm_free(&node);
+    comm_ = MPI_COMM_WORLD;
+    init_sizes();
   }
 
+  // A communicator split from another: records into the parent's log.
+  MpiCommunicator(MPI_Comm comm, CommLog& log) : comm_(comm), owns_comm_(true), log_(&log) { init_sizes(); }
+
   ~MpiCommunicator() override {
-    log_.flush();
     int finalized = 0;
     MPI_Finalized(&finalized);
+    if (owns_comm_) {
+      if (!finalized) MPI_Comm_free(&comm_);
+      return;
+    }
+    log_->flush();
     if (owns_mpi_ && !finalized) MPI_Finalize();
   }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int local_size() const override { return local_size_; }
-  CommLog& log() override { return log_; }
+  CommLog& log() override { return *log_; }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub);
+    if (sub == MPI_COMM_NULL) return nullptr;
+    return std::make_unique<MpiCommunicator>(sub, *log_);
+  }
 
   void allreduce(void* buffer, int64_t count, DType type, ReduceOp op, const char* tag) override {
     const int64_t t0 = start();
@@ -118,7 +130,7 @@ class MpiCommunicator final : public Communicator {
     const bool in_place = send == at(recv, rank_ * count * es);
     if (total <= piece_elems(type)) {
       const int c = static_cast<int>(count);
-      MPI_Allgather(in_place ? MPI_IN_PLACE : send, c, mpi_type(type), recv, c, mpi_type(type), MPI_COMM_WORLD);
+      MPI_Allgather(in_place ? MPI_IN_PLACE : send, c, mpi_type(type), recv, c, mpi_type(type), comm_);
     } else {
       // Too large for int counts: every rank broadcasts its block, in pieces.
       if (!in_place) std::memcpy(at(recv, rank_ * count * es), send, count * es);
@@ -148,7 +160,7 @@ class MpiCommunicator final : public Communicator {
       counts.assign(recv_counts.begin(), recv_counts.end());
       offsets.assign(displs.begin(), displs.end());
       MPI_Allgatherv(in_place ? MPI_IN_PLACE : send, static_cast<int>(send_count), mpi_type(type), recv,
-                     counts.data(), offsets.data(), mpi_type(type), MPI_COMM_WORLD);
+                     counts.data(), offsets.data(), mpi_type(type), comm_);
     } else {
       if (!in_place) std::memcpy(at(recv, displs[rank_] * es), send, send_count * es);
       for (int r = 0; r < size_; ++r) raw_broadcast(at(recv, displs[r] * es), recv_counts[r], type, r);
@@ -162,7 +174,7 @@ class MpiCommunicator final : public Communicator {
     const int64_t block = count * es;
     if (count * size_ <= piece_elems(type)) {
       const int c = static_cast<int>(count);
-      MPI_Alltoall(send, c, mpi_type(type), recv, c, mpi_type(type), MPI_COMM_WORLD);
+      MPI_Alltoall(send, c, mpi_type(type), recv, c, mpi_type(type), comm_);
     } else {
       // Too large for int counts: pairwise exchanges in rotated order (step i: send to rank+i,
       // receive from rank-i), each in pieces.
@@ -173,7 +185,7 @@ class MpiCommunicator final : public Communicator {
         for (int64_t off = 0; off < count; off += piece) {
           const int c = static_cast<int>(std::min(piece, count - off));
           MPI_Sendrecv(at(send, dst * block + off * es), c, mpi_type(type), dst, 0, at(recv, src * block + off * es), c,
-                       mpi_type(type), src, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                       mpi_type(type), src, 0, comm_, MPI_STATUS_IGNORE);
         }
       }
     }
@@ -189,7 +201,7 @@ class MpiCommunicator final : public Communicator {
 
   void barrier(const char* tag) override {
     const int64_t t0 = start();
-    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Barrier(comm_);
     finish(tag, OpKind::kBarrier, 0, 0, 0, t0);
   }
 
@@ -201,10 +213,15 @@ class MpiCommunicator final : public Communicator {
     return post(false, buffer, count, type, peer, channel, tag);
   }
 
-  void wait(Request& request) override {
+  void wait(Request& request) override { wait_completion(request); }
+
+  Completion wait_completion(Request& request) override {
+    if (request.id < 0) return {};
+    const Pending& p = table_.at(static_cast<size_t>(request.id));
     wait_scratch_.assign(1, request);
-    wait_all(wait_scratch_);
+    wait_all(wait_scratch_);  // the slot stays readable until the next post reuses it
     request.id = -1;
+    return {p.peer, (p.send ? p.bytes : p.received) / dtype_size(p.type)};
   }
 
   void wait_all(std::vector<Request>& requests) override {
@@ -234,6 +251,7 @@ class MpiCommunicator final : public Communicator {
           int got = 0;
           MPI_Get_count(&statuses_[k], mpi_type(p.type), &got);
           p.received += static_cast<int64_t>(got) * dtype_size(p.type);
+          if (p.peer == kAnySource) p.peer = statuses_[k].MPI_SOURCE;
         }
         if (--p.open == 0) complete(p, static_cast<size_t>(owner_[indices_[k]]));
       }
@@ -243,7 +261,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   [[noreturn]] void abort(int exit_code) override {
-    log_.flush();
+    log_->flush();
     std::fflush(stdout);
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, exit_code);
@@ -251,16 +269,25 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  int64_t start() const { return log_.active() ? log_.now_us() : 0; }
+  void init_sizes() {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    MPI_Comm node;
+    MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+    MPI_Comm_size(node, &local_size_);
+    MPI_Comm_free(&node);
+  }
+
+  int64_t start() const { return log_->active() ? log_->now_us() : 0; }
   void finish(const char* tag, OpKind kind, int64_t size_bytes, int64_t sent, int64_t received, int64_t t0) {
-    log_.record(tag, kind, size_bytes, sent, received, -1, t0, log_.active() ? log_.now_us() : 0);
+    log_->record(tag, kind, size_bytes, sent, received, -1, t0, log_->active() ? log_->now_us() : 0, !owns_comm_);
   }
 
   void raw_allreduce(void* buffer, int64_t count, DType type, ReduceOp op) {
     const int64_t piece = piece_elems(type), es = dtype_size(type);
     for (int64_t off = 0; off < count; off += piece) {
       const int c = static_cast<int>(std::min(piece, count - off));
-      MPI_Allreduce(MPI_IN_PLACE, at(buffer, off * es), c, mpi_type(type), mpi_op(op), MPI_COMM_WORLD);
+      MPI_Allreduce(MPI_IN_PLACE, at(buffer, off * es), c, mpi_type(type), mpi_op(op), comm_);
     }
   }
 
@@ -268,7 +295,7 @@ class MpiCommunicator final : public Communicator {
     const int64_t piece = piece_elems(type), es = dtype_size(type);
     for (int64_t off = 0; off < count; off += piece) {
       const int c = static_cast<int>(std::min(piece, count - off));
-      MPI_Bcast(at(buffer, off * es), c, mpi_type(type), root, MPI_COMM_WORLD);
+      MPI_Bcast(at(buffer, off * es), c, mpi_type(type), root, comm_);
     }
   }
 
@@ -291,6 +318,8 @@ class MpiCommunicator final : public Communicator {
     p.busy = true;
     p.t_start_us = start();
     p.requests.clear();
+    if (!send && peer == kAnySource && count > piece_elems(type))
+      throw std::invalid_argument(std::string("irecv ") + tag + ": an any-source receive must fit one message piece");
     // Pieces of one message share the channel; MPI's non-overtaking rule keeps them in order.
     const int64_t piece = piece_elems(type), es = dtype_size(type);
     int64_t off = 0;
@@ -298,9 +327,9 @@ class MpiCommunicator final : public Communicator {
       const int c = static_cast<int>(std::min(piece, count - off));
       MPI_Request r;
       if (send) {
-        MPI_Isend(at(buffer, off * es), c, mpi_type(type), peer, channel, MPI_COMM_WORLD, &r);
+        MPI_Isend(at(buffer, off * es), c, mpi_type(type), peer, channel, comm_, &r);
       } else {
-        MPI_Irecv(at(buffer, off * es), c, mpi_type(type), peer, channel, MPI_COMM_WORLD, &r);
+        MPI_Irecv(at(buffer, off * es), c, mpi_type(type), peer == kAnySource ? MPI_ANY_SOURCE : peer, channel, comm_, &r);
       }
       p.requests.push_back(r);
       off += c;
@@ -310,19 +339,22 @@ class MpiCommunicator final : public Communicator {
   }
 
   void complete(Pending& p, size_t id) {
-    const int64_t t_end = log_.active() ? log_.now_us() : 0;
+    const int64_t t_end = log_->active() ? log_->now_us() : 0;
     if (p.send) {
-      log_.record(p.tag, OpKind::kPointToPoint, p.bytes, p.bytes, 0, p.peer, p.t_start_us, t_end);
+      log_->record(p.tag, OpKind::kPointToPoint, p.bytes, p.bytes, 0, p.peer, p.t_start_us, t_end);
     } else {
-      log_.record(p.tag, OpKind::kPointToPoint, p.received, 0, p.received, p.peer, p.t_start_us, t_end);
+      log_->record(p.tag, OpKind::kPointToPoint, p.received, 0, p.received, p.peer, p.t_start_us, t_end);
     }
     p.busy = false;
     free_.push_back(id);
   }
 
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  bool owns_comm_ = false;  // a split communicator (freed at destruction), not MPI_COMM_WORLD
   int rank_ = 0, size_ = 1, local_size_ = 1;
   bool owns_mpi_ = false;
-  CommLog log_;
+  CommLog own_log_;  // MPI_COMM_WORLD's: the process's one log
+  CommLog* log_;     // own_log_, or the parent's for a split communicator
   std::vector<Pending> table_;  // Request.id indexes it; finished slots are reused
   std::vector<size_t> free_;
   // Scratch reused across calls, so steady-state calls do not allocate.

@@ -207,6 +207,69 @@ TEST_CASE("isend/irecv ring exchange with several channels in flight") {
   }
 }
 
+TEST_CASE("split: the last rank alone and the others, each with its own collectives, one log") {
+  Communicator& c = world();
+  const int p = c.size(), me = c.rank();
+  const bool last = me == p - 1;
+  CommLogOptions options;
+  options.enabled = true;
+  c.log().open(options, me, p);
+  // Colors: the last rank is "server" (1), the others "workers" (0); a negative color joins none.
+  std::unique_ptr<Communicator> group = c.split(last ? 1 : 0, me);
+  REQUIRE(group != nullptr);
+  CHECK(group->size() == (last ? 1 : p - 1));
+  CHECK(group->rank() == (last ? 0 : me));
+  CHECK(&group->log() == &c.log());  // one log per process
+  // A sum over the group only: the workers' ranks 0..p-2, or the last rank's own.
+  int64_t x = me;
+  const size_t world_collectives = c.log().collectives().size();
+  group->allreduce(&x, 1, DType::kI64, ReduceOp::kSum, "ALLREDUCE_GROUP");
+  CHECK(x == (last ? me : static_cast<int64_t>(p - 1) * (p - 2) / 2));
+  // Not a collective of every rank: left out of the wait split, which matches calls across the job.
+  CHECK(c.log().collectives().size() == world_collectives);
+  std::unique_ptr<Communicator> none = c.split(me == 0 ? -1 : 0, 0);
+  CHECK((none == nullptr) == (me == 0));
+  if (none) CHECK(none->size() == p - 1);
+  // The group's call is in the shared log under its own tag.
+  const auto& ops = c.log().op_stats();
+  const auto it = std::find_if(ops.begin(), ops.end(), [](const OpStats& o) { return o.op == "ALLREDUCE_GROUP"; });
+  REQUIRE(it != ops.end());
+  CHECK(it->calls == 1);
+  CHECK(it->bytes == 8);
+  c.log().open(CommLogOptions{}, me, p);
+}
+
+TEST_CASE("any-source receive: rank 0 learns who sent each message and how much") {
+  Communicator& c = world();
+  const int p = c.size(), me = c.rank();
+  if (p == 1) return;
+  const int channel = 7;
+  if (me == 0) {
+    // One message from every other rank, of 10 + r elements, in whatever order they arrive.
+    std::vector<int> seen(p, 0);
+    for (int k = 1; k < p; ++k) {
+      std::vector<int32_t> in(64, -1);
+      Request r = c.irecv(in.data(), 64, DType::kI32, kAnySource, channel, "IRECV_ANY");
+      const Completion done = c.wait_completion(r);
+      REQUIRE(done.peer >= 1);
+      REQUIRE(done.peer < p);
+      CHECK(done.count == 10 + done.peer);
+      CHECK(in[0] == done.peer);
+      CHECK(in[done.count - 1] == done.peer);
+      CHECK(in[done.count] == -1);
+      seen[done.peer] += 1;
+    }
+    for (int r = 1; r < p; ++r) CHECK(seen[r] == 1);
+  } else {
+    std::vector<int32_t> out(10 + me, me);
+    Request s = c.isend(out.data(), static_cast<int64_t>(out.size()), DType::kI32, 0, channel, "ISEND_ANY");
+    const Completion done = c.wait_completion(s);
+    CHECK(done.peer == 0);
+    CHECK(done.count == 10 + me);
+  }
+  c.barrier("BARRIER_TEST");
+}
+
 TEST_CASE("messages larger than a piece are cut and put back together") {
   // The 2^30-byte limit lowered to 64 bytes: every call below takes its many-piece path.
   Communicator& c = world();

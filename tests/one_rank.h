@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <vector>
 
@@ -33,9 +34,11 @@ class OneRank : public comm::Communicator {
   void alltoall(const void*, int64_t, void*, comm::DType, const char*) override { unused(); }
   void broadcast(void*, int64_t, comm::DType, int, const char*) override {}
   void barrier(const char*) override {}
+  std::unique_ptr<comm::Communicator> split(int, int) override { unused(); }
   comm::Request isend(const void*, int64_t, comm::DType, int, int, const char*) override { unused(); }
   comm::Request irecv(void*, int64_t, comm::DType, int, int, const char*) override { unused(); }
   void wait(comm::Request&) override { unused(); }
+  comm::Completion wait_completion(comm::Request&) override { unused(); }
   void wait_all(std::vector<comm::Request>&) override { unused(); }
   [[noreturn]] void abort(int code) override { std::exit(code); }
 

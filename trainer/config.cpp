@@ -384,6 +384,10 @@ void check_consistency(const Config& c, const Settings& settings, const std::str
     fail(origin({"optim.min_lr", "optim.lr", "optim.schedule"}),
          "optim.min_lr = " + toml_literal(Value(c.optim.min_lr)) + " is above optim.lr = " +
              toml_literal(Value(c.optim.lr)) + " (the cosine schedule decays from lr to min_lr)");
+  if (c.sync.method == "async_ps" && c.train.skip_nonfinite_steps > 0)
+    fail(origin({"train.skip_nonfinite_steps", "sync.method"}),
+         "train.skip_nonfinite_steps applies to synchronous methods, not sync.method = \"async_ps\" (a worker "
+         "cannot skip a step the server may already have applied)");
 }
 
 }  // namespace

@@ -26,6 +26,7 @@ inline const std::vector<std::string> kSpeechFeatures = {"spectrogram", "logmel"
 inline const std::vector<std::string> kOptimizers = {"sgd", "adam", "adamw"};
 inline const std::vector<std::string> kSchedules = {"constant", "multistep", "cosine", "exponential"};
 inline const std::vector<std::string> kConvAlgorithms = {"auto", "direct", "winograd"};
+inline const std::vector<std::string> kStalenessLr = {"inverse", "none", "dc"};
 
 struct ExperimentConfig {
   std::string name = "quickstart";
@@ -106,6 +107,8 @@ struct RuntimeConfig {
   int64_t threads = 0;  // 0: hardware cores / ranks on this node
   bool deterministic = false;
   std::string conv_algorithm = "auto";
+  int64_t slowdown_rank = -1;     // runtime.slowdown = {rank = R, factor = F}: a straggler for experiments
+  double slowdown_factor = 1.0;
 };
 
 struct SyncConfig {
@@ -121,6 +124,11 @@ struct SyncConfig {
   bool balance = true;
   int64_t rank = 2;
   double min_compression_rate = 2.0;
+  int64_t servers = 1;                    // async_ps: the last `servers` ranks
+  std::string staleness_lr = "inverse";   // async_ps: inverse, none or dc
+  double dc_lambda = 0.04;                // async_ps, staleness_lr = "dc"
+  int64_t max_staleness = -1;             // async_ps: -1 unbounded, 0 synchronous
+  bool deterministic = false;             // async_ps: serve workers in rank order
 };
 
 struct CommConfig {

@@ -231,6 +231,12 @@ void visit_config(Cfg& c, Visitor& v) {
         "channels, where it measured faster; direct elsewhere), direct, or winograd (wherever "
         "oneDNN has it).",
         kConvAlgorithms);
+  v.key("runtime.slowdown.rank", c.runtime.slowdown_rank,
+        "A straggler for experiments, written runtime.slowdown = {rank = R, factor = F}: rank R sleeps "
+        "after each step so that its steps take F times as long as they would (-1 = nobody).",
+        at_least(-1));
+  v.key("runtime.slowdown.factor", c.runtime.slowdown_factor,
+        "The straggler's slowdown factor F (1 = none).", closed(1, 1000));
 
   v.section("sync", "Data parallelism: how gradients (or parameters) are combined across processes.");
   v.key("sync.method", c.sync.method,
@@ -238,12 +244,15 @@ void visit_config(Cfg& c, Visitor& v) {
         "(local steps, parameters averaged every sync.period steps); oktopk (Ok-Top-k sparse "
         "allreduce); topka (local top-k, allgather); gaussiank (normal-fit threshold, allgatherv); "
         "gtopk (tree of pairwise top-k merges, power-of-two process counts); powersgd (rank-r factors "
-        "P Q^T of each weight matrix, PyTorch's powerSGD_hook). The sparse methods send about "
-        "sync.density of the entries, powersgd (n + m) r per n x m matrix; all keep the rest in an "
-        "error-feedback residual.",
+        "P Q^T of each weight matrix, PyTorch's powerSGD_hook); async_ps (asynchronous parameter "
+        "server: the last sync.servers ranks hold the parameters and run the optimizer, the others "
+        "push gradients and pull parameters without waiting for each other). The sparse methods send "
+        "about sync.density of the entries, powersgd (n + m) r per n x m matrix; all keep the rest in "
+        "an error-feedback residual.",
         comm::sync_method_names());
   v.key("sync.dense_warmup_steps", c.sync.dense_warmup_steps,
-        "The first N steps use dense allreduce whatever the method (synchronous SGD for local_sgd).",
+        "The first N steps use dense allreduce whatever the method (synchronous SGD for local_sgd; "
+        "for async_ps synchronous rounds: the servers average every worker's gradient).",
         at_least(0));
   v.key("sync.bucket_mb", c.sync.bucket_mb,
         "Dense allreduce bucket size in MB (PyTorch DDP's default is 25).", open_closed(0, 1e6));
@@ -275,6 +284,26 @@ void visit_config(Cfg& c, Visitor& v) {
         "powersgd: a tensor (viewed as shape[0] x the rest) is compressed when (n + m) r times this is "
         "below n m; the others (and 1-D tensors) are averaged densely in the same allreduce.",
         closed(0, 1e6));
+  v.key("sync.servers", c.sync.servers,
+        "async_ps: parameter servers, the last N ranks; each owns a contiguous shard of the flat "
+        "parameters and BN statistics and runs the optimizer and lr schedule on it (must be below the "
+        "number of processes).",
+        closed(1, 1 << 20));
+  v.key("sync.staleness_lr", c.sync.staleness_lr,
+        "async_ps: how a server treats a gradient computed tau versions ago. A push is 1/W of a "
+        "synchronous step (lr / W with W workers); then inverse (lr / W / (1 + tau)), none (lr / W), "
+        "or dc (DC-ASGD: g + dc_lambda g*g*(w_now - w_pulled) at lr / W).",
+        kStalenessLr);
+  v.key("sync.dc_lambda", c.sync.dc_lambda, "async_ps, staleness_lr = \"dc\": the compensation strength lambda.",
+        closed(0, 1e6));
+  v.key("sync.max_staleness", c.sync.max_staleness,
+        "async_ps: stale synchronous parallel bound s: a worker more than s steps ahead of the slowest "
+        "waits (-1 = no bound). s = 0 is synchronous: the server averages each round's gradients "
+        "into one optimizer step (dense SGD up to summation order).",
+        at_least(-1));
+  v.key("sync.deterministic", c.sync.deterministic,
+        "async_ps: servers take the workers' pushes in rank order, round robin, instead of whichever "
+        "arrives first: repeatable runs (resume is bit for bit) at the pace of the slowest worker.");
 
   v.section("comm", "The communication log (comm/rank<R>.jsonl and comm/summary.txt).");
   v.key("comm.log", c.comm.log, "Record every message and collective of the recorded steps.");

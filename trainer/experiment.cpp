@@ -40,6 +40,7 @@ comm::SyncOptions sync_options(const Config& c) {
   o.rank = c.sync.rank;
   o.min_compression_rate = c.sync.min_compression_rate;
   o.seed = static_cast<uint64_t>(c.experiment.seed);
+  o.servers = c.sync.servers;
   return o;
 }
 
@@ -56,8 +57,6 @@ optim::OptimizerOptions optimizer_options(const Config& c) {
   return o;
 }
 
-namespace {
-
 optim::ScheduleOptions schedule_options(const OptimConfig& o) {
   optim::ScheduleOptions s;
   s.kind = optim::schedule_kind_from_name(o.schedule);
@@ -69,17 +68,24 @@ optim::ScheduleOptions schedule_options(const OptimConfig& o) {
   return s;
 }
 
-}  // namespace
+int64_t total_steps(const Config& config, int64_t steps_per_epoch) {
+  int64_t total = config.train.epochs * steps_per_epoch;
+  if (config.train.max_steps > 0) total = std::min(total, config.train.max_steps);
+  return total;
+}
 
-Experiment build_experiment(const Config& config, comm::Communicator& comm,
+Experiment build_experiment(const Config& config, comm::Communicator& world, comm::Communicator& training,
                             const std::function<void(const std::string&)>& announce) {
   Experiment e;
-  e.task = make_task(config, comm, announce);
+  e.task = make_task(config, training, announce);
   const OptimConfig& o = config.optim;
   const int64_t n = e.task->parameters().size();
   e.optimizer = optim::make_optimizer(optimizer_options(config), n);
   e.schedule = schedule_options(o);
-  e.sync = comm::make_gradient_sync(sync_options(config), comm, n, &e.task->parameters().views());
+  comm::SyncOptions so = sync_options(config);
+  so.steps_per_epoch = e.task->steps_per_epoch();
+  so.total_steps = total_steps(config, so.steps_per_epoch);
+  e.sync = comm::make_gradient_sync(so, world, n, &e.task->parameters().views());
   return e;
 }
 

@@ -27,11 +27,16 @@ struct Experiment {
 // convolution algorithm. Returns the thread count.
 int configure_runtime(const Config& config, int local_ranks);
 
-// Everything; `announce` receives progress lines (rank 0).
-Experiment build_experiment(const Config& config, comm::Communicator& comm,
+// Everything; `announce` receives progress lines (rank 0). The task's data is shared among the
+// ranks of `training` (all of `world`, or async_ps's workers); the sync method talks to `world`.
+Experiment build_experiment(const Config& config, comm::Communicator& world, comm::Communicator& training,
                             const std::function<void(const std::string&)>& announce);
 
+// The run's steps: train.epochs of steps_per_epoch, capped by train.max_steps.
+int64_t total_steps(const Config& config, int64_t steps_per_epoch);
+
 comm::SyncOptions sync_options(const Config& config);
+optim::ScheduleOptions schedule_options(const OptimConfig& o);
 optim::OptimizerOptions optimizer_options(const Config& config);
 
 }  // namespace trainer::app

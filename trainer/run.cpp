@@ -10,11 +10,13 @@
 #include <malloc.h>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "comm/chrome_trace.h"
 #include "comm/comm_log.h"
 #include "comm/comm_summary.h"
 #include "comm/comm_wait.h"
+#include "comm/sync/async_ps.h"
 #include "comm/sync/dense.h"
 #include "comm/sync/select.h"
 #include "optim/clip.h"
@@ -22,6 +24,7 @@
 #include "trainer/experiment.h"
 #include "trainer/metrics.h"
 #include "trainer/preemption.h"
+#include "trainer/ps_server.h"
 #include "trainer/step_control.h"
 
 namespace trainer::app {
@@ -48,16 +51,6 @@ uint64_t checksum(const float* data, int64_t n) {
   const auto* bytes = reinterpret_cast<const unsigned char*>(data);
   for (int64_t i = 0; i < n * 4; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
   return h;
-}
-
-// Every rank must start from the same weights; a mismatch would silently train P different models.
-void check_identical(const models::ParameterStore& params, comm::Communicator& comm) {
-  if (comm.size() == 1) return;
-  const auto h = static_cast<int64_t>(checksum(params.values(), params.size()) >> 1);
-  int64_t lo = h, hi = h;
-  comm.allreduce(&lo, 1, comm::DType::kI64, comm::ReduceOp::kMin, "ALLREDUCE_CHECK");
-  comm.allreduce(&hi, 1, comm::DType::kI64, comm::ReduceOp::kMax, "ALLREDUCE_CHECK");
-  if (lo != hi) throw std::runtime_error("ranks hold different initial weights (parameter checksums differ)");
 }
 
 // A resumed run continues metrics.jsonl: drop the records a killed run wrote after the checkpoint.
@@ -138,7 +131,31 @@ void release_free_heap() {
   heap_at_last_trim = mallinfo2().arena;
 }
 
+// After training (also after --stop-after), on every rank of the world: waits from the ranks' entry
+// times, then the trace.
+void finish_comm_log(const Config& config, comm::Communicator& comm, const std::vector<comm::TraceSpan>& spans,
+                     const std::string& out) {
+  comm.log().flush();
+  comm::resolve_waits(comm);
+  if (config.comm.trace_steps > 0) comm::write_chrome_trace(comm, spans, out + "/trace.json");
+}
+
+// The straggler knob (runtime.slowdown): this rank sleeps (factor - 1) times the step's own work.
+void slow_down(const Config& config, int rank, double step_ms) {
+  if (rank != config.runtime.slowdown_rank || config.runtime.slowdown_factor <= 1) return;
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>((config.runtime.slowdown_factor - 1) * step_ms));
+}
+
 }  // namespace
+
+void check_identical(const models::ParameterStore& params, comm::Communicator& comm) {
+  if (comm.size() == 1) return;
+  const auto h = static_cast<int64_t>(checksum(params.values(), params.size()) >> 1);
+  int64_t lo = h, hi = h;
+  comm.allreduce(&lo, 1, comm::DType::kI64, comm::ReduceOp::kMin, "ALLREDUCE_CHECK");
+  comm.allreduce(&hi, 1, comm::DType::kI64, comm::ReduceOp::kMax, "ALLREDUCE_CHECK");
+  if (lo != hi) throw std::runtime_error("ranks hold different initial weights (parameter checksums differ)");
+}
 
 void print_dry_run(const Config& config, comm::Communicator& comm) {
   if (comm.rank() != 0) return;
@@ -149,9 +166,11 @@ void print_dry_run(const Config& config, comm::Communicator& comm) {
   std::printf("model: %s, %lld parameters in %zu tensors, gradient %.2f MB per step (%lld bytes)\n",
               config.model.arch.c_str(), static_cast<long long>(n), tensors, n * 4 / 1e6,
               static_cast<long long>(n * 4));
-  std::printf("data: %s at %s%s, batch %lld per process x %d processes\n", config.data.dataset.c_str(),
+  const bool servers = config.sync.method == "async_ps";  // the last sync.servers ranks do not train
+  const int trainers = servers ? std::max<int>(0, comm.size() - static_cast<int>(config.sync.servers)) : comm.size();
+  std::printf("data: %s at %s%s, batch %lld per process x %d %s\n", config.data.dataset.c_str(),
               config.data.root.c_str(), config.data.synthesize_if_missing ? " (synthesized if missing)" : "",
-              static_cast<long long>(config.data.batch_size), comm.size());
+              static_cast<long long>(config.data.batch_size), trainers, servers ? "workers" : "processes");
   auto sync = comm::make_gradient_sync(sync_options(config), comm, n, &views);
   std::printf("sync: %s\n", sync->describe().c_str());
   std::printf("output: %s\n", output_dir(config).c_str());
@@ -167,6 +186,16 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   auto say = [&](const std::string& text) {
     if (lead) progress.line(text);
   };
+  // async_ps: the last sync.servers ranks are parameter servers (a bad count is the same error on
+  // every rank).
+  comm::PsLayout layout;
+  if (config.sync.method == "async_ps") {
+    try {
+      layout = comm::PsLayout::make(world, config.sync.servers);
+    } catch (const std::invalid_argument& e) {
+      throw AgreedError(e.what(), 1);
+    }
+  }
   install_stop_handlers();
   const auto inject_nan = nan_injections();
   const int threads = configure_runtime(config, comm.local_size());
@@ -190,7 +219,24 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   comm.log().open(log_options, rank, world);
   comm::align_log_clock(comm);  // first clock sample for the wait split and the trace
 
-  Experiment e = build_experiment(config, comm, say);
+  // A rank's role decides its step. async_ps servers serve (trainer/ps_server.h) and take part in
+  // the world's collectives below (checkpoints, the comm log) in the same order as the workers; the
+  // workers' own collectives (evaluation) run on `training`, their communicator.
+  std::unique_ptr<comm::Communicator> workers;
+  if (layout.world > 0) {
+    workers = comm.split(layout.is_server(rank) ? -1 : 0, rank);
+    if (!workers) {
+      const bool finished = run_server(config, options, comm);
+      finish_comm_log(config, comm, {}, out);
+      if (finished) comm::comm_summary(comm);
+      return RunSummary{};
+    }
+  }
+  comm::Communicator& training = workers ? *workers : comm;
+  const int trainers = training.size();
+  const bool lockstep = !workers;  // every rank takes every step together (the per-step control allreduce)
+
+  Experiment e = build_experiment(config, comm, training, say);
   Task& task = *e.task;
   models::ParameterStore& params = task.parameters();
   models::ParameterStore& buffers = task.buffers();
@@ -198,8 +244,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
                                  &params.views()};
   const DataConfig& d = config.data;
   const int64_t steps_per_epoch = task.steps_per_epoch();
-  int64_t total_steps = config.train.epochs * steps_per_epoch;
-  if (config.train.max_steps > 0) total_steps = std::min(total_steps, config.train.max_steps);
+  const int64_t total_steps = app::total_steps(config, steps_per_epoch);
 
   const CheckpointIdentity identity{world, rank, config_hash(config), config.model.arch};
   int64_t first_step = 0;
@@ -229,7 +274,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
           "%d threads each, sync %s; output in %s",
           config.experiment.name.c_str(), config.model.arch.c_str(), static_cast<long long>(params.size()),
           static_cast<long long>(task.train_examples()), static_cast<long long>(first_step),
-          static_cast<long long>(total_steps), static_cast<long long>(d.batch_size), world, threads,
+          static_cast<long long>(total_steps), static_cast<long long>(d.batch_size), trainers, threads,
           config.sync.method.c_str(), out.c_str()));
 
   auto save = [&](int64_t step) {
@@ -268,7 +313,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   nlohmann::json last_eval;
   auto run_eval = [&](int64_t step, int64_t epoch) {
     const auto t0 = Clock::now();
-    nlohmann::json r = task.evaluate(comm);
+    nlohmann::json r = task.evaluate(training);
     if (r.contains("accuracy")) {
       summary.final_accuracy = r["accuracy"].get<double>();
       best = std::max(best, summary.final_accuracy);
@@ -284,9 +329,9 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   };
 
   // Interval accumulators, reset at each metrics record.
-  double loss_sum = 0, t_data = 0, t_compute = 0, t_sync = 0, t_optim = 0, density_sum = 0;
+  double loss_sum = 0, t_data = 0, t_compute = 0, t_sync = 0, t_optim = 0, density_sum = 0, tau_sum = 0;
   int64_t interval_steps = 0, interval_samples = 0, interval_correct = 0, interval_skipped = 0, sent = 0,
-          received = 0;
+          received = 0, tau_max = -1;
   auto interval_start = Clock::now();
   const auto train_start = Clock::now();
   comm::Phase phase = comm::Phase::kDense;
@@ -299,12 +344,6 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     const int64_t now = comm.log().now_us();
     spans.push_back(comm::TraceSpan{name, step, span_start, now});
     span_start = now;
-  };
-  // After training (also after --stop-after): waits from the ranks' entry times, then the trace.
-  auto finish_comm_log = [&]() {
-    comm.log().flush();
-    comm::resolve_waits(comm);
-    if (config.comm.trace_steps > 0) comm::write_chrome_trace(comm, spans, out + "/trace.json");
   };
 
   // Non-finite steps skipped in a row (train.skip_nonfinite_steps), and the BN statistics before
@@ -332,6 +371,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   for (int64_t step = first_step; step < total_steps; ++step) {
     const int64_t epoch = step / steps_per_epoch;
     auto t0 = Clock::now();
+    const auto step_t0 = t0;
     const int64_t step_start = span_start = comm.log().now_us();
     task.load_batch();
     t_data += ms_since(t0);
@@ -346,6 +386,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     if (inject_nan.count({rank, step})) params.grads()[params.views().back().offset] = std::nanf("");
     t_compute += ms_since(t0);
     span("forward_backward", step);
+    slow_down(config, rank, ms_since(step_t0));
 
     // The control allreduce: a stop signal on any rank, and a NaN or infinity in any rank's loss or
     // local gradient, found before the sync can spread it into other ranks' weights or residuals.
@@ -353,8 +394,16 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     comm.log().set_step(step, config.sync.method == "dense" || step < config.sync.dense_warmup_steps
                                   ? comm::Phase::kDense
                                   : comm::Phase::kCompressed);
-    const StepVerdict verdict = agree_on_step(comm, stop_signal_received(), loss, params);
+    // Without lockstep (async_ps workers) each rank checks its own: a non-finite gradient, or a stop
+    // signal (no checkpoint the servers would join), ends the job on every rank (MPI_Abort).
+    const StepVerdict verdict = lockstep ? agree_on_step(comm, stop_signal_received(), loss, params)
+                                         : check_step_here(rank, stop_signal_received(), loss, params);
     t_sync += ms_since(t0);
+    if (!lockstep && (verdict.nonfinite || verdict.stop_signal))
+      throw std::runtime_error(verdict.nonfinite ? fmt("non-finite value at step %lld: %s", static_cast<long long>(step),
+                                                       nonfinite_item(verdict.tensor, params).c_str())
+                                                 : std::string("stopped by a signal: async_ps continues from the last "
+                                                               "periodic checkpoint (train.checkpoint_every)"));
     // A skipped step (train.skip_nonfinite_steps) changes nothing but the loader position on every
     // rank alike: no optimizer step, no local-SGD averaging, BN statistics restored, and no sync when
     // the control allreduce found it (after the sync only an overflow of finite local gradients
@@ -362,7 +411,16 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     bool applied = false;
     comm::SyncStats stats;
     const double lr = optim::learning_rate(e.schedule, step, steps_per_epoch, total_steps);
-    if (verdict.nonfinite) {
+    if (e.sync->applies_update()) {
+      // async_ps: this rank's gradient, clipped by its own norm, goes to the servers, which run the
+      // optimizer and the lr schedule and send the parameters back.
+      optim::clip_grad_norm(params.grads(), params.size(), config.optim.grad_clip_norm);
+      t0 = Clock::now();
+      stats = e.sync->reduce(sync_buffers, step);
+      t_sync += ms_since(t0);
+      span("sync", step);
+      applied = true;
+    } else if (verdict.nonfinite) {
       nonfinite(step, fmt("%s on rank %d, before the gradient sync", nonfinite_item(verdict.tensor, params).c_str(),
                           verdict.rank));
     } else {
@@ -405,13 +463,17 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
       interval_steps += 1;
       interval_samples += result.samples;
       interval_correct += result.correct;
+      if (stats.staleness >= 0) {
+        tau_sum += static_cast<double>(stats.staleness);
+        tau_max = std::max(tau_max, stats.staleness);
+      }
     } else {
       interval_skipped += 1;
     }
     const int64_t done = step + 1;
     const bool log_now = done % config.train.log_every_steps == 0 || done == total_steps;
     if (lead) {
-      const double rate = interval_samples * world / std::max(ms_since(interval_start) / 1e3, 1e-9);
+      const double rate = interval_samples * trainers / std::max(ms_since(interval_start) / 1e3, 1e-9);
       const double elapsed = ms_since(train_start) / 1e3;
       const double busy = t_data + t_compute + t_sync + t_optim;
       progress.step(fmt("step %lld/%lld  epoch %lld  loss %.4f  lr %.4g  %.0f samples/s  sync %.0f%%  ETA %s",
@@ -439,12 +501,18 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
         if (task.classifies())
           record["train_accuracy"] = static_cast<double>(interval_correct) / std::max<int64_t>(interval_samples, 1);
         if (interval_skipped > 0) record["skipped_steps"] = interval_skipped;
+        if (tau_max >= 0) {  // async_ps: rank 0's gradients' staleness at the servers, and their lr
+          record["staleness_mean"] = tau_sum * k;
+          record["staleness_max"] = tau_max;
+          record["lr"] = stats.lr;
+        }
         metrics->write(record);
       }
     }
     if (log_now) {
-      loss_sum = t_data = t_compute = t_sync = t_optim = density_sum = 0;
+      loss_sum = t_data = t_compute = t_sync = t_optim = density_sum = tau_sum = 0;
       interval_steps = interval_samples = interval_correct = interval_skipped = sent = received = 0;
+      tau_max = -1;
       interval_start = Clock::now();
     }
     const int64_t every = config.train.eval_every_steps;
@@ -455,7 +523,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     if ((ck_every > 0 && done % ck_every == 0) || final_step || verdict.stop_signal)
       save_or_warn(done, final_step || verdict.stop_signal);
     if (verdict.stop_signal && !final_step) {
-      finish_comm_log();
+      finish_comm_log(config, comm, spans, out);
       say(fmt("stopped by %s after step %lld of %lld; checkpoint %s; continue with the same command and "
               "--resume latest",
               verdict.stop_signal == SIGTERM ? "SIGTERM" : verdict.stop_signal == SIGINT ? "SIGINT" : "a signal",
@@ -465,19 +533,19 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
       return summary;
     }
     if (done == options.stop_after) {
-      finish_comm_log();
+      finish_comm_log(config, comm, spans, out);
       if (lead) progress.line(fmt("stopping after step %lld (--stop-after)", static_cast<long long>(done)));
       return summary;
     }
   }
   if (lead) progress.finish();
-  finish_comm_log();
+  finish_comm_log(config, comm, spans, out);
 
   summary.steps = total_steps;
   summary.best_accuracy = best;
   summary.seconds = ms_since(t_start) / 1e3;
   summary.samples_per_s =
-      (total_steps - first_step) * d.batch_size * world / std::max(ms_since(train_start) / 1e3, 1e-9);
+      (total_steps - first_step) * d.batch_size * trainers / std::max(ms_since(train_start) / 1e3, 1e-9);
   std::string summary_json;
   const std::string table = comm::comm_summary(comm, &summary_json);
   if (lead) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "models/parameters.h"
 #include "trainer/config.h"
 
 namespace trainer::app {
@@ -43,6 +44,10 @@ constexpr int kExitNonFinite = 3;
 // failed final checkpoint. On SIGTERM/SIGINT (trainer/preemption.h) it checkpoints and returns
 // early with summary.stop_signal set.
 RunSummary run_training(const Config& config, const RunOptions& options, comm::Communicator& comm);
+
+// Collective: every rank must start from the same weights (a mismatch would silently train P
+// different models); throws std::runtime_error when their checksums differ.
+void check_identical(const models::ParameterStore& params, comm::Communicator& comm);
 
 // Prints what a run would do: resolved config, model summary (parameters, gradient bytes), data
 // and the sync plan.

@@ -41,6 +41,19 @@ StepVerdict agree_on_step(comm::Communicator& comm, int local_stop_signal, doubl
   return v;
 }
 
+StepVerdict check_step_here(int rank, int local_stop_signal, double loss, const models::ParameterStore& params) {
+  StepVerdict v;
+  v.stop_signal = local_stop_signal;
+  if (!std::isfinite(loss)) {
+    v.nonfinite = true;
+  } else if (const int t = first_nonfinite_gradient(params); t >= 0) {
+    v.nonfinite = true;
+    v.tensor = t;
+  }
+  if (v.nonfinite) v.rank = rank;
+  return v;
+}
+
 std::string nonfinite_item(int tensor, const models::ParameterStore& params) {
   if (tensor < 0) return "the loss";
   if (tensor >= static_cast<int>(params.views().size())) return "the gradient";

@@ -33,6 +33,10 @@ int first_nonfinite_gradient(const models::ParameterStore& params);
 StepVerdict agree_on_step(comm::Communicator& comm, int local_stop_signal, double loss,
                           const models::ParameterStore& params);
 
+// The same verdict from this rank's own loss and gradient alone, without a message: for ranks that
+// do not take their steps together (async_ps workers).
+StepVerdict check_step_here(int rank, int local_stop_signal, double loss, const models::ParameterStore& params);
+
 // "the loss" or "the gradient of layer1.0.conv1.weight", for messages.
 std::string nonfinite_item(int tensor, const models::ParameterStore& params);
 

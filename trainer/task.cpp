@@ -33,6 +33,23 @@ std::unique_ptr<Task> make_task(const Config& config, comm::Communicator& comm,
   return std::make_unique<ImageTask>(config, comm, announce);
 }
 
+ModelStores build_model_stores(const Config& config) {
+  check_pairing(config);
+  ModelStores m;
+  if (is_speech(config)) {
+    std::shared_ptr<models::SpeechModel> model = SpeechTask::build_model(config);
+    m.params = &model->parameters();
+    m.buffers = &model->buffers();
+    m.model = model;
+  } else {
+    std::shared_ptr<models::ImageClassifier> model = ImageTask::build_model(config);
+    m.params = &model->parameters();
+    m.buffers = &model->buffers();
+    m.model = model;
+  }
+  return m;
+}
+
 int64_t model_parameter_count(const Config& config, std::vector<models::ParamView>* views) {
   check_pairing(config);
   if (is_speech(config)) {

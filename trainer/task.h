@@ -50,6 +50,15 @@ class Task {
 std::unique_ptr<Task> make_task(const Config& config, comm::Communicator& comm,
                                 const std::function<void(const std::string&)>& announce);
 
+// The model alone, without data: what a parameter server holds (sync.method = "async_ps"). The
+// stores belong to `model` and are initialized exactly as a Task's (the same seed).
+struct ModelStores {
+  std::shared_ptr<void> model;
+  models::ParameterStore* params = nullptr;
+  models::ParameterStore* buffers = nullptr;
+};
+ModelStores build_model_stores(const Config& config);
+
 // The model's parameter store layout alone (no data), for --dry-run: count and named tensors.
 int64_t model_parameter_count(const Config& config, std::vector<models::ParamView>* views = nullptr);
 

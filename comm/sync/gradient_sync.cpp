@@ -3,6 +3,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "comm/sync/async_ps.h"
 #include "comm/sync/dense.h"
 #include "comm/sync/gaussiank.h"
 #include "comm/sync/gtopk.h"
@@ -47,6 +48,7 @@ class WarmupSync final : public GradientSync {
 std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communicator& comm, int64_t n,
                                                  const std::vector<models::ParamView>* views) {
   std::unique_ptr<GradientSync> method;
+  if (o.method == "async_ps") return std::make_unique<AsyncPsWorker>(comm, o, n);
   if (o.method == "dense") return std::make_unique<DenseSync>(comm, n, o.bucket_mb);
   if (o.method == "local_sgd") method = std::make_unique<LocalSgd>(comm, n, o.bucket_mb, o.period);
   if (o.method == "oktopk") method = std::make_unique<OkTopk>(comm, n, o);

@@ -10,6 +10,9 @@
 //                        local SGD between averaging steps)
 //   optimizer step
 //   after_step(params)   after the optimizer: local SGD averages parameters here
+// except for a method whose applies_update() is true (async_ps): its reduce() sends the gradient
+// to where the optimizer runs (the parameter servers) and returns with the new parameters, and the
+// trainer runs no optimizer step of its own.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +32,8 @@ namespace trainer::comm {
 struct SyncStats {
   Phase phase = Phase::kDense;
   double density = 1.0;  // fraction of gradient entries this rank contributed
+  int64_t staleness = -1;  // async_ps: tau of this step's gradient at the servers (-1: synchronous method)
+  double lr = -1;          // async_ps: the lr the servers applied (-1: the trainer's own schedule)
 };
 
 // The model's flat buffers as the sync stage sees them.
@@ -49,6 +54,8 @@ class GradientSync {
   virtual std::string describe() const = 0;
   virtual SyncStats reduce(SyncBuffers& b, int64_t step) = 0;
   virtual void after_step(SyncBuffers& b, int64_t step) {}
+  // True when reduce() also applies the update (the optimizer runs elsewhere: async_ps's servers).
+  virtual bool applies_update() const { return false; }
   // Versioned binary state; load() throws std::runtime_error naming what does not match.
   virtual void save(std::ostream& out) const = 0;
   virtual void load(std::istream& in) = 0;
@@ -69,6 +76,9 @@ struct SyncOptions {
   int64_t rank = 2;                     // powersgd: rank of the factors
   double min_compression_rate = 2.0;    // powersgd: compress when (n + m) r * rate < n m
   uint64_t seed = 0;                    // powersgd: the first Q's seed (the same on every rank)
+  int64_t servers = 1;                  // async_ps: the last `servers` ranks serve
+  int64_t total_steps = 0;              // async_ps: the run's steps (the servers' schedule and end)
+  int64_t steps_per_epoch = 0;          // async_ps: for the servers' lr schedule
 };
 
 // Throws std::invalid_argument naming the available methods (method_names.h) for an unknown one.

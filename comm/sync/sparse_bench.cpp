@@ -323,7 +323,7 @@ int run_sync_bench(const SyncBenchOptions& o) {
     }
   for (const auto& m : o.methods) {
     const auto& names = sync_method_names();
-    if (std::find(names.begin(), names.end(), m) == names.end() || m == "local_sgd") {
+    if (std::find(names.begin(), names.end(), m) == names.end() || m == "local_sgd" || m == "async_ps") {
       if (rank == 0) std::fprintf(stderr, "bench sync: unknown or unsupported method '%s'\n", m.c_str());
       return 2;
     }

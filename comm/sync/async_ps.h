@@ -1,0 +1,80 @@
+// The asynchronous parameter server (sync.method = "async_ps"): the worker's side and the wire
+// protocol both sides share. The server's side (optimizer, lr schedule, staleness, checkpoints)
+// is trainer/ps_server.h; docs/architecture.md ("Roles") walks one step through both.
+//
+// Roles: of P ranks the last S (sync.servers) are servers, the first W = P - S workers. The flat
+// parameters (n) and the flat non-trainable state (BN statistics, n_state) are each cut into S
+// contiguous shards; server s owns shard s of both.
+//
+// One worker step, per server s, all nonblocking and completed together:
+//   worker -> server  PS_HEADER   int64[4]: step, the version it pulled, total steps, steps per epoch
+//                     PUSH_GRAD   its gradient's shard s (float)
+//                     PUSH_STATE  its BN statistics, shard s (float); the server adds their change
+//                                 since it last sent them to this worker
+//   server -> worker  PS_HEADER   int64[3]: the version now, the staleness tau of this push, the lr
+//                                 applied (a double's bits)
+//                     PULL_PARAMS the parameters' shard s (float)
+//                     PULL_STATE  the BN statistics' shard s (float)
+// The server takes headers from whichever worker sends first (an any-source receive; or in rank
+// order, round robin, with sync.deterministic), then that worker's payload on separate channels
+// (MPI keeps messages of one channel between one pair in order). The reply is the pull: the
+// worker goes on from the parameters it gets back, without waiting for other workers, unless the
+// server holds the reply (stale synchronous parallel bound, checkpoint and evaluation rounds).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/sync/gradient_sync.h"
+
+namespace trainer::comm {
+
+// Who is who: validated once per run (throws std::invalid_argument naming sync.servers).
+struct PsLayout {
+  int world = 0, servers = 0, workers = 0;
+  static PsLayout make(int world_size, int64_t servers);
+  bool is_server(int rank) const { return rank >= workers; }
+  int server_rank(int s) const { return workers + s; }  // world rank of server s
+  // Server s's contiguous part [begin, end) of n elements: sizes differ by at most one.
+  static std::pair<int64_t, int64_t> shard(int64_t n, int parts, int s);
+};
+
+// Point-to-point channels (MPI tags) of the protocol; the clock ping-pong uses 30001.
+constexpr int kPsHeaderChannel = 20101;
+constexpr int kPsGradChannel = 20102;
+constexpr int kPsStateChannel = 20103;
+constexpr int kPsReplyChannel = 20104;
+constexpr int kPsParamsChannel = 20105;
+constexpr int kPsPulledStateChannel = 20106;
+
+constexpr int kPushHeaderSize = 4;   // step, pulled version, total steps, steps per epoch
+constexpr int kReplyHeaderSize = 3;  // version, tau, lr bits
+
+// The worker's side: reduce() pushes this rank's gradient and BN-statistics change to every server
+// and returns with the parameters and BN statistics the servers sent back in SyncBuffers::params and
+// ::state (the optimizer ran on the servers: applies_update() is true). SyncStats::staleness is the
+// largest tau the servers reported for this push, SyncStats::lr the lr they applied.
+class AsyncPsWorker final : public GradientSync {
+ public:
+  // `world` is every rank (servers included). total_steps and steps_per_epoch travel in every header
+  // so the servers run the same lr schedule and know when the run ends.
+  AsyncPsWorker(Communicator& world, const SyncOptions& options, int64_t n);
+  std::string name() const override { return "async_ps"; }
+  std::string describe() const override;
+  SyncStats reduce(SyncBuffers& b, int64_t step) override;
+  bool applies_update() const override { return true; }
+  void save(std::ostream& out) const override;
+  void load(std::istream& in) override;
+
+ private:
+  Communicator& world_;
+  SyncOptions options_;
+  int64_t n_;
+  PsLayout layout_;
+  std::vector<int64_t> pulled_version_;  // per server: the version of the parameters this rank holds
+  std::vector<float> state_out_;         // the BN statistics pushed (a copy: the pull overwrites them)
+};
+
+}  // namespace trainer::comm

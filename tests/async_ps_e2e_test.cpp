@@ -1,0 +1,265 @@
+// The asynchronous parameter server (sync.method = "async_ps") end to end under mpiexec, on the small
+// synthetic CIFAR of tests/cifar_runs.h: synchronous rounds equal dense SGD, deterministic runs
+// resume bit for bit, the staleness a known push order must give, a failing worker ends the job,
+// and bad settings are one clear error.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iterator>
+#include <thread>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cifar_runs.h"
+#include "models/safetensors.h"
+#include "process.h"
+
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+using trainer::testing::Outcome;
+using trainer::testing::run_command;
+using trainer::testing::small_cifar_command;
+using trainer::testing::TempDir;
+
+namespace {
+
+// The largest difference between two checkpoints' trainable parameters (model.safetensors: rank 0's,
+// which after the final round are the servers'). BN running statistics are left out: dense ranks keep
+// their own, async_ps servers average the workers' changes.
+double max_parameter_difference(const fs::path& a, const fs::path& b) {
+  const auto x = trainer::models::read_safetensors((a / "model.safetensors").string());
+  const auto y = trainer::models::read_safetensors((b / "model.safetensors").string());
+  REQUIRE(x.tensors.size() == y.tensors.size());
+  double worst = 0;
+  int compared = 0;
+  for (const auto& t : x.tensors) {
+    if (t.name.find("running_") != std::string::npos || t.name.find("num_batches") != std::string::npos) continue;
+    const std::vector<float> u = t.as_f32(), v = y.at(t.name).as_f32();
+    REQUIRE(u.size() == v.size());
+    for (size_t i = 0; i < u.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(u[i]) - v[i]));
+    ++compared;
+  }
+  REQUIRE(compared > 20);  // ResNet-20's weights, not only a few tensors
+  return worst;
+}
+
+std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+const std::string kAsync = " --set sync.method=async_ps --set sync.servers=1";
+
+}  // namespace
+
+TEST_CASE("async_ps with max_staleness = 0 is dense synchronous SGD up to the order of the gradient sum",
+          "[mpi][async_ps]") {
+  SECTION("2 workers: a sum of two floats does not depend on order, so the weights are bit-identical") {
+    // Dense at P = 2 against 2 workers and 2 servers (P = 4): the same data shards, the same
+    // optimizer per element, each server's shard of the mean gradient equal to dense's.
+    TempDir dense("dense2"), ps("ps2");
+    const std::string steps = " --set train.max_steps=8";
+    Outcome d = run_command(small_cifar_command(2, dense.path, steps));
+    INFO(d.output);
+    REQUIRE(d.exit_code == 0);
+    Outcome a = run_command(small_cifar_command(
+        4, ps.path, steps + " --set sync.method=async_ps --set sync.servers=2 --set sync.max_staleness=0"));
+    INFO(a.output);
+    REQUIRE(a.exit_code == 0);
+    CHECK(max_parameter_difference(dense.path / "checkpoints/step_8", ps.path / "checkpoints/step_8") == 0.0);
+  }
+  SECTION("3 workers: within float32 rounding of a reordered 3-term sum") {
+    // MPI's allreduce and the server add three gradients in different orders (the server in arrival
+    // order): each element of the first step's mean differs by about one float32 ulp, and batch norm
+    // at batch 8 amplifies that in the second step's gradient (measured: 1e-7 to 3e-6 after 2 steps,
+    // 1e-2 after 8, hence 2 steps). A wrong shard, a missing 1/W or a wrong lr changes weights by lr
+    // times a gradient entry, 5e-4 and more even at the warmup's lr: 1e-4 separates the two.
+    TempDir dense("dense3"), ps("ps3");
+    const std::string steps = " --set train.max_steps=2";
+    Outcome d = run_command(small_cifar_command(3, dense.path, steps));
+    INFO(d.output);
+    REQUIRE(d.exit_code == 0);
+    Outcome a = run_command(small_cifar_command(4, ps.path, steps + kAsync + " --set sync.max_staleness=0"));
+    INFO(a.output);
+    REQUIRE(a.exit_code == 0);
+    const double diff = max_parameter_difference(dense.path / "checkpoints/step_2", ps.path / "checkpoints/step_2");
+    CHECK(diff <= 1e-4);
+  }
+}
+
+TEST_CASE("async_ps deterministic: staleness follows the round-robin order and resume is bit-identical",
+          "[mpi][async_ps][resume]") {
+  // 2 workers and 1 server, no staleness bound, pushes taken in rank order: 0, 1, 0, 1, ... Worker
+  // 0's first push finds the version it pulled (tau 0); every later one finds worker 1's push applied
+  // since (tau 1). Steps 5 and 10 are checkpoint rounds: all workers pull the same version there, and
+  // the next push of worker 0 is again tau 0.
+  const std::string sync = kAsync + " --set sync.deterministic=true --set train.max_steps=16 --set train.checkpoint_every=5";
+  TempDir ref("det_ref");
+  Outcome r = run_command(small_cifar_command(3, ref.path, sync));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  std::vector<nlohmann::json> intervals;
+  for (const auto& rec : read_jsonl(ref.path / "metrics.jsonl"))
+    if (rec.contains("staleness_mean")) intervals.push_back(rec);
+  REQUIRE(intervals.size() == 4);  // steps 1-5, 6-10, 11-15, 16 (log every 5)
+  for (const auto& rec : intervals) {
+    INFO(rec.dump());
+    const int64_t done = rec["step"].get<int64_t>();
+    const int64_t steps = done == 16 ? 1 : 5;
+    // One tau-0 push per interval (after the start or a checkpoint round), the rest tau 1.
+    CHECK(rec["staleness_mean"].get<double>() == Approx(static_cast<double>(steps - 1) / steps));
+    CHECK(rec["staleness_max"].get<int64_t>() == (steps > 1 ? 1 : 0));
+  }
+  // The server's comm log: every worker's every step pushed and pulled once.
+  std::map<int, int> pushes, pulls;
+  for (const auto& rec : read_jsonl(ref.path / "comm/rank2.jsonl")) {
+    if (rec["op"] == "PUSH_GRAD") pushes[rec["peer"].get<int>()] += 1;
+    if (rec["op"] == "PULL_PARAMS") pulls[rec["peer"].get<int>()] += 1;
+  }
+  CHECK(pushes == std::map<int, int>{{0, 16}, {1, 16}});
+  CHECK(pulls == std::map<int, int>{{0, 16}, {1, 16}});
+
+  for (int stop : {7, 10}) {  // between checkpoints 5 and 10, and on one
+    TempDir part("det_part" + std::to_string(stop));
+    Outcome first = run_command(small_cifar_command(3, part.path, sync + " --stop-after " + std::to_string(stop)));
+    INFO(first.output);
+    REQUIRE(first.exit_code == 0);
+    Outcome second = run_command(small_cifar_command(3, part.path, sync + " --resume latest"));
+    INFO(second.output);
+    REQUIRE(second.exit_code == 0);
+    CHECK_THAT(second.output, Contains("resumed from"));
+    // Workers' parameters, BN statistics and pulled versions; the server's shard, optimizer state,
+    // version and push count.
+    trainer::testing::require_identical_states(ref.path / "checkpoints/step_16", part.path / "checkpoints/step_16", 3);
+  }
+}
+
+TEST_CASE("async_ps: DC-ASGD's compensation acts through dc_lambda, and is none at lambda 0",
+          "[mpi][async_ps]") {
+  // Deterministic, 2 workers: every push after the first has tau = 1, so w_now differs from the
+  // weights the gradient was computed on and g*g*(w_now - w_pulled) is not zero.
+  const std::string base = kAsync + " --set sync.deterministic=true --set train.max_steps=6";
+  TempDir none("dc_none"), zero("dc_zero"), dc("dc_on");
+  for (const auto& [dir, extra] :
+       std::vector<std::pair<const TempDir*, std::string>>{{&none, " --set sync.staleness_lr=none"},
+                                                          {&zero, " --set sync.staleness_lr=dc --set sync.dc_lambda=0"},
+                                                          {&dc, " --set sync.staleness_lr=dc --set sync.dc_lambda=2"}}) {
+    Outcome o = run_command(small_cifar_command(3, dir->path, base + extra));
+    INFO(o.output);
+    REQUIRE(o.exit_code == 0);
+  }
+  CHECK(max_parameter_difference(none.path / "checkpoints/step_6", zero.path / "checkpoints/step_6") == 0.0);
+  CHECK(max_parameter_difference(none.path / "checkpoints/step_6", dc.path / "checkpoints/step_6") > 0.0);
+}
+
+TEST_CASE("async_ps: max_staleness bounds how far a worker runs ahead of the slowest", "[mpi][async_ps]") {
+  // Rank 1 three times slower (runtime.slowdown), s = 1: worker 0 may push step c only while c - (steps
+  // worker 1 has pushed) <= s, so in the server's push order the counts never differ by more than s + 1.
+  TempDir dir("ssp");
+  Outcome o = run_command(small_cifar_command(3, dir.path, kAsync + " --set train.max_steps=10 --set sync.max_staleness=1" +
+                                                               " --set runtime.slowdown.rank=1 --set runtime.slowdown.factor=3"));
+  INFO(o.output);
+  REQUIRE(o.exit_code == 0);
+  int count[2] = {0, 0}, widest = 0;
+  for (const auto& rec : read_jsonl(dir.path / "comm/rank2.jsonl")) {
+    if (rec["op"] != "PUSH_GRAD") continue;
+    count[rec["peer"].get<int>()] += 1;
+    widest = std::max(widest, std::abs(count[0] - count[1]));
+  }
+  CHECK(count[0] == 10);
+  CHECK(count[1] == 10);
+  CHECK(widest <= 2);
+  // The summary counts every rank's pushes and pulls (one server: one message each per step).
+  CHECK_THAT(o.output, Contains("PUSH_GRAD/PULL_PARAMS: r0 10/10 r1 10/10 r2 20/20"));
+}
+
+TEST_CASE("async_ps: a killed server ends the job (no hang)", "[mpi][async_ps][failure]") {
+  TempDir dir("ps_killed");
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    setsid();
+    execl("/bin/sh", "sh", "-c",
+          (small_cifar_command(3, dir.path, kAsync + " --set train.max_steps=2000") + " > /dev/null 2>&1").c_str(),
+          nullptr);
+    _exit(127);
+  }
+  const fs::path metrics = dir.path / "metrics.jsonl";
+  for (int i = 0; i < 6000 && (!fs::exists(metrics) || fs::file_size(metrics) == 0); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(fs::exists(metrics));
+  // The server is world rank 2: the descendant of the job whose environment says so (Open MPI puts
+  // each rank in a process group of its own, so the job's group does not find them).
+  pid_t victim = 0;
+  std::vector<pid_t> family{pid};
+  for (size_t i = 0; i < family.size(); ++i) {
+    std::FILE* children = popen(("pgrep -P " + std::to_string(family[i])).c_str(), "r");
+    REQUIRE(children);
+    for (int child = 0; std::fscanf(children, "%d", &child) == 1;) family.push_back(child);
+    pclose(children);
+  }
+  for (pid_t candidate : family) {
+    std::ifstream env("/proc/" + std::to_string(candidate) + "/environ");
+    const std::string all((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
+    if (all.find(std::string("OMPI_COMM_WORLD_RANK=2") + '\0') != std::string::npos) victim = candidate;
+  }
+  REQUIRE(victim > 0);
+  kill(victim, SIGKILL);
+  int status = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  pid_t done = 0;
+  while ((done = waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (done == 0) kill(-pid, SIGKILL), waitpid(pid, &status, 0);
+  CHECK(done == pid);  // the job ended by itself ...
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) != 0);  // ... as a failure
+}
+
+TEST_CASE("async_ps: an error on a worker ends every rank, servers included, promptly", "[mpi][async_ps][failure]") {
+  TempDir dir("ps_failure");
+  const auto t0 = std::chrono::steady_clock::now();
+  Outcome o = run_command(small_cifar_command(3, dir.path, kAsync + " --set train.max_steps=30 --inject-failure 1:5"));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(o.output);
+  CHECK(o.exit_code != 0);
+  CHECK_THAT(o.output, Contains("rank 1 of 3") && Contains("injected failure at step 5"));
+  CHECK(seconds < 120);
+}
+
+TEST_CASE("async_ps: bad settings are one clear error naming the key", "[mpi][async_ps][config]") {
+  TempDir dir("ps_config");
+  SECTION("no rank left to be a worker") {
+    Outcome o = run_command(small_cifar_command(2, dir.path, " --set sync.method=async_ps --set sync.servers=2"));
+    INFO(o.output);
+    CHECK(o.exit_code == 1);
+    CHECK_THAT(o.output, Contains("sync.servers = 2 must be at least 1 and below the number of processes (2)"));
+    // Every rank found it, one printed it.
+    size_t count = 0;
+    for (size_t at = o.output.find("sync.servers = 2"); at != std::string::npos;
+         at = o.output.find("sync.servers = 2", at + 1))
+      ++count;
+    CHECK(count == 1);
+  }
+  SECTION("unknown staleness rule") {
+    Outcome o = run_command(small_cifar_command(2, dir.path, kAsync + " --set sync.staleness_lr=sqrt"));
+    INFO(o.output);
+    CHECK(o.exit_code == 1);
+    CHECK_THAT(o.output, Contains("sync.staleness_lr") && Contains("inverse"));
+  }
+}

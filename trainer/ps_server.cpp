@@ -1,0 +1,264 @@
+#include "trainer/ps_server.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "comm/sync/sync_state.h"
+#include "trainer/checkpoint.h"
+#include "trainer/experiment.h"
+#include "trainer/task.h"
+
+namespace trainer::app {
+namespace {
+
+// The server's arithmetic on flat float buffers, one pass each (a device backend replaces these).
+void add_into(float* sum, const float* x, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) sum[i] += x[i];
+}
+void add_scaled_into(float* y, const float* x, float a, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+void subtract_from(float* y, const float* x, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] -= x[i];
+}
+void scale(float* x, float a, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) x[i] *= a;
+}
+// DC-ASGD (Zheng et al. 2017): g + lambda g*g*(w_now - w_pulled), the diagonal approximation of the
+// Hessian term of g(w_now) around w_pulled.
+void delay_compensate(float* g, const float* w_now, const float* w_pulled, float lambda, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) g[i] += lambda * g[i] * g[i] * (w_now[i] - w_pulled[i]);
+}
+
+}  // namespace
+
+ParameterServer::ParameterServer(const Config& config, comm::Communicator& world, models::ParameterStore& params,
+                                 models::ParameterStore& buffers)
+    : config_(config), world_(world), layout_(comm::PsLayout::make(world.size(), config.sync.servers)) {
+  me_ = world.rank() - layout_.workers;
+  std::tie(p0_, p1_) = comm::PsLayout::shard(params.size(), layout_.servers, me_);
+  std::tie(s0_, s1_) = comm::PsLayout::shard(buffers.size(), layout_.servers, me_);
+  params_ = params.values() + p0_;
+  state_ = buffers.values() + s0_;
+  optimizer_ = optim::make_optimizer(optimizer_options(config), p1_ - p0_);
+  schedule_ = schedule_options(config.optim);
+  const size_t W = static_cast<size_t>(layout_.workers);
+  clock_.assign(W, 0);
+  waiting_.assign(W, false);
+  tau_.assign(W, 0);
+  grad_.resize(static_cast<size_t>(p1_ - p0_));
+  state_in_.resize(static_cast<size_t>(s1_ - s0_));
+  sum_grad_.assign(grad_.size(), 0.f);
+  sum_state_.assign(state_in_.size(), 0.f);
+  reply_headers_.resize(W * comm::kReplyHeaderSize);
+}
+
+bool ParameterServer::synchronous(int64_t step) const {
+  return config_.sync.max_staleness == 0 || step < config_.sync.dense_warmup_steps;
+}
+
+bool ParameterServer::round_point(int64_t clock) const {
+  const TrainConfig& t = config_.train;
+  if (clock >= end_) return true;
+  if (t.checkpoint_every > 0 && clock % t.checkpoint_every == 0) return true;
+  if (t.eval_every_steps > 0) return clock % t.eval_every_steps == 0;
+  return steps_per_epoch_ > 0 && clock % steps_per_epoch_ == 0;
+}
+
+bool ParameterServer::may_continue(int w, int64_t slowest) const {
+  const int64_t c = clock_[w];
+  if (round_point(c) || synchronous(c - 1)) return c == slowest;
+  return config_.sync.max_staleness < 0 || c - slowest <= config_.sync.max_staleness;
+}
+
+void ParameterServer::apply(float* grad, double lr, int w_for_dc) {
+  // grad is grad_ or sum_grad_, both this server's scratch: DC-ASGD changes it in place.
+  if (w_for_dc >= 0 && config_.sync.staleness_lr == "dc")
+    delay_compensate(grad, params_, sent_[w_for_dc].data(), static_cast<float>(config_.sync.dc_lambda), p1_ - p0_);
+  optimizer_->step(params_, grad, lr);
+  last_lr_ = lr;
+  ++version_;
+}
+
+void ParameterServer::receive_push(int w, int64_t step, int64_t pulled_version) {
+  const int W = layout_.workers;
+  tau_[w] = version_ - pulled_version;
+  subtract_from(state_in_.data(), sent_state_[w].data(), s1_ - s0_);  // the worker's change of the BN statistics
+  const double lr = optim::learning_rate(schedule_, pushes_ / W, steps_per_epoch_, total_steps_);
+  if (synchronous(step)) {
+    add_into(sum_grad_.data(), grad_.data(), p1_ - p0_);
+    add_into(sum_state_.data(), state_in_.data(), s1_ - s0_);
+  } else {
+    // One push is 1/W of a synchronous step (which applies the mean of W gradients at lr), so the lr
+    // and weight decay tuned for synchronous SGD carry over: W pushes at tau = 0 move the weights
+    // as far as one dense step.
+    const double push_lr = lr / W;
+    apply(grad_.data(), config_.sync.staleness_lr == "inverse" ? push_lr / (1.0 + tau_[w]) : push_lr, w);
+    // Each worker's change of the BN statistics counts 1/W: a round of W pushes moves them as far as
+    // the average of W synchronous ranks' statistics would.
+    add_scaled_into(state_, state_in_.data(), 1.f / static_cast<float>(W), s1_ - s0_);
+    ++pushes_;
+  }
+  ++clock_[w];
+  waiting_[w] = true;
+  // A complete synchronous round: the mean of its gradients is one optimizer step.
+  if (synchronous(step) && std::all_of(clock_.begin(), clock_.end(), [&](int64_t c) { return c == step + 1; })) {
+    const float inv = 1.f / static_cast<float>(W);
+    scale(sum_grad_.data(), inv, p1_ - p0_);  // as dense: the sum, then one scaling pass
+    apply(sum_grad_.data(), lr, -1);
+    add_scaled_into(state_, sum_state_.data(), inv, s1_ - s0_);
+    std::fill(sum_grad_.begin(), sum_grad_.end(), 0.f);
+    std::fill(sum_state_.begin(), sum_state_.end(), 0.f);
+    pushes_ += W;
+  }
+}
+
+void ParameterServer::send_reply(int w, std::vector<comm::Request>& sends) {
+  int64_t* h = reply_headers_.data() + static_cast<size_t>(w) * comm::kReplyHeaderSize;
+  h[0] = version_;
+  h[1] = tau_[w];
+  std::memcpy(&h[2], &last_lr_, sizeof(double));
+  sends.push_back(world_.isend(h, comm::kReplyHeaderSize, comm::DType::kI64, w, comm::kPsReplyChannel, "PS_HEADER"));
+  sends.push_back(world_.isend(params_, p1_ - p0_, comm::DType::kF32, w, comm::kPsParamsChannel, "PULL_PARAMS"));
+  sends.push_back(
+      world_.isend(state_, s1_ - s0_, comm::DType::kF32, w, comm::kPsPulledStateChannel, "PULL_STATE"));
+  if (!sent_.empty()) sent_[w].assign(params_, params_ + (p1_ - p0_));
+  sent_state_[w].assign(state_, state_ + (s1_ - s0_));
+  waiting_[w] = false;
+}
+
+void ParameterServer::release(std::vector<comm::Request>& sends) {
+  const int64_t slowest = *std::min_element(clock_.begin(), clock_.end());
+  for (int w = 0; w < layout_.workers; ++w)
+    if (waiting_[w] && may_continue(w, slowest)) send_reply(w, sends);
+}
+
+int64_t ParameterServer::serve(int64_t first_step, int64_t stop_after,
+                               const std::function<void(int64_t)>& checkpoint) {
+  const int W = layout_.workers;
+  std::fill(clock_.begin(), clock_.end(), first_step);
+  // Every worker holds the server's shard now: the initial weights (checked identical) or the
+  // checkpoint's (a checkpoint is a round every worker has pulled).
+  sent_state_.assign(W, std::vector<float>(state_, state_ + (s1_ - s0_)));
+  if (config_.sync.staleness_lr == "dc") sent_.assign(W, std::vector<float>(params_, params_ + (p1_ - p0_)));
+  end_ = stop_after > 0 ? stop_after : INT64_MAX;
+  if (total_steps_ > 0) end_ = std::min(end_, total_steps_);
+  int64_t header[comm::kPushHeaderSize];
+  std::vector<comm::Request> sends, payload;
+  while (std::any_of(clock_.begin(), clock_.end(), [&](int64_t c) { return c < end_; })) {
+    // Whose push: whichever comes first, or (deterministic) the next worker in rank order that can
+    // push at all (not held, not finished).
+    int source = comm::kAnySource;
+    if (config_.sync.deterministic) {
+      while (waiting_[next_] || clock_[next_] >= end_) next_ = (next_ + 1) % W;
+      source = next_;
+      next_ = (next_ + 1) % W;
+    }
+    comm::Request r = world_.irecv(header, comm::kPushHeaderSize, comm::DType::kI64, source, comm::kPsHeaderChannel,
+                                   "PS_HEADER");
+    const int w = world_.wait_completion(r).peer;
+    payload.clear();
+    payload.push_back(world_.irecv(grad_.data(), p1_ - p0_, comm::DType::kF32, w, comm::kPsGradChannel, "PUSH_GRAD"));
+    payload.push_back(
+        world_.irecv(state_in_.data(), s1_ - s0_, comm::DType::kF32, w, comm::kPsStateChannel, "PUSH_STATE"));
+    world_.wait_all(payload);
+    const int64_t step = header[0];
+    if (w < 0 || w >= W || step != clock_[w] || waiting_[w])
+      throw std::runtime_error("async_ps server: rank " + std::to_string(w) + " pushed step " + std::to_string(step) +
+                               ", expected step " + (w >= 0 && w < W ? std::to_string(clock_[w]) : "?") +
+                               " (workers out of step: were they started with the same checkpoint?)");
+    if (total_steps_ == 0) {  // the plan arrives with the first push (a resumed run has it from the checkpoint)
+      total_steps_ = header[2];
+      steps_per_epoch_ = header[3];
+      end_ = std::min(end_, total_steps_);
+    } else if (header[2] != total_steps_ || header[3] != steps_per_epoch_) {
+      throw std::runtime_error("async_ps server: rank " + std::to_string(w) + " plans " + std::to_string(header[2]) +
+                               " steps of " + std::to_string(header[3]) + " per epoch, the server " +
+                               std::to_string(total_steps_) + " of " + std::to_string(steps_per_epoch_) +
+                               " (train.epochs, train.max_steps or data.batch_size changed since the checkpoint?)");
+    }
+    world_.log().set_step(step, comm::Phase::kDense);
+    receive_push(w, step, header[1]);
+    sends.clear();
+    release(sends);
+    world_.wait_all(sends);  // the replies read the shard: done before it changes again
+    // A round every worker has reached: its replies are out, so the workers take the checkpoint
+    // with the server.
+    const int64_t c = clock_[w];
+    const bool round_done = std::all_of(clock_.begin(), clock_.end(), [&](int64_t x) { return x == c; });
+    const TrainConfig& t = config_.train;
+    if (round_done && ((t.checkpoint_every > 0 && c % t.checkpoint_every == 0) || c == total_steps_)) checkpoint(c);
+  }
+  return end_;
+}
+
+void ParameterServer::save(std::ostream& optimizer_out, std::ostream& state_out) const {
+  optimizer_->save(optimizer_out);
+  comm::write_sync_header(state_out, "async_ps_server", 1);
+  for (int64_t v : {static_cast<int64_t>(layout_.workers), static_cast<int64_t>(layout_.servers), version_, pushes_,
+                    total_steps_, steps_per_epoch_})
+    comm::write_pod(state_out, v);
+}
+
+void ParameterServer::load(std::istream& optimizer_in, std::istream& state_in) {
+  optimizer_->load(optimizer_in);
+  comm::read_sync_header(state_in, "async_ps_server", 1);
+  int64_t v[6];
+  for (int64_t& x : v) x = comm::read_pod<int64_t>(state_in);
+  if (!state_in) throw std::runtime_error("async_ps server state: truncated");
+  if (v[0] != layout_.workers || v[1] != layout_.servers)
+    throw std::runtime_error("async_ps state was saved with " + std::to_string(v[0]) + " workers and " +
+                             std::to_string(v[1]) + " servers (sync.servers), this run has " +
+                             std::to_string(layout_.workers) + " and " + std::to_string(layout_.servers));
+  version_ = v[2];
+  pushes_ = v[3];
+  total_steps_ = v[4];
+  steps_per_epoch_ = v[5];
+}
+
+bool run_server(const Config& config, const RunOptions& options, comm::Communicator& world) {
+  const std::string out = output_dir(config);
+  ModelStores model = build_model_stores(config);
+  models::ParameterStore& params = *model.params;
+  models::ParameterStore& buffers = *model.buffers;
+  ParameterServer server(config, world, params, buffers);
+  const CheckpointIdentity identity{world.size(), world.rank(), config_hash(config), config.model.arch};
+  int64_t first_step = 0;
+  if (!options.resume.empty()) {
+    LoadedCheckpoint ck = load_checkpoint(out, options.resume, identity, params, buffers, world);
+    std::istringstream opt_state(ck.state.optimizer_state), sync_state(ck.state.sync_state);
+    server.load(opt_state, sync_state);
+    first_step = ck.state.step;
+  } else {
+    check_identical(params, world);
+  }
+  // The same checkpoint calls as the workers' (run.cpp): a failed periodic one is a warning there
+  // (rank 0 prints it), the final one an error on every rank.
+  auto checkpoint = [&](int64_t step) {
+    TrainingState state;
+    state.step = step;
+    state.epoch = step / std::max<int64_t>(server.steps_per_epoch(), 1);
+    state.batch_in_epoch = step % std::max<int64_t>(server.steps_per_epoch(), 1);
+    std::ostringstream opt_state, sync_state;
+    server.save(opt_state, sync_state);
+    state.optimizer_state = opt_state.str();
+    state.sync_state = sync_state.str();
+    try {
+      save_checkpoint(out, identity, params, buffers, state, world, static_cast<int>(config.train.keep_checkpoints));
+    } catch (const std::runtime_error& e) {
+      if (step == server.total_steps()) throw AgreedError(e.what(), 1);
+    }
+  };
+  return server.serve(first_step, options.stop_after, checkpoint) == server.total_steps();
+}
+
+}  // namespace trainer::app

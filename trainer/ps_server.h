@@ -1,0 +1,99 @@
+// The server role of sync.method = "async_ps" (the wire protocol and the worker's side are
+// comm/sync/async_ps.h). A server rank holds the model's flat parameters and BN statistics, of which
+// it owns one contiguous shard, runs the optimizer and the lr schedule on that shard, and answers
+// the workers' pushes until every worker has pushed its last step.
+//
+// Staleness: the server's version counts its optimizer steps; a push computed on version v and
+// arriving at version V has tau = V - v. One push is applied as 1/W of a synchronous step, at lr / W
+// (W pushes at tau = 0 move the weights as far as one dense step of their mean), and
+// sync.staleness_lr decides what tau does: inverse (lr / W / (1 + tau)), none, or dc (DC-ASGD: g +
+// lambda g*g*(w_now - w_pulled), with w_pulled the shard this worker was last sent). The lr schedule
+// runs on pushes / W (one "step" is one push per worker, as in the synchronous methods).
+//
+// Rounds: a worker's clock is the number of steps it has pushed. Its reply (the pull) is held while
+//   - it is more than sync.max_staleness steps ahead of the slowest worker (stale synchronous
+//     parallel; -1 = no bound);
+//   - its step was synchronous (sync.max_staleness = 0, or within sync.dense_warmup_steps): then the
+//     server sums the round's W gradients and applies their mean as one optimizer step, which is
+//     dense synchronous SGD up to the order of the sum;
+//   - its clock is a checkpoint, evaluation or final step: every worker must arrive, so that all
+//     evaluate the same parameters and a checkpoint is one consistent cut (servers: shard, optimizer,
+//     versions; workers: the parameters they hold, loader position, pulled versions).
+// With sync.deterministic the server takes pushes in rank order, round robin, so the order of
+// updates (and with it every bit of the run) does not depend on timing.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/sync/async_ps.h"
+#include "models/parameters.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+#include "trainer/config.h"
+#include "trainer/run.h"
+
+namespace trainer::app {
+
+class ParameterServer {
+ public:
+  // params and buffers: the whole model (only this server's shards are read and written).
+  ParameterServer(const Config& config, comm::Communicator& world, models::ParameterStore& params,
+                  models::ParameterStore& buffers);
+
+  // Serves from clock `first_step` until every worker has pushed step end - 1, where end is the
+  // run's total steps (learned from the workers' headers) or `stop_after` when that is earlier.
+  // `checkpoint(step)` runs (collectively with the workers) when a checkpoint round is complete
+  // and its replies are sent. Returns end.
+  int64_t serve(int64_t first_step, int64_t stop_after, const std::function<void(int64_t)>& checkpoint);
+
+  // Optimizer state and the server's own (versions, pushes, schedule plan), for checkpoints.
+  void save(std::ostream& optimizer_out, std::ostream& state_out) const;
+  void load(std::istream& optimizer_in, std::istream& state_in);
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  int64_t total_steps() const { return total_steps_; }
+
+ private:
+  bool synchronous(int64_t step) const;
+  bool round_point(int64_t clock) const;  // checkpoint, evaluation or final clock: all must arrive
+  bool may_continue(int w, int64_t slowest) const;
+  void receive_push(int w, int64_t step, int64_t pulled_version);
+  void apply(float* grad, double lr, int w_for_dc);
+  void release(std::vector<comm::Request>& sends);
+  void send_reply(int w, std::vector<comm::Request>& sends);
+
+  const Config& config_;
+  comm::Communicator& world_;
+  comm::PsLayout layout_;
+  int me_ = 0;                       // this server's index, 0..S-1
+  int64_t p0_ = 0, p1_ = 0;          // its parameter shard
+  int64_t s0_ = 0, s1_ = 0;          // its BN-statistics shard
+  float* params_;                    // shard start
+  float* state_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  optim::ScheduleOptions schedule_;
+  int64_t version_ = 0;  // optimizer steps applied
+  int64_t pushes_ = 0;   // gradients applied (a synchronous round counts W): the schedule's step is pushes / W
+  int64_t total_steps_ = 0, steps_per_epoch_ = 0;  // from the workers' headers (0: none seen yet)
+  int64_t end_ = 0;
+  double last_lr_ = 0;
+  std::vector<int64_t> clock_;  // per worker: steps pushed
+  std::vector<bool> waiting_;   // per worker: pushed, reply held
+  std::vector<int64_t> tau_;    // per worker: staleness of its last push
+  std::vector<float> grad_, state_in_, sum_grad_, sum_state_;  // one push; a synchronous round's sums
+  std::vector<std::vector<float>> sent_;        // dc: per worker, the parameter shard it was last sent
+  std::vector<std::vector<float>> sent_state_;  // per worker, the BN-statistics shard it was last sent
+  std::vector<int64_t> reply_headers_;  // per worker: its reply's header, valid until the send completes
+  int next_ = 0;  // deterministic: the worker whose push is taken next
+};
+
+// A server rank's part of run_training (after the common setup): builds the model, resumes or checks
+// the initial weights with the workers, serves, and writes its checkpoints. Returns true when the
+// run went to its end (false: --stop-after).
+bool run_server(const Config& config, const RunOptions& options, comm::Communicator& world);
+
+}  // namespace trainer::app
