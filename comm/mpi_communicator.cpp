@@ -89,6 +89,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm node;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
     MPI_Comm_size(node, &local_size_);
+    MPI_Comm_rank(node, &local_rank_);
     MPI_Comm_free(&node);
   }
 
@@ -102,6 +103,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int local_size() const override { return local_size_; }
+  int local_rank() const override { return local_rank_; }
   CommLog& log() override { return log_; }
 
   void allreduce(void* buffer, int64_t count, DType type, ReduceOp op, const char* tag) override {
@@ -320,7 +322,7 @@ class MpiCommunicator final : public Communicator {
     free_.push_back(id);
   }
 
-  int rank_ = 0, size_ = 1, local_size_ = 1;
+  int rank_ = 0, size_ = 1, local_size_ = 1, local_rank_ = 0;
   bool owns_mpi_ = false;
   CommLog log_;
   std::vector<Pending> table_;  // Request.id indexes it; finished slots are reused

@@ -4,9 +4,13 @@
 
 #include <algorithm>
 #include <functional>
+#include <stdexcept>
 #include <thread>
 
 #include "models/cpu/dnnl_ops.h"
+#ifdef TRAINER_HAS_CUDA
+#include "models/cuda/cuda_backend.h"
+#endif
 
 namespace trainer::app {
 
@@ -23,6 +27,21 @@ int configure_runtime(const Config& config, int local_ranks) {
   if (config.runtime.deterministic) algorithm = ConvAlgorithm::kDirect;
   models::cpu::set_conv_algorithm(algorithm);
   return threads;
+}
+
+models::Backend& device_backend(const Config& config, int local_rank) {
+  const std::string& device = config.runtime.device;
+  if (device == "cpu") return models::cpu_backend();
+  if (device == "cuda") {
+#ifdef TRAINER_HAS_CUDA
+    return models::cuda::cuda_backend(local_rank);  // throws one line when no GPU is usable
+#else
+    throw std::invalid_argument(
+        "runtime.device = \"cuda\": this trainer was built without CUDA support; rebuild with "
+        "cmake -DTRAINER_CUDA=ON (needs the CUDA toolkit, cuDNN and NCCL, e.g. under /usr/local/cuda)");
+#endif
+  }
+  throw std::invalid_argument("runtime.device = \"" + device + "\": expected cpu or cuda");
 }
 
 comm::SyncOptions sync_options(const Config& c) {
@@ -74,10 +93,11 @@ optim::ScheduleOptions schedule_options(const OptimConfig& o) {
 Experiment build_experiment(const Config& config, comm::Communicator& comm,
                             const std::function<void(const std::string&)>& announce) {
   Experiment e;
-  e.task = make_task(config, comm, announce);
+  e.backend = &device_backend(config, comm.local_rank());
+  e.task = make_task(config, comm, announce, *e.backend);
   const OptimConfig& o = config.optim;
   const int64_t n = e.task->parameters().size();
-  e.optimizer = optim::make_optimizer(optimizer_options(config), n);
+  e.optimizer = optim::make_optimizer(*e.backend, optimizer_options(config), n);
   e.schedule = schedule_options(o);
   e.sync = comm::make_gradient_sync(sync_options(config), comm, n, &e.task->parameters().views());
   return e;

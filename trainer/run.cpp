@@ -146,6 +146,7 @@ void print_dry_run(const Config& config, comm::Communicator& comm) {
   std::vector<models::ParamView> views;
   const int64_t n = model_parameter_count(config, &views);
   const size_t tensors = views.size();
+  std::printf("device: %s\n", device_backend(config, comm.local_rank()).describe().c_str());
   std::printf("model: %s, %lld parameters in %zu tensors, gradient %.2f MB per step (%lld bytes)\n",
               config.model.arch.c_str(), static_cast<long long>(n), tensors, n * 4 / 1e6,
               static_cast<long long>(n * 4));
@@ -353,7 +354,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     comm.log().set_step(step, config.sync.method == "dense" || step < config.sync.dense_warmup_steps
                                   ? comm::Phase::kDense
                                   : comm::Phase::kCompressed);
-    const StepVerdict verdict = agree_on_step(comm, stop_signal_received(), loss, params);
+    const StepVerdict verdict = agree_on_step(comm, stop_signal_received(), loss, *e.backend, params);
     t_sync += ms_since(t0);
     // A skipped step (train.skip_nonfinite_steps) changes nothing but the loader position on every
     // rank alike: no optimizer step, no local-SGD averaging, BN statistics restored, and no sync when
@@ -375,9 +376,10 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
       // every rank, so every rank decides alike without another message; the norm pass is the one
       // clipping needs anyway.
       t0 = Clock::now();
-      const double norm = optim::clip_grad_norm(params.grads(), params.size(), config.optim.grad_clip_norm);
+      const double norm =
+          optim::clip_grad_norm(*e.backend, params.grads(), params.size(), config.optim.grad_clip_norm);
       if (!std::isfinite(norm)) {
-        nonfinite(step, nonfinite_item(first_nonfinite_gradient(params), params) + " after the gradient sync");
+        nonfinite(step, nonfinite_item(first_nonfinite_gradient(*e.backend, params), params) + " after the gradient sync");
       } else {
         applied = true;
         skipped_in_a_row = 0;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
+#include "models/backend.h"
 #include "models/parameters.h"
 #include "trainer/config.h"
 
@@ -47,8 +48,9 @@ class Task {
 
 // The task the config asks for (by model.arch / data.dataset). Generates the synthetic dataset
 // first when the config says so (rank 0 writes, the others wait). `announce` gets progress lines.
+// The model lives on `backend`.
 std::unique_ptr<Task> make_task(const Config& config, comm::Communicator& comm,
-                                const std::function<void(const std::string&)>& announce);
+                                const std::function<void(const std::string&)>& announce, models::Backend& backend);
 
 // The model's parameter store layout alone (no data), for --dry-run: count and named tensors.
 int64_t model_parameter_count(const Config& config, std::vector<models::ParamView>* views = nullptr);
