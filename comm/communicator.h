@@ -43,8 +43,10 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // Ranks sharing this node (for dividing cores among threads).
+  // Ranks sharing this node (for dividing cores among threads), and this rank's place among them
+  // (for choosing a GPU).
   virtual int local_size() const = 0;
+  virtual int local_rank() const = 0;
 
   // The log every call is recorded in (may be disabled; then recording costs two adds and a
   // branch). CommLog::Pause makes calls unlogged (the summary's own gathers).

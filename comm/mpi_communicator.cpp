@@ -107,6 +107,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int local_size() const override { return local_size_; }
+  int local_rank() const override { return local_rank_; }
   CommLog& log() override { return *log_; }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -275,6 +276,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm node;
     MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
     MPI_Comm_size(node, &local_size_);
+    MPI_Comm_rank(node, &local_rank_);
     MPI_Comm_free(&node);
   }
 
@@ -351,7 +353,7 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool owns_comm_ = false;  // a split communicator (freed at destruction), not MPI_COMM_WORLD
-  int rank_ = 0, size_ = 1, local_size_ = 1;
+  int rank_ = 0, size_ = 1, local_size_ = 1, local_rank_ = 0;
   bool owns_mpi_ = false;
   CommLog own_log_;  // MPI_COMM_WORLD's: the process's one log
   CommLog* log_;     // own_log_, or the parent's for a split communicator

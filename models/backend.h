@@ -3,15 +3,22 @@
 // Ops with per-shape setup (convolution, batch norm, pooling) are objects made once per layer and
 // shape: they cache the library's primitives, reordered weights and workspaces, so a training step
 // allocates nothing. Stateless ops (GEMM, element-wise loops, the loss) are plain methods.
-// All pointers are device pointers of this backend (host memory for the CPU backend); layouts follow
-// models/tensor.h. The backend chooses the layout of every activation a convolution produces
-// (activation_layout); the other ops keep the layout they are given.
+// All pointers are device pointers of this backend (host memory for the CPU backend) unless a
+// comment says host; layouts follow models/tensor.h. The backend chooses the layout of every
+// activation a convolution produces (activation_layout); the other ops keep the layout they are given.
+//
+// A backend is also its device's memory and stream (DeviceMemory, models/device_memory.h;
+// architecture.md section 2, "The device seam"): buffers are allocated through it, and its ops are
+// enqueued on the same stream as its copies. A method that returns a host value computed from device
+// data (softmax_cross_entropy, sum_of_squares) waits for it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "models/device_memory.h"
 #include "models/tensor.h"
 
 namespace trainer::models {
@@ -107,10 +114,28 @@ class LstmOp {
                         float* dx, float* dw_ih, float* dw_hh, float* db_ih, float* db_hh) = 0;
 };
 
-class Backend {
+// The coefficients of one fused SGD update (optim/sgd.h), already rounded to float by the optimizer:
+//     g = grad + wd * p;  with momentum: b = first ? g : momentum * b + g;  g = nesterov ? g + momentum * b : b
+//     p = p * decay + neg_lr * g
+struct SgdUpdate {
+  float neg_lr = 0, wd = 0, decay = 1, momentum = 0;
+  bool use_momentum = false, first = false, nesterov = false;
+};
+
+// The coefficients of one fused Adam/AdamW update (optim/adam.h), already rounded to float:
+//     p = p * decay;  g = fma(wd, p, grad);  m = fma(1 - b1, g, m * b1);  v = fma((1 - b2) * g, g, v * b2)
+//     p = p + neg_step_size * m / (sqrt(v) / bc2_sqrt + eps)
+struct AdamUpdate {
+  float neg_step_size = 0, bc2_sqrt = 1, eps = 0, b1 = 0, one_minus_b1 = 1, b2 = 0, one_minus_b2 = 1;
+  float wd = 0, decay = 1;
+};
+
+// Memory, copies, fill and synchronize come from DeviceMemory; device-to-device copies of floats are
+// copy() below.
+class Backend : public DeviceMemory {
  public:
-  virtual ~Backend() = default;
-  virtual std::string name() const = 0;
+  // One line for --dry-run: the device, and for a GPU its name and memory.
+  virtual std::string describe() const { return name(); }
   // The layout convolutions write for an output of `channels` channels.
   virtual Layout activation_layout(int64_t channels) const = 0;
 
@@ -197,6 +222,18 @@ class Backend {
   virtual void mask_width(const Tensor& x, const int32_t* lengths) = 0;
   // y[b, j, i] = x[b, i, j] for x {batch, rows, cols} row-major.
   virtual void transpose(int64_t batch, int64_t rows, int64_t cols, const float* x, float* y) = 0;
+
+  // ---- Optimizer arithmetic (optim/): the updates run where the parameters are. Every element is
+  // independent, and reductions sum fixed blocks in a fixed order, so results do not depend on the
+  // thread count (or, on a GPU, the launch shape).
+  // params and momentum (null unless u.use_momentum) updated in place from grads (unchanged).
+  virtual void sgd_update(int64_t n, const SgdUpdate& u, float* params, const float* grads, float* momentum) = 0;
+  virtual void adam_update(int64_t n, const AdamUpdate& u, float* params, const float* grads, float* m,
+                           float* v) = 0;
+  // sum_i x[i]^2 accumulated in double; waits for the result (a host value).
+  virtual double sum_of_squares(int64_t n, const float* x) = 0;
+  // x[0, n) *= alpha.
+  virtual void scale(int64_t n, float alpha, float* x) = 0;
 };
 
 // The CPU backend (oneDNN primitives, OpenBLAS, OpenMP loops). One per process.

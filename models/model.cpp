@@ -8,10 +8,12 @@ ImageClassifier::ImageClassifier(Backend& backend, std::string arch, float label
     : backend_(backend), arch_(std::move(arch)), label_smoothing_(label_smoothing) {}
 
 void ImageClassifier::finish(uint64_t seed) {
-  params_.allocate();
-  buffers_.allocate();
+  params_.allocate(backend_);
+  buffers_.allocate(backend_);
   Rng rng(seed);
   for (auto& layer : layers_) layer->init(rng);
+  params_.upload_initial_values();
+  buffers_.upload_initial_values();
 }
 
 double ImageClassifier::forward(const Tensor& x, const int32_t* labels, Mode mode, int64_t* correct) {

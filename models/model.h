@@ -51,7 +51,7 @@ class ImageClassifier {
   ParameterStore buffers_{false};
   std::vector<std::unique_ptr<Layer>> layers_;
   const Tensor* logits_ = nullptr;
-  OwnedTensor dlogits_;
+  OwnedTensor dlogits_{backend_};
 };
 
 // The image models by name: resnet20, resnet32, resnet56, resnet18, vgg16.

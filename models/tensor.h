@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "models/device_buffer.h"
+
 namespace trainer::models {
 
 using Shape = std::vector<int64_t>;
@@ -67,9 +69,12 @@ class HostBuffer {
   int64_t capacity_ = 0;
 };
 
-// An owning tensor: a HostBuffer plus a shape; used for activations a layer keeps.
+// An owning tensor: a DeviceBuffer on the device (backend) it was made for, plus a shape; used for the
+// activations and gradients a layer keeps. There is no default constructor, so a layer cannot
+// forget to say where its tensors live.
 class OwnedTensor {
  public:
+  explicit OwnedTensor(DeviceMemory& memory) : buffer_(memory) {}
   // Reshapes, reallocating only when the new shape needs more room.
   Tensor& resize(const Shape& shape, Layout layout = Layout::kChannelsLast) {
     view_.data = buffer_.reserve(models::numel(shape));
@@ -81,8 +86,16 @@ class OwnedTensor {
   const Tensor& view() const { return view_; }
 
  private:
-  HostBuffer buffer_;
+  DeviceBuffer buffer_;
   Tensor view_;
 };
+
+// Resizes a vector of owning tensors to n, new ones empty on `memory` (OwnedTensor has no default
+// constructor, so std::vector::resize cannot make them).
+inline void resize_owned(std::vector<OwnedTensor>& v, size_t n, DeviceMemory& memory) {
+  if (v.size() > n) v.erase(v.begin() + static_cast<std::ptrdiff_t>(n), v.end());
+  v.reserve(n);
+  while (v.size() < n) v.emplace_back(memory);
+}
 
 }  // namespace trainer::models

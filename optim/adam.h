@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "models/device_buffer.h"
 #include "optim/optimizer.h"
 
 namespace trainer::optim {
@@ -33,12 +34,13 @@ struct AdamOptions {
 
 class Adam final : public Optimizer {
  public:
-  // n: elements in the flat parameter (and gradient) buffer. Throws std::invalid_argument for a
-  // negative n, betas outside [0, 1), or a negative eps or weight decay (as PyTorch does).
-  Adam(int64_t n, const AdamOptions& options);
+  // n: elements in the flat parameter (and gradient) buffer, which live on `backend`; so do the
+  // moments. Throws std::invalid_argument for a negative n, betas outside [0, 1), or a negative eps
+  // or weight decay (as PyTorch does).
+  Adam(models::Backend& backend, int64_t n, const AdamOptions& options);
 
-  // One update, parallel over OpenMP threads (every element is independent, so the result does
-  // not depend on the thread count). grads is not modified.
+  // One update by the backend's fused adam_update (every element is independent, so the result
+  // does not depend on the thread count). grads is not modified.
   void step(float* params, const float* grads, double lr) override;
 
   std::string name() const override { return options_.decoupled_weight_decay ? "adamw" : "adam"; }
@@ -46,9 +48,9 @@ class Adam final : public Optimizer {
   int64_t step_count() const override { return steps_; }
   const AdamOptions& options() const { return options_; }
 
-  // The raw moments (n elements each), for tests and inspection.
-  const std::vector<float>& exp_avg() const { return m_; }
-  const std::vector<float>& exp_avg_sq() const { return v_; }
+  // Host copies of the raw moments (n elements each), for tests and inspection.
+  std::vector<float> exp_avg() const;
+  std::vector<float> exp_avg_sq() const;
 
   // Binary state: a header (magic "TADM", version, n, step count, the two moment lengths) followed
   // by the raw little-endian float32 m and v. load() throws std::runtime_error naming what does
@@ -58,10 +60,13 @@ class Adam final : public Optimizer {
   void load(std::istream& in) override;
 
  private:
+  std::vector<float> host_copy(const models::DeviceBuffer& b) const;
+
+  models::Backend& backend_;
   int64_t n_;
   AdamOptions options_;
   int64_t steps_ = 0;
-  std::vector<float> m_, v_;
+  models::DeviceBuffer m_, v_;
 };
 
 }  // namespace trainer::optim

@@ -12,9 +12,10 @@ const std::vector<std::string>& optimizer_names() {
   return names;
 }
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& o, int64_t n) {
+std::unique_ptr<Optimizer> make_optimizer(models::Backend& backend, const OptimizerOptions& o, int64_t n) {
   if (o.name == "sgd")
-    return std::make_unique<Sgd>(n, SgdOptions{o.momentum, o.nesterov, o.weight_decay, o.decoupled_weight_decay});
+    return std::make_unique<Sgd>(backend, n,
+                                 SgdOptions{o.momentum, o.nesterov, o.weight_decay, o.decoupled_weight_decay});
   if (o.name == "adam" || o.name == "adamw") {
     if (o.nesterov) throw std::invalid_argument(o.name + ": nesterov applies to sgd only");
     AdamOptions a;
@@ -23,7 +24,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& o, int64_t n) 
     a.eps = o.eps;
     a.weight_decay = o.weight_decay;
     a.decoupled_weight_decay = o.name == "adamw" || o.decoupled_weight_decay;
-    return std::make_unique<Adam>(n, a);
+    return std::make_unique<Adam>(backend, n, a);
   }
   std::string list;
   for (const auto& name : optimizer_names()) list += (list.empty() ? "" : ", ") + name;

@@ -13,13 +13,20 @@
 #include <string>
 #include <vector>
 
+namespace trainer::models {
+class Backend;
+}
+
 namespace trainer::optim {
 
+// Every optimizer runs its arithmetic through a models::Backend (fused update ops), so it works on
+// the device where the parameters are; its state (momentum, moments) lives there too.
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
 
-  // One update of params[0, n) from grads[0, n) with learning rate lr; grads is not modified.
+  // One update of params[0, n) from grads[0, n) (device memory) with learning rate lr; grads is not
+  // modified.
   // The result does not depend on the OpenMP thread count.
   virtual void step(float* params, const float* grads, double lr) = 0;
 
@@ -48,8 +55,9 @@ struct OptimizerOptions {
 // The names make_optimizer() accepts, in the order of trainer::kOptimizers (a test checks).
 const std::vector<std::string>& optimizer_names();
 
-// n: elements in the flat parameter buffer. Throws std::invalid_argument for an unknown name or an
-// option the optimizer rejects (naming it).
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, int64_t n);
+// n: elements in the flat parameter buffer, which lives on `backend` (the optimizer keeps its state
+// there too). Throws std::invalid_argument for an unknown name or an option the optimizer rejects
+// (naming it).
+std::unique_ptr<Optimizer> make_optimizer(models::Backend& backend, const OptimizerOptions& options, int64_t n);
 
 }  // namespace trainer::optim

@@ -5,57 +5,55 @@
 #include <stdexcept>
 #include <string>
 
+#include "models/backend.h"
 #include "optim/state_format.h"
 
 namespace trainer::optim {
 
 using namespace state_format;
 
-Sgd::Sgd(int64_t n, const SgdOptions& options) : n_(n), options_(options) {
+Sgd::Sgd(models::Backend& backend, int64_t n, const SgdOptions& options)
+    : backend_(backend), n_(n), options_(options) {
   if (n < 0) throw std::invalid_argument("Sgd: negative parameter count");
   if (options.momentum < 0) throw std::invalid_argument("Sgd: momentum must be >= 0");
   if (options.nesterov && options.momentum <= 0)
     throw std::invalid_argument("Sgd: Nesterov momentum requires momentum > 0");
-  if (options.momentum != 0) momentum_buffer_.assign(static_cast<size_t>(n), 0.0f);
+  if (options.momentum != 0) {
+    momentum_buffer_ = models::DeviceBuffer(backend, n);
+    backend.fill(n, 0.f, momentum_buffer_.data());
+  }
 }
 
 void Sgd::step(float* params, const float* grads, double lr) {
   // Coefficients are rounded to float once, as PyTorch does when it multiplies a float tensor by a
   // Python scalar; this keeps trajectories within float rounding of torch.optim.SGD.
-  const float neg_lr = static_cast<float>(-lr);
+  models::SgdUpdate u;
   const bool decoupled = options_.decoupled_weight_decay;
-  const float wd = decoupled ? 0.0f : static_cast<float>(options_.weight_decay);
-  const float decay = decoupled ? static_cast<float>(1.0 - lr * options_.weight_decay) : 1.0f;
-  const float m = static_cast<float>(options_.momentum);
-  const bool use_momentum = !momentum_buffer_.empty();
-  const bool first = steps_ == 0;
-  const bool nesterov = options_.nesterov;
-  float* buf = momentum_buffer_.data();
-  const int64_t n = n_;
-
-  // Every element is independent, so a static split gives the same result for any thread count.
-#pragma omp parallel for schedule(static) if (n > 32768)
-  for (int64_t i = 0; i < n; ++i) {
-    float p = params[i];
-    float g = grads[i] + wd * p;
-    if (use_momentum) {
-      const float b = first ? g : m * buf[i] + g;
-      buf[i] = b;
-      g = nesterov ? g + m * b : b;
-    }
-    params[i] = p * decay + neg_lr * g;
-  }
+  u.neg_lr = static_cast<float>(-lr);
+  u.wd = decoupled ? 0.0f : static_cast<float>(options_.weight_decay);
+  u.decay = decoupled ? static_cast<float>(1.0 - lr * options_.weight_decay) : 1.0f;
+  u.momentum = static_cast<float>(options_.momentum);
+  u.use_momentum = !momentum_buffer_.empty();
+  u.first = steps_ == 0;
+  u.nesterov = options_.nesterov;
+  backend_.sgd_update(n_, u, params, grads, u.use_momentum ? momentum_buffer_.data() : nullptr);
   ++steps_;
+}
+
+std::vector<float> Sgd::momentum_buffer() const {
+  std::vector<float> host(static_cast<size_t>(momentum_buffer_.size()));
+  models::copy_to_host(backend_, momentum_buffer_.data(), momentum_buffer_.size(), host.data());
+  return host;
 }
 
 void Sgd::save(std::ostream& out) const {
   write_header(out, kSgd);
   write_pod(out, n_);
   write_pod(out, steps_);
-  const int64_t buffer_len = static_cast<int64_t>(momentum_buffer_.size());
+  const std::vector<float> buffer = momentum_buffer();  // the device state, on the host for writing
+  const int64_t buffer_len = static_cast<int64_t>(buffer.size());
   write_pod(out, buffer_len);
-  out.write(reinterpret_cast<const char*>(momentum_buffer_.data()),
-            static_cast<std::streamsize>(buffer_len * sizeof(float)));
+  out.write(reinterpret_cast<const char*>(buffer.data()), static_cast<std::streamsize>(buffer_len * sizeof(float)));
   if (!out) throw std::runtime_error("SGD state: write failed");
 }
 
@@ -78,7 +76,7 @@ void Sgd::load(std::istream& in) {
   if (!in.read(reinterpret_cast<char*>(buffer.data()),
                static_cast<std::streamsize>(buffer_len * sizeof(float))))
     throw std::runtime_error("SGD state: truncated momentum buffer");
-  momentum_buffer_ = std::move(buffer);
+  models::copy_to_device(backend_, buffer.data(), buffer_len, momentum_buffer_.data());
   steps_ = steps;
 }
 

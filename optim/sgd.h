@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "models/device_buffer.h"
 #include "optim/optimizer.h"
 
 namespace trainer::optim {
@@ -31,13 +32,13 @@ struct SgdOptions {
 
 class Sgd final : public Optimizer {
  public:
-  // n: elements in the flat parameter (and gradient) buffer. Throws std::invalid_argument for
-  // negative values or Nesterov without momentum.
-  Sgd(int64_t n, const SgdOptions& options);
+  // n: elements in the flat parameter (and gradient) buffer, which live on `backend`; so does the
+  // momentum buffer. Throws std::invalid_argument for negative values or Nesterov without momentum.
+  Sgd(models::Backend& backend, int64_t n, const SgdOptions& options);
 
-  // One update of params[0, n) from grads[0, n) with learning rate lr. grads is not modified (the
-  // sync method may still own it). One pass over memory, parallel over OpenMP threads; the result
-  // does not depend on the thread count.
+  // One update of params[0, n) from grads[0, n) with learning rate lr, by the backend's fused
+  // sgd_update (one pass over memory). grads is not modified (the sync method may still own it).
+  // The result does not depend on the thread count.
   void step(float* params, const float* grads, double lr) override;
 
   std::string name() const override { return "sgd"; }
@@ -46,9 +47,9 @@ class Sgd final : public Optimizer {
   // Steps taken so far; 0 means the next step initializes the momentum buffer from the gradient.
   int64_t step_count() const override { return steps_; }
 
-  // The raw state, for checkpoint tests and inspection. The momentum buffer is empty when
-  // momentum == 0 and holds n elements otherwise.
-  const std::vector<float>& momentum_buffer() const { return momentum_buffer_; }
+  // A host copy of the momentum buffer, for checkpoint tests and inspection: empty when
+  // momentum == 0, n elements otherwise.
+  std::vector<float> momentum_buffer() const;
 
   // Binary state: a small header (magic, version, n, step count, buffer length) followed by the
   // raw little-endian float32 buffer. load() throws std::runtime_error naming what does not match
@@ -58,10 +59,11 @@ class Sgd final : public Optimizer {
   void load(std::istream& in) override;
 
  private:
+  models::Backend& backend_;
   int64_t n_;
   SgdOptions options_;
   int64_t steps_ = 0;
-  std::vector<float> momentum_buffer_;
+  models::DeviceBuffer momentum_buffer_;
 };
 
 }  // namespace trainer::optim

@@ -22,6 +22,7 @@
 
 #include "comm/communicator.h"
 #include "tests/one_rank.h"
+#include "models/backend.h"
 #include "models/safetensors.h"
 #include "optim/sgd.h"
 
@@ -59,8 +60,8 @@ struct Model {
     params.declare("fc.bias", {wide ? 12 : 10});
     buffers.declare("bn1.running_mean", {4});
     buffers.declare("bn1.running_var", {4});
-    params.allocate();
-    buffers.allocate();
+    params.allocate(models::cpu_backend());
+    buffers.allocate(models::cpu_backend());
   }
   // Values that a float-through-text or float-through-double path would change: -0, subnormals,
   // a NaN with a payload, and ordinary noise.
@@ -120,7 +121,7 @@ TEST_CASE("save then load restores everything bit for bit", "[checkpoint]") {
   TempDir t;
   Model saved;
   saved.fill(1);
-  optim::Sgd sgd(saved.params.size(), {0.9, true, 5e-4, false});
+  optim::Sgd sgd(models::cpu_backend(), saved.params.size(), {0.9, true, 5e-4, false});
   std::vector<float> grads(saved.params.size(), 0.25f);
   sgd.step(saved.params.values(), grads.data(), 0.1);
   sgd.step(saved.params.values(), grads.data(), 0.1);
@@ -143,7 +144,7 @@ TEST_CASE("save then load restores everything bit for bit", "[checkpoint]") {
     CHECK(c.state.batch_in_epoch == 17);
     CHECK(c.state.optimizer_state == state.optimizer_state);
     CHECK(c.state.sync_state == state.sync_state);
-    optim::Sgd resumed(loaded.params.size(), {0.9, true, 5e-4, false});
+    optim::Sgd resumed(models::cpu_backend(), loaded.params.size(), {0.9, true, 5e-4, false});
     std::istringstream in(c.state.optimizer_state);
     resumed.load(in);
     CHECK(resumed.step_count() == 2);
@@ -160,8 +161,8 @@ TEST_CASE("empty opaque state and a model without buffers round-trip", "[checkpo
   TempDir t;
   models::ParameterStore params(true), buffers(false);
   params.declare("w", {3});
-  params.allocate();
-  buffers.allocate();
+  params.allocate(models::cpu_backend());
+  buffers.allocate(models::cpu_backend());
   params.values()[1] = 2.5f;
   OneRank comm(1);
   TrainingState s;
@@ -169,8 +170,8 @@ TEST_CASE("empty opaque state and a model without buffers round-trip", "[checkpo
   save_checkpoint(t.str(), kId, params, buffers, s, comm, 1);
   models::ParameterStore p2(true), b2(false);
   p2.declare("w", {3});
-  p2.allocate();
-  b2.allocate();
+  p2.allocate(models::cpu_backend());
+  b2.allocate(models::cpu_backend());
   const LoadedCheckpoint c = load_checkpoint(t.str(), "latest", kId, p2, b2, comm);
   CHECK(p2.values()[1] == 2.5f);
   CHECK(c.state.optimizer_state.empty());
@@ -334,8 +335,8 @@ TEST_CASE("a checkpoint of another model is refused", "[checkpoint]") {
                       Contains("holds another model") && Contains("fc.weight [10, 4] in the checkpoint but fc.weight [12, 4]"));
   models::ParameterStore fewer(true), buffers(false);
   fewer.declare("conv1.weight", {4, 3, 3, 3});
-  fewer.allocate();
-  buffers.allocate();
+  fewer.allocate(models::cpu_backend());
+  buffers.allocate(models::cpu_backend());
   OneRank comm(1);
   CHECK_THROWS_WITH(load_checkpoint(t.str(), "latest", kId, fewer, buffers, comm),
                     Contains("another model") && Contains("5 parameter tensors"));

@@ -74,6 +74,24 @@ TEST_CASE("Dry run prints the model's parameter count and gradient size", "[e2e]
   CHECK_THAT(o.output, Contains("1078888 bytes"));
 }
 
+TEST_CASE("Dry run prints the device; runtime.device = cuda without CUDA is one line naming the key", "[e2e]") {
+  const std::string cfg = std::string(TRAINER_SOURCE_DIR) + "/configs/quickstart_cifar.toml";
+  Outcome o = run_trainer("--config " + cfg + " --dry-run");
+  INFO(o.output);
+  CHECK(o.exit_code == 0);
+  CHECK_THAT(o.output, Contains("device = \"cpu\"") && Contains("device: cpu"));
+  o = run_trainer("--config " + cfg + " --set runtime.device=cuda --dry-run");
+  INFO(o.output);
+  CHECK(o.exit_code != 0);
+  CHECK_THAT(o.output, Contains("runtime.device = \"cuda\""));
+#ifndef TRAINER_HAS_CUDA
+  CHECK_THAT(o.output, Contains("built without CUDA support") && Contains("-DTRAINER_CUDA=ON"));
+#endif
+  o = run_trainer("--config " + cfg + " --set runtime.device=tpu --dry-run");
+  CHECK(o.exit_code != 0);
+  CHECK_THAT(o.output, Contains("runtime.device"));
+}
+
 TEST_CASE("A truncated CIFAR file stops the run with one line naming it", "[e2e]") {
   TempDir dir("truncated");
   trainer::data::write_synthetic_cifar10(dir.path.string(), 200, 50, 1);

@@ -17,8 +17,8 @@ namespace {
 // Allocates the harness stores and gives every parameter a random value (not the init: BN gammas
 // of exactly 1 and zero biases would hide mistakes).
 void randomize(LayerHarness& h, uint64_t seed) {
-  h.params.allocate();
-  h.buffers.allocate();
+  h.params.allocate(h.ctx.backend);
+  h.buffers.allocate(h.ctx.backend);
   auto v = random_vector(h.params.size(), seed, 0.5f);
   std::copy(v.begin(), v.end(), h.params.values());
 }
@@ -111,10 +111,12 @@ TEST_CASE("BatchNorm2d gradients with frozen statistics", "[layers][gradcheck]")
 TEST_CASE("BatchNorm2d running statistics follow PyTorch (unbiased variance, momentum 0.1)", "[layers]") {
   LayerHarness h;
   BatchNorm2d bn(h.ctx, "bn", {2});
-  h.params.allocate();
-  h.buffers.allocate();
+  h.params.allocate(h.ctx.backend);
+  h.buffers.allocate(h.ctx.backend);
   Rng rng(0);
   bn.init(rng);
+  h.params.upload_initial_values();
+  h.buffers.upload_initial_values();
   std::vector<float> x = random_vector(3 * 2 * 2 * 2, 5);  // N=3, C=2, H=W=2, channels-last
   bn.forward(Tensor{x.data(), {3, 2, 2, 2}}, Mode::kTrain);
   for (int c = 0; c < 2; ++c) {

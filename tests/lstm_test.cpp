@@ -19,8 +19,8 @@ using namespace trainer::testing;
 namespace {
 
 void randomize(LayerHarness& h, uint64_t seed, float scale = 0.5f) {
-  h.params.allocate();
-  h.buffers.allocate();
+  h.params.allocate(h.ctx.backend);
+  h.buffers.allocate(h.ctx.backend);
   auto v = random_vector(h.params.size(), seed, scale);
   std::copy(v.begin(), v.end(), h.params.values());
 }
@@ -135,8 +135,8 @@ TEST_CASE("LSTM matches torch.nn.LSTM on a packed batch (2 layers, bidirectional
   with_each_lstm([&] {
     LayerHarness h;
     Lstm lstm(h.ctx, "rnn", {5, 4, 2, true});
-    h.params.allocate();
-    h.buffers.allocate();
+    h.params.allocate(h.ctx.backend);
+    h.buffers.allocate(h.ctx.backend);
     REQUIRE(h.params.size() == 2 * (4 * 4 * (5 + 4) + 8 * 4) + 2 * (4 * 4 * (8 + 4) + 8 * 4));
     for (const auto& v : h.params.views()) {
       auto values = f.at("param." + v.name.substr(4)).as_f32();  // "rnn." + PyTorch name
@@ -166,10 +166,12 @@ TEST_CASE("Sequence-wise batch norm gradients, statistics over valid frames only
   // Normalized over the 6 valid frames: each channel's valid outputs have mean beta; padding is 0.
   LayerHarness h2;
   SequenceBatchNorm plain(h2.ctx, "bn", {3});
-  h2.params.allocate();
-  h2.buffers.allocate();
+  h2.params.allocate(h2.ctx.backend);
+  h2.buffers.allocate(h2.ctx.backend);
   Rng rng(0);
   plain.init(rng);
+  h2.params.upload_initial_values();
+  h2.buffers.upload_initial_values();
   std::vector<float> x = random_vector(4 * 2 * 3, 13);
   for (int t = 2; t < 4; ++t)
     for (int c = 0; c < 3; ++c) x[(t * 2 + 1) * 3 + c] = 1000.f;  // padding of sequence 1

@@ -21,6 +21,7 @@ class OneRank : public comm::Communicator {
   int rank() const override { return 0; }
   int size() const override { return size_; }
   int local_size() const override { return 1; }
+  int local_rank() const override { return 0; }
   comm::CommLog& log() override { throw std::logic_error("OneRank has no comm log"); }
   // With no peers every reduction of identical contributions is the contribution itself.
   void allreduce(void*, int64_t, comm::DType, comm::ReduceOp, const char*) override {}

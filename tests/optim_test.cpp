@@ -11,6 +11,7 @@
 #include <sstream>
 #include <vector>
 
+#include "models/backend.h"
 #include "optim/adam.h"
 #include "optim/clip.h"
 #include "optim/optimizer.h"
@@ -19,6 +20,7 @@
 #include "trainer/config.h"
 
 using namespace trainer::optim;
+namespace models = trainer::models;
 using nlohmann::json;
 
 namespace {
@@ -72,7 +74,7 @@ TEST_CASE("SGD matches torch.optim.SGD trajectories", "[optim][sgd]") {
     INFO("momentum " << o.momentum << " nesterov " << o.nesterov << " weight_decay "
                      << o.weight_decay << " decoupled " << o.decoupled_weight_decay);
     std::vector<float> p = p0;
-    Sgd sgd(static_cast<int64_t>(p.size()), o);
+    Sgd sgd(models::cpu_backend(), static_cast<int64_t>(p.size()), o);
     for (size_t s = 0; s < lrs.size(); ++s) {
       const auto g = to_floats(ref.at("grads")[s]);
       sgd.step(p.data(), g.data(), lrs[s]);
@@ -90,10 +92,10 @@ TEST_CASE("SGD matches torch.optim.SGD trajectories", "[optim][sgd]") {
 TEST_CASE("SGD does not modify the gradient and rejects Nesterov without momentum", "[optim][sgd]") {
   std::vector<float> p = {1, 2, 3}, g = {0.5f, -0.5f, 0.25f};
   const auto g_before = g;
-  Sgd sgd(3, SgdOptions{0.9, true, 0.1, false});
+  Sgd sgd(models::cpu_backend(), 3, SgdOptions{0.9, true, 0.1, false});
   sgd.step(p.data(), g.data(), 0.1);
   CHECK(g == g_before);
-  CHECK_THROWS_AS(Sgd(3, SgdOptions{0.0, true, 0.0, false}), std::invalid_argument);
+  CHECK_THROWS_AS(Sgd(models::cpu_backend(), 3, SgdOptions{0.0, true, 0.0, false}), std::invalid_argument);
 }
 
 TEST_CASE("SGD gives the same result for any thread count", "[optim][sgd]") {
@@ -104,7 +106,7 @@ TEST_CASE("SGD gives the same result for any thread count", "[optim][sgd]") {
   for (int t = 0; t < 2; ++t) {
     omp_set_num_threads(threads[t]);
     std::vector<float> p = ramp(n, 2.0f);
-    Sgd sgd(n, SgdOptions{0.9, true, 5e-4, false});
+    Sgd sgd(models::cpu_backend(), n, SgdOptions{0.9, true, 5e-4, false});
     sgd.step(p.data(), g1.data(), 0.1);
     sgd.step(p.data(), g2.data(), 0.1);
     results[t] = p;
@@ -117,13 +119,13 @@ TEST_CASE("SGD state save/load round-trips bytewise and resumes exactly", "[opti
   const auto g = ramp(n, 0.3f);
   const SgdOptions o{0.9, true, 5e-4, false};
   std::vector<float> p = ramp(n, 1.0f);
-  Sgd a(n, o);
+  Sgd a(models::cpu_backend(), n, o);
   a.step(p.data(), g.data(), 0.1);
   a.step(p.data(), g.data(), 0.05);
 
   std::stringstream first;
   a.save(first);
-  Sgd b(n, o);
+  Sgd b(models::cpu_backend(), n, o);
   b.load(first);
   CHECK(b.step_count() == 2);
   CHECK(b.momentum_buffer() == a.momentum_buffer());
@@ -138,23 +140,23 @@ TEST_CASE("SGD state save/load round-trips bytewise and resumes exactly", "[opti
   CHECK(pa == pb);
 
   SECTION("a state for another model size is a clear error") {
-    Sgd other(n + 1, o);
+    Sgd other(models::cpu_backend(), n + 1, o);
     std::stringstream s(first.str());
     CHECK_THROWS_WITH(other.load(s), Catch::Contains("holds 1000 parameters but the model has 1001"));
   }
   SECTION("a state without a momentum buffer does not load into one with") {
-    Sgd plain(n, SgdOptions{});
+    Sgd plain(models::cpu_backend(), n, SgdOptions{});
     std::stringstream s(first.str());
     CHECK_THROWS_WITH(plain.load(s), Catch::Contains("momentum buffer of 1000 elements, expected 0"));
   }
   SECTION("a truncated state is a clear error and leaves the optimizer unchanged") {
-    Sgd fresh(n, o);
+    Sgd fresh(models::cpu_backend(), n, o);
     std::stringstream s(first.str().substr(0, first.str().size() - 10));
     CHECK_THROWS_WITH(fresh.load(s), Catch::Contains("truncated"));
     CHECK(fresh.step_count() == 0);
   }
   SECTION("garbage is rejected") {
-    Sgd fresh(n, o);
+    Sgd fresh(models::cpu_backend(), n, o);
     std::stringstream s("not a state file at all");
     CHECK_THROWS_WITH(fresh.load(s), Catch::Contains("bad magic"));
   }
@@ -177,13 +179,14 @@ TEST_CASE("Adam and AdamW match torch.optim.Adam and torch.optim.AdamW trajector
     INFO("beta1 " << o.beta1 << " beta2 " << o.beta2 << " eps " << o.eps << " weight_decay " << o.weight_decay
                   << " decoupled " << o.decoupled_weight_decay);
     std::vector<float> p = p0;
-    Adam adam(static_cast<int64_t>(p.size()), o);
+    Adam adam(models::cpu_backend(), static_cast<int64_t>(p.size()), o);
     CHECK(adam.name() == (o.decoupled_weight_decay ? "adamw" : "adam"));
     for (size_t s = 0; s < lrs.size(); ++s) {
       const auto g = to_floats(sgd_ref.at("grads")[s]);
       adam.step(p.data(), g.data(), lrs[s]);
+      const std::vector<float> m = adam.exp_avg(), v = adam.exp_avg_sq();
       const std::pair<const char*, const std::vector<float>*> checked[] = {
-          {"params", &p}, {"exp_avg", &adam.exp_avg()}, {"exp_avg_sq", &adam.exp_avg_sq()}};
+          {"params", &p}, {"exp_avg", &m}, {"exp_avg_sq", &v}};
       for (const auto& [what, mine] : checked) {
         const auto expected = c.at(what)[s].get<std::vector<double>>();
         REQUIRE(mine->size() == expected.size());
@@ -204,18 +207,18 @@ TEST_CASE("Adam and AdamW match torch.optim.Adam and torch.optim.AdamW trajector
 TEST_CASE("Adam leaves the gradient alone and rejects what torch.optim.Adam rejects", "[optim][adam]") {
   std::vector<float> p = {1, 2, 3}, g = {0.5f, -0.5f, 0.25f};
   const auto g_before = g;
-  Adam adam(3, AdamOptions{0.9, 0.999, 1e-8, 0.1, false});
+  Adam adam(models::cpu_backend(), 3, AdamOptions{0.9, 0.999, 1e-8, 0.1, false});
   adam.step(p.data(), g.data(), 0.1);
   CHECK(g == g_before);
   // The first step moves every weight by about lr against the sign of its (decayed) gradient:
   // m_hat / sqrt(v_hat) = +-1 up to eps.
   CHECK(p[0] == Approx(1 - 0.1).epsilon(1e-3));
   CHECK(p[1] == Approx(2 + 0.1).epsilon(1e-3));
-  CHECK_THROWS_AS(Adam(3, AdamOptions{1.0, 0.999, 1e-8, 0, false}), std::invalid_argument);
-  CHECK_THROWS_AS(Adam(3, AdamOptions{0.9, -0.1, 1e-8, 0, false}), std::invalid_argument);
-  CHECK_THROWS_AS(Adam(3, AdamOptions{0.9, 0.999, -1, 0, false}), std::invalid_argument);
-  CHECK_THROWS_AS(Adam(3, AdamOptions{0.9, 0.999, 1e-8, -1, false}), std::invalid_argument);
-  CHECK_THROWS_AS(Adam(-1, AdamOptions{}), std::invalid_argument);
+  CHECK_THROWS_AS(Adam(models::cpu_backend(), 3, AdamOptions{1.0, 0.999, 1e-8, 0, false}), std::invalid_argument);
+  CHECK_THROWS_AS(Adam(models::cpu_backend(), 3, AdamOptions{0.9, -0.1, 1e-8, 0, false}), std::invalid_argument);
+  CHECK_THROWS_AS(Adam(models::cpu_backend(), 3, AdamOptions{0.9, 0.999, -1, 0, false}), std::invalid_argument);
+  CHECK_THROWS_AS(Adam(models::cpu_backend(), 3, AdamOptions{0.9, 0.999, 1e-8, -1, false}), std::invalid_argument);
+  CHECK_THROWS_AS(Adam(models::cpu_backend(), -1, AdamOptions{}), std::invalid_argument);
 }
 
 TEST_CASE("Adam gives the same result for any thread count", "[optim][adam]") {
@@ -227,7 +230,7 @@ TEST_CASE("Adam gives the same result for any thread count", "[optim][adam]") {
     for (int t = 0; t < 2; ++t) {
       omp_set_num_threads(threads[t]);
       std::vector<float> p = ramp(n, 2.0f);
-      Adam adam(n, AdamOptions{0.9, 0.999, 1e-8, 1e-2, decoupled});
+      Adam adam(models::cpu_backend(), n, AdamOptions{0.9, 0.999, 1e-8, 1e-2, decoupled});
       adam.step(p.data(), g1.data(), 1e-3);
       adam.step(p.data(), g2.data(), 5e-4);
       results[t] = p;
@@ -241,14 +244,14 @@ TEST_CASE("Adam state save/load round-trips bytewise and resumes exactly", "[opt
   const auto g1 = ramp(n, 0.3f), g2 = ramp(n, -0.7f);
   const AdamOptions o{0.9, 0.999, 1e-8, 1e-2, true};
   std::vector<float> p = ramp(n, 1.0f);
-  Adam a(n, o);
+  Adam a(models::cpu_backend(), n, o);
   a.step(p.data(), g1.data(), 1e-3);
   a.step(p.data(), g2.data(), 5e-4);
   a.step(p.data(), g1.data(), 5e-4);
 
   std::stringstream first;
   a.save(first);
-  Adam b(n, o);
+  Adam b(models::cpu_backend(), n, o);
   Optimizer& as_interface = b;  // what the training loop holds
   as_interface.load(first);
   CHECK(b.step_count() == 3);
@@ -270,15 +273,15 @@ TEST_CASE("Adam state save/load round-trips bytewise and resumes exactly", "[opt
   CHECK(a.exp_avg_sq() == b.exp_avg_sq());
 
   SECTION("a state for another model size is a clear error") {
-    Adam other(n + 1, o);
+    Adam other(models::cpu_backend(), n + 1, o);
     std::stringstream s(first.str());
     CHECK_THROWS_WITH(other.load(s), Catch::Contains("holds 1000 parameters but the model has 1001"));
   }
   SECTION("an SGD state does not load into Adam, nor an Adam state into SGD, and both say so") {
-    Sgd sgd(n, SgdOptions{0.9, false, 0, false});
+    Sgd sgd(models::cpu_backend(), n, SgdOptions{0.9, false, 0, false});
     std::stringstream sgd_state;
     sgd.save(sgd_state);
-    Adam fresh(n, o);
+    Adam fresh(models::cpu_backend(), n, o);
     CHECK_THROWS_WITH(fresh.load(sgd_state), Catch::Contains("SGD optimizer state") && Catch::Contains("bad magic"));
     std::stringstream s(first.str());
     CHECK_THROWS_WITH(sgd.load(s), Catch::Contains("Adam optimizer state") && Catch::Contains("bad magic"));
@@ -286,7 +289,7 @@ TEST_CASE("Adam state save/load round-trips bytewise and resumes exactly", "[opt
   SECTION("a truncated state is a clear error and leaves the optimizer unchanged") {
     for (const size_t cut : {size_t{10}, size_t{4 * n + 10}, first.str().size() - 20}) {
       INFO("cut " << cut << " bytes");
-      Adam fresh(n, o);
+      Adam fresh(models::cpu_backend(), n, o);
       std::stringstream s(first.str().substr(0, first.str().size() - cut));
       CHECK_THROWS_WITH(fresh.load(s), Catch::Contains("truncated"));
       CHECK(fresh.step_count() == 0);
@@ -295,7 +298,7 @@ TEST_CASE("Adam state save/load round-trips bytewise and resumes exactly", "[opt
     }
   }
   SECTION("garbage and another format version are rejected") {
-    Adam fresh(n, o);
+    Adam fresh(models::cpu_backend(), n, o);
     std::stringstream s("not a state file at all");
     CHECK_THROWS_WITH(fresh.load(s), Catch::Contains("bad magic"));
     std::string bumped = first.str();
@@ -311,16 +314,16 @@ TEST_CASE("make_optimizer builds what optim.name says", "[optim]") {
   OptimizerOptions o;
   o.momentum = 0.9;
   o.weight_decay = 0.05;
-  CHECK(make_optimizer(o, 5)->name() == "sgd");
+  CHECK(make_optimizer(models::cpu_backend(), o, 5)->name() == "sgd");
   o.name = "adam";
-  auto adam = make_optimizer(o, 5);
+  auto adam = make_optimizer(models::cpu_backend(), o, 5);
   REQUIRE(adam->name() == "adam");
   CHECK(adam->size() == 5);
   o.decoupled_weight_decay = true;  // adam with decoupled decay is AdamW
-  CHECK(make_optimizer(o, 5)->name() == "adamw");
+  CHECK(make_optimizer(models::cpu_backend(), o, 5)->name() == "adamw");
   o.name = "adamw";
   o.decoupled_weight_decay = false;  // adamw decouples whatever the flag says
-  auto adamw = make_optimizer(o, 5);
+  auto adamw = make_optimizer(models::cpu_backend(), o, 5);
   CHECK(adamw->name() == "adamw");
 
   // The factory's Adam follows the options: one AdamW step by the factory's optimizer equals one by
@@ -328,15 +331,15 @@ TEST_CASE("make_optimizer builds what optim.name says", "[optim]") {
   std::vector<float> p1 = {1, -2, 3, 0.5f, -0.25f}, p2 = p1;
   const std::vector<float> g = {0.1f, 0.2f, -0.3f, 0.0f, 1.0f};
   adamw->step(p1.data(), g.data(), 0.01);
-  Adam direct(5, AdamOptions{0.9, 0.999, 1e-8, 0.05, true});
+  Adam direct(models::cpu_backend(), 5, AdamOptions{0.9, 0.999, 1e-8, 0.05, true});
   direct.step(p2.data(), g.data(), 0.01);
   CHECK(p1 == p2);
 
   o.nesterov = true;
-  CHECK_THROWS_WITH(make_optimizer(o, 5), Catch::Contains("nesterov applies to sgd only"));
+  CHECK_THROWS_WITH(make_optimizer(models::cpu_backend(), o, 5), Catch::Contains("nesterov applies to sgd only"));
   o.nesterov = false;
   o.name = "lamb";
-  CHECK_THROWS_WITH(make_optimizer(o, 5), Catch::Contains("unknown optimizer 'lamb'"));
+  CHECK_THROWS_WITH(make_optimizer(models::cpu_backend(), o, 5), Catch::Contains("unknown optimizer 'lamb'"));
 }
 
 TEST_CASE("learning-rate schedules match PyTorch's schedulers", "[optim][schedule]") {
@@ -386,7 +389,7 @@ TEST_CASE("schedule arguments are checked", "[optim][schedule]") {
 TEST_CASE("clip_grad_norm matches torch.nn.utils.clip_grad_norm_", "[optim][clip]") {
   for (const auto& c : reference().at("clip")) {
     auto g = to_floats(c.at("grads"));
-    const double norm = clip_grad_norm(g.data(), static_cast<int64_t>(g.size()), c.at("max_norm"));
+    const double norm = clip_grad_norm(models::cpu_backend(), g.data(), static_cast<int64_t>(g.size()), c.at("max_norm"));
     CHECK(close(norm, c.at("norm").get<double>()));
     const auto expected = c.at("clipped").get<std::vector<double>>();
     for (size_t i = 0; i < g.size(); ++i) {
@@ -399,15 +402,15 @@ TEST_CASE("clip_grad_norm matches torch.nn.utils.clip_grad_norm_", "[optim][clip
 TEST_CASE("clip_grad_norm with max_norm 0 only measures and the norm is thread-count independent",
           "[optim][clip]") {
   std::vector<float> g = {3, 4};
-  CHECK(clip_grad_norm(g.data(), 2, 0.0) == 5.0);
+  CHECK(clip_grad_norm(models::cpu_backend(), g.data(), 2, 0.0) == 5.0);
   CHECK(g == std::vector<float>{3, 4});
-  CHECK(global_norm(nullptr, 0) == 0.0);
+  CHECK(global_norm(models::cpu_backend(), nullptr, 0) == 0.0);
 
   const int64_t n = 300001;
   const auto big = ramp(n, 1.0f);
   omp_set_num_threads(1);
-  const double one = global_norm(big.data(), n);
+  const double one = global_norm(models::cpu_backend(), big.data(), n);
   omp_set_num_threads(3);
-  const double three = global_norm(big.data(), n);
+  const double three = global_norm(models::cpu_backend(), big.data(), n);
   CHECK(one == three);  // bitwise, not approximately
 }

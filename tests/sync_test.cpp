@@ -74,7 +74,7 @@ std::vector<float> train(comm::GradientSync* sync, int rank, int ranks, int64_t 
                          ModelFactory make_model = small_cnn) {
   auto model = make_model(7);
   auto& p = model->parameters();
-  optim::Sgd sgd(p.size(), {0.9, false, 1e-4, false});
+  optim::Sgd sgd(models::cpu_backend(), p.size(), {0.9, false, 1e-4, false});
   comm::SyncBuffers b{p.values(), p.grads(), p.size(), model->buffers().values(), model->buffers().size(), &p.views()};
   std::vector<float> x;
   std::vector<int32_t> labels;
@@ -134,7 +134,7 @@ std::vector<float> train_dense_checked(comm::GradientSync& sync, comm::Communica
   auto whole = make_model(7);
   auto& p = model->parameters();
   const int64_t n = p.size();
-  optim::Sgd sgd(n, {0.9, false, 1e-4, false});
+  optim::Sgd sgd(models::cpu_backend(), n, {0.9, false, 1e-4, false});
   comm::SyncBuffers b{p.values(), p.grads(), n, model->buffers().values(), model->buffers().size(), &p.views()};
   constexpr double u = 1.0 / (1 << 24);
   const double gamma = (P - 1) * u / (1 - (P - 1) * u);

@@ -54,7 +54,7 @@ struct Workload {
   std::vector<TorchRun> torch_runs;
 };
 
-Workload image_workload(const BenchOptions& o) {
+Workload image_workload(const BenchOptions& o, models::Backend& backend) {
   struct State {
     std::unique_ptr<models::ImageClassifier> model;
     std::vector<float> x;
@@ -62,7 +62,7 @@ Workload image_workload(const BenchOptions& o) {
   };
   auto s = std::make_shared<State>();
   const int64_t batch = o.batch > 0 ? o.batch : 128;
-  s->model = models::make_image_model({o.model, 10, 0.f}, models::cpu_backend(), 0);
+  s->model = models::make_image_model({o.model, 10, 0.f}, backend, 0);
   std::mt19937_64 rng(0);
   std::normal_distribution<float> normal;
   s->x.resize(batch * 3 * 32 * 32);
@@ -89,7 +89,7 @@ Workload image_workload(const BenchOptions& o) {
 // deepspeech (CTC) or las (teacher forcing 1.0, label smoothing 0.1) on `batch` utterances of
 // `frames` random feature frames each; utterance n has label_length - 1 + n % 3 random characters
 // (ids 1..28). scripts/bench_torch_speech.py builds the same batch shapes.
-Workload speech_workload(const BenchOptions& o) {
+Workload speech_workload(const BenchOptions& o, models::Backend& backend) {
   struct State {
     std::unique_ptr<models::SpeechModel> model;
     std::vector<float> features;
@@ -105,10 +105,10 @@ Workload speech_workload(const BenchOptions& o) {
     lo.teacher_forcing = 1.0;
     lo.label_smoothing = 0.1;
     feature_dim = lo.feature_dim;
-    s->model = models::make_las(models::cpu_backend(), lo, 0);
+    s->model = models::make_las(backend, lo, 0);
   } else {
     feature_dim = models::DeepSpeechOptions{}.feature_dim;
-    s->model = models::make_speech_model(o.model, models::cpu_backend(), 0);
+    s->model = models::make_speech_model(o.model, backend, 0);
   }
   std::mt19937_64 rng(0);
   std::normal_distribution<float> normal;
@@ -179,24 +179,30 @@ int run_bench(const BenchOptions& o) {
   Config runtime;
   runtime.runtime.threads = o.threads;
   runtime.runtime.conv_algorithm = o.conv_algorithm;
+  runtime.runtime.device = o.device;
   const int threads = configure_runtime(runtime, 1);
+  models::Backend& backend = device_backend(runtime, 0);
 
-  Workload w = speech ? speech_workload(o) : image_workload(o);
+  Workload w = speech ? speech_workload(o, backend) : image_workload(o, backend);
   models::ParameterStore& params = *w.params;
-  optim::Sgd sgd(params.size(), {0.9, false, 5e-4, false});
+  optim::Sgd sgd(backend, params.size(), {0.9, false, 5e-4, false});
   std::vector<double> total, forward, backward, update;
   double cpu0 = 0;
   Clock::time_point wall0;
   for (int i = 0; i < o.warmup + o.steps; ++i) {
     if (i == o.warmup) cpu0 = process_cpu_seconds(), wall0 = Clock::now();
     const auto t0 = Clock::now();
+    // Each phase waits for the device (a no-op on the CPU) before its clock is read.
     w.forward();
+    backend.synchronize();
     const double f = ms_since(t0);
     const auto t1 = Clock::now();
     w.backward();
+    backend.synchronize();
     const double b = ms_since(t1);
     const auto t2 = Clock::now();
     sgd.step(params.values(), params.grads(), 0.01);
+    backend.synchronize();
     const double u = ms_since(t2);
     if (i < o.warmup) continue;
     forward.push_back(f), backward.push_back(b), update.push_back(u), total.push_back(ms_since(t0));

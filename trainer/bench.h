@@ -18,6 +18,7 @@ struct BenchOptions {
   int steps = 10;
   int64_t threads = 0;
   std::string conv_algorithm = "auto";
+  std::string device = "cpu";  // as runtime.device
   // Speech models: frames per utterance (161 spectrogram bins for deepspeech, 80 log-mel bins for
   // las) and characters per transcript (utterance n has label_length - 1 + n % 3).
   int64_t frames = 300;

@@ -267,17 +267,23 @@ std::string padded_blob(const std::string& blob) {
   return p;
 }
 
-models::SafeTensorRef flat_ref(const char* name, const models::ParameterStore& store) {
-  return {name, "F32", {store.size()}, store.values()};
+// The stores' values copied to the host (they live on the backend's device) for writing.
+struct HostValues {
+  std::vector<float> params, buffers;
+};
+
+models::SafeTensorRef flat_ref(const char* name, const std::vector<float>& values) {
+  return {name, "F32", {static_cast<int64_t>(values.size())}, values.data()};
 }
 
 void write_rank_state(const fs::path& path, const CheckpointIdentity& id, const models::ParameterStore& params,
-                      const models::ParameterStore& buffers, const TrainingState& state, int rank, int world) {
+                      const models::ParameterStore& buffers, const HostValues& host, const TrainingState& state,
+                      int rank, int world) {
   const std::string opt = padded_blob(state.optimizer_state);
   const std::string sync = padded_blob(state.sync_state);
   const std::vector<models::SafeTensorRef> tensors = {
-      flat_ref("params", params),
-      flat_ref("buffers", buffers),
+      flat_ref("params", host.params),
+      flat_ref("buffers", host.buffers),
       {"optimizer_state", "I32", {static_cast<int64_t>(opt.size() / 4)}, opt.data()},
       {"sync_state", "I32", {static_cast<int64_t>(sync.size() / 4)}, sync.data()},
   };
@@ -301,10 +307,10 @@ void write_rank_state(const fs::path& path, const CheckpointIdentity& id, const 
 // Every named view, so that torch's load_state_dict (strict=False: no num_batches_tracked) or any
 // safetensors tool sees an ordinary state_dict.
 void write_model(const fs::path& path, const CheckpointIdentity& id, const models::ParameterStore& params,
-                 const models::ParameterStore& buffers, int64_t step) {
+                 const models::ParameterStore& buffers, const HostValues& host, int64_t step) {
   std::vector<models::SafeTensorRef> tensors;
-  for (const models::ParameterStore* store : {&params, &buffers})
-    for (const auto& v : store->views()) tensors.push_back({v.name, "F32", v.shape, store->values() + v.offset});
+  for (const auto& v : params.views()) tensors.push_back({v.name, "F32", v.shape, host.params.data() + v.offset});
+  for (const auto& v : buffers.views()) tensors.push_back({v.name, "F32", v.shape, host.buffers.data() + v.offset});
   models::write_safetensors(path.string(), tensors,
                             {{"format", "pt"}, {"arch", id.arch}, {"step", std::to_string(step)},
                              {"trainer_checkpoint_version", std::to_string(kVersion)}});
@@ -383,15 +389,16 @@ void save_checkpoint(const std::string& output_dir, const CheckpointIdentity& id
   // file system, so the manifest vouches for what is on disk, not for what was meant to be.
   int64_t mine[2] = {0, 0};
   FileSum model;
+  const HostValues host{params.host_values(), buffers.host_values()};
   try {
     together(comm, true, [&] {
       const fs::path path = folder / state_file_name(rank);
-      write_rank_state(path, identity, params, buffers, state, rank, world);
+      write_rank_state(path, identity, params, buffers, host, state, rank, world);
       const FileSum sum = checksum_file(path.string());
       mine[0] = static_cast<int64_t>(sum.bytes);
       mine[1] = sum.crc;
       if (rank == 0) {
-        write_model(folder / kModelFile, identity, params, buffers, state.step);
+        write_model(folder / kModelFile, identity, params, buffers, host, state.step);
         model = checksum_file((folder / kModelFile).string());
       }
     });
@@ -573,7 +580,7 @@ std::string join(const std::vector<std::string>& lines) {
 
 void apply(const models::SafeTensorsFile& f, const char* name, models::ParameterStore& store) {
   const auto& bytes = f.at(name).bytes;
-  if (!bytes.empty()) std::memcpy(store.values(), bytes.data(), bytes.size());
+  store.copy_values_from_host(bytes.data(), bytes.size());  // sizes were checked by read_checkpoint
 }
 
 }  // namespace

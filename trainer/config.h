@@ -27,6 +27,7 @@ inline const std::vector<std::string> kOptimizers = {"sgd", "adam", "adamw"};
 inline const std::vector<std::string> kSchedules = {"constant", "multistep", "cosine", "exponential"};
 inline const std::vector<std::string> kConvAlgorithms = {"auto", "direct", "winograd"};
 inline const std::vector<std::string> kStalenessLr = {"inverse", "none", "dc"};
+inline const std::vector<std::string> kDevices = {"cpu", "cuda"};
 
 struct ExperimentConfig {
   std::string name = "quickstart";
@@ -104,6 +105,7 @@ struct TrainConfig {
 };
 
 struct RuntimeConfig {
+  std::string device = "cpu";
   int64_t threads = 0;  // 0: hardware cores / ranks on this node
   bool deterministic = false;
   std::string conv_algorithm = "auto";

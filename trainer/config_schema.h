@@ -216,7 +216,11 @@ void visit_config(Cfg& c, Visitor& v) {
   v.key("train.eval_examples", c.train.eval_examples,
         "an4: reference/hypothesis pairs shown with each evaluation.", closed(0, 100));
 
-  v.section("runtime", "Threads and determinism.");
+  v.section("runtime", "Device, threads and determinism.");
+  v.key("runtime.device", c.runtime.device,
+        "Where the model, its gradients and the optimizer state live and run: cpu, or cuda (GPU "
+        "local_rank % visible GPUs under mpiexec; needs a build with cmake -DTRAINER_CUDA=ON).",
+        kDevices);
   v.key("runtime.threads", c.runtime.threads,
         "Compute threads per process (0 = the machine's cores divided by the processes on this "
         "node).",

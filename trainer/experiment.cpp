@@ -4,9 +4,13 @@
 
 #include <algorithm>
 #include <functional>
+#include <stdexcept>
 #include <thread>
 
 #include "models/cpu/dnnl_ops.h"
+#ifdef TRAINER_HAS_CUDA
+#include "models/cuda/cuda_device.h"
+#endif
 
 namespace trainer::app {
 
@@ -23,6 +27,30 @@ int configure_runtime(const Config& config, int local_ranks) {
   if (config.runtime.deterministic) algorithm = ConvAlgorithm::kDirect;
   models::cpu::set_conv_algorithm(algorithm);
   return threads;
+}
+
+models::Backend& device_backend(const Config& config, int local_rank) {
+  const std::string& device = config.runtime.device;
+  if (device == "cpu") return models::cpu_backend();
+  if (device == "cuda") {
+#ifdef TRAINER_HAS_CUDA
+    // The CUDA device (memory, stream, copies) exists; its compute ops do not yet.
+    std::string gpu;
+    try {
+      gpu = models::cuda::describe_cuda_device(local_rank);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("runtime.device = \"cuda\": " + std::string(e.what()));
+    }
+    throw std::runtime_error("runtime.device = \"cuda\": found " + gpu +
+                             ", but the CUDA backend has no compute ops yet (only memory, copies and its "
+                             "stream); use runtime.device = \"cpu\"");
+#else
+    throw std::invalid_argument(
+        "runtime.device = \"cuda\": this trainer was built without CUDA support; rebuild with "
+        "cmake -DTRAINER_CUDA=ON (needs the CUDA toolkit, cuDNN and NCCL, e.g. under /usr/local/cuda)");
+#endif
+  }
+  throw std::invalid_argument("runtime.device = \"" + device + "\": expected cpu or cuda");
 }
 
 comm::SyncOptions sync_options(const Config& c) {
@@ -77,10 +105,11 @@ int64_t total_steps(const Config& config, int64_t steps_per_epoch) {
 Experiment build_experiment(const Config& config, comm::Communicator& world, comm::Communicator& training,
                             const std::function<void(const std::string&)>& announce) {
   Experiment e;
-  e.task = make_task(config, training, announce);
+  e.backend = &device_backend(config, world.local_rank());
+  e.task = make_task(config, training, announce, *e.backend);
   const OptimConfig& o = config.optim;
   const int64_t n = e.task->parameters().size();
-  e.optimizer = optim::make_optimizer(optimizer_options(config), n);
+  e.optimizer = optim::make_optimizer(*e.backend, optimizer_options(config), n);
   e.schedule = schedule_options(o);
   comm::SyncOptions so = sync_options(config);
   so.steps_per_epoch = e.task->steps_per_epoch();

@@ -1,6 +1,6 @@
-// An experiment, built from a validated Config: the task (model + data), the optimizer and its
-// schedule, and the gradient-sync method, wired to this process's rank. The training loop
-// (run.cpp) starts from here.
+// An experiment, built from a validated Config: the backend (runtime.device), the task (model +
+// data), the optimizer and its schedule, and the gradient-sync method, wired to this process's rank.
+// The training loop (run.cpp) starts from here.
 #pragma once
 
 #include <functional>
@@ -9,6 +9,7 @@
 
 #include "comm/communicator.h"
 #include "comm/sync/gradient_sync.h"
+#include "models/backend.h"
 #include "optim/schedule.h"
 #include "optim/optimizer.h"
 #include "trainer/config.h"
@@ -17,6 +18,7 @@
 namespace trainer::app {
 
 struct Experiment {
+  models::Backend* backend = nullptr;  // runtime.device: where the model and optimizer state live
   std::unique_ptr<Task> task;
   std::unique_ptr<optim::Optimizer> optimizer;  // optim.name: sgd, adam or adamw
   optim::ScheduleOptions schedule;
@@ -26,6 +28,11 @@ struct Experiment {
 // Applies runtime.threads (0: hardware cores divided by the ranks on this node) and the
 // convolution algorithm. Returns the thread count.
 int configure_runtime(const Config& config, int local_ranks);
+
+// The backend runtime.device names, for the rank at `local_rank` on its node (a GPU backend takes
+// GPU local_rank % visible GPUs). Throws one line naming the key when this build or this machine
+// cannot provide it.
+models::Backend& device_backend(const Config& config, int local_rank);
 
 // Everything; `announce` receives progress lines (rank 0). The task's data is shared among the
 // ranks of `training` (all of `world`, or async_ps's workers); the sync method talks to `world`.

@@ -19,14 +19,14 @@ bool dataset_present(const std::string& root) {
 
 }  // namespace
 
-std::unique_ptr<models::ImageClassifier> ImageTask::build_model(const Config& c) {
+std::unique_ptr<models::ImageClassifier> ImageTask::build_model(const Config& c, models::Backend& backend) {
   return models::make_image_model({c.model.arch, c.model.num_classes, static_cast<float>(c.model.label_smoothing),
                                    c.model.freeze_batchnorm},
-                                  models::cpu_backend(), static_cast<uint64_t>(c.experiment.seed));
+                                  backend, static_cast<uint64_t>(c.experiment.seed));
 }
 
 ImageTask::ImageTask(const Config& config, comm::Communicator& comm,
-                     const std::function<void(const std::string&)>& announce)
+                     const std::function<void(const std::string&)>& announce, models::Backend& backend)
     : data_(config.data) {
   const DataConfig& d = config.data;
   if (d.synthesize_if_missing && !dataset_present(d.root)) {
@@ -42,7 +42,7 @@ ImageTask::ImageTask(const Config& config, comm::Communicator& comm,
   train_set_ = data::read_cifar10(d.root, true);
   test_set_ = data::read_cifar10(d.root, false);
   norm_ = data::channel_stats(train_set_);
-  model_ = build_model(config);
+  model_ = build_model(config, backend);
   data::LoaderOptions lo;
   lo.batch_size = d.batch_size;
   lo.shuffle = true;

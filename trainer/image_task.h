@@ -10,7 +10,8 @@ namespace trainer::app {
 
 class ImageTask final : public Task {
  public:
-  ImageTask(const Config& config, comm::Communicator& comm, const std::function<void(const std::string&)>& announce);
+  ImageTask(const Config& config, comm::Communicator& comm, const std::function<void(const std::string&)>& announce,
+            models::Backend& backend);
   models::ParameterStore& parameters() override { return model_->parameters(); }
   models::ParameterStore& buffers() override { return model_->buffers(); }
   int64_t train_examples() const override { return train_set_.size(); }
@@ -22,7 +23,7 @@ class ImageTask final : public Task {
   std::string describe_eval(const nlohmann::json& record) const override;
   bool classifies() const override { return true; }
 
-  static std::unique_ptr<models::ImageClassifier> build_model(const Config& config);
+  static std::unique_ptr<models::ImageClassifier> build_model(const Config& config, models::Backend& backend);
 
  private:
   DataConfig data_;

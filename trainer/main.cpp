@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
   bench->add_option("--warmup", bo.warmup, "Untimed steps first");
   bench->add_option("--threads", bo.threads, "Threads (0: all cores)");
   bench->add_option("--conv-algorithm", bo.conv_algorithm, "auto (Winograd from 32 channels), direct or winograd");
+  bench->add_option("--device", bo.device, "cpu or cuda (as runtime.device)");
   bench->add_flag("--no-torch", no_torch, "Skip the PyTorch reference");
   auto* bench_comm = bench->add_subcommand("comm", "Dense sync vs bare MPI_Allreduce (run under mpiexec)");
   int64_t comm_n = trainer::comm::kBenchCommDefaultN;

@@ -41,15 +41,15 @@ void delay_compensate(float* g, const float* w_now, const float* w_pulled, float
 
 }  // namespace
 
-ParameterServer::ParameterServer(const Config& config, comm::Communicator& world, models::ParameterStore& params,
-                                 models::ParameterStore& buffers)
+ParameterServer::ParameterServer(const Config& config, comm::Communicator& world, models::Backend& backend,
+                                 models::ParameterStore& params, models::ParameterStore& buffers)
     : config_(config), world_(world), layout_(comm::PsLayout::make(world.size(), config.sync.servers)) {
   me_ = world.rank() - layout_.workers;
   std::tie(p0_, p1_) = comm::PsLayout::shard(params.size(), layout_.servers, me_);
   std::tie(s0_, s1_) = comm::PsLayout::shard(buffers.size(), layout_.servers, me_);
   params_ = params.values() + p0_;
   state_ = buffers.values() + s0_;
-  optimizer_ = optim::make_optimizer(optimizer_options(config), p1_ - p0_);
+  optimizer_ = optim::make_optimizer(backend, optimizer_options(config), p1_ - p0_);
   schedule_ = schedule_options(config.optim);
   const size_t W = static_cast<size_t>(layout_.workers);
   clock_.assign(W, 0);
@@ -227,10 +227,11 @@ void ParameterServer::load(std::istream& optimizer_in, std::istream& state_in) {
 
 bool run_server(const Config& config, const RunOptions& options, comm::Communicator& world) {
   const std::string out = output_dir(config);
-  ModelStores model = build_model_stores(config);
+  models::Backend& backend = device_backend(config, world.local_rank());
+  ModelStores model = build_model_stores(config, backend);
   models::ParameterStore& params = *model.params;
   models::ParameterStore& buffers = *model.buffers;
-  ParameterServer server(config, world, params, buffers);
+  ParameterServer server(config, world, backend, params, buffers);
   const CheckpointIdentity identity{world.size(), world.rank(), config_hash(config), config.model.arch};
   int64_t first_step = 0;
   if (!options.resume.empty()) {

@@ -41,9 +41,10 @@ namespace trainer::app {
 
 class ParameterServer {
  public:
-  // params and buffers: the whole model (only this server's shards are read and written).
-  ParameterServer(const Config& config, comm::Communicator& world, models::ParameterStore& params,
-                  models::ParameterStore& buffers);
+  // params and buffers: the whole model (only this server's shards are read and written), on
+  // `backend`, which also runs the shard's optimizer.
+  ParameterServer(const Config& config, comm::Communicator& world, models::Backend& backend,
+                  models::ParameterStore& params, models::ParameterStore& buffers);
 
   // Serves from clock `first_step` until every worker has pushed step end - 1, where end is the
   // run's total steps (learned from the workers' headers) or `stop_after` when that is earlier.

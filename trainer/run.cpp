@@ -163,6 +163,7 @@ void print_dry_run(const Config& config, comm::Communicator& comm) {
   std::vector<models::ParamView> views;
   const int64_t n = model_parameter_count(config, &views);
   const size_t tensors = views.size();
+  std::printf("device: %s\n", device_backend(config, comm.local_rank()).describe().c_str());
   std::printf("model: %s, %lld parameters in %zu tensors, gradient %.2f MB per step (%lld bytes)\n",
               config.model.arch.c_str(), static_cast<long long>(n), tensors, n * 4 / 1e6,
               static_cast<long long>(n * 4));
@@ -396,8 +397,8 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
                                   : comm::Phase::kCompressed);
     // Without lockstep (async_ps workers) each rank checks its own: a non-finite gradient, or a stop
     // signal (no checkpoint the servers would join), ends the job on every rank (MPI_Abort).
-    const StepVerdict verdict = lockstep ? agree_on_step(comm, stop_signal_received(), loss, params)
-                                         : check_step_here(rank, stop_signal_received(), loss, params);
+    const StepVerdict verdict = lockstep ? agree_on_step(comm, stop_signal_received(), loss, *e.backend, params)
+                                         : check_step_here(rank, stop_signal_received(), loss, *e.backend, params);
     t_sync += ms_since(t0);
     if (!lockstep && (verdict.nonfinite || verdict.stop_signal))
       throw std::runtime_error(verdict.nonfinite ? fmt("non-finite value at step %lld: %s", static_cast<long long>(step),
@@ -414,7 +415,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     if (e.sync->applies_update()) {
       // async_ps: this rank's gradient, clipped by its own norm, goes to the servers, which run the
       // optimizer and the lr schedule and send the parameters back.
-      optim::clip_grad_norm(params.grads(), params.size(), config.optim.grad_clip_norm);
+      optim::clip_grad_norm(*e.backend, params.grads(), params.size(), config.optim.grad_clip_norm);
       t0 = Clock::now();
       stats = e.sync->reduce(sync_buffers, step);
       t_sync += ms_since(t0);
@@ -433,9 +434,10 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
       // every rank, so every rank decides alike without another message; the norm pass is the one
       // clipping needs anyway.
       t0 = Clock::now();
-      const double norm = optim::clip_grad_norm(params.grads(), params.size(), config.optim.grad_clip_norm);
+      const double norm =
+          optim::clip_grad_norm(*e.backend, params.grads(), params.size(), config.optim.grad_clip_norm);
       if (!std::isfinite(norm)) {
-        nonfinite(step, nonfinite_item(first_nonfinite_gradient(params), params) + " after the gradient sync");
+        nonfinite(step, nonfinite_item(first_nonfinite_gradient(*e.backend, params), params) + " after the gradient sync");
       } else {
         applied = true;
         skipped_in_a_row = 0;

@@ -28,7 +28,7 @@ data::An4Options an4_options(const Config& c) {
 
 }  // namespace
 
-std::unique_ptr<models::SpeechModel> SpeechTask::build_model(const Config& c) {
+std::unique_ptr<models::SpeechModel> SpeechTask::build_model(const Config& c, models::Backend& backend) {
   const uint64_t seed = static_cast<uint64_t>(c.experiment.seed);
   const int64_t feature_dim = data::FeatureExtractor(an4_options(c).features).dim();
   if (c.model.arch == "las") {
@@ -44,7 +44,7 @@ std::unique_ptr<models::SpeechModel> SpeechTask::build_model(const Config& c) {
     o.label_smoothing = c.model.label_smoothing;
     o.beam_width = c.model.beam_width;
     o.max_decode_steps = c.model.max_decode_steps;
-    return models::make_las(models::cpu_backend(), o, seed);
+    return models::make_las(backend, o, seed);
   }
   if (c.model.arch == "deepspeech") {
     models::DeepSpeechOptions o;
@@ -52,13 +52,13 @@ std::unique_ptr<models::SpeechModel> SpeechTask::build_model(const Config& c) {
     o.conv_channels = c.model.deepspeech_conv_channels;
     o.hidden = c.model.deepspeech_hidden;
     o.rnn_layers = c.model.deepspeech_rnn_layers;
-    return models::make_deepspeech(models::cpu_backend(), o, seed);
+    return models::make_deepspeech(backend, o, seed);
   }
-  return models::make_speech_model(c.model.arch, models::cpu_backend(), seed);  // names the known ones
+  return models::make_speech_model(c.model.arch, backend, seed);  // names the known ones
 }
 
 SpeechTask::SpeechTask(const Config& config, comm::Communicator& comm,
-                       const std::function<void(const std::string&)>& announce)
+                       const std::function<void(const std::string&)>& announce, models::Backend& backend)
     : config_(config), rank_(static_cast<uint64_t>(comm.rank())) {
   std::string warnings;
   train_set_ = data::load_an4(an4_options(config), true, &warnings);
@@ -67,7 +67,7 @@ SpeechTask::SpeechTask(const Config& config, comm::Communicator& comm,
   announce("data: " + config.data.root + ": " + std::to_string(train_set_.size()) + " train and " +
            std::to_string(test_set_.size()) + " test utterances, " + config.data.features + " features of " +
            std::to_string(train_set_.feature_dim));
-  model_ = build_model(config);
+  model_ = build_model(config, backend);
   data::SpeechLoaderOptions lo;
   lo.batch_size = config.data.batch_size;
   lo.shuffle = true;

@@ -10,7 +10,8 @@ namespace trainer::app {
 
 class SpeechTask final : public Task {
  public:
-  SpeechTask(const Config& config, comm::Communicator& comm, const std::function<void(const std::string&)>& announce);
+  SpeechTask(const Config& config, comm::Communicator& comm, const std::function<void(const std::string&)>& announce,
+             models::Backend& backend);
   models::ParameterStore& parameters() override { return model_->parameters(); }
   models::ParameterStore& buffers() override { return model_->buffers(); }
   int64_t train_examples() const override { return train_set_.size(); }
@@ -22,7 +23,7 @@ class SpeechTask final : public Task {
   std::string describe_eval(const nlohmann::json& record) const override;
   bool classifies() const override { return false; }
 
-  static std::unique_ptr<models::SpeechModel> build_model(const Config& config);
+  static std::unique_ptr<models::SpeechModel> build_model(const Config& config, models::Backend& backend);
 
  private:
   Config config_;

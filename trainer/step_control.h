@@ -13,6 +13,7 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "models/backend.h"
 #include "models/parameters.h"
 
 namespace trainer::app {
@@ -26,16 +27,17 @@ struct StepVerdict {
 
 // The index of the first parameter tensor whose gradient holds a NaN or an infinity, or -1.
 // One pass over the whole gradient (its sum of squares, in double: finite for any finite float);
-// the per-tensor scan runs only when that sum is not finite.
-int first_nonfinite_gradient(const models::ParameterStore& params);
+// the per-tensor scan runs only when that sum is not finite. `backend`: the one the gradient is on.
+int first_nonfinite_gradient(models::Backend& backend, const models::ParameterStore& params);
 
 // Collective, once per step on every rank: the control allreduce described above.
-StepVerdict agree_on_step(comm::Communicator& comm, int local_stop_signal, double loss,
+StepVerdict agree_on_step(comm::Communicator& comm, int local_stop_signal, double loss, models::Backend& backend,
                           const models::ParameterStore& params);
 
 // The same verdict from this rank's own loss and gradient alone, without a message: for ranks that
 // do not take their steps together (async_ps workers).
-StepVerdict check_step_here(int rank, int local_stop_signal, double loss, const models::ParameterStore& params);
+StepVerdict check_step_here(int rank, int local_stop_signal, double loss, models::Backend& backend,
+                            const models::ParameterStore& params);
 
 // "the loss" or "the gradient of layer1.0.conv1.weight", for messages.
 std::string nonfinite_item(int tensor, const models::ParameterStore& params);

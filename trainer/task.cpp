@@ -27,22 +27,22 @@ void check_pairing(const Config& config) {
 
 // The one place that maps a config to a task.
 std::unique_ptr<Task> make_task(const Config& config, comm::Communicator& comm,
-                                const std::function<void(const std::string&)>& announce) {
+                                const std::function<void(const std::string&)>& announce, models::Backend& backend) {
   check_pairing(config);
-  if (is_speech(config)) return std::make_unique<SpeechTask>(config, comm, announce);
-  return std::make_unique<ImageTask>(config, comm, announce);
+  if (is_speech(config)) return std::make_unique<SpeechTask>(config, comm, announce, backend);
+  return std::make_unique<ImageTask>(config, comm, announce, backend);
 }
 
-ModelStores build_model_stores(const Config& config) {
+ModelStores build_model_stores(const Config& config, models::Backend& backend) {
   check_pairing(config);
   ModelStores m;
   if (is_speech(config)) {
-    std::shared_ptr<models::SpeechModel> model = SpeechTask::build_model(config);
+    std::shared_ptr<models::SpeechModel> model = SpeechTask::build_model(config, backend);
     m.params = &model->parameters();
     m.buffers = &model->buffers();
     m.model = model;
   } else {
-    std::shared_ptr<models::ImageClassifier> model = ImageTask::build_model(config);
+    std::shared_ptr<models::ImageClassifier> model = ImageTask::build_model(config, backend);
     m.params = &model->parameters();
     m.buffers = &model->buffers();
     m.model = model;
@@ -52,12 +52,14 @@ ModelStores build_model_stores(const Config& config) {
 
 int64_t model_parameter_count(const Config& config, std::vector<models::ParamView>* views) {
   check_pairing(config);
+  // The layout does not depend on the device: a host build counts, also where the device is absent.
+  models::Backend& host = models::cpu_backend();
   if (is_speech(config)) {
-    auto model = SpeechTask::build_model(config);
+    auto model = SpeechTask::build_model(config, host);
     if (views) *views = model->parameters().views();
     return model->parameters().size();
   }
-  auto model = ImageTask::build_model(config);
+  auto model = ImageTask::build_model(config, host);
   if (views) *views = model->parameters().views();
   return model->parameters().size();
 }

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
+#include "models/backend.h"
 #include "models/parameters.h"
 #include "trainer/config.h"
 
@@ -47,17 +48,18 @@ class Task {
 
 // The task the config asks for (by model.arch / data.dataset). Generates the synthetic dataset
 // first when the config says so (rank 0 writes, the others wait). `announce` gets progress lines.
+// The model lives on `backend`.
 std::unique_ptr<Task> make_task(const Config& config, comm::Communicator& comm,
-                                const std::function<void(const std::string&)>& announce);
+                                const std::function<void(const std::string&)>& announce, models::Backend& backend);
 
 // The model alone, without data: what a parameter server holds (sync.method = "async_ps"). The
-// stores belong to `model` and are initialized exactly as a Task's (the same seed).
+// stores belong to `model`, live on `backend` and are initialized exactly as a Task's (the same seed).
 struct ModelStores {
   std::shared_ptr<void> model;
   models::ParameterStore* params = nullptr;
   models::ParameterStore* buffers = nullptr;
 };
-ModelStores build_model_stores(const Config& config);
+ModelStores build_model_stores(const Config& config, models::Backend& backend);
 
 // The model's parameter store layout alone (no data), for --dry-run: count and named tensors.
 int64_t model_parameter_count(const Config& config, std::vector<models::ParamView>* views = nullptr);

@@ -12,6 +12,7 @@
 #include "models/backend.h"
 #include "models/cpu/dnnl_ops.h"
 #include "models/cpu/lstm_ops.h"
+#include "models/cpu/optim_ops.h"
 #include "models/cpu/sequence_ops.h"
 
 namespace trainer::models {
@@ -27,6 +28,16 @@ inline int64_t offset(const Tensor& t, int64_t n, int64_t c, int64_t h, int64_t 
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
+
+  // Memory is host memory and the stream is the calling thread: host_memory.cpp.
+  void* allocate(size_t bytes) override { return host_memory().allocate(bytes); }
+  void free(void* p) override { host_memory().free(p); }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override {
+    host_memory().copy_to_device(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override { host_memory().copy_to_host(dst, src, bytes); }
+  void fill(int64_t n, float value, float* y) override { host_memory().fill(n, value, y); }
+  void synchronize() override {}
 
   std::unique_ptr<ConvOp> make_conv(const ConvGeometry& g) override { return cpu::make_dnnl_conv(g); }
   std::unique_ptr<BatchNormOp> make_batchnorm(const BatchNormGeometry& g) override {
@@ -186,6 +197,17 @@ class CpuBackend final : public Backend {
   void transpose(int64_t batch, int64_t rows, int64_t cols, const float* x, float* y) override {
     cpu::transpose(batch, rows, cols, x, y);
   }
+
+  // Optimizer arithmetic: optim_ops.cpp.
+  void sgd_update(int64_t n, const SgdUpdate& u, float* params, const float* grads, float* momentum) override {
+    cpu::sgd_update(n, u, params, grads, momentum);
+  }
+  void adam_update(int64_t n, const AdamUpdate& u, float* params, const float* grads, float* m,
+                   float* v) override {
+    cpu::adam_update(n, u, params, grads, m, v);
+  }
+  double sum_of_squares(int64_t n, const float* x) override { return cpu::sum_of_squares(n, x); }
+  void scale(int64_t n, float alpha, float* x) override { cpu::scale(n, alpha, x); }
 };
 
 }  // namespace

@@ -17,10 +17,10 @@ BatchNorm2d::BatchNorm2d(LayerContext ctx, const std::string& name, const BatchN
 
 void BatchNorm2d::init(Rng&) {
   for (int64_t c = 0; c < opt_.channels; ++c) {
-    ctx_.params.value(weight_).data[c] = 1.f;
-    ctx_.params.value(bias_).data[c] = 0.f;
-    ctx_.buffers.value(running_mean_).data[c] = 0.f;
-    ctx_.buffers.value(running_var_).data[c] = 1.f;
+    ctx_.params.initial_value(weight_).data[c] = 1.f;
+    ctx_.params.initial_value(bias_).data[c] = 0.f;
+    ctx_.buffers.initial_value(running_mean_).data[c] = 0.f;
+    ctx_.buffers.initial_value(running_var_).data[c] = 1.f;
   }
 }
 

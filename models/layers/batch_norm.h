@@ -31,8 +31,8 @@ class BatchNorm2d final : public Layer {
   OpCache<BatchNormGeometry, BatchNormOp> ops_;
   BatchNormOp* op_ = nullptr;
   Tensor x_;  // a copy of the input view: callers may pass temporaries
-  OwnedTensor y_, dx_;
-  HostBuffer batch_mean_, batch_var_;
+  OwnedTensor y_{ctx_.backend}, dx_{ctx_.backend};
+  DeviceBuffer batch_mean_{ctx_.backend}, batch_var_{ctx_.backend};
 };
 
 }  // namespace trainer::models

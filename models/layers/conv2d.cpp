@@ -13,12 +13,12 @@ Conv2d::Conv2d(LayerContext ctx, const std::string& name, const Conv2dOptions& o
 }
 
 void Conv2d::init(Rng& rng) {
-  Tensor w = ctx_.params.value(weight_);
+  Tensor w = ctx_.params.initial_value(weight_);
   const double fan_out = static_cast<double>(opt_.out_channels * opt_.kernel_h * opt_.kernel_w);
   std::normal_distribution<float> normal(0.f, static_cast<float>(std::sqrt(2.0 / fan_out)));
   for (int64_t i = 0; i < w.numel(); ++i) w.data[i] = normal(rng);
   if (bias_ >= 0) {
-    Tensor b = ctx_.params.value(bias_);
+    Tensor b = ctx_.params.initial_value(bias_);
     for (int64_t i = 0; i < b.numel(); ++i) b.data[i] = 0.f;
   }
 }

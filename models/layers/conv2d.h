@@ -28,7 +28,7 @@ class Conv2d final : public Layer {
   OpCache<ConvGeometry, ConvOp> ops_;
   ConvOp* op_ = nullptr;
   Tensor x_;  // a copy of the input view: callers may pass temporaries
-  OwnedTensor y_, dx_;
+  OwnedTensor y_{ctx_.backend}, dx_{ctx_.backend};
 };
 
 }  // namespace trainer::models

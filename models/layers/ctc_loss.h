@@ -30,7 +30,7 @@ class CtcLoss {
  private:
   Backend& backend_;
   std::vector<double> losses_;
-  OwnedTensor dlogits_;
+  OwnedTensor dlogits_{backend_};
 };
 
 // Greedy (best-path) CTC decoding of host logits {T, N, classes}: per frame the argmax class, over

@@ -37,7 +37,7 @@ class Flatten final : public Layer {
   Shape in_shape_;
   Layout in_layout_ = Layout::kChannelsLast;
   Tensor y_view_, dx_view_;
-  OwnedTensor y_, dx_;
+  OwnedTensor y_{ctx_.backend}, dx_{ctx_.backend};
 };
 
 }  // namespace trainer::models

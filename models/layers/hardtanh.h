@@ -23,7 +23,7 @@ class Hardtanh final : public Layer {
  private:
   LayerContext ctx_;
   float lo_, hi_;
-  OwnedTensor y_, dx_;
+  OwnedTensor y_{ctx_.backend}, dx_{ctx_.backend};
 };
 
 }  // namespace trainer::models

@@ -14,10 +14,10 @@ Linear::Linear(LayerContext ctx, const std::string& name, int64_t in_features, i
 void Linear::init(Rng& rng) {
   const float bound = 1.f / std::sqrt(static_cast<float>(in_));
   std::uniform_real_distribution<float> uniform(-bound, bound);
-  Tensor w = ctx_.params.value(weight_);
+  Tensor w = ctx_.params.initial_value(weight_);
   for (int64_t i = 0; i < w.numel(); ++i) w.data[i] = uniform(rng);
   if (bias_ >= 0) {
-    Tensor b = ctx_.params.value(bias_);
+    Tensor b = ctx_.params.initial_value(bias_);
     for (int64_t i = 0; i < b.numel(); ++i) b.data[i] = uniform(rng);
   }
 }

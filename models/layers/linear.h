@@ -19,7 +19,7 @@ class Linear final : public Layer {
   int64_t in_, out_;
   int weight_ = -1, bias_ = -1;
   Tensor x_;  // a copy of the input view: callers may pass temporaries
-  OwnedTensor y_, dx_;
+  OwnedTensor y_{ctx_.backend}, dx_{ctx_.backend};
 };
 
 }  // namespace trainer::models

@@ -14,7 +14,7 @@ Lookahead::Lookahead(LayerContext ctx, const std::string& name, int64_t channels
 void Lookahead::init(Rng& rng) {
   const float bound = 1.f / std::sqrt(static_cast<float>(context_ + 1));
   std::uniform_real_distribution<float> uniform(-bound, bound);
-  Tensor w = ctx_.params.value(weight_);
+  Tensor w = ctx_.params.initial_value(weight_);
   for (int64_t i = 0; i < w.numel(); ++i) w.data[i] = uniform(rng);
 }
 

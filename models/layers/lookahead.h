@@ -23,7 +23,7 @@ class Lookahead final : public Layer {
   int64_t channels_, context_;
   int weight_ = -1;
   Tensor x_;  // a copy of the input view
-  OwnedTensor y_, dx_;
+  OwnedTensor y_{ctx_.backend}, dx_{ctx_.backend};
 };
 
 }  // namespace trainer::models

@@ -9,7 +9,8 @@ Lstm::Lstm(LayerContext ctx, const std::string& name, const LstmOptions& options
   if (opt_.input_size <= 0 || opt_.hidden_size <= 0 || opt_.num_layers <= 0)
     throw std::invalid_argument("Lstm " + name + ": sizes and layer count must be positive");
   const int64_t H = opt_.hidden_size;
-  dirs_ = std::vector<Direction>(opt_.num_layers * directions());
+  dirs_.reserve(opt_.num_layers * directions());
+  for (int64_t i = 0; i < opt_.num_layers * directions(); ++i) dirs_.emplace_back(ctx.backend);
   for (int64_t k = 0; k < opt_.num_layers; ++k) {
     const int64_t in = k == 0 ? opt_.input_size : directions() * H;
     for (int64_t d = 0; d < directions(); ++d) {
@@ -22,8 +23,8 @@ Lstm::Lstm(LayerContext ctx, const std::string& name, const LstmOptions& options
       dir.b_hh = ctx.params.declare(name + ".bias_hh" + suffix, {4 * H});
     }
   }
-  outputs_ = std::vector<OwnedTensor>(opt_.num_layers);
-  grads_ = std::vector<OwnedTensor>(opt_.num_layers);
+  resize_owned(outputs_, opt_.num_layers, ctx.backend);
+  resize_owned(grads_, opt_.num_layers, ctx.backend);
 }
 
 void Lstm::init(Rng& rng) {
@@ -31,7 +32,7 @@ void Lstm::init(Rng& rng) {
   std::uniform_real_distribution<float> uniform(-bound, bound);
   for (Direction& dir : dirs_)
     for (int id : {dir.w_ih, dir.w_hh, dir.b_ih, dir.b_hh}) {
-      Tensor t = ctx_.params.value(id);
+      Tensor t = ctx_.params.initial_value(id);
       for (int64_t i = 0; i < t.numel(); ++i) t.data[i] = uniform(rng);
     }
 }

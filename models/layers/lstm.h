@@ -35,6 +35,7 @@ class Lstm final : public SequenceLayer {
     bool reverse = false;
     OpCache<LstmGeometry, LstmOp> ops;
     LstmOp* op = nullptr;
+    explicit Direction(Backend& backend) : x_reversed(backend), y(backend), dy(backend), dx(backend) {}
     OwnedTensor x_reversed, y, dy, dx;
   };
   int64_t directions() const { return opt_.bidirectional ? 2 : 1; }
@@ -45,7 +46,7 @@ class Lstm final : public SequenceLayer {
   std::vector<Direction> dirs_;       // layer-major: dirs_[layer * directions() + d]
   std::vector<OwnedTensor> outputs_;  // each layer's output {T, N, D*H}
   std::vector<OwnedTensor> grads_;    // each layer's input gradient
-  OwnedTensor reversed_grad_;
+  OwnedTensor reversed_grad_{ctx_.backend};
   Tensor x_;  // a copy of the input view
   const int32_t* lengths_ = nullptr;
 };

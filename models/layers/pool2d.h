@@ -22,7 +22,7 @@ class Pool2d final : public Layer {
   OpCache<PoolGeometry, PoolOp> ops_;
   PoolOp* op_ = nullptr;
   Tensor x_;  // a copy of the input view: callers may pass temporaries
-  OwnedTensor y_, dx_;
+  OwnedTensor y_{ctx_.backend}, dx_{ctx_.backend};
 };
 
 }  // namespace trainer::models

@@ -20,7 +20,7 @@ class ReLU final : public Layer {
 
  private:
   LayerContext ctx_;
-  OwnedTensor y_, dx_;
+  OwnedTensor y_{ctx_.backend}, dx_{ctx_.backend};
 };
 
 }  // namespace trainer::models

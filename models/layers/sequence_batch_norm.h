@@ -24,7 +24,7 @@ class SequenceBatchNorm final : public SequenceLayer {
   BatchNorm2d bn_;
   const int32_t* lengths_ = nullptr;
   Shape shape_;
-  OwnedTensor packed_, packed_grad_, y_, dx_;
+  OwnedTensor packed_{ctx_.backend}, packed_grad_{ctx_.backend}, y_{ctx_.backend}, dx_{ctx_.backend};
 };
 
 }  // namespace trainer::models

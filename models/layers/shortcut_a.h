@@ -30,7 +30,7 @@ class ShortcutA final : public Layer {
   int64_t stride_, pad_;
   Shape in_shape_;
   Layout in_layout_ = Layout::kChannelsLast;
-  OwnedTensor y_, dx_;
+  OwnedTensor y_{ctx_.backend}, dx_{ctx_.backend};
 };
 
 }  // namespace trainer::models

@@ -32,7 +32,7 @@ class BasicBlock final : public Layer {
   BatchNorm2d bn2_;
   std::unique_ptr<Layer> shortcut_, shortcut_bn_;  // null for identity; bn only for projection
   Tensor x_;  // a copy of the input view: callers may pass temporaries
-  OwnedTensor y_, dsum_, dx_;
+  OwnedTensor y_{ctx_.backend}, dsum_{ctx_.backend}, dx_{ctx_.backend};
 };
 
 }  // namespace trainer::models

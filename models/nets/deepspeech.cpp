@@ -37,9 +37,11 @@ DeepSpeech::DeepSpeech(Backend& backend, const DeepSpeechOptions& options, uint6
   clip3_ = std::make_unique<Hardtanh>(ctx, 0.f, 20.f);
   fc_bn_ = std::make_unique<SequenceBatchNorm>(ctx, "fc.0.module.0", BatchNormOptions{H});
   fc_ = std::make_unique<Linear>(ctx, "fc.0.module.1", H, opt_.classes, /*bias=*/false);
-  params_.allocate();
-  buffers_.allocate();
+  params_.allocate(backend_);
+  buffers_.allocate(backend_);
   init(seed);
+  params_.upload_initial_values();
+  buffers_.upload_initial_values();
 }
 
 void DeepSpeech::init(uint64_t seed) {
@@ -47,8 +49,8 @@ void DeepSpeech::init(uint64_t seed) {
   // U(-1/sqrt(fan_in), 1/sqrt(fan_in)); the other layers' own init() follows PyTorch already.
   Rng rng(seed);
   auto pytorch_conv_init = [&](const std::string& name) {
-    Tensor w = params_.value(params_.find(name + ".weight"));
-    Tensor b = params_.value(params_.find(name + ".bias"));
+    Tensor w = params_.initial_value(params_.find(name + ".weight"));
+    Tensor b = params_.initial_value(params_.find(name + ".bias"));
     const float bound = 1.f / std::sqrt(static_cast<float>(w.dim(1) * w.dim(2) * w.dim(3)));
     std::uniform_real_distribution<float> uniform(-bound, bound);
     for (int64_t i = 0; i < w.numel(); ++i) w.data[i] = uniform(rng);

@@ -71,7 +71,7 @@ class DeepSpeech final : public SpeechModel {
   std::unique_ptr<Linear> fc_;
   CtcLoss ctc_;
   std::vector<int32_t> frames_;
-  OwnedTensor spectrogram_, sequence_, image_grad_;
+  OwnedTensor spectrogram_{backend_}, sequence_{backend_}, image_grad_{backend_};
   Shape image_shape_;  // the conv stack's output {N, C, F', T'}
   Layout image_layout_ = Layout::kChannelsLast;
   Tensor logits_;

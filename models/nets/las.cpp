@@ -65,7 +65,7 @@ void uniform_init(Tensor t, float bound, Rng& rng) {
 }  // namespace
 
 Las::Las(Backend& backend, const LasOptions& options, uint64_t seed)
-    : backend_(backend), opt_(options), ws_(std::make_unique<Workspace>()) {
+    : backend_(backend), opt_(options), ws_(std::make_unique<Workspace>(backend)) {
   if (opt_.feature_dim < 1 || opt_.listener_hidden < 1 || opt_.pyramid_layers < 0 || opt_.attention_dim < 1 ||
       opt_.embedding_dim < 1 || opt_.speller_hidden < 1 || opt_.speller_layers < 1 || opt_.classes <= kLasEos ||
       opt_.beam_width < 1 || opt_.max_decode_steps < 1)
@@ -93,9 +93,11 @@ Las::Las(Backend& backend, const LasOptions& options, uint64_t seed)
     cells_.push_back(cell);
   }
   output_ = affine("speller.output", Hs + C, opt_.classes);
-  params_.allocate();
-  buffers_.allocate();
+  params_.allocate(backend_);
+  buffers_.allocate(backend_);
   init(seed);
+  params_.upload_initial_values();
+  buffers_.upload_initial_values();
 }
 
 Las::~Las() = default;
@@ -107,18 +109,18 @@ void Las::init(uint64_t seed) {
   for (auto& layer : pblstm_) layer->init(rng);
   for (const Affine* a : {&query_, &key_}) {
     const float bound = 1.f / std::sqrt(static_cast<float>(a->in));
-    uniform_init(params_.value(a->weight), bound, rng);
-    uniform_init(params_.value(a->bias), bound, rng);
+    uniform_init(params_.initial_value(a->weight), bound, rng);
+    uniform_init(params_.initial_value(a->bias), bound, rng);
   }
   std::normal_distribution<float> normal(0.f, 1.f);
-  Tensor embedding = params_.value(embedding_);
+  Tensor embedding = params_.initial_value(embedding_);
   for (int64_t i = 0; i < embedding.numel(); ++i) embedding.data[i] = normal(rng);
   const float cell_bound = 1.f / std::sqrt(static_cast<float>(opt_.speller_hidden));
   for (const Cell& cell : cells_)
-    for (int id : {cell.w_ih, cell.w_hh, cell.b_ih, cell.b_hh}) uniform_init(params_.value(id), cell_bound, rng);
+    for (int id : {cell.w_ih, cell.w_hh, cell.b_ih, cell.b_hh}) uniform_init(params_.initial_value(id), cell_bound, rng);
   const float out_bound = 1.f / std::sqrt(static_cast<float>(output_.in));
-  uniform_init(params_.value(output_.weight), out_bound, rng);
-  uniform_init(params_.value(output_.bias), out_bound, rng);
+  uniform_init(params_.initial_value(output_.weight), out_bound, rng);
+  uniform_init(params_.initial_value(output_.bias), out_bound, rng);
 }
 
 // ---- Listener ------------------------------------------------------------------------------
@@ -148,7 +150,7 @@ void Las::listen(const SpeechInput& in, Mode mode) {
   blstm_->set_lengths(lengths_[0]);
   const Tensor* h = &blstm_->forward(x, mode);
   flops_ = blstm_->forward_flops();
-  w.pyramid.resize(P);
+  resize_owned(w.pyramid, P, w.backend);
   for (int64_t k = 0; k < P; ++k) {
     // Neighbouring frames side by side: row (t, n) = [h(2t, n) ; h(2t + 1, n)].
     const int64_t steps = h->dim(0) / 2;
@@ -203,7 +205,7 @@ void Las::listener_backward() {
       std::memcpy(d.data + (t * N + n) * C, dvalues.data + (n * Tl + t) * C, C * sizeof(float));
   const Tensor* grad = &d;
   const int64_t P = opt_.pyramid_layers;
-  w.pyramid_grad.resize(P);
+  resize_owned(w.pyramid_grad, P, w.backend);
   for (int64_t k = P - 1; k >= 0; --k) {
     const Tensor& dpairs = pblstm_[k]->backward(*grad);
     // The previous BLSTM's output had T_k frames; an odd last one was dropped (zero gradient).
@@ -296,7 +298,7 @@ double Las::forward(const SpeechInput& in, Mode mode) {
   };
   w.steps = U;
   const size_t L = cells_.size();
-  w.h.resize(L), w.c.resize(L), w.gates.resize(L), w.tanh_c.resize(L);
+  for (auto* v : {&w.h, &w.c, &w.gates, &w.tanh_c}) resize_owned(*v, L, w.backend);
   for (size_t j = 0; j < L; ++j) {
     w.h[j].resize({U + 1, N, Hs});
     w.c[j].resize({U + 1, N, Hs});
@@ -400,7 +402,7 @@ void Las::backward() {
   std::memset(dh, 0, L * N * Hs * sizeof(float));
   std::memset(dc, 0, L * N * Hs * sizeof(float));
   std::memset(dcarry, 0, N * C * sizeof(float));
-  w.dgates.resize(L);
+  resize_owned(w.dgates, L, w.backend);
   for (size_t j = 0; j < L; ++j) w.dgates[j].resize({U, N, 4 * Hs});
   Tensor dembedding = params_.grad(embedding_);
   std::memset(dembedding.data, 0, dembedding.numel() * sizeof(float));

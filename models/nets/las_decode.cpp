@@ -30,8 +30,8 @@ std::vector<std::vector<int32_t>> Las::decode_beam(const SpeechInput& input, int
   // A step reads the states of the hypotheses in [0] and writes the next states into [1]; the
   // surviving hypotheses' rows are then gathered from [1] back into [0].
   for (int b = 0; b < 2; ++b) {
-    w.dec_h[b].resize(L);
-    w.dec_c[b].resize(L);
+    resize_owned(w.dec_h[b], L, w.backend);
+    resize_owned(w.dec_c[b], L, w.backend);
     for (size_t j = 0; j < L; ++j) {
       std::memset(w.dec_h[b][j].resize({R, Hs}).data, 0, R * Hs * sizeof(float));
       std::memset(w.dec_c[b][j].resize({R, Hs}).data, 0, R * Hs * sizeof(float));

@@ -25,27 +25,33 @@ struct Las::Step {
 };
 
 struct Las::Workspace {
+  explicit Workspace(Backend& backend) : backend(backend) {}
+  Backend& backend;  // where every tensor below lives
   // Listener.
-  OwnedTensor time_major;                // {T, N, F}
+  OwnedTensor time_major{backend};       // {T, N, F}
   std::vector<OwnedTensor> pyramid;      // input of pblstm k: {T_k, N, 4 Hl}
   std::vector<OwnedTensor> pyramid_grad; // gradient of each BLSTM's output
-  OwnedTensor values, keys;              // {N, T', C}, {N, T', A} (keys after the ReLU)
-  OwnedTensor dvalues, dkeys, dlistener; // the speller's gradients of values and keys; time-major
+  OwnedTensor values{backend}, keys{backend};  // {N, T', C}, {N, T', A} (keys after the ReLU)
+  // The speller's gradients of values and keys; time-major.
+  OwnedTensor dvalues{backend}, dkeys{backend}, dlistener{backend};
   // Speller records of the last forward, step-major {U, N, ...}; states have U + 1 rows of steps,
   // step 0 being the zero initial state.
   int64_t steps = 0;
   std::vector<int32_t> tokens;  // {U, N}
   std::vector<OwnedTensor> h, c, gates, tanh_c, dgates;
-  OwnedTensor input, query, alpha, state_context, logits;
+  OwnedTensor input{backend}, query{backend}, alpha{backend}, state_context{backend}, logits{backend};
   std::vector<float> bias_sum;  // per cell, b_ih + b_hh
   // The loss: the target rows (step * N + n) in order, and their logit gradients.
   std::vector<int32_t> target_rows, targets;
-  OwnedTensor packed_logits, packed_grad;
+  OwnedTensor packed_logits{backend}, packed_grad{backend};
   // Backward scratch.
-  OwnedTensor dlogits, dstate_context, dquery, denergy, dcontext, dstate, dh, dc, dinput, dcarry;
+  OwnedTensor dlogits{backend}, dstate_context{backend}, dquery{backend}, denergy{backend}, dcontext{backend};
+  OwnedTensor dstate{backend}, dh{backend}, dc{backend}, dinput{backend}, dcarry{backend};
   // Decoding.
   std::vector<OwnedTensor> dec_h[2], dec_c[2];
-  OwnedTensor dec_sc[2], dec_gates, dec_tanh, dec_input, dec_query, dec_alpha, dec_logits;
+  OwnedTensor dec_sc[2] = {OwnedTensor(backend), OwnedTensor(backend)};
+  OwnedTensor dec_gates{backend}, dec_tanh{backend}, dec_input{backend}, dec_query{backend}, dec_alpha{backend};
+  OwnedTensor dec_logits{backend};
 };
 
 }  // namespace trainer::models

@@ -37,8 +37,8 @@ struct Model {
     params.declare("fc.weight", {10, 4});
     params.declare("fc.bias", {10});
     buffers.declare("bn1.running_mean", {4});
-    params.allocate();
-    buffers.allocate();
+    params.allocate(models::host_memory());
+    buffers.allocate(models::host_memory());
   }
 };
 
