@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""The CUDA sources compile where the toolkit is installed (CI has no GPU, but has CUDA 13).
+
+The normal build is CPU-only (TRAINER_CUDA=OFF); a second full build with CUDA would add minutes
+to the suite. This test compiles just what TRAINER_CUDA adds or switches on: models/cuda/*.cu with
+nvcc, models/cuda/*.cpp and every C++ file that has a TRAINER_HAS_CUDA branch with the host
+compiler (syntax and types, with the flags the build uses for them, plus the CUDA define and
+headers). Exit 77 (ctest's skip) when no nvcc is found.
+
+usage: cuda_compile_test.py SOURCE_DIR BUILD_DIR
+"""
+import glob
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+
+src, build = (os.path.realpath(p) for p in sys.argv[1:3])
+cuda_root = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+nvcc = shutil.which("nvcc") or os.path.join(cuda_root, "bin", "nvcc")
+if not os.access(nvcc, os.X_OK):
+    print("skip: no nvcc (the CUDA toolkit is not installed here)")
+    sys.exit(77)
+cuda_include = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "include")
+
+commands = {os.path.realpath(e["file"]): e for e in json.load(open(os.path.join(build, "compile_commands.json")))}
+
+
+def host_flags():
+    # Any C++ source of trainer_models carries the include paths and options the CUDA sources need.
+    entry = commands[os.path.realpath(os.path.join(src, "models", "tensor.cpp"))]
+    return entry
+
+
+def syntax_check(path, template):
+    args = shlex.split(template["command"]) if "command" in template else list(template["arguments"])
+    out = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a in ("-o", "-c", "-MF", "-MT", "-MQ"):
+            skip = True
+            continue
+        if a in ("-MD", "-MMD") or a.endswith((".cpp", ".cc")):
+            continue
+        out.append(a)
+    return out + ["-fsyntax-only", "-DTRAINER_HAS_CUDA", "-I" + cuda_include, path]
+
+
+failures = []
+with tempfile.TemporaryDirectory() as tmp:
+    cu = sorted(glob.glob(os.path.join(src, "models", "cuda", "*.cu")))
+    cpp = sorted(glob.glob(os.path.join(src, "models", "cuda", "*.cpp")))
+    switched = []
+    for pattern in ("trainer/*.cpp", "models/**/*.cpp", "tests/*.cpp"):
+        for f in glob.glob(os.path.join(src, pattern), recursive=True):
+            if "/cuda/" not in f and "TRAINER_HAS_CUDA" in open(f, errors="replace").read():
+                switched.append(f)
+    if not cu or not cpp:
+        print("models/cuda/ has no sources: nothing to check")
+        sys.exit(1)
+    for f in cu:
+        cmd = [nvcc, "-std=c++17", "-arch=sm_90", "-I" + src, "-c", f, "-o", os.path.join(tmp, "x.o")]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        print(("ok  " if r.returncode == 0 else "FAIL") + " nvcc " + os.path.relpath(f, src))
+        if r.returncode:
+            failures.append(r.stderr)
+    for f in cpp + sorted(switched):
+        template = commands.get(os.path.realpath(f), host_flags())
+        r = subprocess.run(syntax_check(f, template), capture_output=True, text=True, cwd=template["directory"])
+        print(("ok  " if r.returncode == 0 else "FAIL") + " c++ " + os.path.relpath(f, src))
+        if r.returncode:
+            failures.append(r.stderr)
+for text in failures:
+    print(text)
+sys.exit(1 if failures else 0)
