@@ -14,6 +14,7 @@
 #include "comm/communicator.h"
 #include "comm/sync/gradient_sync.h"
 #include "comm/sync/sync_state.h"
+#include "tests/conservation.h"
 
 using namespace trainer;
 using comm::Communicator;
@@ -112,15 +113,9 @@ TEST_CASE("A third compressor gets error feedback from the base: conservation an
   }
   // Sum over ranks: P x everything applied + every residual = every gradient.
   std::vector<double> e(sync.error_feedback().residual(), sync.error_feedback().residual() + n);
-  comm.allreduce(e.data(), n, comm::DType::kF64, comm::ReduceOp::kSum, "TEST");
-  comm.allreduce(grads.data(), n, comm::DType::kF64, comm::ReduceOp::kSum, "TEST");
-  double worst = 0, residual_norm = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    worst = std::max(worst, std::abs(applied[i] * comm.size() + e[i] - grads[i]));
-    residual_norm = std::max(residual_norm, std::abs(e[i]));
-  }
-  CHECK(worst < 1e-4);
-  CHECK(residual_norm > 0.1);  // a sign is lossy: something was left behind
+  const testing::Conservation c = testing::conservation(comm, applied, e, grads);
+  CHECK(c.worst < 1e-4);
+  CHECK(c.residual_norm > 0.1);  // a sign is lossy: something was left behind
   // The residual came back with the state: steps 3..5 again give bitwise the same output.
   ScaledSign resumed(comm, n);
   resumed.load(middle);

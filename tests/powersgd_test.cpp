@@ -18,6 +18,7 @@
 #include "comm/sync/gradient_sync.h"
 #include "comm/sync/low_rank.h"
 #include "models/safetensors.h"
+#include "tests/conservation.h"
 
 using namespace trainer;
 using comm::Communicator;
@@ -183,19 +184,12 @@ TEST_CASE("PowerSGD conserves the gradient: applied x P plus the residuals is th
   comm.broadcast(first.data(), n, comm::DType::kF64, 0, "TEST");
   CHECK(first == applied);
   auto e = residual_by_offset(sync, n);
-  comm.allreduce(e.data(), n, comm::DType::kF64, comm::ReduceOp::kSum, "TEST");
-  comm.allreduce(grads.data(), n, comm::DType::kF64, comm::ReduceOp::kSum, "TEST");
-  double worst = 0, residual_norm = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    worst = std::max(worst, std::abs(applied[i] * comm.size() + e[i] - grads[i]));
-    residual_norm = std::max(residual_norm, std::abs(e[i]));
-  }
-  CHECK(worst < 1e-4);
-  CHECK(residual_norm > 0.1);  // compression did leave something behind (the check is not vacuous)
+  const testing::Conservation c = testing::conservation(comm, applied, e, grads);
+  CHECK(c.worst < 1e-4);
+  CHECK(c.residual_norm > 0.1);  // compression did leave something behind (the check is not vacuous)
 }
 
 TEST_CASE("PowerSGD on rank-deficient matrices: exact, finite, nothing left behind", "[powersgd][mpi]") {
-  Communicator& comm = comm::world();
   // A rank-1 matrix u v^T (the same on every rank) at rank 2: the second column of P is dependent.
   const auto views = make_views({{"w", {20, 30}}, {"zero", {16, 16}}});
   const int64_t n = total(views);

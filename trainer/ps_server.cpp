@@ -15,11 +15,8 @@
 namespace trainer::app {
 namespace {
 
-// The server's arithmetic on flat float buffers, one pass each (a device backend replaces these).
-void add_into(float* sum, const float* x, int64_t n) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) sum[i] += x[i];
-}
+// The server's arithmetic that the backend has no op for yet, on flat float buffers, one pass each
+// (sums and scaling go through the backend's add and scale).
 void add_scaled_into(float* y, const float* x, float a, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
@@ -27,10 +24,6 @@ void add_scaled_into(float* y, const float* x, float a, int64_t n) {
 void subtract_from(float* y, const float* x, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) y[i] -= x[i];
-}
-void scale(float* x, float a, int64_t n) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) x[i] *= a;
 }
 // DC-ASGD (Zheng et al. 2017): g + lambda g*g*(w_now - w_pulled), the diagonal approximation of the
 // Hessian term of g(w_now) around w_pulled.
@@ -43,7 +36,10 @@ void delay_compensate(float* g, const float* w_now, const float* w_pulled, float
 
 ParameterServer::ParameterServer(const Config& config, comm::Communicator& world, models::Backend& backend,
                                  models::ParameterStore& params, models::ParameterStore& buffers)
-    : config_(config), world_(world), layout_(comm::PsLayout::make(world.size(), config.sync.servers)) {
+    : config_(config),
+      world_(world),
+      backend_(backend),
+      layout_(comm::PsLayout::make(world.size(), config.sync.servers)) {
   me_ = world.rank() - layout_.workers;
   std::tie(p0_, p1_) = comm::PsLayout::shard(params.size(), layout_.servers, me_);
   std::tie(s0_, s1_) = comm::PsLayout::shard(buffers.size(), layout_.servers, me_);
@@ -95,8 +91,8 @@ void ParameterServer::receive_push(int w, int64_t step, int64_t pulled_version) 
   subtract_from(state_in_.data(), sent_state_[w].data(), s1_ - s0_);  // the worker's change of the BN statistics
   const double lr = optim::learning_rate(schedule_, pushes_ / W, steps_per_epoch_, total_steps_);
   if (synchronous(step)) {
-    add_into(sum_grad_.data(), grad_.data(), p1_ - p0_);
-    add_into(sum_state_.data(), state_in_.data(), s1_ - s0_);
+    backend_.add(p1_ - p0_, sum_grad_.data(), grad_.data(), sum_grad_.data());
+    backend_.add(s1_ - s0_, sum_state_.data(), state_in_.data(), sum_state_.data());
   } else {
     // One push is 1/W of a synchronous step (which applies the mean of W gradients at lr), so the lr
     // and weight decay tuned for synchronous SGD carry over: W pushes at tau = 0 move the weights
@@ -113,7 +109,7 @@ void ParameterServer::receive_push(int w, int64_t step, int64_t pulled_version) 
   // A complete synchronous round: the mean of its gradients is one optimizer step.
   if (synchronous(step) && std::all_of(clock_.begin(), clock_.end(), [&](int64_t c) { return c == step + 1; })) {
     const float inv = 1.f / static_cast<float>(W);
-    scale(sum_grad_.data(), inv, p1_ - p0_);  // as dense: the sum, then one scaling pass
+    backend_.scale(p1_ - p0_, inv, sum_grad_.data());  // as dense: the sum, then one scaling pass
     apply(sum_grad_.data(), lr, -1);
     add_scaled_into(state_, sum_state_.data(), inv, s1_ - s0_);
     std::fill(sum_grad_.begin(), sum_grad_.end(), 0.f);

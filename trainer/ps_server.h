@@ -69,6 +69,7 @@ class ParameterServer {
 
   const Config& config_;
   comm::Communicator& world_;
+  models::Backend& backend_;
   comm::PsLayout layout_;
   int me_ = 0;                       // this server's index, 0..S-1
   int64_t p0_ = 0, p1_ = 0;          // its parameter shard

@@ -1,0 +1,35 @@
+// Error feedback's conservation law, checked across ranks: what every rank applied (the same on
+// all of them, P times over) plus every rank's residual equals the sum of all gradients. Shared by
+// the tests of the compressors that keep a residual.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace trainer::testing {
+
+struct Conservation {
+  double worst = 0;          // max |P x applied + sum of residuals - sum of gradients|
+  double residual_norm = 0;  // max |sum of residuals|: > 0 shows the compression was lossy
+};
+
+// Collective. applied: what this rank applied, summed over steps; residual: its residual now;
+// grads: its gradients summed over steps. residual and grads are summed over ranks in place.
+inline Conservation conservation(comm::Communicator& comm, const std::vector<double>& applied,
+                                 std::vector<double>& residual, std::vector<double>& grads) {
+  const auto n = static_cast<int64_t>(applied.size());
+  comm.allreduce(residual.data(), n, comm::DType::kF64, comm::ReduceOp::kSum, "TEST");
+  comm.allreduce(grads.data(), n, comm::DType::kF64, comm::ReduceOp::kSum, "TEST");
+  Conservation c;
+  for (int64_t i = 0; i < n; ++i) {
+    c.worst = std::max(c.worst, std::abs(applied[i] * comm.size() + residual[i] - grads[i]));
+    c.residual_norm = std::max(c.residual_norm, std::abs(residual[i]));
+  }
+  return c;
+}
+
+}  // namespace trainer::testing
