@@ -8,7 +8,12 @@ cd "$(dirname "$0")/.."
 scripts/build.sh
 # Two tests at a time on two cores: OpenMP's spin-waiting would stall each test's parallel regions.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
-(cd build && ctest --output-on-failure -j 2 "$@")
+if ! (cd build && ctest --output-on-failure -j 2 "$@"); then
+  # A log is often read from its end (CI keeps only the tail): repeat each failure's output there.
+  echo "=== the failed tests once more, one at a time, so that their output ends the log ==="
+  (cd build && ctest --rerun-failed --output-on-failure) || true
+  exit 1
+fi
 if [[ ${TRAINER_SKIP_FUZZ:-0} != 1 && $# -eq 0 ]]; then
   scripts/fuzz all "${TRAINER_FUZZ_SECONDS:-30}"
 fi

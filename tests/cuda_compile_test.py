@@ -19,12 +19,33 @@ import sys
 import tempfile
 
 src, build = (os.path.realpath(p) for p in sys.argv[1:3])
-cuda_root = os.environ.get("CUDA_HOME", "/usr/local/cuda")
-nvcc = shutil.which("nvcc") or os.path.join(cuda_root, "bin", "nvcc")
-if not os.access(nvcc, os.X_OK):
-    print("skip: no nvcc (the CUDA toolkit is not installed here)")
+
+
+def toolkit_root():
+    """The CUDA toolkit's root: the folder holding bin/nvcc and include/cuda_runtime.h.
+
+    The nvcc first on PATH is not always inside the toolkit: some machines put a small shell
+    wrapper in /usr/local/bin (and CI's PATH may not have /usr/local/cuda/bin), so its folder says
+    nothing about where the headers are. Look in the usual places and take the first whole toolkit.
+    """
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    on_path = shutil.which("nvcc")
+    if on_path:
+        candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(on_path))))
+    for root in filter(None, candidates):
+        if os.access(os.path.join(root, "bin", "nvcc"), os.X_OK) and os.path.isfile(
+                os.path.join(root, "include", "cuda_runtime.h")):
+            return root
+    return None
+
+
+cuda_root = toolkit_root()
+if cuda_root is None:
+    print("skip: no CUDA toolkit (bin/nvcc with include/cuda_runtime.h) is installed here")
     sys.exit(77)
-cuda_include = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "include")
+nvcc = os.path.join(cuda_root, "bin", "nvcc")
+cuda_include = os.path.join(cuda_root, "include")
+print("toolkit: " + cuda_root)
 
 commands = {os.path.realpath(e["file"]): e for e in json.load(open(os.path.join(build, "compile_commands.json")))}
 
