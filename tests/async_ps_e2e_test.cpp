@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <climits>
 #include <cstdlib>
 #include <iterator>
 #include <thread>
@@ -149,6 +150,31 @@ TEST_CASE("async_ps deterministic: staleness follows the round-robin order and r
   }
 }
 
+TEST_CASE("async_ps: two servers apply the same updates as one, through asynchronous steps and meets",
+          "[mpi][async_ps]") {
+  // Deterministic, no staleness bound: both servers take the pushes in the same order, and every
+  // update is element-wise, so cutting the model in two shards changes no bit. Between meets server
+  // 1 answers every push at once and server 0 grants; at each meet (the checkpoints at 4 and 8, the
+  // end at 12) server 1 sends every worker one more reply with the meet's shard. A worker that went
+  // on with an older shard computes other gradients, and the weights differ.
+  const std::string base = " --set sync.method=async_ps --set sync.deterministic=true --set sync.max_staleness=-1" +
+                           std::string(" --set train.max_steps=12 --set train.checkpoint_every=4");
+  TempDir one("servers1"), two("servers2");
+  Outcome a = run_command(small_cifar_command(3, one.path, base + " --set sync.servers=1"));
+  INFO(a.output);
+  REQUIRE(a.exit_code == 0);
+  Outcome b = run_command(small_cifar_command(4, two.path, base + " --set sync.servers=2"));
+  INFO(b.output);
+  REQUIRE(b.exit_code == 0);
+  CHECK(max_parameter_difference(one.path / "checkpoints/step_12", two.path / "checkpoints/step_12") == 0.0);
+  // Server 1's meet replies: 12 pushes per worker answered at once, and one more at each of the 3
+  // meets for every worker but the one whose push completed it (that one's answer was held).
+  std::map<int, int> pulls;
+  for (const auto& rec : read_jsonl(two.path / "comm/rank3.jsonl"))
+    if (rec["op"] == "PULL_PARAMS") pulls[rec["peer"].get<int>()] += 1;
+  CHECK(pulls[0] + pulls[1] == 2 * 12 + 3);
+}
+
 TEST_CASE("async_ps: DC-ASGD's compensation acts through dc_lambda, and is none at lambda 0",
           "[mpi][async_ps]") {
   // Deterministic, 2 workers: every push after the first has tau = 1, so w_now differs from the
@@ -167,25 +193,58 @@ TEST_CASE("async_ps: DC-ASGD's compensation acts through dc_lambda, and is none 
   CHECK(max_parameter_difference(none.path / "checkpoints/step_6", dc.path / "checkpoints/step_6") > 0.0);
 }
 
-TEST_CASE("async_ps: max_staleness bounds how far a worker runs ahead of the slowest", "[mpi][async_ps]") {
-  // Rank 1 three times slower (runtime.slowdown), s = 1: worker 0 may push step c only while c - (steps
-  // worker 1 has pushed) <= s, so in the server's push order the counts never differ by more than s + 1.
-  TempDir dir("ssp");
-  Outcome o = run_command(small_cifar_command(3, dir.path, kAsync + " --set train.max_steps=10 --set sync.max_staleness=1" +
-                                                               " --set runtime.slowdown.rank=1 --set runtime.slowdown.factor=3"));
-  INFO(o.output);
-  REQUIRE(o.exit_code == 0);
-  int count[2] = {0, 0}, widest = 0;
-  for (const auto& rec : read_jsonl(dir.path / "comm/rank2.jsonl")) {
+namespace {
+
+// Pushes per worker in the server's (world rank `server`) comm log, and the widest gap between two
+// workers' counts at any point of the server's push order.
+struct PushCounts {
+  std::map<int, int> per_worker;
+  int widest = 0;
+};
+PushCounts push_counts(const fs::path& log) {
+  PushCounts c;
+  for (const auto& rec : read_jsonl(log)) {
     if (rec["op"] != "PUSH_GRAD") continue;
-    count[rec["peer"].get<int>()] += 1;
-    widest = std::max(widest, std::abs(count[0] - count[1]));
+    c.per_worker[rec["peer"].get<int>()] += 1;
+    int lo = INT32_MAX, hi = 0;
+    for (const auto& [w, n] : c.per_worker) lo = std::min(lo, n), hi = std::max(hi, n);
+    if (c.per_worker.size() > 1) c.widest = std::max(c.widest, hi - lo);
   }
-  CHECK(count[0] == 10);
-  CHECK(count[1] == 10);
-  CHECK(widest <= 2);
-  // The summary counts every rank's pushes and pulls (one server: one message each per step).
-  CHECK_THAT(o.output, Contains("PUSH_GRAD/PULL_PARAMS: r0 10/10 r1 10/10 r2 20/20"));
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("async_ps: the run is a budget of pushes, and max_staleness bounds how far a worker runs ahead",
+          "[mpi][async_ps]") {
+  // Rank 1 three times slower (runtime.slowdown). 10 steps of 2 workers are 20 pushes, from whoever
+  // pushes them.
+  const std::string base = kAsync + " --set train.max_steps=10 --set runtime.slowdown.rank=1" +
+                           " --set runtime.slowdown.factor=3";
+  SECTION("no bound: the fast worker takes more of the run's pushes than the straggler") {
+    TempDir dir("budget");
+    Outcome o = run_command(small_cifar_command(3, dir.path, base + " --set sync.max_staleness=-1"));
+    INFO(o.output);
+    REQUIRE(o.exit_code == 0);
+    PushCounts c = push_counts(dir.path / "comm/rank2.jsonl");
+    CHECK(c.per_worker[0] + c.per_worker[1] == 20);
+    CHECK(c.per_worker[0] > c.per_worker[1]);
+    // Both workers stop at the final meet and write the same global step's checkpoint.
+    CHECK(fs::exists(dir.path / "checkpoints/step_10/rank1.state"));
+  }
+  SECTION("s = 1: in the server's push order the counts never differ by more than s + 1") {
+    // Worker 0 is granted step c only while c - (steps worker 1 has pushed) <= s.
+    TempDir dir("ssp");
+    Outcome o = run_command(small_cifar_command(3, dir.path, base + " --set sync.max_staleness=1"));
+    INFO(o.output);
+    REQUIRE(o.exit_code == 0);
+    PushCounts c = push_counts(dir.path / "comm/rank2.jsonl");
+    CHECK(c.per_worker[0] + c.per_worker[1] == 20);
+    CHECK(c.widest <= 2);
+    // The summary counts every rank's pushes and pulls (one server: one pull per push).
+    const std::string r0 = std::to_string(c.per_worker[0]), r1 = std::to_string(c.per_worker[1]);
+    CHECK_THAT(o.output, Contains("PUSH_GRAD/PULL_PARAMS: r0 " + r0 + "/" + r0 + " r1 " + r1 + "/" + r1 + " r2 20/20"));
+  }
 }
 
 TEST_CASE("async_ps: a killed server ends the job (no hang)", "[mpi][async_ps][failure]") {

@@ -62,18 +62,30 @@ bool ParameterServer::synchronous(int64_t step) const {
   return config_.sync.max_staleness == 0 || step < config_.sync.dense_warmup_steps;
 }
 
-bool ParameterServer::round_point(int64_t clock) const {
+bool ParameterServer::round_point(int64_t step) const {
   const TrainConfig& t = config_.train;
-  if (clock >= end_) return true;
-  if (t.checkpoint_every > 0 && clock % t.checkpoint_every == 0) return true;
-  if (t.eval_every_steps > 0) return clock % t.eval_every_steps == 0;
-  return steps_per_epoch_ > 0 && clock % steps_per_epoch_ == 0;
+  if (step >= end_) return true;
+  if (t.checkpoint_every > 0 && step % t.checkpoint_every == 0) return true;
+  if (t.eval_every_steps > 0) return step % t.eval_every_steps == 0;
+  return steps_per_epoch_ > 0 && step % steps_per_epoch_ == 0;
 }
 
-bool ParameterServer::may_continue(int w, int64_t slowest) const {
-  const int64_t c = clock_[w];
-  if (round_point(c) || synchronous(c - 1)) return c == slowest;
-  return config_.sync.max_staleness < 0 || c - slowest <= config_.sync.max_staleness;
+int64_t ParameterServer::next_meet(int64_t step) const {
+  if (synchronous(step)) return step + 1;
+  // The next multiple of each period, or the end.
+  const TrainConfig& t = config_.train;
+  auto next_multiple = [&](int64_t period) { return period > 0 ? (step / period + 1) * period : end_; };
+  const int64_t eval = next_multiple(t.eval_every_steps > 0 ? t.eval_every_steps : steps_per_epoch_);
+  return std::min({end_, eval, next_multiple(t.checkpoint_every)});
+}
+
+bool ParameterServer::may_grant(int w) const {
+  const int W = layout_.workers;
+  // Pushes granted so far: those received, and one outstanding for every worker computing (not waiting).
+  const int64_t granted = received_ + std::count(waiting_.begin(), waiting_.end(), false);
+  if (granted >= meet_ * W) return false;  // the meet's budget is given out: wait for it
+  const int64_t slowest = *std::min_element(clock_.begin(), clock_.end());
+  return config_.sync.max_staleness < 0 || clock_[w] - slowest <= config_.sync.max_staleness;
 }
 
 void ParameterServer::apply(float* grad, double lr, int w_for_dc) {
@@ -99,30 +111,38 @@ void ParameterServer::receive_push(int w, int64_t step, int64_t pulled_version) 
     // as far as one dense step.
     const double push_lr = lr / W;
     apply(grad_.data(), config_.sync.staleness_lr == "inverse" ? push_lr / (1.0 + tau_[w]) : push_lr, w);
-    // Each worker's change of the BN statistics counts 1/W: a round of W pushes moves them as far as
-    // the average of W synchronous ranks' statistics would.
+    // Each worker's change of the BN statistics counts 1/W: W pushes move them as far as the
+    // average of W synchronous ranks' statistics would.
     add_scaled_into(state_, state_in_.data(), 1.f / static_cast<float>(W), s1_ - s0_);
     ++pushes_;
   }
   ++clock_[w];
+  ++received_;
   waiting_[w] = true;
-  // A complete synchronous round: the mean of its gradients is one optimizer step.
-  if (synchronous(step) && std::all_of(clock_.begin(), clock_.end(), [&](int64_t c) { return c == step + 1; })) {
-    const float inv = 1.f / static_cast<float>(W);
-    backend_.scale(p1_ - p0_, inv, sum_grad_.data());  // as dense: the sum, then one scaling pass
-    apply(sum_grad_.data(), lr, -1);
-    add_scaled_into(state_, sum_state_.data(), inv, s1_ - s0_);
-    std::fill(sum_grad_.begin(), sum_grad_.end(), 0.f);
-    std::fill(sum_state_.begin(), sum_state_.end(), 0.f);
-    pushes_ += W;
-  }
 }
 
-void ParameterServer::send_reply(int w, std::vector<comm::Request>& sends) {
+void ParameterServer::complete_meet() {
+  const int W = layout_.workers;
+  if (!synchronous(meet_ - 1)) return;  // every push of the meet was applied as it came
+  // A synchronous step: the mean of its W gradients is one optimizer step.
+  const double lr = optim::learning_rate(schedule_, pushes_ / W, steps_per_epoch_, total_steps_);
+  const float inv = 1.f / static_cast<float>(W);
+  backend_.scale(p1_ - p0_, inv, sum_grad_.data());  // as dense: the sum, then one scaling pass
+  apply(sum_grad_.data(), lr, -1);
+  add_scaled_into(state_, sum_state_.data(), inv, s1_ - s0_);
+  std::fill(sum_grad_.begin(), sum_grad_.end(), 0.f);
+  std::fill(sum_state_.begin(), sum_state_.end(), 0.f);
+  pushes_ += W;
+}
+
+void ParameterServer::send_reply(int w, int64_t meet, std::vector<comm::Request>& sends) {
+  const int W = layout_.workers;
   int64_t* h = reply_headers_.data() + static_cast<size_t>(w) * comm::kReplyHeaderSize;
   h[0] = version_;
   h[1] = tau_[w];
   std::memcpy(&h[2], &last_lr_, sizeof(double));
+  h[comm::kReplyGlobalStep] = (received_ + W - 1) / W;  // the step under way (at a meet: the meet)
+  h[comm::kReplyMeet] = meet;
   sends.push_back(world_.isend(h, comm::kReplyHeaderSize, comm::DType::kI64, w, comm::kPsReplyChannel, "PS_HEADER"));
   sends.push_back(world_.isend(params_, p1_ - p0_, comm::DType::kF32, w, comm::kPsParamsChannel, "PULL_PARAMS"));
   sends.push_back(
@@ -132,30 +152,42 @@ void ParameterServer::send_reply(int w, std::vector<comm::Request>& sends) {
   waiting_[w] = false;
 }
 
-void ParameterServer::release(std::vector<comm::Request>& sends) {
-  const int64_t slowest = *std::min_element(clock_.begin(), clock_.end());
+void ParameterServer::grant(std::vector<comm::Request>& sends) {
+  // The slowest first (then rank order), so that a budget running out goes to whoever lags.
+  std::vector<int> order;
   for (int w = 0; w < layout_.workers; ++w)
-    if (waiting_[w] && may_continue(w, slowest)) send_reply(w, sends);
+    if (waiting_[w]) order.push_back(w);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return clock_[a] < clock_[b]; });
+  for (int w : order)
+    if (may_grant(w)) send_reply(w, -1, sends);
 }
 
 int64_t ParameterServer::serve(int64_t first_step, int64_t stop_after,
                                const std::function<void(int64_t)>& checkpoint) {
   const int W = layout_.workers;
-  std::fill(clock_.begin(), clock_.end(), first_step);
+  const bool coordinator = me_ == 0;
+  if (pushes_ != first_step * W)
+    throw std::runtime_error("async_ps server: the checkpoint of step " + std::to_string(first_step) + " holds " +
+                             std::to_string(pushes_) + " pushes, expected " + std::to_string(first_step * W));
+  received_ = pushes_;
   // Every worker holds the server's shard now: the initial weights (checked identical) or the
-  // checkpoint's (a checkpoint is a round every worker has pulled).
+  // checkpoint's (a checkpoint is a meet every worker has pulled).
   sent_state_.assign(W, std::vector<float>(state_, state_ + (s1_ - s0_)));
   if (config_.sync.staleness_lr == "dc") sent_.assign(W, std::vector<float>(params_, params_ + (p1_ - p0_)));
   end_ = stop_after > 0 ? stop_after : INT64_MAX;
-  if (total_steps_ > 0) end_ = std::min(end_, total_steps_);
+  if (total_steps_ > 0) {  // resumed: the plan is known
+    end_ = std::min(end_, total_steps_);
+    meet_ = next_meet(first_step);
+  }
+  if (first_step >= end_) return end_;
   int64_t header[comm::kPushHeaderSize];
   std::vector<comm::Request> sends, payload;
-  while (std::any_of(clock_.begin(), clock_.end(), [&](int64_t c) { return c < end_; })) {
-    // Whose push: whichever comes first, or (deterministic) the next worker in rank order that can
-    // push at all (not held, not finished).
+  for (;;) {
+    // Whose push: whichever comes first, or (deterministic) the next worker in rank order that is
+    // computing (not held).
     int source = comm::kAnySource;
     if (config_.sync.deterministic) {
-      while (waiting_[next_] || clock_[next_] >= end_) next_ = (next_ + 1) % W;
+      while (waiting_[next_]) next_ = (next_ + 1) % W;
       source = next_;
       next_ = (next_ + 1) % W;
     }
@@ -176,6 +208,7 @@ int64_t ParameterServer::serve(int64_t first_step, int64_t stop_after,
       total_steps_ = header[2];
       steps_per_epoch_ = header[3];
       end_ = std::min(end_, total_steps_);
+      meet_ = next_meet(first_step);
     } else if (header[2] != total_steps_ || header[3] != steps_per_epoch_) {
       throw std::runtime_error("async_ps server: rank " + std::to_string(w) + " plans " + std::to_string(header[2]) +
                                " steps of " + std::to_string(header[3]) + " per epoch, the server " +
@@ -185,30 +218,41 @@ int64_t ParameterServer::serve(int64_t first_step, int64_t stop_after,
     world_.log().set_step(step, comm::Phase::kDense);
     receive_push(w, step, header[1]);
     sends.clear();
-    release(sends);
-    world_.wait_all(sends);  // the replies read the shard: done before it changes again
-    // A round every worker has reached: its replies are out, so the workers take the checkpoint
-    // with the server.
-    const int64_t c = clock_[w];
-    const bool round_done = std::all_of(clock_.begin(), clock_.end(), [&](int64_t x) { return x == c; });
-    const TrainConfig& t = config_.train;
-    if (round_done && ((t.checkpoint_every > 0 && c % t.checkpoint_every == 0) || c == total_steps_)) checkpoint(c);
+    if (received_ == meet_ * W) {
+      // The meet is complete (every push granted before it has arrived, so every worker waits at
+      // the coordinator): the synchronous step's update, then every worker gets the meet's shard.
+      complete_meet();
+      for (int v = 0; v < W; ++v) send_reply(v, meet_, sends);
+      world_.wait_all(sends);  // the replies read the shard: done before it changes again
+      const int64_t m = meet_;
+      const TrainConfig& t = config_.train;
+      if ((t.checkpoint_every > 0 && m % t.checkpoint_every == 0) || m == total_steps_) checkpoint(m);
+      if (m >= end_) return end_;
+      meet_ = next_meet(m);
+      continue;
+    }
+    if (synchronous(step)) continue;  // held until the step's meet
+    if (coordinator)
+      grant(sends);
+    else
+      send_reply(w, -1, sends);
+    world_.wait_all(sends);
   }
-  return end_;
 }
 
 void ParameterServer::save(std::ostream& optimizer_out, std::ostream& state_out) const {
   optimizer_->save(optimizer_out);
-  comm::write_sync_header(state_out, "async_ps_server", 1);
+  comm::write_sync_header(state_out, "async_ps_server", 2);
   for (int64_t v : {static_cast<int64_t>(layout_.workers), static_cast<int64_t>(layout_.servers), version_, pushes_,
-                    total_steps_, steps_per_epoch_})
+                    total_steps_, steps_per_epoch_, static_cast<int64_t>(next_)})
     comm::write_pod(state_out, v);
+  for (int64_t c : clock_) comm::write_pod(state_out, c);  // workers' clocks differ at a meet
 }
 
 void ParameterServer::load(std::istream& optimizer_in, std::istream& state_in) {
   optimizer_->load(optimizer_in);
-  comm::read_sync_header(state_in, "async_ps_server", 1);
-  int64_t v[6];
+  comm::read_sync_header(state_in, "async_ps_server", 2);
+  int64_t v[7];
   for (int64_t& x : v) x = comm::read_pod<int64_t>(state_in);
   if (!state_in) throw std::runtime_error("async_ps server state: truncated");
   if (v[0] != layout_.workers || v[1] != layout_.servers)
@@ -219,6 +263,9 @@ void ParameterServer::load(std::istream& optimizer_in, std::istream& state_in) {
   pushes_ = v[3];
   total_steps_ = v[4];
   steps_per_epoch_ = v[5];
+  next_ = static_cast<int>(v[6]);
+  for (int64_t& c : clock_) c = comm::read_pod<int64_t>(state_in);
+  if (!state_in || next_ < 0 || next_ >= layout_.workers) throw std::runtime_error("async_ps server state: truncated");
 }
 
 bool run_server(const Config& config, const RunOptions& options, comm::Communicator& world) {

@@ -10,15 +10,26 @@
 // lambda g*g*(w_now - w_pulled), with w_pulled the shard this worker was last sent). The lr schedule
 // runs on pushes / W (one "step" is one push per worker, as in the synchronous methods).
 //
-// Rounds: a worker's clock is the number of steps it has pushed. Its reply (the pull) is held while
-//   - it is more than sync.max_staleness steps ahead of the slowest worker (stale synchronous
-//     parallel; -1 = no bound);
-//   - its step was synchronous (sync.max_staleness = 0, or within sync.dense_warmup_steps): then the
-//     server sums the round's W gradients and applies their mean as one optimizer step, which is
-//     dense synchronous SGD up to the order of the sum;
-//   - its clock is a checkpoint, evaluation or final step: every worker must arrive, so that all
-//     evaluate the same parameters and a checkpoint is one consistent cut (servers: shard, optimizer,
-//     versions; workers: the parameters they hold, loader position, pulled versions).
+// The run's length is a budget of pushes, not a step count per worker: the run's T steps are
+// T x W pushes from whichever workers push them, so a fast worker takes more steps than a
+// straggler (what asynchrony is for). The global step is pushes / W, and it is what the lr
+// schedule, evaluation, checkpoints and the end are counted in.
+//
+// Meets: at some global steps every worker must arrive and get the same parameters:
+//   - checkpoint, evaluation and final steps (a checkpoint is one consistent cut: servers save
+//     shard, optimizer, versions and clocks; workers the parameters they hold, loader position,
+//     pulled versions; evaluation sees one set of weights);
+//   - every synchronous step (sync.max_staleness = 0, or within sync.dense_warmup_steps): the server
+//     sums the step's W gradients and applies their mean as one optimizer step, which is dense
+//     synchronous SGD up to the order of the sum.
+// Server 0 (the coordinator) grants pushes: its reply to a push lets the worker compute the next,
+// and it sends no more replies than leave exactly meet x W pushes before the meet; it also holds a
+// worker more than sync.max_staleness pushes ahead of the slowest (stale synchronous parallel; -1 =
+// no bound). The other servers reply at once between meets (their decisions would depend on the
+// order pushes reach them, which differs between servers) and send every worker one more reply when
+// the meet is complete, so every worker leaves a meet with the meet's parameters of every shard.
+// Every reply's header names the meet it completes, so a worker knows when to evaluate, checkpoint
+// or stop without counting anything itself.
 // With sync.deterministic the server takes pushes in rank order, round robin, so the order of
 // updates (and with it every bit of the run) does not depend on timing.
 #pragma once
@@ -46,10 +57,10 @@ class ParameterServer {
   ParameterServer(const Config& config, comm::Communicator& world, models::Backend& backend,
                   models::ParameterStore& params, models::ParameterStore& buffers);
 
-  // Serves from clock `first_step` until every worker has pushed step end - 1, where end is the
+  // Serves from global step `first_step` (0, or the checkpoint's) until the meet at the end: the
   // run's total steps (learned from the workers' headers) or `stop_after` when that is earlier.
-  // `checkpoint(step)` runs (collectively with the workers) when a checkpoint round is complete
-  // and its replies are sent. Returns end.
+  // `checkpoint(step)` runs (collectively with the workers) when a checkpoint meet is complete and
+  // its replies are sent. Returns the end.
   int64_t serve(int64_t first_step, int64_t stop_after, const std::function<void(int64_t)>& checkpoint);
 
   // Optimizer state and the server's own (versions, pushes, schedule plan), for checkpoints.
@@ -60,12 +71,14 @@ class ParameterServer {
 
  private:
   bool synchronous(int64_t step) const;
-  bool round_point(int64_t clock) const;  // checkpoint, evaluation or final clock: all must arrive
-  bool may_continue(int w, int64_t slowest) const;
+  bool round_point(int64_t step) const;  // checkpoint, evaluation or final step: a meet
+  int64_t next_meet(int64_t step) const;  // the first meet after global step `step`
+  bool may_grant(int w) const;             // coordinator: may worker w push once more now?
   void receive_push(int w, int64_t step, int64_t pulled_version);
+  void complete_meet();                   // a synchronous step's mean applied
   void apply(float* grad, double lr, int w_for_dc);
-  void release(std::vector<comm::Request>& sends);
-  void send_reply(int w, std::vector<comm::Request>& sends);
+  void grant(std::vector<comm::Request>& sends);
+  void send_reply(int w, int64_t meet, std::vector<comm::Request>& sends);
 
   const Config& config_;
   comm::Communicator& world_;
@@ -78,15 +91,17 @@ class ParameterServer {
   float* state_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   optim::ScheduleOptions schedule_;
-  int64_t version_ = 0;  // optimizer steps applied
-  int64_t pushes_ = 0;   // gradients applied (a synchronous round counts W): the schedule's step is pushes / W
+  int64_t version_ = 0;   // optimizer steps applied
+  int64_t pushes_ = 0;    // gradients applied (a synchronous step counts W): the schedule's step is pushes / W
+  int64_t received_ = 0;  // gradients received (pushes_ plus a synchronous step's partial sum); global step = received_ / W
   int64_t total_steps_ = 0, steps_per_epoch_ = 0;  // from the workers' headers (0: none seen yet)
-  int64_t end_ = 0;
+  int64_t end_ = 0;   // the global step the run ends at
+  int64_t meet_ = 0;  // the next meet (global step); valid once the plan is known
   double last_lr_ = 0;
   std::vector<int64_t> clock_;  // per worker: steps pushed
   std::vector<bool> waiting_;   // per worker: pushed, reply held
   std::vector<int64_t> tau_;    // per worker: staleness of its last push
-  std::vector<float> grad_, state_in_, sum_grad_, sum_state_;  // one push; a synchronous round's sums
+  std::vector<float> grad_, state_in_, sum_grad_, sum_state_;  // one push; a synchronous step's sums
   std::vector<std::vector<float>> sent_;        // dc: per worker, the parameter shard it was last sent
   std::vector<std::vector<float>> sent_state_;  // per worker, the BN-statistics shard it was last sent
   std::vector<int64_t> reply_headers_;  // per worker: its reply's header, valid until the send completes

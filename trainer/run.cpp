@@ -248,7 +248,9 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   const int64_t total_steps = app::total_steps(config, steps_per_epoch);
 
   const CheckpointIdentity identity{world, rank, config_hash(config), config.model.arch};
-  int64_t first_step = 0;
+  int64_t first_step = 0;   // the global step the run starts from
+  int64_t first_clock = 0;  // the steps this rank had taken then: its loader position (async_ps workers
+                            // take different numbers of steps; every other method's ranks take first_step)
   std::string last_checkpoint;  // the newest complete one, for messages
   if (!options.resume.empty()) {
     LoadedCheckpoint ck = load_checkpoint(out, options.resume, identity, params, buffers, comm);
@@ -257,6 +259,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     e.optimizer->load(opt_state);
     e.sync->load(sync_state);
     first_step = ck.state.step;
+    first_clock = ck.state.epoch * steps_per_epoch + ck.state.batch_in_epoch;
     last_checkpoint = ck.path;
     task.seek(ck.state.epoch, ck.state.batch_in_epoch);
     if (lead) truncate_metrics(out + "/metrics.jsonl", first_step);
@@ -278,11 +281,12 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
           static_cast<long long>(total_steps), static_cast<long long>(d.batch_size), trainers, threads,
           config.sync.method.c_str(), out.c_str()));
 
-  auto save = [&](int64_t step) {
+  // A checkpoint at global step `step`, taken when this rank has taken `clock` steps.
+  auto save = [&](int64_t step, int64_t clock) {
     TrainingState state;
     state.step = step;
-    state.epoch = step / steps_per_epoch;
-    state.batch_in_epoch = step % steps_per_epoch;
+    state.epoch = clock / steps_per_epoch;
+    state.batch_in_epoch = clock % steps_per_epoch;
     std::ostringstream opt_state, sync_state;
     e.optimizer->save(opt_state);
     e.sync->save(sync_state);
@@ -298,9 +302,9 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   // A failed periodic checkpoint (full disk, I/O error, read-only folder: every rank throws the
   // same line) is a warning: training goes on and the previous complete checkpoint stays the one
   // "--resume latest" finds. The final one, or the one a stop signal asks for, is an error.
-  auto save_or_warn = [&](int64_t step, bool must_succeed) {
+  auto save_or_warn = [&](int64_t step, int64_t clock, bool must_succeed) {
     try {
-      save(step);
+      save(step, clock);
     } catch (const std::runtime_error& err) {
       const std::string what = fmt("checkpoint at step %lld failed: %s; ", static_cast<long long>(step), err.what()) +
                                last_checkpoint_note();
@@ -334,6 +338,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   int64_t interval_steps = 0, interval_samples = 0, interval_correct = 0, interval_skipped = 0, sent = 0,
           received = 0, tau_max = -1;
   auto interval_start = Clock::now();
+  int64_t interval_first_global = first_step;
   const auto train_start = Clock::now();
   comm::Phase phase = comm::Phase::kDense;
   // The Chrome trace's compute phases (comm/chrome_trace.h), on the comm log's clock.
@@ -369,8 +374,10 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
   };
 
   if (config.train.eval_at_start && first_step == 0) run_eval(0, 0);
-  for (int64_t step = first_step; step < total_steps; ++step) {
-    const int64_t epoch = step / steps_per_epoch;
+  // `step` counts this rank's steps; the run's progress is counted in global steps (the same
+  // thing except for async_ps workers, whose servers count pushes / W).
+  bool finished = first_step >= total_steps;
+  for (int64_t step = first_clock; !finished; ++step) {
     auto t0 = Clock::now();
     const auto step_t0 = t0;
     const int64_t step_start = span_start = comm.log().now_us();
@@ -473,20 +480,33 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
       interval_skipped += 1;
     }
     const int64_t done = step + 1;
-    const bool log_now = done % config.train.log_every_steps == 0 || done == total_steps;
+    // The global step, and the round (evaluation, checkpoint, end) this step completes: this rank's
+    // own count where every rank takes every step together; async_ps's servers announce both (a
+    // round only at a meet, trainer/ps_server.h; -1 otherwise).
+    const int64_t global = lockstep ? done : stats.global_step;
+    const int64_t round = lockstep ? done : stats.round;
+    const int64_t epoch = (global - 1) / steps_per_epoch;
+    finished = round == total_steps;
+    const bool log_now = done % config.train.log_every_steps == 0 || finished;
     if (lead) {
-      const double rate = interval_samples * trainers / std::max(ms_since(interval_start) / 1e3, 1e-9);
+      // async_ps: the workers' pace differs, so the job's rate is the servers' (global steps x W batches).
+      const double samples = lockstep ? static_cast<double>(interval_samples) * trainers
+                                      : static_cast<double>(global - interval_first_global) * trainers * d.batch_size;
+      const double rate = samples / std::max(ms_since(interval_start) / 1e3, 1e-9);
+      const double shown_lr = stats.lr >= 0 ? stats.lr : lr;  // async_ps: the servers' lr
       const double elapsed = ms_since(train_start) / 1e3;
       const double busy = t_data + t_compute + t_sync + t_optim;
       progress.step(fmt("step %lld/%lld  epoch %lld  loss %.4f  lr %.4g  %.0f samples/s  sync %.0f%%  ETA %s",
-                        static_cast<long long>(done), static_cast<long long>(total_steps),
-                        static_cast<long long>(epoch), loss_sum / std::max<int64_t>(interval_steps, 1), lr, rate,
+                        static_cast<long long>(global), static_cast<long long>(total_steps),
+                        static_cast<long long>(epoch), loss_sum / std::max<int64_t>(interval_steps, 1), shown_lr, rate,
                         busy > 0 ? 100 * t_sync / busy : 0.0,
-                        format_duration(elapsed / (done - first_step) * (total_steps - done)).c_str()),
+                        format_duration(elapsed / std::max<int64_t>(global - first_step, 1) *
+                                        static_cast<double>(total_steps - global))
+                            .c_str()),
                     log_now);
       if (log_now) {
         const double k = 1.0 / std::max<int64_t>(interval_steps, 1);
-        nlohmann::json record{{"step", done},
+        nlohmann::json record{{"step", global},
                         {"epoch", epoch},
                         {"time_s", ms_since(t_start) / 1e3},
                         {"loss", loss_sum * k},
@@ -516,14 +536,16 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
       interval_steps = interval_samples = interval_correct = interval_skipped = sent = received = 0;
       tau_max = -1;
       interval_start = Clock::now();
+      interval_first_global = global;
     }
     const int64_t every = config.train.eval_every_steps;
-    const bool epoch_end = done % steps_per_epoch == 0;
-    if ((every > 0 && done % every == 0) || (every == 0 && epoch_end) || done == total_steps) run_eval(done, epoch);
+    const bool epoch_end = round % steps_per_epoch == 0;
+    if (round > 0 && ((every > 0 && round % every == 0) || (every == 0 && epoch_end) || finished))
+      run_eval(round, epoch);
     const int64_t ck_every = config.train.checkpoint_every;
-    const bool final_step = done == total_steps;
-    if ((ck_every > 0 && done % ck_every == 0) || final_step || verdict.stop_signal)
-      save_or_warn(done, final_step || verdict.stop_signal);
+    const bool final_step = finished;
+    if ((round > 0 && ck_every > 0 && round % ck_every == 0) || final_step || verdict.stop_signal)
+      save_or_warn(round, done, final_step || verdict.stop_signal);
     if (verdict.stop_signal && !final_step) {
       finish_comm_log(config, comm, spans, out);
       say(fmt("stopped by %s after step %lld of %lld; checkpoint %s; continue with the same command and "
@@ -534,9 +556,9 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
       summary.stop_signal = verdict.stop_signal;
       return summary;
     }
-    if (done == options.stop_after) {
+    if (round > 0 && round == options.stop_after) {
       finish_comm_log(config, comm, spans, out);
-      if (lead) progress.line(fmt("stopping after step %lld (--stop-after)", static_cast<long long>(done)));
+      if (lead) progress.line(fmt("stopping after step %lld (--stop-after)", static_cast<long long>(round)));
       return summary;
     }
   }

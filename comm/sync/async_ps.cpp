@@ -86,12 +86,33 @@ SyncStats AsyncPsWorker::reduce(SyncBuffers& b, int64_t step) {
   }
   world_.wait_all(requests);
 
+  // Server 0's reply completing a meet: the others' replies that did not complete it were sent
+  // before their meet (the push was answered at once); their meet reply follows on the same channels.
+  const int64_t meet = replies[kReplyMeet];
+  requests.clear();
+  for (int s = 1; s < S && meet >= 0; ++s) {
+    if (replies[s * kReplyHeaderSize + kReplyMeet] == meet) continue;
+    const int server = layout_.server_rank(s);
+    const auto [p0, p1] = PsLayout::shard(b.n, S, s);
+    const auto [s0, s1] = PsLayout::shard(b.n_state, S, s);
+    requests.push_back(world_.irecv(replies.data() + s * kReplyHeaderSize, kReplyHeaderSize, DType::kI64, server,
+                                    kPsReplyChannel, "PS_HEADER"));
+    requests.push_back(world_.irecv(b.params + p0, p1 - p0, DType::kF32, server, kPsParamsChannel, "PULL_PARAMS"));
+    requests.push_back(world_.irecv(b.state + s0, s1 - s0, DType::kF32, server, kPsPulledStateChannel, "PULL_STATE"));
+  }
+  world_.wait_all(requests);
+
   SyncStats stats;
   stats.phase = Phase::kDense;
   stats.density = 1.0;
   stats.staleness = 0;
+  stats.global_step = replies[kReplyGlobalStep];
+  stats.round = meet;
   for (int s = 0; s < S; ++s) {
     const int64_t* r = replies.data() + s * kReplyHeaderSize;
+    if (r[kReplyMeet] != meet)
+      throw std::runtime_error("async_ps: server " + std::to_string(s) + " answered for meet " +
+                               std::to_string(r[kReplyMeet]) + ", server 0 for " + std::to_string(meet));
     pulled_version_[s] = r[0];
     stats.staleness = std::max(stats.staleness, r[1]);
     std::memcpy(&stats.lr, &r[2], sizeof(double));

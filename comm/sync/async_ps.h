@@ -11,15 +11,18 @@
 //                     PUSH_GRAD   its gradient's shard s (float)
 //                     PUSH_STATE  its BN statistics, shard s (float); the server adds their change
 //                                 since it last sent them to this worker
-//   server -> worker  PS_HEADER   int64[3]: the version now, the staleness tau of this push, the lr
-//                                 applied (a double's bits)
+//   server -> worker  PS_HEADER   int64[5]: the version now, the staleness tau of this push, the lr
+//                                 applied (a double's bits), the global step under way, and the meet
+//                                 this reply completes (-1: none; trainer/ps_server.h)
 //                     PULL_PARAMS the parameters' shard s (float)
 //                     PULL_STATE  the BN statistics' shard s (float)
 // The server takes headers from whichever worker sends first (an any-source receive; or in rank
 // order, round robin, with sync.deterministic), then that worker's payload on separate channels
 // (MPI keeps messages of one channel between one pair in order). The reply is the pull: the
-// worker goes on from the parameters it gets back, without waiting for other workers, unless the
-// server holds the reply (stale synchronous parallel bound, checkpoint and evaluation rounds).
+// worker goes on from the parameters it gets back, without waiting for other workers, unless
+// server 0 holds the reply (the stale synchronous parallel bound, or a meet: checkpoint,
+// evaluation, end, synchronous steps). When server 0's reply completes a meet, every other
+// server whose reply did not sends one more with the meet's shard.
 #pragma once
 
 #include <cstdint>
@@ -50,12 +53,16 @@ constexpr int kPsParamsChannel = 20105;
 constexpr int kPsPulledStateChannel = 20106;
 
 constexpr int kPushHeaderSize = 4;   // step, pulled version, total steps, steps per epoch
-constexpr int kReplyHeaderSize = 3;  // version, tau, lr bits
+constexpr int kReplyHeaderSize = 5;  // version, tau, lr bits, global step, meet
+constexpr int kReplyGlobalStep = 3;  // positions in the reply header
+constexpr int kReplyMeet = 4;
 
 // The worker's side: reduce() pushes this rank's gradient and BN-statistics change to every server
 // and returns with the parameters and BN statistics the servers sent back in SyncBuffers::params and
 // ::state (the optimizer ran on the servers: applies_update() is true). SyncStats::staleness is the
-// largest tau the servers reported for this push, SyncStats::lr the lr they applied.
+// largest tau the servers reported for this push, SyncStats::lr the lr they applied,
+// ::global_step the servers' step and ::round the meet this reply completes (-1: none): the
+// worker evaluates, checkpoints and stops at meets, counted in global steps.
 class AsyncPsWorker final : public GradientSync {
  public:
   // `world` is every rank (servers included). total_steps and steps_per_epoch travel in every header

@@ -34,6 +34,8 @@ struct SyncStats {
   double density = 1.0;  // fraction of gradient entries this rank contributed
   int64_t staleness = -1;  // async_ps: tau of this step's gradient at the servers (-1: synchronous method)
   double lr = -1;          // async_ps: the lr the servers applied (-1: the trainer's own schedule)
+  int64_t global_step = -1;  // async_ps: the servers' step (pushes / W, rounded up)
+  int64_t round = -1;        // async_ps: the meet (global step) this reply completes, -1 for none
 };
 
 // The model's flat buffers as the sync stage sees them.
