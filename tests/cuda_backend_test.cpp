@@ -327,10 +327,17 @@ TEST_CASE("CUDA optimizer arithmetic matches the CPU: SGD, Adam, sum of squares,
 
 namespace {
 
-// Relative L2 error of each parameter tensor (gradients or values), named in the failure message.
+// Relative L2 error of each parameter tensor (gradients or values), named in the failure message,
+// with a floor of 1e-5 of the whole vector's norm: the bias of a convolution followed by batch norm
+// has an exactly zero gradient in exact arithmetic, so both sides hold rounding noise there (CPU
+// direct vs CPU Winograd differ by 150% on those, and by at most 2e-5 on every other vgg16 and
+// resnet20 gradient: the margin under the 1e-4).
 void require_views_close(const ParameterStore& store, const std::vector<float>& want, const std::vector<float>& got,
                          const std::string& what, double rel = 1e-4) {
   REQUIRE(want.size() == got.size());
+  double total = 0;
+  for (float w : want) total += double(w) * w;
+  const double floor = 1e-5 * std::sqrt(total);
   for (const ParamView& v : store.views()) {
     double diff = 0, norm = 0;
     for (int64_t i = v.offset; i < v.offset + v.numel(); ++i) {
@@ -338,7 +345,7 @@ void require_views_close(const ParameterStore& store, const std::vector<float>& 
       norm += double(want[i]) * want[i];
     }
     INFO(what << " " << v.name << ": |cuda - cpu| " << std::sqrt(diff) << ", |cpu| " << std::sqrt(norm));
-    CHECK(std::sqrt(diff) <= rel * std::sqrt(norm) + 1e-12);
+    CHECK(std::sqrt(diff) <= rel * std::sqrt(norm) + floor);
   }
 }
 
@@ -390,8 +397,8 @@ TEST_CASE("CUDA training step of resnet20 matches the CPU: loss, gradients, runn
   compare_training_step("resnet20", 8);
 }
 
-TEST_CASE("CUDA training step of vgg16 matches the CPU (small batch)", "[cuda][model]") {
-  compare_training_step("vgg16", 2);
+TEST_CASE("CUDA training step of vgg16 matches the CPU (batch 4)", "[cuda][model]") {
+  compare_training_step("vgg16", 4);
 }
 
 TEST_CASE("CUDA backend: speech ops say they are issue 13", "[cuda]") {
