@@ -1,8 +1,12 @@
 // Convolution on cuDNN 9's legacy convolution API (forward, backward data, backward filter).
 //
-// Tensors are channels-last (NHWC), the CUDA backend's activation layout; weights stay in PyTorch's
-// {O, I, KH, KW} (cuDNN's NCHW filter format), so checkpoints and the optimizer see the same
-// parameters as on the CPU. FP32 math: the convolution descriptor asks for FMA math, which keeps
+// Tensors are channels-last (NHWC), the CUDA backend's activation layout. Parameters hold weights in
+// PyTorch's {O, I, KH, KW}, so checkpoints and the optimizer see the same values as on the CPU;
+// cuDNN gets them channels-last too ({O, KH, KW, I}, its NHWC filter format: the all-NHWC case is
+// the one its channels-last kernels are written for, and what PyTorch's channels_last passes), so
+// the op keeps a reordered copy made in forward and reused by backward_data (the interface promises
+// the same weights), and backward_weights reorders the gradient back. A 1x1 kernel needs neither
+// reorder: the two orders are the same. FP32 math: the convolution descriptor asks for FMA math, which keeps
 // cuDNN off TF32 tensor cores (CUDNN_DEFAULT_MATH would allow TF32 on Ampere and later).
 //
 // Algorithms are chosen once per op (one op per layer and shape) by cudnnFind*, which times the
@@ -16,6 +20,7 @@
 
 #include "models/cuda/cuda_check.h"
 #include "models/cuda/cudnn_ops.h"
+#include "models/cuda/kernels.h"
 
 namespace trainer::models::cuda {
 namespace {
@@ -59,7 +64,7 @@ class CudnnConv final : public ConvOp {
                                      static_cast<int>(g.out_w())),
           "conv output descriptor");
     check(cudnnSetTensor4dDescriptor(bias_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, k, 1, 1), "conv bias descriptor");
-    check(cudnnSetFilter4dDescriptor(w_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, k, c, static_cast<int>(g.kernel_h),
+    check(cudnnSetFilter4dDescriptor(w_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, k, c, static_cast<int>(g.kernel_h),
                                      static_cast<int>(g.kernel_w)),
           "conv filter descriptor");
     check(cudnnSetConvolution2dDescriptor(conv_, static_cast<int>(g.pad_h), static_cast<int>(g.pad_w),
@@ -100,9 +105,16 @@ class CudnnConv final : public ConvOp {
     check(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x_, y_, conv_, w_, bwd_filter_algo_, &wb),
           "backward-filter workspace size");
     ctx_.reserve_workspace(std::max({fb, db, wb}));
+    if (reorder_) {
+      const size_t bytes = sizeof(float) * static_cast<size_t>(weights());
+      w_nhwc_ = static_cast<float*>(ctx_.memory().allocate(bytes));
+      dw_nhwc_ = static_cast<float*>(ctx_.memory().allocate(bytes));
+    }
   }
 
   ~CudnnConv() override {
+    if (w_nhwc_) ctx_.memory().free(w_nhwc_);
+    if (dw_nhwc_) ctx_.memory().free(dw_nhwc_);
     cudnnDestroyConvolutionDescriptor(conv_);
     cudnnDestroyFilterDescriptor(w_);
     cudnnDestroyTensorDescriptor(bias_);
@@ -112,6 +124,12 @@ class CudnnConv final : public ConvOp {
 
   void forward(const float* x, const float* w, const float* b, float* y) override {
     const float one = 1.f, zero = 0.f;
+    if (reorder_) {
+      check(launch_filter_to_channels_last(w, g_.out_channels, g_.in_channels, g_.kernel_h, g_.kernel_w, w_nhwc_,
+                                           ctx_.stream()),
+            "filter to channels-last");
+      w = w_nhwc_;
+    }
     check(cudnnConvolutionForward(ctx_.handle(), &one, x_, x, w_, w, conv_, fwd_algo_, ctx_.workspace(),
                                   ctx_.workspace_bytes(), &zero, y_, y),
           "cudnnConvolutionForward");
@@ -120,6 +138,7 @@ class CudnnConv final : public ConvOp {
 
   void backward_data(const float* dy, const float* w, float* dx) override {
     const float one = 1.f, zero = 0.f;
+    if (reorder_) w = w_nhwc_;  // forward's reordered copy of the same weights
     check(cudnnConvolutionBackwardData(ctx_.handle(), &one, w_, w, y_, dy, conv_, bwd_data_algo_, ctx_.workspace(),
                                        ctx_.workspace_bytes(), &zero, x_, dx),
           "cudnnConvolutionBackwardData");
@@ -128,15 +147,25 @@ class CudnnConv final : public ConvOp {
   void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
     const float one = 1.f, zero = 0.f;
     check(cudnnConvolutionBackwardFilter(ctx_.handle(), &one, x_, x, y_, dy, conv_, bwd_filter_algo_,
-                                         ctx_.workspace(), ctx_.workspace_bytes(), &zero, w_, dw),
+                                         ctx_.workspace(), ctx_.workspace_bytes(), &zero, w_,
+                                         reorder_ ? dw_nhwc_ : dw),
           "cudnnConvolutionBackwardFilter");
+    if (reorder_)
+      check(launch_filter_from_channels_last(dw_nhwc_, g_.out_channels, g_.in_channels, g_.kernel_h, g_.kernel_w, dw,
+                                             ctx_.stream()),
+            "filter gradient from channels-last");
     if (g_.bias && db)
       check(cudnnConvolutionBackwardBias(ctx_.handle(), &one, y_, dy, &zero, bias_, db), "cudnnConvolutionBackwardBias");
   }
 
  private:
+  int64_t weights() const { return g_.out_channels * g_.in_channels * g_.kernel_h * g_.kernel_w; }
+
   ConvGeometry g_;
   CudnnContext& ctx_;
+  const bool reorder_ = g_.kernel_h * g_.kernel_w > 1 && g_.in_channels > 1;
+  float* w_nhwc_ = nullptr;   // the last forward's weights, {O, KH, KW, I}
+  float* dw_nhwc_ = nullptr;  // backward_weights' result before its reorder
   cudnnTensorDescriptor_t x_ = nullptr, y_ = nullptr, bias_ = nullptr;
   cudnnFilterDescriptor_t w_ = nullptr;
   cudnnConvolutionDescriptor_t conv_ = nullptr;

@@ -24,6 +24,7 @@ class CudnnContext {
   CudnnContext& operator=(const CudnnContext&) = delete;
 
   cudnnHandle_t handle() const { return handle_; }
+  DeviceMemory& memory() const { return memory_; }
   cudaStream_t stream() const { return stream_; }
   void reserve_workspace(size_t bytes);
   void* workspace() const { return workspace_; }

@@ -44,9 +44,16 @@ cudaError_t launch_shortcut_a_forward(const float* x, ActivationDims xd, int64_t
 cudaError_t launch_shortcut_a_backward(const float* dy, ActivationDims dyd, int64_t stride, int64_t pad, float* dx,
                                        ActivationDims dxd, cudaStream_t stream);
 
-// ---- layout.cu: a tensor in its layout <-> PyTorch's NCHW order.
+// ---- layout.cu: a tensor in its layout <-> PyTorch's NCHW order; filters to and from channels-last.
 cudaError_t launch_to_nchw(const float* x, ActivationDims d, float* nchw, cudaStream_t stream);
 cudaError_t launch_from_nchw(const float* nchw, ActivationDims d, float* y, cudaStream_t stream);
+
+// Convolution filters: PyTorch's {O, I, KH, KW} (what parameters hold) <-> {O, KH, KW, I} (what
+// cuDNN's channels-last convolutions take), n_out * n_in * kh * kw floats.
+cudaError_t launch_filter_to_channels_last(const float* oihw, int64_t n_out, int64_t n_in, int64_t kh, int64_t kw,
+                                           float* ohwi, cudaStream_t stream);
+cudaError_t launch_filter_from_channels_last(const float* ohwi, int64_t n_out, int64_t n_in, int64_t kh, int64_t kw,
+                                             float* oihw, cudaStream_t stream);
 
 // ---- loss.cu: softmax cross-entropy with label smoothing (backend.h). Writes dlogits (if non-null)
 // and result[0] = the summed loss, result[1] = the number of correct argmaxes (as a double);

@@ -1,4 +1,5 @@
-// Activations in their layout <-> PyTorch's NCHW order (Flatten before a Linear, exports).
+// Activations in their layout <-> PyTorch's NCHW order (Flatten before a Linear, exports), and
+// convolution filters in PyTorch's {O, I, KH, KW} <-> channels-last {O, KH, KW, I} (cudnn_conv.cpp).
 #include "models/cuda/kernels.h"
 #include "models/cuda/launch.cuh"
 
@@ -16,7 +17,35 @@ __global__ void nchw_kernel(const float* src, ActivationDims d, float* dst, bool
   }
 }
 
+// Index i runs over {O, KH, KW, I} order; `to` says which side that is.
+__global__ void filter_kernel(const float* src, int64_t n_out, int64_t n_in, int64_t kh, int64_t kw, float* dst,
+                              bool to_channels_last) {
+  const int64_t total = n_out * n_in * kh * kw;
+  for (int64_t i = first_index(); i < total; i += grid_stride()) {
+    const int64_t c = i % n_in, s = (i / n_in) % kw, r = (i / (n_in * kw)) % kh, o = i / (n_in * kw * kh);
+    const int64_t oihw = ((o * n_in + c) * kh + r) * kw + s;
+    if (to_channels_last) dst[i] = src[oihw];
+    else dst[oihw] = src[i];
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_filter_to_channels_last(const float* oihw, int64_t n_out, int64_t n_in, int64_t kh, int64_t kw,
+                                           float* ohwi, cudaStream_t stream) {
+  const int64_t total = n_out * n_in * kh * kw;
+  if (total <= 0) return cudaSuccess;
+  filter_kernel<<<grid_for(total), kThreads, 0, stream>>>(oihw, n_out, n_in, kh, kw, ohwi, true);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_filter_from_channels_last(const float* ohwi, int64_t n_out, int64_t n_in, int64_t kh, int64_t kw,
+                                             float* oihw, cudaStream_t stream) {
+  const int64_t total = n_out * n_in * kh * kw;
+  if (total <= 0) return cudaSuccess;
+  filter_kernel<<<grid_for(total), kThreads, 0, stream>>>(ohwi, n_out, n_in, kh, kw, oihw, false);
+  return cudaGetLastError();
+}
 
 ActivationDims dims_of(const Tensor& t) {
   ActivationDims d;
