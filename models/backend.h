@@ -234,6 +234,13 @@ class Backend : public DeviceMemory {
   virtual double sum_of_squares(int64_t n, const float* x) = 0;
   // x[0, n) *= alpha.
   virtual void scale(int64_t n, float alpha, float* x) = 0;
+
+  // Batch norm's running statistics after a training forward (PyTorch's convention), per channel:
+  //     running_mean = (1 - momentum) * running_mean + momentum * batch_mean
+  //     running_var  = (1 - momentum) * running_var + momentum * batch_var * unbias
+  // (unbias = M / (M - 1) turns the biased batch variance into the unbiased one).
+  virtual void batchnorm_update_running(int64_t channels, float momentum, float unbias, const float* batch_mean,
+                                        const float* batch_var, float* running_mean, float* running_var) = 0;
 };
 
 // The CPU backend (oneDNN primitives, OpenBLAS, OpenMP loops). One per process.

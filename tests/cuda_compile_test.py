@@ -9,6 +9,7 @@ headers). Exit 77 (ctest's skip) when no nvcc is found.
 
 usage: cuda_compile_test.py SOURCE_DIR BUILD_DIR
 """
+import concurrent.futures
 import glob
 import json
 import os
@@ -85,18 +86,24 @@ with tempfile.TemporaryDirectory() as tmp:
     if not cu or not cpp:
         print("models/cuda/ has no sources: nothing to check")
         sys.exit(1)
-    for f in cu:
-        cmd = [nvcc, "-std=c++17", "-arch=sm_90", "-I" + src, "-c", f, "-o", os.path.join(tmp, "x.o")]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        print(("ok  " if r.returncode == 0 else "FAIL") + " nvcc " + os.path.relpath(f, src))
-        if r.returncode:
-            failures.append(r.stderr)
+    # One job per file, as many at once as there are cores: the models/cuda kernels are a dozen
+    # nvcc runs of several seconds each.
+    jobs = []
+    for i, f in enumerate(cu):
+        cmd = [nvcc, "-std=c++17", "-arch=sm_90", "-I" + src, "-c", f, "-o", os.path.join(tmp, "%d.o" % i)]
+        jobs.append(("nvcc", f, cmd, None))
     for f in cpp + sorted(switched):
         template = commands.get(os.path.realpath(f), host_flags())
-        r = subprocess.run(syntax_check(f, template), capture_output=True, text=True, cwd=template["directory"])
-        print(("ok  " if r.returncode == 0 else "FAIL") + " c++ " + os.path.relpath(f, src))
-        if r.returncode:
-            failures.append(r.stderr)
+        jobs.append(("c++ ", f, syntax_check(f, template), template["directory"]))
+
+    def run(job):
+        return subprocess.run(job[2], capture_output=True, text=True, cwd=job[3])
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for (kind, f, _, _), r in zip(jobs, pool.map(run, jobs)):
+            print(("ok  " if r.returncode == 0 else "FAIL") + " " + kind.strip() + " " + os.path.relpath(f, src))
+            if r.returncode:
+                failures.append(r.stderr)
 for text in failures:
     print(text)
 sys.exit(1 if failures else 0)

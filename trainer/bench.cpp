@@ -18,6 +18,7 @@
 #include "models/nets/las.h"
 #include "models/speech_model.h"
 #include "optim/sgd.h"
+#include "trainer/device_batch.h"
 #include "trainer/experiment.h"
 
 namespace trainer::app {
@@ -59,6 +60,7 @@ Workload image_workload(const BenchOptions& o, models::Backend& backend) {
     std::unique_ptr<models::ImageClassifier> model;
     std::vector<float> x;
     std::vector<int32_t> labels;
+    std::unique_ptr<DeviceBatch> device;  // x and labels where the model reads them
   };
   auto s = std::make_shared<State>();
   const int64_t batch = o.batch > 0 ? o.batch : 128;
@@ -69,13 +71,17 @@ Workload image_workload(const BenchOptions& o, models::Backend& backend) {
   for (auto& v : s->x) v = normal(rng);
   s->labels.resize(batch);
   for (auto& l : s->labels) l = static_cast<int32_t>(rng() % 10);
+  s->device = std::make_unique<DeviceBatch>(backend);
+  s->device->upload(s->x.data(), static_cast<int64_t>(s->x.size()), s->labels.data(), batch);
+  backend.synchronize();
 
   Workload w;
   w.description = "batch " + std::to_string(batch) + ", conv algorithm " + o.conv_algorithm;
   w.batch = batch;
   w.params = &s->model->parameters();
   w.forward = [s, batch] {
-    s->model->forward(models::Tensor{s->x.data(), {batch, 3, 32, 32}}, s->labels.data(), models::Mode::kTrain);
+    s->model->forward(models::Tensor{const_cast<float*>(s->device->images()), {batch, 3, 32, 32}},
+                      s->device->labels(), models::Mode::kTrain);
   };
   w.backward = [s] { s->model->backward(); };
   w.forward_flops = [s] { return s->model->forward_flops(); };

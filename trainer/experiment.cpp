@@ -9,7 +9,7 @@
 
 #include "models/cpu/dnnl_ops.h"
 #ifdef TRAINER_HAS_CUDA
-#include "models/cuda/cuda_device.h"
+#include "models/cuda/cuda_backend.h"
 #endif
 
 namespace trainer::app {
@@ -34,16 +34,11 @@ models::Backend& device_backend(const Config& config, int local_rank) {
   if (device == "cpu") return models::cpu_backend();
   if (device == "cuda") {
 #ifdef TRAINER_HAS_CUDA
-    // The CUDA device (memory, stream, copies) exists; its compute ops do not yet.
-    std::string gpu;
     try {
-      gpu = models::cuda::describe_cuda_device(local_rank);
+      return models::cuda::cuda_backend(local_rank);
     } catch (const std::exception& e) {
       throw std::runtime_error("runtime.device = \"cuda\": " + std::string(e.what()));
     }
-    throw std::runtime_error("runtime.device = \"cuda\": found " + gpu +
-                             ", but the CUDA backend has no compute ops yet (only memory, copies and its "
-                             "stream); use runtime.device = \"cpu\"");
 #else
     throw std::invalid_argument(
         "runtime.device = \"cuda\": this trainer was built without CUDA support; rebuild with "

@@ -27,7 +27,7 @@ std::unique_ptr<models::ImageClassifier> ImageTask::build_model(const Config& c,
 
 ImageTask::ImageTask(const Config& config, comm::Communicator& comm,
                      const std::function<void(const std::string&)>& announce, models::Backend& backend)
-    : data_(config.data) {
+    : data_(config.data), device_batch_(backend) {
   const DataConfig& d = config.data;
   if (d.synthesize_if_missing && !dataset_present(d.root)) {
     if (comm.rank() == 0) {
@@ -58,8 +58,10 @@ ImageTask::ImageTask(const Config& config, comm::Communicator& comm,
 StepResult ImageTask::forward_backward() {
   StepResult r;
   r.samples = batch_.size;
-  r.loss = model_->forward(models::Tensor{batch_.images.data(), {batch_.size, 3, 32, 32}}, batch_.labels.data(),
-                           models::Mode::kTrain, &r.correct);
+  device_batch_.upload(batch_.images.data(), static_cast<int64_t>(batch_.images.size()), batch_.labels.data(),
+                       batch_.size);
+  r.loss = model_->forward(models::Tensor{const_cast<float*>(device_batch_.images()), {batch_.size, 3, 32, 32}},
+                           device_batch_.labels(), models::Mode::kTrain, &r.correct);
   model_->backward();
   return r;
 }
@@ -80,8 +82,11 @@ nlohmann::json ImageTask::evaluate(comm::Communicator& comm) {
     data::Batch batch = loader.next();
     if (batch.size == 0) continue;  // a rank's share of the last, partial batch can be empty
     int64_t hits = 0;
-    const double loss = model_->forward(models::Tensor{batch.images.data(), {batch.size, 3, 32, 32}},
-                                        batch.labels.data(), models::Mode::kEval, &hits);
+    device_batch_.upload(batch.images.data(), static_cast<int64_t>(batch.images.size()), batch.labels.data(),
+                         batch.size);
+    const double loss =
+        model_->forward(models::Tensor{const_cast<float*>(device_batch_.images()), {batch.size, 3, 32, 32}},
+                        device_batch_.labels(), models::Mode::kEval, &hits);
     totals[0] += loss * batch.size;
     totals[1] += static_cast<double>(hits);
     totals[2] += static_cast<double>(batch.size);

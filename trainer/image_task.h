@@ -4,6 +4,7 @@
 #include "data/cifar.h"
 #include "data/loader.h"
 #include "models/model.h"
+#include "trainer/device_batch.h"
 #include "trainer/task.h"
 
 namespace trainer::app {
@@ -32,6 +33,7 @@ class ImageTask final : public Task {
   std::unique_ptr<models::ImageClassifier> model_;
   std::unique_ptr<data::ImageLoader> loader_;
   data::Batch batch_;
+  DeviceBatch device_batch_;  // batch_ where the model reads it (the host arrays on the CPU)
 };
 
 }  // namespace trainer::app

@@ -208,6 +208,14 @@ class CpuBackend final : public Backend {
   }
   double sum_of_squares(int64_t n, const float* x) override { return cpu::sum_of_squares(n, x); }
   void scale(int64_t n, float alpha, float* x) override { cpu::scale(n, alpha, x); }
+  void batchnorm_update_running(int64_t channels, float momentum, float unbias, const float* batch_mean,
+                                const float* batch_var, float* running_mean, float* running_var) override {
+    const float m = momentum;
+    for (int64_t c = 0; c < channels; ++c) {
+      running_mean[c] = (1.f - m) * running_mean[c] + m * batch_mean[c];
+      running_var[c] = (1.f - m) * running_var[c] + m * batch_var[c] * unbias;
+    }
+  }
 };
 
 }  // namespace

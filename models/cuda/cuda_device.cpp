@@ -64,6 +64,7 @@ class CudaDevice final : public DeviceMemory {
     if (n > 0) check(launch_fill(n, value, y, stream_), "fill kernel");
   }
   void synchronize() override { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+  cudaStream_t stream() const { return stream_; }
 
  private:
   int ordinal_ = 0, count_ = 0;
@@ -80,6 +81,8 @@ CudaDevice& device(int local_rank) {
 }  // namespace
 
 DeviceMemory& cuda_device(int local_rank) { return device(local_rank); }
+
+CUstream_st* cuda_stream(int local_rank) { return device(local_rank).stream(); }
 
 std::string describe_cuda_device(int local_rank) { return device(local_rank).describe(); }
 

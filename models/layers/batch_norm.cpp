@@ -43,19 +43,17 @@ const Tensor& BatchNorm2d::forward(const Tensor& x, Mode mode) {
   }
   if (opt_.frozen) {
     // The statistics the normalization (and backward) use are the running ones, left unchanged.
-    std::copy(running_mean, running_mean + opt_.channels, batch_mean_.data());
-    std::copy(running_var, running_var + opt_.channels, batch_var_.data());
+    ctx_.backend.copy(opt_.channels, running_mean, batch_mean_.data());
+    ctx_.backend.copy(opt_.channels, running_var, batch_var_.data());
     op_->forward_training(x.data, gamma, beta, y.data, batch_mean_.data(), batch_var_.data());
     return y;
   }
   op_->forward_training(x.data, gamma, beta, y.data, batch_mean_.data(), batch_var_.data());
   const int64_t count = g.batch * g.h * g.w;
   const float unbias = count > 1 ? static_cast<float>(count) / static_cast<float>(count - 1) : 1.f;
-  const float m = opt_.momentum;
-  for (int64_t c = 0; c < opt_.channels; ++c) {
-    running_mean[c] = (1.f - m) * running_mean[c] + m * batch_mean_.data()[c];
-    running_var[c] = (1.f - m) * running_var[c] + m * batch_var_.data()[c] * unbias;
-  }
+  // On the backend: the statistics live on its device.
+  ctx_.backend.batchnorm_update_running(opt_.channels, opt_.momentum, unbias, batch_mean_.data(), batch_var_.data(),
+                                        running_mean, running_var);
   return y;
 }
 

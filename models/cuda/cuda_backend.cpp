@@ -1,0 +1,215 @@
+#include "models/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "models/cuda/cuda_check.h"
+#include "models/cuda/cuda_device.h"
+#include "models/cuda/cudnn_ops.h"
+#include "models/cuda/kernels.h"
+
+namespace trainer::models::cuda {
+namespace {
+
+[[noreturn]] void speech_op(const char* op) {
+  throw std::runtime_error(std::string("CUDA backend: ") + op +
+                           " is not implemented (speech models on CUDA are issue 13); use runtime.device = \"cpu\"");
+}
+
+int to_int(int64_t v, const char* what) {
+  if (v < 0 || v > INT32_MAX) throw std::invalid_argument(std::string("cuBLAS gemm: ") + what + " out of int range");
+  return static_cast<int>(v);
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int local_rank)
+      : memory_(cuda_device(local_rank)),
+        stream_(cuda_stream(local_rank)),
+        description_(describe_cuda_device(local_rank)),
+        cudnn_(memory_, stream_) {
+    check(cublasCreate(&cublas_), "cublasCreate");
+    check(cublasSetStream(cublas_, stream_), "cublasSetStream");
+    // FP32: CUBLAS_DEFAULT_MATH never uses TF32 tensor cores for SGEMM (that takes
+    // CUBLAS_TF32_TENSOR_OP_MATH or NVIDIA_TF32_OVERRIDE).
+    check(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    check(cudaMallocHost(&host_result_, 2 * sizeof(double)), "cudaMallocHost");
+  }
+  ~CudaBackend() override {
+    if (scratch_) memory_.free(scratch_);
+    cudaFreeHost(host_result_);
+    cublasDestroy(cublas_);
+  }
+
+  // ---- DeviceMemory: the CUDA device's.
+  std::string name() const override { return "cuda"; }
+  std::string describe() const override { return description_; }
+  void* allocate(size_t bytes) override { return memory_.allocate(bytes); }
+  void free(void* p) override { memory_.free(p); }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override { memory_.copy_to_device(dst, src, bytes); }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override { memory_.copy_to_host(dst, src, bytes); }
+  void fill(int64_t n, float value, float* y) override { memory_.fill(n, value, y); }
+  void synchronize() override { memory_.synchronize(); }
+
+  Layout activation_layout(int64_t) const override { return Layout::kChannelsLast; }
+
+  std::unique_ptr<ConvOp> make_conv(const ConvGeometry& g) override { return make_cudnn_conv(g, cudnn_); }
+  std::unique_ptr<BatchNormOp> make_batchnorm(const BatchNormGeometry& g) override {
+    return make_batchnorm_op(g, memory_, stream_);
+  }
+  std::unique_ptr<PoolOp> make_pool(const PoolGeometry& g) override { return make_cudnn_pool(g, cudnn_); }
+  std::unique_ptr<LstmOp> make_lstm(const LstmGeometry&) override { speech_op("make_lstm"); }
+
+  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
+    // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the same buffers read as
+    // their transposes, so swap the operands (and m with n) and keep each one's transpose flag.
+    check(cublasSgemm(cublas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                      to_int(n, "n"), to_int(m, "m"), to_int(k, "k"), &alpha, b, to_int(ldb, "ldb"), a,
+                      to_int(lda, "lda"), &beta, c, to_int(ldc, "ldc")),
+          "cublasSgemm");
+  }
+
+  void broadcast_rows(int64_t rows, int64_t cols, const float* bias, float* y) override {
+    check(launch_broadcast_rows(rows, cols, bias, y, stream_), "broadcast_rows");
+  }
+  void sum_rows(int64_t rows, int64_t cols, const float* dy, float* db) override {
+    auto* partial = static_cast<double*>(scratch(sizeof(double) * column_sum_partials(rows, cols)));
+    check(launch_sum_rows(rows, cols, dy, db, partial, stream_), "sum_rows");
+  }
+  void relu_forward(int64_t n, const float* x, float* y) override {
+    check(launch_relu_forward(n, x, y, stream_), "relu_forward");
+  }
+  void relu_backward(int64_t n, const float* y, const float* dy, float* dx) override {
+    check(launch_relu_backward(n, y, dy, dx, stream_), "relu_backward");
+  }
+  void add(int64_t n, const float* a, const float* b, float* y) override {
+    check(launch_add(n, a, b, y, stream_), "add");
+  }
+  void copy(int64_t n, const float* x, float* y) override {
+    if (x != y && n > 0)
+      check(cudaMemcpyAsync(y, x, sizeof(float) * n, cudaMemcpyDeviceToDevice, stream_), "copy (device to device)");
+  }
+
+  void shortcut_a_forward(const Tensor& x, int64_t stride, int64_t pad, Tensor& y) override {
+    check(launch_shortcut_a_forward(x.data, dims_of(x), stride, pad, y.data, dims_of(y), stream_), "shortcut_a_forward");
+  }
+  void shortcut_a_backward(const Tensor& dy, int64_t stride, int64_t pad, Tensor& dx) override {
+    check(launch_shortcut_a_backward(dy.data, dims_of(dy), stride, pad, dx.data, dims_of(dx), stream_),
+          "shortcut_a_backward");
+  }
+  void to_nchw(const Tensor& x, float* y) override { check(launch_to_nchw(x.data, dims_of(x), y, stream_), "to_nchw"); }
+  void from_nchw(const float* x, Tensor& y) override {
+    check(launch_from_nchw(x, dims_of(y), y.data, stream_), "from_nchw");
+  }
+
+  double softmax_cross_entropy(int64_t batch, int64_t classes, const float* logits, const int32_t* labels,
+                               float smoothing, float* dlogits, int64_t* correct) override {
+    // Scratch: the result (2 doubles), each row's loss (doubles), each row's hit (ints).
+    auto* result = static_cast<double*>(scratch(sizeof(double) * (2 + batch) + sizeof(int32_t) * batch));
+    double* row_loss = result + 2;
+    auto* row_hit = reinterpret_cast<int32_t*>(row_loss + batch);
+    check(launch_softmax_cross_entropy(batch, classes, logits, labels, smoothing, dlogits, row_loss, row_hit, result,
+                                       stream_),
+          "softmax_cross_entropy");
+    const double* host = read_result(result, 2);
+    if (correct) *correct = static_cast<int64_t>(host[1]);
+    return batch > 0 ? host[0] / batch : 0.0;
+  }
+
+  // ---- Sequences: the speech models' ops (issue 13).
+  void sequence_gather(int64_t, int64_t, int64_t, const int32_t*, bool, const float*, int64_t, float*,
+                       int64_t) override {
+    speech_op("sequence_gather");
+  }
+  void pack_sequences(int64_t, int64_t, int64_t, const int32_t*, const float*, float*) override {
+    speech_op("pack_sequences");
+  }
+  void unpack_sequences(int64_t, int64_t, int64_t, const int32_t*, const float*, float*) override {
+    speech_op("unpack_sequences");
+  }
+  void hardtanh_forward(int64_t, float, float, const float*, float*) override { speech_op("hardtanh_forward"); }
+  void hardtanh_backward(int64_t, float, float, const float*, const float*, float*) override {
+    speech_op("hardtanh_backward");
+  }
+  void lookahead_forward(int64_t, int64_t, int64_t, int64_t, const float*, const float*, float*) override {
+    speech_op("lookahead_forward");
+  }
+  void lookahead_backward(int64_t, int64_t, int64_t, int64_t, const float*, const float*, const float*, float*,
+                          float*) override {
+    speech_op("lookahead_backward");
+  }
+  void ctc_loss(int64_t, int64_t, int64_t, const float*, const int32_t*, const int32_t*, const int32_t*, float,
+                double*, float*) override {
+    speech_op("ctc_loss");
+  }
+  void image_to_sequence(const Tensor&, float*) override { speech_op("image_to_sequence"); }
+  void sequence_to_image(const float*, Tensor&) override { speech_op("sequence_to_image"); }
+  void mask_width(const Tensor&, const int32_t*) override { speech_op("mask_width"); }
+  void transpose(int64_t, int64_t, int64_t, const float*, float*) override { speech_op("transpose"); }
+
+  // ---- Optimizer arithmetic (optim_kernels.cu, reduce.cu).
+  void sgd_update(int64_t n, const SgdUpdate& u, float* params, const float* grads, float* momentum) override {
+    check(launch_sgd_update(n, u, params, grads, momentum, stream_), "sgd_update");
+  }
+  void adam_update(int64_t n, const AdamUpdate& u, float* params, const float* grads, float* m, float* v) override {
+    check(launch_adam_update(n, u, params, grads, m, v, stream_), "adam_update");
+  }
+  double sum_of_squares(int64_t n, const float* x) override {
+    auto* result = static_cast<double*>(scratch(sizeof(double) * (1 + sum_of_squares_partials(n))));
+    check(launch_sum_of_squares(n, x, result + 1, result, stream_), "sum_of_squares");
+    return read_result(result, 1)[0];
+  }
+  void scale(int64_t n, float alpha, float* x) override { check(launch_scale(n, alpha, x, stream_), "scale"); }
+  void batchnorm_update_running(int64_t channels, float momentum, float unbias, const float* batch_mean,
+                                const float* batch_var, float* running_mean, float* running_var) override {
+    check(launch_batchnorm_update_running(channels, momentum, unbias, batch_mean, batch_var, running_mean,
+                                          running_var, stream_),
+          "batchnorm_update_running");
+  }
+
+ private:
+  // Device scratch for reductions, grown only (freeing waits for the device, so nothing enqueued
+  // still uses the old one). Ops run in stream order, so one scratch serves them all.
+  void* scratch(size_t bytes) {
+    if (bytes > scratch_bytes_) {
+      if (scratch_) memory_.free(scratch_);
+      scratch_ = nullptr;
+      scratch_bytes_ = 0;
+      scratch_ = memory_.allocate(bytes);
+      scratch_bytes_ = bytes;
+    }
+    return scratch_;
+  }
+  // Copies `n` (at most 2) doubles to pinned host memory and waits for them.
+  const double* read_result(const double* device, int n) {
+    copy_to_host(host_result_, device, sizeof(double) * n);
+    synchronize();
+    return host_result_;
+  }
+
+  DeviceMemory& memory_;
+  cudaStream_t stream_;
+  std::string description_;
+  CudnnContext cudnn_;
+  cublasHandle_t cublas_ = nullptr;
+  double* host_result_ = nullptr;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+};
+
+}  // namespace
+
+Backend& cuda_backend(int local_rank) {
+  // Never destroyed: at exit the device (another function's static) may already be gone, and the
+  // handles and buffers go with the process anyway.
+  static CudaBackend* backend = new CudaBackend(local_rank);
+  return *backend;
+}
+
+}  // namespace trainer::models::cuda

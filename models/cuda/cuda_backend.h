@@ -1,0 +1,21 @@
+// The CUDA backend: the Backend (models/backend.h) of the image models on one GPU. cuDNN for
+// convolution and pooling (cudnn_ops.h), cuBLAS for GEMM, our own kernels for the rest
+// (kernels.h), all on the stream of the process's CUDA device (cuda_device.h), FP32 math (no TF32).
+//
+// Activations are channels-last (NHWC): the layout the Layout enum (models/tensor.h) already has,
+// the one the inputs arrive in, and the one cuDNN's fastest FP32/TF32 convolutions on Ampere and
+// Hopper take; batch norm's statistics are then column sums over a {N*H*W, C} matrix.
+//
+// The sequence ops of the speech models (LSTM, CTC, lookahead, ...) are issue 13: they throw.
+// Compiled only with cmake -DTRAINER_CUDA=ON.
+#pragma once
+
+#include "models/backend.h"
+
+namespace trainer::models::cuda {
+
+// The process's CUDA backend, on GPU local_rank % visible GPUs (cuda_device); made on first use,
+// the same object afterwards. Throws std::runtime_error ("no usable GPU: ...") without a GPU.
+Backend& cuda_backend(int local_rank);
+
+}  // namespace trainer::models::cuda

@@ -1,0 +1,78 @@
+// Our own kernels of the CUDA backend (the ops cuDNN and cuBLAS do not do, or do not do with the
+// semantics of models/backend.h), callable from plain C++. Each launcher enqueues on `stream` and
+// returns the launch status; none of them waits. One file per concept:
+//   elementwise.cu (ReLU, add, scale, bias rows), reduce.cu (column sums, sum of squares),
+//   shortcut.cu, layout.cu, loss.cu, optim_kernels.cu, batch_norm.cu (its op lives there too).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "models/backend.h"
+
+namespace trainer::models::cuda {
+
+// An {N, C, H, W} activation's dimensions and layout, for kernels that index it element by element.
+struct ActivationDims {
+  int64_t n = 0, c = 0, h = 0, w = 0;
+  bool blocked16 = false;  // Layout::kBlocked16 (the CPU backend's); else channels-last
+};
+ActivationDims dims_of(const Tensor& t);
+
+// ---- elementwise.cu
+cudaError_t launch_relu_forward(int64_t n, const float* x, float* y, cudaStream_t stream);
+cudaError_t launch_relu_backward(int64_t n, const float* y, const float* dy, float* dx, cudaStream_t stream);
+cudaError_t launch_add(int64_t n, const float* a, const float* b, float* y, cudaStream_t stream);
+cudaError_t launch_scale(int64_t n, float alpha, float* x, cudaStream_t stream);
+// y[i, :] = bias for `rows` rows of `cols`.
+cudaError_t launch_broadcast_rows(int64_t rows, int64_t cols, const float* bias, float* y, cudaStream_t stream);
+
+// ---- reduce.cu. Both sum in double over fixed row chunks / element blocks in a fixed order, so the
+// result depends on the shape only (never on timing).
+// db[j] = sum_i dy[i, j]. `partial` holds column_sum_partials(rows, cols) doubles.
+int64_t column_sum_partials(int64_t rows, int64_t cols);
+cudaError_t launch_sum_rows(int64_t rows, int64_t cols, const float* dy, float* db, double* partial,
+                            cudaStream_t stream);
+// *result = sum x[i]^2. `partial` holds sum_of_squares_partials(n) doubles; result is one device double.
+int64_t sum_of_squares_partials(int64_t n);
+cudaError_t launch_sum_of_squares(int64_t n, const float* x, double* partial, double* result, cudaStream_t stream);
+
+// ---- shortcut.cu: option-A shortcut (backend.h).
+cudaError_t launch_shortcut_a_forward(const float* x, ActivationDims xd, int64_t stride, int64_t pad, float* y,
+                                      ActivationDims yd, cudaStream_t stream);
+cudaError_t launch_shortcut_a_backward(const float* dy, ActivationDims dyd, int64_t stride, int64_t pad, float* dx,
+                                       ActivationDims dxd, cudaStream_t stream);
+
+// ---- layout.cu: a tensor in its layout <-> PyTorch's NCHW order; filters to and from channels-last.
+cudaError_t launch_to_nchw(const float* x, ActivationDims d, float* nchw, cudaStream_t stream);
+cudaError_t launch_from_nchw(const float* nchw, ActivationDims d, float* y, cudaStream_t stream);
+
+// Convolution filters: PyTorch's {O, I, KH, KW} (what parameters hold) <-> {O, KH, KW, I} (what
+// cuDNN's channels-last convolutions take), n_out * n_in * kh * kw floats.
+cudaError_t launch_filter_to_channels_last(const float* oihw, int64_t n_out, int64_t n_in, int64_t kh, int64_t kw,
+                                           float* ohwi, cudaStream_t stream);
+cudaError_t launch_filter_from_channels_last(const float* ohwi, int64_t n_out, int64_t n_in, int64_t kh, int64_t kw,
+                                             float* oihw, cudaStream_t stream);
+
+// ---- loss.cu: softmax cross-entropy with label smoothing (backend.h). Writes dlogits (if non-null)
+// and result[0] = the summed loss, result[1] = the number of correct argmaxes (as a double);
+// `row_loss` holds `batch` doubles and `row_hit` `batch` ints of scratch.
+cudaError_t launch_softmax_cross_entropy(int64_t batch, int64_t classes, const float* logits,
+                                         const int32_t* labels, float smoothing, float* dlogits, double* row_loss,
+                                         int32_t* row_hit, double* result, cudaStream_t stream);
+
+// ---- optim_kernels.cu: the arithmetic of models/cpu/optim_ops.cpp, element for element.
+cudaError_t launch_sgd_update(int64_t n, const SgdUpdate& u, float* params, const float* grads, float* momentum,
+                              cudaStream_t stream);
+cudaError_t launch_adam_update(int64_t n, const AdamUpdate& u, float* params, const float* grads, float* m, float* v,
+                               cudaStream_t stream);
+
+// ---- batch_norm.cu
+std::unique_ptr<BatchNormOp> make_batchnorm_op(const BatchNormGeometry& g, DeviceMemory& memory, cudaStream_t stream);
+// running = (1 - momentum) * running + momentum * batch (the variance times `unbias`), per channel.
+cudaError_t launch_batchnorm_update_running(int64_t channels, float momentum, float unbias, const float* batch_mean,
+                                            const float* batch_var, float* running_mean, float* running_var,
+                                            cudaStream_t stream);
+
+}  // namespace trainer::models::cuda

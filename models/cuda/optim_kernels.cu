@@ -1,0 +1,53 @@
+// The fused SGD and Adam/AdamW updates (backend.h), element for element the arithmetic of
+// models/cpu/optim_ops.cpp: the same float operations in the same order, the same explicit fused
+// multiply-adds in Adam. (nvcc may contract SGD's a * b + c into an FMA as the CPU compiler may; the
+// two agree within a rounding per step.)
+#include "models/cuda/kernels.h"
+#include "models/cuda/launch.cuh"
+
+namespace trainer::models::cuda {
+namespace {
+
+__global__ void sgd_kernel(int64_t n, SgdUpdate u, float* params, const float* grads, float* momentum) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    const float p = params[i];
+    float g = grads[i] + u.wd * p;
+    if (u.use_momentum) {
+      const float b = u.first ? g : u.momentum * momentum[i] + g;
+      momentum[i] = b;
+      g = u.nesterov ? g + u.momentum * b : b;
+    }
+    params[i] = p * u.decay + u.neg_lr * g;
+  }
+}
+
+__global__ void adam_kernel(int64_t n, AdamUpdate u, float* params, const float* grads, float* m, float* v) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    const float p = params[i] * u.decay;
+    const float g = fmaf(u.wd, p, grads[i]);
+    const float mi = fmaf(u.one_minus_b1, g, m[i] * u.b1);
+    const float vi = fmaf(u.one_minus_b2 * g, g, v[i] * u.b2);
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = sqrtf(vi) / u.bc2_sqrt + u.eps;  // IEEE sqrt and division (no fast math)
+    params[i] = p + u.neg_step_size * mi / denom;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_sgd_update(int64_t n, const SgdUpdate& u, float* params, const float* grads, float* momentum,
+                              cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  sgd_kernel<<<grid_for(n), kThreads, 0, stream>>>(n, u, params, grads, momentum);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_adam_update(int64_t n, const AdamUpdate& u, float* params, const float* grads, float* m, float* v,
+                               cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  adam_kernel<<<grid_for(n), kThreads, 0, stream>>>(n, u, params, grads, m, v);
+  return cudaGetLastError();
+}
+
+}  // namespace trainer::models::cuda

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The GPU check of the CUDA backend (models/cuda/): what a session with a GPU runs first. It cannot
+# run where there is no GPU (everything here then skips or fails with "no usable GPU").
+#
+#   scripts/gpu_check.sh [BUILD_DIR] [OUT_DIR]
+#
+# BUILD_DIR: a build configured with -DTRAINER_CUDA=ON (default build-cuda; in an unpacked bundle of
+# that build, "build"). Run from the folder holding configs/ (the repository or the bundle root).
+# OUT_DIR: where every log goes (default $OUT when set, else gpu_check_out). Each step runs even
+# when an earlier one failed; OUT_DIR/summary.json holds every step's exit code (77 = skipped), and
+# the script exits non-zero when any step failed.
+#
+# Steps: the GPU's description; cuda_backend_test (every CUDA op and a resnet20/vgg16 step against
+# the CPU backend); device_test's CUDA cases; a short quickstart training run on the GPU; and
+# `trainer bench` of resnet20 at batch 128 on the GPU (with PyTorch beside it when torch imports).
+set -x
+build=${1:-build-cuda}
+out=${2:-${OUT:-gpu_check_out}}
+mkdir -p "$out"
+declare -A codes
+order=()
+
+step() {  # step NAME COMMAND...: runs COMMAND with its output in OUT/NAME.log, records the exit code
+  local name=$1
+  shift
+  "$@" >"$out/$name.log" 2>&1
+  codes[$name]=$?
+  order+=("$name")
+  tail -n 20 "$out/$name.log"
+}
+
+step nvidia_smi nvidia-smi
+step cuda_backend_test "$build/tests/cuda_backend_test" --durations yes
+step device_test "$build/tests/device_test" "[cuda]"
+step quickstart_cuda "$build/trainer" --config configs/quickstart_cifar.toml --set runtime.device=cuda \
+  --set train.max_steps=40 --set train.log_every_steps=10 --set experiment.output_dir="$out/quickstart_run"
+# The same short run on the CPU, for the loss curve side by side (same seed, same data).
+step quickstart_cpu "$build/trainer" --config configs/quickstart_cifar.toml --set runtime.device=cpu \
+  --set train.max_steps=40 --set train.log_every_steps=10 --set experiment.output_dir="$out/quickstart_run_cpu"
+step bench_resnet20 "$build/trainer" bench --model resnet20 --batch 128 --device cuda
+
+{
+  echo "{"
+  sep=""
+  for name in "${order[@]}"; do
+    printf '%s  "%s": %d' "$sep" "$name" "${codes[$name]}"
+    sep=$',\n'
+  done
+  printf '\n}\n'
+} >"$out/summary.json"
+cat "$out/summary.json"
+
+failed=0
+for name in "${order[@]}"; do
+  c=${codes[$name]}
+  [[ $c -ne 0 && $c -ne 77 ]] && failed=1
+done
+exit $failed
