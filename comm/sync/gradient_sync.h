@@ -24,6 +24,7 @@
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
 #include "comm/sync/method_names.h"
+#include "models/backend.h"
 #include "models/parameters.h"
 
 namespace trainer::comm {
@@ -36,7 +37,8 @@ struct SyncStats {
   double lr = -1;          // async_ps: the lr the servers applied (-1: the trainer's own schedule)
 };
 
-// The model's flat buffers as the sync stage sees them.
+// The model's flat buffers as the sync stage sees them: memory of SyncOptions::backend (device
+// pointers on a GPU).
 struct SyncBuffers {
   float* params = nullptr;
   float* grads = nullptr;
@@ -79,9 +81,18 @@ struct SyncOptions {
   int64_t servers = 1;                  // async_ps: the last `servers` ranks serve
   int64_t total_steps = 0;              // async_ps: the run's steps (the servers' schedule and end)
   int64_t steps_per_epoch = 0;          // async_ps: for the servers' lr schedule
+  // Where SyncBuffers live (runtime.device's backend); null: the CPU. Only dense and local_sgd (and
+  // the dense warmup) take device buffers so far: their arithmetic runs on this backend and their
+  // communicator moves its memory (comm/device_communicator.h). The other methods compute on the
+  // host and refuse a device backend.
+  models::Backend* backend = nullptr;
 };
 
-// Throws std::invalid_argument naming the available methods (method_names.h) for an unknown one.
+// True for the methods that take SyncBuffers in device memory (see SyncOptions::backend).
+bool takes_device_buffers(const std::string& method);
+
+// Throws std::invalid_argument naming the available methods (method_names.h) for an unknown one,
+// and naming the method and device for a host-only method given a device backend.
 // `views` (the model's named tensors) are needed by layer-wise methods (powersgd), which refuse to
 // be built without them.
 std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& options, Communicator& comm, int64_t n,
