@@ -45,8 +45,6 @@ class WarmupSync final : public GradientSync {
 
 }  // namespace
 
-bool takes_device_buffers(const std::string& method) { return method == "dense" || method == "local_sgd"; }
-
 std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communicator& comm, int64_t n,
                                                  const std::vector<models::ParamView>* views) {
   models::Backend& backend = o.backend ? *o.backend : models::cpu_backend();

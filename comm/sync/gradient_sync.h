@@ -82,14 +82,12 @@ struct SyncOptions {
   int64_t total_steps = 0;              // async_ps: the run's steps (the servers' schedule and end)
   int64_t steps_per_epoch = 0;          // async_ps: for the servers' lr schedule
   // Where SyncBuffers live (runtime.device's backend); null: the CPU. Only dense and local_sgd (and
-  // the dense warmup) take device buffers so far: their arithmetic runs on this backend and their
-  // communicator moves its memory (comm/device_communicator.h). The other methods compute on the
-  // host and refuse a device backend.
+  // the dense warmup) take device buffers so far (takes_device_buffers): their arithmetic runs on
+  // this backend and their communicator moves its memory (comm/device_communicator.h). The other
+  // methods compute on the host and refuse a device backend.
   models::Backend* backend = nullptr;
 };
 
-// True for the methods that take SyncBuffers in device memory (see SyncOptions::backend).
-bool takes_device_buffers(const std::string& method);
 
 // Throws std::invalid_argument naming the available methods (method_names.h) for an unknown one,
 // and naming the method and device for a host-only method given a device backend.
