@@ -20,7 +20,7 @@ struct SyncCommunicator {
 
 // `choice`: runtime.communicator ("auto", "nccl" or "mpi"); `memory`: where the sync buffers live.
 // Host memory: `world`. Device memory: NCCL when asked ("nccl") or possible ("auto": a build with
-// CUDA, and every rank of the job has its own GPU, agreed over `world`), else MPI through a pinned
+// CUDA, and every rank of the job has its own GPU, by UUID over `world`), else MPI through a pinned
 // host staging buffer (StagedCommunicator). Collective over `world` for device memory. Throws
 // std::runtime_error naming runtime.communicator when "nccl" is asked for and cannot be had.
 SyncCommunicator make_sync_communicator(const std::string& choice, Communicator& world, models::DeviceMemory& memory);

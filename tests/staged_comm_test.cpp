@@ -4,6 +4,7 @@
 // and moves its data through copies to and from its staging buffer. The memory is host memory
 // that counts its copies (tests/counting_memory.h), so a staged call that handed the caller's
 // (device) buffer to MPI directly would show no copies. The training runs over it are in sync_test.
+// Also the choice of communicator (comm/device_communicator.h) where no GPU is involved.
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -15,6 +16,7 @@
 
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
+#include "comm/device_communicator.h"
 #include "comm/staged_communicator.h"
 #include "tests/counting_memory.h"
 
@@ -230,4 +232,30 @@ TEST_CASE("a staged collective copies exactly its data out and its result back")
 
   // The staging buffer only grows: the 4000-byte allreduce sized it, the smaller calls reused it.
   CHECK(staged.staging_bytes() == 4000);
+}
+
+TEST_CASE("the sync communicator: MPI itself for host memory, staged MPI for device memory without NCCL") {
+  Communicator& w = world();
+  // Host memory: the plain communicator serves (no wrapper, no copies, no collective).
+  SyncCommunicator host = make_sync_communicator("auto", w, models::host_memory());
+  CHECK(host.device == nullptr);
+  CHECK_THROWS_WITH(make_sync_communicator("nccl", w, models::host_memory()),
+                    Catch::Matchers::Contains("runtime.communicator = \"nccl\""));
+  CHECK_THROWS_WITH(make_sync_communicator("gloo", w, models::host_memory()),
+                    Catch::Matchers::Contains("runtime.communicator"));
+  // Device memory (here one that has no CUDA stream, so NCCL is out in any build): staged, and it
+  // moves data through the memory's copies.
+  testing::CountingMemory memory;
+  for (const char* choice : {"auto", "mpi"}) {
+    INFO(choice);
+    SyncCommunicator device = make_sync_communicator(choice, w, memory);
+    REQUIRE(device.device != nullptr);
+    CHECK_THAT(device.description, Catch::Matchers::StartsWith("mpi through pinned host staging"));
+    memory.to_host = 0;
+    std::vector<float> g(10, 1.f);
+    device.device->allreduce(g.data(), 10, DType::kF32, ReduceOp::kSum, "ALLREDUCE_DENSE");
+    CHECK(g[9] == static_cast<float>(w.size()));
+    CHECK(memory.to_host == 40);
+  }
+  CHECK_THROWS_WITH(make_sync_communicator("nccl", w, memory), Catch::Matchers::Contains("runtime.communicator = \"nccl\""));
 }

@@ -4,6 +4,7 @@
 #include <nccl.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -157,19 +158,30 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 std::string nccl_unavailable_reason(Communicator& world, models::DeviceMemory& memory) {
-  int gpus = 0;
-  if (cudaGetDeviceCount(&gpus) != cudaSuccess) {
+  // Every rank's GPU by its UUID (the device `memory` made current), and whether it has a stream.
+  // UUIDs identify GPUs across nodes, and also when each rank sees only its own GPU (a scheduler's
+  // CUDA_VISIBLE_DEVICES per rank), where counting visible GPUs per node would say no.
+  constexpr int64_t kEntry = 17;
+  std::vector<unsigned char> mine(kEntry, 0), all(kEntry * world.size());
+  int device = -1;
+  cudaDeviceProp properties{};
+  if (cudaGetDevice(&device) == cudaSuccess && cudaGetDeviceProperties(&properties, device) == cudaSuccess) {
+    std::memcpy(mine.data(), properties.uuid.bytes, 16);
+  } else {
     cudaGetLastError();
-    gpus = 0;
   }
-  // Each rank's verdict on its own node; the minimum is the job's.
-  int32_t ok[2] = {memory.stream_handle() != nullptr ? 1 : 0, world.local_size() <= gpus ? 1 : 0};
+  mine[16] = memory.stream_handle() != nullptr ? 1 : 0;
   {
     CommLog::Pause setup(world.log());  // start-up traffic, not the run's
-    world.allreduce(ok, 2, DType::kI32, ReduceOp::kMin, "NCCL_PROBE");
+    world.allgather(mine.data(), kEntry, all.data(), DType::kU8, "NCCL_PROBE");
   }
-  if (!ok[0]) return "the CUDA device exposes no stream for NCCL (DeviceMemory::stream_handle)";
-  if (!ok[1]) return "some node runs more ranks than it has GPUs (NCCL needs one GPU per rank)";
+  for (int r = 0; r < world.size(); ++r)
+    if (!all[r * kEntry + 16]) return "the CUDA device exposes no stream for NCCL (DeviceMemory::stream_handle)";
+  for (int r = 0; r < world.size(); ++r)
+    for (int s = r + 1; s < world.size(); ++s)
+      if (std::memcmp(&all[r * kEntry], &all[s * kEntry], 16) == 0)
+        return "ranks " + std::to_string(r) + " and " + std::to_string(s) +
+               " share a GPU (NCCL needs one GPU per rank)";
   return "";
 }
 

@@ -21,9 +21,9 @@
 
 namespace trainer::comm {
 
-// Why NCCL cannot carry this job's device buffers, or "" when it can: some node has more ranks
-// than visible GPUs, or `memory` exposes no stream. Collective over `world` (an allreduce of each
-// rank's verdict), so every rank gets the same answer.
+// Why NCCL cannot carry this job's device buffers, or "" when it can: two ranks use the same GPU
+// (by UUID), or `memory` exposes no stream. Collective over `world` (an allgather of every rank's
+// GPU), so every rank gets the same answer.
 std::string nccl_unavailable_reason(Communicator& world, models::DeviceMemory& memory);
 
 // One NCCL communicator over the ranks of `world` (ncclCommInitRank, the unique id broadcast over
