@@ -20,9 +20,13 @@ SyncCommunicator make_sync_communicator(const std::string& choice, Communicator&
     return {nullptr, "mpi (host buffers)"};
   }
   HostAllocator staging = aligned_host_allocator();
-  std::string why = "runtime.communicator = \"mpi\"";
+  std::string kind = "host staging", why = "runtime.communicator = \"mpi\"";
 #ifdef TRAINER_HAS_CUDA
-  staging = pinned_host_allocator();
+  // Pinned memory is CUDA's to give, and only worth it for CUDA's copies.
+  if (memory.name() == "cuda") {
+    staging = pinned_host_allocator();
+    kind = "pinned host staging";
+  }
   if (choice != "mpi") {
     const std::string reason = nccl_unavailable_reason(world, memory);  // the same on every rank
     if (reason.empty())
@@ -35,7 +39,7 @@ SyncCommunicator make_sync_communicator(const std::string& choice, Communicator&
     throw std::runtime_error("runtime.communicator = \"nccl\": this trainer was built without CUDA (cmake -DTRAINER_CUDA=ON)");
   why = "built without NCCL";
 #endif
-  return {std::make_unique<StagedCommunicator>(world, memory, staging), "mpi through pinned host staging (" + why + ")"};
+  return {std::make_unique<StagedCommunicator>(world, memory, staging), "mpi through " + kind + " (" + why + ")"};
 }
 
 }  // namespace trainer::comm

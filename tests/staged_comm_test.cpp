@@ -250,7 +250,7 @@ TEST_CASE("the sync communicator: MPI itself for host memory, staged MPI for dev
     INFO(choice);
     SyncCommunicator device = make_sync_communicator(choice, w, memory);
     REQUIRE(device.device != nullptr);
-    CHECK_THAT(device.description, Catch::Matchers::StartsWith("mpi through pinned host staging"));
+    CHECK_THAT(device.description, Catch::Matchers::StartsWith("mpi through host staging"));
     memory.to_host = 0;
     std::vector<float> g(10, 1.f);
     device.device->allreduce(g.data(), 10, DType::kF32, ReduceOp::kSum, "ALLREDUCE_DENSE");
