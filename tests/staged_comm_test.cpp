@@ -19,6 +19,10 @@
 #include "comm/device_communicator.h"
 #include "comm/staged_communicator.h"
 #include "tests/counting_memory.h"
+#ifdef TRAINER_HAS_CUDA
+#include "comm/cuda/pinned_host.h"
+#include "models/cuda/cuda_device.h"
+#endif
 
 using namespace trainer;
 using namespace trainer::comm;
@@ -259,3 +263,74 @@ TEST_CASE("the sync communicator: MPI itself for host memory, staged MPI for dev
   }
   CHECK_THROWS_WITH(make_sync_communicator("nccl", w, memory), Catch::Matchers::Contains("runtime.communicator = \"nccl\""));
 }
+
+#ifdef TRAINER_HAS_CUDA
+// The same contract over real GPU memory, pinned staging and the CUDA device's stream: what the
+// lent one-GPU machines run with several ranks on their one GPU (skips without a GPU).
+TEST_CASE("staged over CUDA memory: results and records equal MPI's on host copies", "[cuda]") {
+  Communicator& w = world();
+  const int p = w.size(), me = w.rank();
+  models::DeviceMemory* gpu = nullptr;
+  int32_t have = 1;
+  try {
+    gpu = &models::cuda::cuda_device(w.local_rank());
+  } catch (const std::runtime_error& e) {
+    have = 0;
+    WARN(e.what());
+  }
+  w.allreduce(&have, 1, DType::kI32, ReduceOp::kMin, "TEST");  // every rank skips, or none
+  if (!have) return;
+  StagedCommunicator staged(w, *gpu, pinned_host_allocator());
+  // Runs `call` on host vectors with `c`; for the staged communicator, through device copies of them.
+  struct Buffers {
+    std::vector<float> send, recv;
+  };
+  auto run = [&](Communicator& c, Buffers b, bool device, const std::function<void(Communicator&, float*, float*)>& call) {
+    if (!device) {
+      call(c, b.send.data(), b.recv.data());
+      return b;
+    }
+    auto* ds = static_cast<float*>(gpu->allocate(b.send.size() * 4 + 4));
+    auto* dr = static_cast<float*>(gpu->allocate(b.recv.size() * 4 + 4));
+    models::copy_to_device(*gpu, b.send.data(), static_cast<int64_t>(b.send.size()), ds);
+    models::copy_to_device(*gpu, b.recv.data(), static_cast<int64_t>(b.recv.size()), dr);
+    call(c, ds, dr);
+    models::copy_to_host(*gpu, ds, static_cast<int64_t>(b.send.size()), b.send.data());
+    models::copy_to_host(*gpu, dr, static_cast<int64_t>(b.recv.size()), b.recv.data());
+    gpu->free(ds);
+    gpu->free(dr);
+    return b;
+  };
+  Buffers in;
+  in.send.resize(4 * p);
+  in.recv.assign(4 * p + 3, -7.f);
+  for (int i = 0; i < 4 * p; ++i) in.send[i] = 0.1f * ((me * 7 + i * 3) % 11) - 0.37f * me;
+  std::vector<int64_t> counts(p);
+  for (int r = 0; r < p; ++r) counts[r] = r % 3;
+  int64_t offset = 0;
+  for (int r = 0; r < me; ++r) offset += counts[r];
+  const std::vector<std::function<void(Communicator&, float*, float*)>> calls = {
+      [](Communicator& c, float* s, float*) { c.allreduce(s, 4 * c.size(), DType::kF32, ReduceOp::kSum, "ALLREDUCE_DENSE"); },
+      [](Communicator& c, float* s, float*) { c.allreduce(s, 4, DType::kF32, ReduceOp::kMax, "ALLREDUCE_MAX"); },
+      [](Communicator& c, float* s, float* r) { c.allgather(s, 4, r, DType::kF32, "ALLGATHER_COUNTS"); },
+      [&](Communicator& c, float* s, float* r) { c.allgatherv(s, counts[me], r, counts, DType::kF32, "ALLGATHERV_FINAL"); },
+      [](Communicator& c, float* s, float* r) { c.alltoall(s, 4, r, DType::kF32, "ALLTOALL_COUNTS"); },
+      [](Communicator& c, float* s, float*) { c.broadcast(s, 4, DType::kF32, c.size() - 1, "BROADCAST_PARAMS"); },
+      [](Communicator& c, float* s, float* r) {
+        const int n = c.size(), i = c.rank();
+        std::vector<Request> rq = {c.irecv(r, 4 * n + 3, DType::kF32, (i - 1 + n) % n, 5, "IRECV_VALUE"),
+                                   c.isend(s, 3, DType::kF32, (i + 1) % n, 5, "ISEND_VALUE")};
+        c.wait_all(rq);
+      },
+  };
+  for (size_t k = 0; k < calls.size(); ++k) {
+    INFO("call " << k);
+    Buffers plain, through_gpu;
+    const LogCopy plain_log = logged([&] { plain = run(w, in, false, calls[k]); });
+    const LogCopy staged_log = logged([&] { through_gpu = run(staged, in, true, calls[k]); });
+    CHECK(through_gpu.send == plain.send);
+    CHECK(through_gpu.recv == plain.recv);
+    check_same_log(plain_log, staged_log);
+  }
+}
+#endif
