@@ -20,6 +20,9 @@
 #include "comm/staged_communicator.h"
 #include "tests/counting_memory.h"
 #ifdef TRAINER_HAS_CUDA
+#include <cuda_runtime.h>
+
+#include "comm/cuda/nccl_communicator.h"
 #include "comm/cuda/pinned_host.h"
 #include "models/cuda/cuda_device.h"
 #endif
@@ -332,5 +335,55 @@ TEST_CASE("staged over CUDA memory: results and records equal MPI's on host copi
     CHECK(through_gpu.recv == plain.recv);
     check_same_log(plain_log, staged_log);
   }
+}
+#endif
+
+#ifdef TRAINER_HAS_CUDA
+// NCCL where the lent machines allow it: with several ranks on their one GPU the probe must say
+// so (and auto must pick the staged path); with one rank, NCCL's calls are the identity and are
+// logged as MPI logs them. Skips without a GPU, and the one-rank part while the CUDA device has no
+// stream for NCCL (DeviceMemory::stream_handle).
+TEST_CASE("NCCL: ranks sharing a GPU are refused; one rank's calls are logged like MPI's", "[cuda]") {
+  Communicator& w = world();
+  models::DeviceMemory* gpu = nullptr;
+  int32_t have = 1;
+  try {
+    gpu = &models::cuda::cuda_device(w.local_rank());
+  } catch (const std::runtime_error&) {
+    have = 0;
+  }
+  w.allreduce(&have, 1, DType::kI32, ReduceOp::kMin, "TEST");
+  if (!have) return;
+  const std::string reason = nccl_unavailable_reason(w, *gpu);
+  INFO(reason);
+  if (w.size() > 1 && w.local_size() == w.size()) {
+    int gpus = 0;
+    cudaGetDeviceCount(&gpus);
+    if (gpus < w.size()) CHECK_THAT(reason, Catch::Matchers::Contains("share a GPU"));
+  }
+  if (w.size() > 1 || gpu->stream_handle() == nullptr) {
+    SyncCommunicator chosen = make_sync_communicator("auto", w, *gpu);
+    if (!reason.empty()) CHECK_THAT(chosen.description, Catch::Matchers::StartsWith("mpi through pinned host staging"));
+    return;
+  }
+  REQUIRE(reason.empty());
+  std::unique_ptr<Communicator> nccl = make_nccl_communicator(w, *gpu);
+  std::vector<float> host = {1.5f, -2.f, 3.25f, 0.f};
+  auto* d = static_cast<float*>(gpu->allocate(8 * sizeof(float)));
+  models::copy_to_device(*gpu, host.data(), 4, d);
+  auto script = [&](Communicator& c, float* x) {
+    c.allreduce(x, 4, DType::kF32, ReduceOp::kSum, "ALLREDUCE_DENSE");
+    c.allgather(x, 4, x + 4, DType::kF32, "ALLGATHER_COUNTS");
+    c.broadcast(x, 4, DType::kF32, 0, "BROADCAST_PARAMS");
+  };
+  std::vector<float> plain_x(8, 0.f);
+  std::copy(host.begin(), host.end(), plain_x.begin());
+  const LogCopy plain_log = logged([&] { script(w, plain_x.data()); });
+  const LogCopy nccl_log = logged([&] { script(*nccl, d); });
+  std::vector<float> back(8);
+  models::copy_to_host(*gpu, d, 8, back.data());
+  gpu->free(d);
+  CHECK(back == plain_x);
+  check_same_log(plain_log, nccl_log);
 }
 #endif

@@ -176,12 +176,12 @@ std::string nccl_unavailable_reason(Communicator& world, models::DeviceMemory& m
     world.allgather(mine.data(), kEntry, all.data(), DType::kU8, "NCCL_PROBE");
   }
   for (int r = 0; r < world.size(); ++r)
-    if (!all[r * kEntry + 16]) return "the CUDA device exposes no stream for NCCL (DeviceMemory::stream_handle)";
-  for (int r = 0; r < world.size(); ++r)
     for (int s = r + 1; s < world.size(); ++s)
       if (std::memcmp(&all[r * kEntry], &all[s * kEntry], 16) == 0)
         return "ranks " + std::to_string(r) + " and " + std::to_string(s) +
                " share a GPU (NCCL needs one GPU per rank)";
+  for (int r = 0; r < world.size(); ++r)
+    if (!all[r * kEntry + 16]) return "the CUDA device exposes no stream for NCCL (DeviceMemory::stream_handle)";
   return "";
 }
 
