@@ -1,7 +1,9 @@
 // The network seam: every byte a training step sends goes through a Communicator, and every call
 // carries an op tag (docs/architecture.md section 3, e.g. "ALLREDUCE_DENSE", "ISEND_INDEX") that the CommLog
-// records with the step, phase, sizes and times. The MPI implementation is the only one today; an
-// NCCL one (device buffers) arrives with the CUDA backend.
+// records with the step, phase, sizes and times. MPI moves host buffers (mpi_communicator.cpp);
+// device buffers go through NCCL (comm/cuda/nccl_communicator.h) or MPI with host staging
+// (staged_communicator.h), chosen by make_sync_communicator (device_communicator.h). All three log
+// a call the same way.
 //
 // Sizes are in elements of the given DType unless a name says bytes; counts are 64-bit (messages
 // beyond MPI's int counts are cut into pieces inside). Collectives are called by all ranks in the

@@ -29,6 +29,10 @@ class DeviceMemory {
   virtual void fill(int64_t n, float value, float* y) = 0;
   // Waits until everything enqueued so far has finished.
   virtual void synchronize() = 0;
+  // The stream's native handle (a cudaStream_t for CUDA) for libraries that enqueue their own work
+  // on it in order with ours (NCCL, comm/cuda/nccl_communicator.h); null where there is none (the
+  // CPU, whose calls finish when they return).
+  virtual void* stream_handle() { return nullptr; }
 };
 
 // Host memory as a device (the CPU backend's memory; also what tools without a compute backend,

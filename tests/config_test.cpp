@@ -118,6 +118,14 @@ TEST_CASE("rules across keys", "[config]") {
         "configs/x.toml: optim.min_lr = 0.5 is above optim.lr = 0.1 (the cosine schedule decays from lr to "
         "min_lr)");
   CHECK(error_of("[experiment]\nname = \"\"\n") == "configs/x.toml: experiment.name must not be empty");
+  // Device buffers: NCCL only for them, and only the methods that take them.
+  CHECK(error_of("[runtime]\ncommunicator = \"nccl\"\n") ==
+        "configs/x.toml: runtime.communicator = \"nccl\" needs runtime.device = \"cuda\" (the CPU uses MPI)");
+  CHECK(error_of("[runtime]\ndevice = \"cuda\"\n[sync]\nmethod = \"oktopk\"\n") ==
+        "configs/x.toml: sync.method = \"oktopk\" computes on host buffers and cannot run with runtime.device = "
+        "\"cuda\" yet (dense and local_sgd can)");
+  CHECK(error_of("[runtime]\ndevice = \"cuda\"\ncommunicator = \"mpi\"\n[sync]\nmethod = \"local_sgd\"\n").empty());
+  CHECK(error_of("[runtime]\ncommunicator = \"gloo\"\n").find("runtime.communicator") != std::string::npos);
 }
 
 TEST_CASE("optimizer choice: sgd, adam, adamw with betas and eps", "[config]") {

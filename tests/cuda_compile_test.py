@@ -5,7 +5,8 @@ The normal build is CPU-only (TRAINER_CUDA=OFF); a second full build with CUDA w
 to the suite. This test compiles just what TRAINER_CUDA adds or switches on: models/cuda/*.cu with
 nvcc, models/cuda/*.cpp and every C++ file that has a TRAINER_HAS_CUDA branch with the host
 compiler (syntax and types, with the flags the build uses for them, plus the CUDA define and
-headers). Exit 77 (ctest's skip) when no nvcc is found.
+headers); likewise comm/cuda/*.cpp (NCCL, pinned memory; nccl.h lives with the toolkit's headers).
+Exit 77 (ctest's skip) when no nvcc is found.
 
 usage: cuda_compile_test.py SOURCE_DIR BUILD_DIR
 """
@@ -78,8 +79,9 @@ failures = []
 with tempfile.TemporaryDirectory() as tmp:
     cu = sorted(glob.glob(os.path.join(src, "models", "cuda", "*.cu")))
     cpp = sorted(glob.glob(os.path.join(src, "models", "cuda", "*.cpp")))
+    comm_cpp = sorted(glob.glob(os.path.join(src, "comm", "cuda", "*.cpp")))
     switched = []
-    for pattern in ("trainer/*.cpp", "models/**/*.cpp", "tests/*.cpp"):
+    for pattern in ("trainer/*.cpp", "models/**/*.cpp", "comm/**/*.cpp", "tests/*.cpp"):
         for f in glob.glob(os.path.join(src, pattern), recursive=True):
             if "/cuda/" not in f and "TRAINER_HAS_CUDA" in open(f, errors="replace").read():
                 switched.append(f)
@@ -92,7 +94,7 @@ with tempfile.TemporaryDirectory() as tmp:
     for i, f in enumerate(cu):
         cmd = [nvcc, "-std=c++17", "-arch=sm_90", "-I" + src, "-c", f, "-o", os.path.join(tmp, "%d.o" % i)]
         jobs.append(("nvcc", f, cmd, None))
-    for f in cpp + sorted(switched):
+    for f in cpp + comm_cpp + sorted(switched):
         template = commands.get(os.path.realpath(f), host_flags())
         jobs.append(("c++ ", f, syntax_check(f, template), template["directory"]))
 

@@ -96,7 +96,7 @@ TEST_CASE("PowerSGD at 2 ranks equals the reference of PyTorch's powerSGD_hook",
     SECTION(c) {
       auto sync = make(views, std::stoll(f.metadata.at(c + ".rank")), std::stod(f.metadata.at(c + ".rate")),
                        std::stoull(f.metadata.at("seed")));
-      comm::DenseSync dense(comm, n, 25);
+      comm::DenseSync dense(comm, n, 25, models::cpu_backend());
       const auto out = f.at(c + ".out").as_f64();
       for (int64_t s = 0; s < steps; ++s) {
         std::vector<float> g(grads.begin() + s * n, grads.begin() + (s + 1) * n);

@@ -2,7 +2,8 @@
 // parallelism is, step by step, the exact mean of the ranks' gradients within the float32 rounding
 // bound of any summation order, and that mean is the whole batch's gradient in one process; local
 // SGD with period 1 equals dense; with a longer period ranks agree right after averaging and differ
-// in between; the comm log holds exactly what dense must send.
+// in between; the comm log holds exactly what dense must send; through the staged communicator
+// (device buffers via host memory) dense and warmup + local SGD train bit for bit as over MPI.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
+#include "comm/staged_communicator.h"
 #include "comm/sync/gradient_sync.h"
 #include "models/layers/batch_norm.h"
 #include "models/layers/conv2d.h"
@@ -22,6 +24,7 @@
 #include "models/layers/relu.h"
 #include "models/model.h"
 #include "optim/sgd.h"
+#include "tests/counting_memory.h"
 
 using namespace trainer;
 using namespace trainer::models;
@@ -237,6 +240,58 @@ TEST_CASE("Dense warmup then local SGD: synchronous for the warmup steps", "[syn
   auto warm2 = comm::make_gradient_sync({"local_sgd", 4, 25, 100}, comm, n);
   const auto after = train(warm2.get(), comm.rank(), comm.size(), 4, 6);
   if (comm.size() > 1) CHECK_FALSE(identical_on_all_ranks(comm, after));
+}
+
+namespace {
+
+// What the log kept of a run: per-op statistics and the bytes sent and received.
+struct RunLog {
+  std::vector<comm::OpStats> ops;
+  int64_t sent = 0, received = 0;
+};
+
+std::vector<float> train_logged(comm::GradientSync& sync, comm::Communicator& comm, RunLog& log) {
+  comm::CommLogOptions options;
+  options.enabled = true;
+  comm.log().open(options, comm.rank(), comm.size());
+  auto weights = train(&sync, comm.rank(), comm.size(), 4, 5);
+  log.ops = comm.log().op_stats();
+  comm.log().take_totals(log.sent, log.received);
+  comm.log().open(comm::CommLogOptions{}, comm.rank(), comm.size());
+  return weights;
+}
+
+}  // namespace
+
+TEST_CASE("Dense and warmup + local SGD through the staged communicator equal the MPI runs bit for bit",
+          "[sync][mpi]") {
+  comm::Communicator& comm = comm::world();
+  const int64_t n = small_cnn(7)->parameters().size();
+  // Tiny buckets (several allreduces per step); 2 dense warmup steps, then averaging every 2 steps.
+  for (const comm::SyncOptions& o : {comm::SyncOptions{"dense", 0, 0.001, 1}, comm::SyncOptions{"local_sgd", 2, 0.004, 2}}) {
+    INFO(o.method);
+    testing::CountingMemory memory;  // host memory standing in for a device's
+    comm::StagedCommunicator staged(comm, memory);
+    auto plain_sync = comm::make_gradient_sync(o, comm, n);
+    auto staged_sync = comm::make_gradient_sync(o, staged, n);
+    RunLog plain_log, staged_log;
+    const auto plain = train_logged(*plain_sync, comm, plain_log);
+    const auto through_host = train_logged(*staged_sync, staged, staged_log);
+    CHECK(std::memcmp(plain.data(), through_host.data(), plain.size() * sizeof(float)) == 0);
+    CHECK(staged_log.sent == plain_log.sent);
+    CHECK(staged_log.received == plain_log.received);
+    REQUIRE(staged_log.ops.size() == plain_log.ops.size());
+    for (size_t i = 0; i < plain_log.ops.size(); ++i) {
+      CHECK(staged_log.ops[i].op == plain_log.ops[i].op);
+      CHECK(staged_log.ops[i].calls == plain_log.ops[i].calls);
+      CHECK(staged_log.ops[i].bytes_recv == plain_log.ops[i].bytes_recv);
+      CHECK(staged_log.ops[i].sizes == plain_log.ops[i].sizes);
+    }
+    // Every allreduced byte went out of the "device" and came back: the log's bytes, both ways.
+    CHECK(memory.to_host == staged_log.sent);
+    CHECK(memory.to_device == staged_log.sent);
+    if (comm.size() > 1) CHECK(staged_log.sent > 0);
+  }
 }
 
 TEST_CASE("An unknown sync method is a clear error listing the available ones", "[sync]") {

@@ -384,6 +384,13 @@ void check_consistency(const Config& c, const Settings& settings, const std::str
     fail(origin({"optim.min_lr", "optim.lr", "optim.schedule"}),
          "optim.min_lr = " + toml_literal(Value(c.optim.min_lr)) + " is above optim.lr = " +
              toml_literal(Value(c.optim.lr)) + " (the cosine schedule decays from lr to min_lr)");
+  if (c.runtime.communicator == "nccl" && c.runtime.device != "cuda")
+    fail(origin({"runtime.communicator", "runtime.device"}),
+         "runtime.communicator = \"nccl\" needs runtime.device = \"cuda\" (the CPU uses MPI)");
+  if (c.runtime.device != "cpu" && !comm::takes_device_buffers(c.sync.method))
+    fail(origin({"runtime.device", "sync.method"}),
+         "sync.method = \"" + c.sync.method + "\" computes on host buffers and cannot run with runtime.device = \"" +
+             c.runtime.device + "\" yet (dense and local_sgd can)");
   if (c.sync.method == "async_ps" && c.train.skip_nonfinite_steps > 0)
     fail(origin({"train.skip_nonfinite_steps", "sync.method"}),
          "train.skip_nonfinite_steps applies to synchronous methods, not sync.method = \"async_ps\" (a worker "

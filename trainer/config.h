@@ -28,6 +28,7 @@ inline const std::vector<std::string> kSchedules = {"constant", "multistep", "co
 inline const std::vector<std::string> kConvAlgorithms = {"auto", "direct", "winograd"};
 inline const std::vector<std::string> kStalenessLr = {"inverse", "none", "dc"};
 inline const std::vector<std::string> kDevices = {"cpu", "cuda"};
+inline const std::vector<std::string> kCommunicators = {"auto", "nccl", "mpi"};
 
 struct ExperimentConfig {
   std::string name = "quickstart";
@@ -109,6 +110,7 @@ struct RuntimeConfig {
   int64_t threads = 0;  // 0: hardware cores / ranks on this node
   bool deterministic = false;
   std::string conv_algorithm = "auto";
+  std::string communicator = "auto";  // device buffers: nccl, mpi (host staging), or auto
   int64_t slowdown_rank = -1;     // runtime.slowdown = {rank = R, factor = F}: a straggler for experiments
   double slowdown_factor = 1.0;
 };

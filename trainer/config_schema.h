@@ -235,6 +235,11 @@ void visit_config(Cfg& c, Visitor& v) {
         "channels, where it measured faster; direct elsewhere), direct, or winograd (wherever "
         "oneDNN has it).",
         kConvAlgorithms);
+  v.key("runtime.communicator", c.runtime.communicator,
+        "What moves the gradient sync's device buffers when runtime.device = \"cuda\": nccl (every rank "
+        "needs its own GPU), mpi (MPI through a pinned host staging buffer: ranks may share a GPU), or auto "
+        "(nccl when every rank of the job has its own GPU, mpi otherwise). The CPU always uses MPI.",
+        kCommunicators);
   v.key("runtime.slowdown.rank", c.runtime.slowdown_rank,
         "A straggler for experiments, written runtime.slowdown = {rank = R, factor = F}: rank R sleeps "
         "after each step so that its steps take F times as long as they would (-1 = nobody).",

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "comm/device_communicator.h"
 #include "models/cpu/dnnl_ops.h"
 #ifdef TRAINER_HAS_CUDA
 #include "models/cuda/cuda_backend.h"
@@ -109,7 +110,11 @@ Experiment build_experiment(const Config& config, comm::Communicator& world, com
   comm::SyncOptions so = sync_options(config);
   so.steps_per_epoch = e.task->steps_per_epoch();
   so.total_steps = total_steps(config, so.steps_per_epoch);
-  e.sync = comm::make_gradient_sync(so, world, n, &e.task->parameters().views());
+  so.backend = e.backend;
+  comm::SyncCommunicator carrier = comm::make_sync_communicator(config.runtime.communicator, world, *e.backend);
+  e.sync_comm = std::move(carrier.device);
+  if (e.sync_comm) announce("sync communicator: " + carrier.description);
+  e.sync = comm::make_gradient_sync(so, e.sync_comm ? *e.sync_comm : world, n, &e.task->parameters().views());
   return e;
 }
 

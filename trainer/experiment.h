@@ -22,6 +22,9 @@ struct Experiment {
   std::unique_ptr<Task> task;
   std::unique_ptr<optim::Optimizer> optimizer;  // optim.name: sgd, adam or adamw
   optim::ScheduleOptions schedule;
+  // What moves the sync's device buffers (runtime.communicator; comm/device_communicator.h); null
+  // when the sync talks to `world` itself (host buffers). Declared before `sync`, which uses it.
+  std::unique_ptr<comm::Communicator> sync_comm;
   std::unique_ptr<comm::GradientSync> sync;
 };
 

@@ -7,23 +7,24 @@
 
 namespace trainer::comm {
 
-void allreduce_average(Communicator& comm, float* data, int64_t n, int64_t bucket_elements, const char* tag) {
+void allreduce_average(Communicator& comm, models::Backend& backend, float* data, int64_t n, int64_t bucket_elements,
+                       const char* tag) {
   const float scale = 1.f / static_cast<float>(comm.size());
   for (int64_t begin = 0; begin < n; begin += bucket_elements) {
     const int64_t count = std::min(bucket_elements, n - begin);
     comm.allreduce(data + begin, count, DType::kF32, ReduceOp::kSum, tag);
   }
-  // One scaling pass after all buckets: the buckets of a step are in flight back to back.
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) data[i] *= scale;
+  // One scaling pass after all buckets: the buckets of a step are in flight back to back. On the
+  // backend, where the data is (on the CPU the same element-wise product as a loop here).
+  backend.scale(n, scale, data);
 }
 
 int64_t bucket_elements(double bucket_mb) {
   return std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1e6 / 4));
 }
 
-DenseSync::DenseSync(Communicator& comm, int64_t n, double bucket_mb)
-    : comm_(comm), n_(n), bucket_elements_(bucket_elements(bucket_mb)) {}
+DenseSync::DenseSync(Communicator& comm, int64_t n, double bucket_mb, models::Backend& backend)
+    : comm_(comm), n_(n), bucket_elements_(bucket_elements(bucket_mb)), backend_(backend) {}
 
 std::string DenseSync::describe() const {
   const int64_t buckets = (n_ + bucket_elements_ - 1) / bucket_elements_;
@@ -37,7 +38,7 @@ std::string DenseSync::describe() const {
 
 SyncStats DenseSync::reduce(SyncBuffers& b, int64_t step) {
   comm_.log().set_step(step, Phase::kDense);
-  if (comm_.size() > 1) allreduce_average(comm_, b.grads, b.n, bucket_elements_, "ALLREDUCE_DENSE");
+  if (comm_.size() > 1) allreduce_average(comm_, backend_, b.grads, b.n, bucket_elements_, "ALLREDUCE_DENSE");
   return {Phase::kDense, 1.0};
 }
 

@@ -1,15 +1,18 @@
 #pragma once
 
 #include "comm/sync/gradient_sync.h"
+#include "models/backend.h"
 
 namespace trainer::comm {
 
 // Dense data parallelism (synchronous SGD): the flat gradient is allreduced in buckets of
 // bucket_mb megabytes (as PyTorch DDP does, so no single message is the whole model) and divided
 // by the world size. Every step sends 2(P-1)/P x 4n bytes per rank with a ring allreduce. No state.
+// The buffers may be device buffers: `comm` then moves device memory (comm/device_communicator.h)
+// and the division runs on `backend`, the one the buffers live in.
 class DenseSync final : public GradientSync {
  public:
-  DenseSync(Communicator& comm, int64_t n, double bucket_mb);
+  DenseSync(Communicator& comm, int64_t n, double bucket_mb, models::Backend& backend);
   std::string name() const override { return "dense"; }
   std::string describe() const override;
   SyncStats reduce(SyncBuffers& b, int64_t step) override;
@@ -20,14 +23,16 @@ class DenseSync final : public GradientSync {
   Communicator& comm_;
   int64_t n_;
   int64_t bucket_elements_;
+  models::Backend& backend_;
 };
 
 // Floats per bucket of `bucket_mb` megabytes (at least one): dense sync, parameter averaging and the
 // run description (run.json) share this one rounding.
 int64_t bucket_elements(double bucket_mb);
 
-// Allreduce-average of a flat float buffer in buckets, tagged `tag`: what dense gradient sync and
-// parameter averaging (local SGD) both do.
-void allreduce_average(Communicator& comm, float* data, int64_t n, int64_t bucket_elements, const char* tag);
+// Allreduce-average of a flat float buffer of `backend` (device memory: `comm` must move it) in
+// buckets, tagged `tag`: what dense gradient sync and parameter averaging (local SGD) both do.
+void allreduce_average(Communicator& comm, models::Backend& backend, float* data, int64_t n, int64_t bucket_elements,
+                       const char* tag);
 
 }  // namespace trainer::comm

@@ -22,8 +22,8 @@ namespace {
 class WarmupSync final : public GradientSync {
  public:
   WarmupSync(std::unique_ptr<GradientSync> method, Communicator& comm, int64_t n, double bucket_mb,
-             int64_t warmup_steps)
-      : method_(std::move(method)), dense_(comm, n, bucket_mb), warmup_steps_(warmup_steps) {}
+             int64_t warmup_steps, models::Backend& backend)
+      : method_(std::move(method)), dense_(comm, n, bucket_mb, backend), warmup_steps_(warmup_steps) {}
   std::string name() const override { return method_->name(); }
   std::string describe() const override {
     return "first " + std::to_string(warmup_steps_) + " steps: " + dense_.describe() + "\nthen " + method_->describe();
@@ -47,10 +47,14 @@ class WarmupSync final : public GradientSync {
 
 std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communicator& comm, int64_t n,
                                                  const std::vector<models::ParamView>* views) {
+  models::Backend& backend = o.backend ? *o.backend : models::cpu_backend();
+  if (backend.name() != models::cpu_backend().name() && !takes_device_buffers(o.method))
+    throw std::invalid_argument("sync.method '" + o.method + "' computes on host buffers and cannot run with " +
+                                "runtime.device = \"" + backend.name() + "\" yet (dense and local_sgd can)");
   std::unique_ptr<GradientSync> method;
   if (o.method == "async_ps") return std::make_unique<AsyncPsWorker>(comm, o, n);
-  if (o.method == "dense") return std::make_unique<DenseSync>(comm, n, o.bucket_mb);
-  if (o.method == "local_sgd") method = std::make_unique<LocalSgd>(comm, n, o.bucket_mb, o.period);
+  if (o.method == "dense") return std::make_unique<DenseSync>(comm, n, o.bucket_mb, backend);
+  if (o.method == "local_sgd") method = std::make_unique<LocalSgd>(comm, n, o.bucket_mb, o.period, backend);
   if (o.method == "oktopk") method = std::make_unique<OkTopk>(comm, n, o);
   if (o.method == "topka") method = std::make_unique<TopkA>(comm, n, o.density);
   if (o.method == "gaussiank") method = std::make_unique<GaussianK>(comm, n, o.density);
@@ -65,7 +69,7 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
     throw std::invalid_argument("unknown sync.method '" + o.method + "' (available: " + list + ")");
   }
   if (o.dense_warmup_steps > 0)
-    return std::make_unique<WarmupSync>(std::move(method), comm, n, o.bucket_mb, o.dense_warmup_steps);
+    return std::make_unique<WarmupSync>(std::move(method), comm, n, o.bucket_mb, o.dense_warmup_steps, backend);
   return method;
 }
 

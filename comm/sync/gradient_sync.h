@@ -24,6 +24,7 @@
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
 #include "comm/sync/method_names.h"
+#include "models/backend.h"
 #include "models/parameters.h"
 
 namespace trainer::comm {
@@ -38,7 +39,8 @@ struct SyncStats {
   int64_t round = -1;        // async_ps: the meet (global step) this reply completes, -1 for none
 };
 
-// The model's flat buffers as the sync stage sees them.
+// The model's flat buffers as the sync stage sees them: memory of SyncOptions::backend (device
+// pointers on a GPU).
 struct SyncBuffers {
   float* params = nullptr;
   float* grads = nullptr;
@@ -81,9 +83,16 @@ struct SyncOptions {
   int64_t servers = 1;                  // async_ps: the last `servers` ranks serve
   int64_t total_steps = 0;              // async_ps: the run's steps (the servers' schedule and end)
   int64_t steps_per_epoch = 0;          // async_ps: for the servers' lr schedule
+  // Where SyncBuffers live (runtime.device's backend); null: the CPU. Only dense and local_sgd (and
+  // the dense warmup) take device buffers so far (takes_device_buffers): their arithmetic runs on
+  // this backend and their communicator moves its memory (comm/device_communicator.h). The other
+  // methods compute on the host and refuse a device backend.
+  models::Backend* backend = nullptr;
 };
 
-// Throws std::invalid_argument naming the available methods (method_names.h) for an unknown one.
+
+// Throws std::invalid_argument naming the available methods (method_names.h) for an unknown one,
+// and naming the method and device for a host-only method given a device backend.
 // `views` (the model's named tensors) are needed by layer-wise methods (powersgd), which refuse to
 // be built without them.
 std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& options, Communicator& comm, int64_t n,

@@ -10,11 +10,12 @@
 
 namespace trainer::comm {
 
-LocalSgd::LocalSgd(Communicator& comm, int64_t n, double bucket_mb, int64_t period)
+LocalSgd::LocalSgd(Communicator& comm, int64_t n, double bucket_mb, int64_t period, models::Backend& backend)
     : comm_(comm),
       n_(n),
       bucket_elements_(bucket_elements(bucket_mb)),
-      period_(period) {
+      period_(period),
+      backend_(backend) {
   if (period < 1) throw std::invalid_argument("local_sgd: sync.period must be >= 1");
 }
 
@@ -34,8 +35,8 @@ SyncStats LocalSgd::reduce(SyncBuffers&, int64_t step) {
 
 void LocalSgd::after_step(SyncBuffers& b, int64_t step) {
   if ((step + 1) % period_ != 0 || comm_.size() == 1) return;
-  allreduce_average(comm_, b.params, b.n, bucket_elements_, "ALLREDUCE_PARAMS");
-  if (b.n_state > 0) allreduce_average(comm_, b.state, b.n_state, bucket_elements_, "ALLREDUCE_PARAMS");
+  allreduce_average(comm_, backend_, b.params, b.n, bucket_elements_, "ALLREDUCE_PARAMS");
+  if (b.n_state > 0) allreduce_average(comm_, backend_, b.state, b.n_state, bucket_elements_, "ALLREDUCE_PARAMS");
 }
 
 void LocalSgd::save(std::ostream& out) const {

@@ -11,7 +11,8 @@ namespace trainer::comm {
 // The dense warmup (synchronous SGD) is the GradientSync wrapper's job.
 class LocalSgd final : public GradientSync {
  public:
-  LocalSgd(Communicator& comm, int64_t n, double bucket_mb, int64_t period);
+  // `backend`: where the buffers live (see DenseSync).
+  LocalSgd(Communicator& comm, int64_t n, double bucket_mb, int64_t period, models::Backend& backend);
   std::string name() const override { return "local_sgd"; }
   std::string describe() const override;
   SyncStats reduce(SyncBuffers& b, int64_t step) override;
@@ -24,6 +25,7 @@ class LocalSgd final : public GradientSync {
   int64_t n_;
   int64_t bucket_elements_;
   int64_t period_;
+  models::Backend& backend_;
 };
 
 }  // namespace trainer::comm

@@ -14,4 +14,9 @@ inline const std::vector<std::string>& sync_method_names() {
   return names;
 }
 
+// The methods that take their buffers in device memory (runtime.device = "cuda"): their arithmetic
+// runs on the buffers' backend and their communicator moves device memory (SyncOptions::backend).
+// The others compute on host buffers.
+inline bool takes_device_buffers(const std::string& method) { return method == "dense" || method == "local_sgd"; }
+
 }  // namespace trainer::comm

@@ -55,6 +55,7 @@ class CudaBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override { memory_.copy_to_host(dst, src, bytes); }
   void fill(int64_t n, float value, float* y) override { memory_.fill(n, value, y); }
   void synchronize() override { memory_.synchronize(); }
+  void* stream_handle() override { return stream_; }  // NCCL enqueues on it (comm/cuda/nccl_communicator.h)
 
   Layout activation_layout(int64_t) const override { return Layout::kChannelsLast; }
 

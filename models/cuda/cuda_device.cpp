@@ -64,6 +64,7 @@ class CudaDevice final : public DeviceMemory {
     if (n > 0) check(launch_fill(n, value, y, stream_), "fill kernel");
   }
   void synchronize() override { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+  void* stream_handle() override { return stream_; }
   cudaStream_t stream() const { return stream_; }
 
  private:
