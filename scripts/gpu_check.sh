@@ -12,6 +12,7 @@
 #
 # Steps: the GPU's description; cuda_backend_test (every CUDA op and a resnet20/vgg16 step against
 # the CPU backend); device_test's CUDA cases; a short quickstart training run on the GPU; and
+# the same on two ranks sharing the GPU (staged MPI), with staged_comm_test's GPU cases; and
 # `trainer bench` of resnet20 at batch 128 on the GPU (with PyTorch beside it when torch imports).
 set -x
 build=${1:-build-cuda}
@@ -37,6 +38,13 @@ step quickstart_cuda "$build/trainer" --config configs/quickstart_cifar.toml --s
 # The same short run on the CPU, for the loss curve side by side (same seed, same data).
 step quickstart_cpu "$build/trainer" --config configs/quickstart_cifar.toml --set runtime.device=cpu \
   --set train.max_steps=40 --set train.log_every_steps=10 --set experiment.output_dir="$out/quickstart_run_cpu"
+# Two ranks on the one GPU: gradients through MPI with pinned host staging (NCCL refuses two ranks on
+# one GPU). staged_comm_test's [cuda] cases compare staged collectives on GPU memory with MPI's.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+step staged_comm_test_2 mpirun --oversubscribe -n 2 "$build/tests/staged_comm_test"
+step quickstart_cuda_2ranks mpirun --oversubscribe -n 2 "$build/trainer" --config configs/quickstart_cifar.toml \
+  --set runtime.device=cuda --set train.max_steps=40 --set train.log_every_steps=10 \
+  --set experiment.output_dir="$out/quickstart_run_2ranks"
 step bench_resnet20 "$build/trainer" bench --model resnet20 --batch 128 --device cuda
 
 {
