@@ -150,7 +150,8 @@ void slow_down(const Config& config, int rank, double step_ms) {
 
 void check_identical(const models::ParameterStore& params, comm::Communicator& comm) {
   if (comm.size() == 1) return;
-  const auto h = static_cast<int64_t>(checksum(params.values(), params.size()) >> 1);
+  const std::vector<float> host = params.host_values();  // the weights may live on a GPU
+  const auto h = static_cast<int64_t>(checksum(host.data(), params.size()) >> 1);
   int64_t lo = h, hi = h;
   comm.allreduce(&lo, 1, comm::DType::kI64, comm::ReduceOp::kMin, "ALLREDUCE_CHECK");
   comm.allreduce(&hi, 1, comm::DType::kI64, comm::ReduceOp::kMax, "ALLREDUCE_CHECK");
@@ -368,7 +369,7 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
                     static_cast<long long>(config.train.skip_nonfinite_steps));
       throw AgreedError(where + " (" + limit + "); " + last_checkpoint_note(), kExitNonFinite);
     }
-    std::copy(buffers_before.begin(), buffers_before.end(), buffers.values());
+    buffers.copy_values_from_host(buffers_before.data(), buffers_before.size() * sizeof(float));
     say(fmt("warning: %s; step skipped on every rank (%lld in a row)", where.c_str(),
             static_cast<long long>(skipped_in_a_row)));
   };
@@ -388,10 +389,10 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     if (rank == options.fail_rank && step == options.fail_step)
       throw std::runtime_error(fmt("injected failure at step %lld (--inject-failure)", static_cast<long long>(step)));
     t0 = Clock::now();
-    if (config.train.skip_nonfinite_steps > 0) buffers_before.assign(buffers.values(), buffers.values() + buffers.size());
+    if (config.train.skip_nonfinite_steps > 0) buffers_before = buffers.host_values();  // on the host: the device's may be a GPU's
     const StepResult result = task.forward_backward();
     const double loss = result.loss;
-    if (inject_nan.count({rank, step})) params.grads()[params.views().back().offset] = std::nanf("");
+    if (inject_nan.count({rank, step})) e.backend->fill(1, std::nanf(""), params.grads() + params.views().back().offset);
     t_compute += ms_since(t0);
     span("forward_backward", step);
     slow_down(config, rank, ms_since(step_t0));
