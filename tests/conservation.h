@@ -6,11 +6,23 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include "comm/communicator.h"
 
 namespace trainer::testing {
+
+// A rank's synthetic gradient of n entries: 0.5 x a normal vector drawn from shared_seed (the same
+// on every rank that passes the same seed) plus one drawn from own_seed (the rank's own), so ranks'
+// gradients are correlated as real ones are.
+inline std::vector<float> correlated_gradient(int64_t n, uint64_t shared_seed, uint64_t own_seed) {
+  std::mt19937_64 shared(shared_seed), own(own_seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> g(static_cast<size_t>(n));
+  for (auto& x : g) x = 0.5f * normal(shared) + normal(own);
+  return g;
+}
 
 struct Conservation {
   double worst = 0;          // max |P x applied + sum of residuals - sum of gradients|

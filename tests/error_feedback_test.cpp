@@ -22,11 +22,7 @@ using comm::Communicator;
 namespace {
 
 std::vector<float> gradient(int64_t step, int rank, int64_t n) {
-  std::mt19937_64 shared(300 + step), own(4000 + 7 * step + rank);
-  std::normal_distribution<float> normal;
-  std::vector<float> g(n);
-  for (auto& x : g) x = 0.5f * normal(shared) + normal(own);
-  return g;
+  return testing::correlated_gradient(n, 300 + step, 4000 + 7 * step + rank);
 }
 
 // EF-SignSGD's compressor (Karimireddy et al. 2019): c = mean|acc| x sign(acc), one float per

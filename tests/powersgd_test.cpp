@@ -50,11 +50,7 @@ std::vector<ParamView> tiny_model() {
 }
 
 std::vector<float> gradient(int64_t step, int rank, int64_t n) {
-  std::mt19937_64 shared(500 + step), own(9000 + 17 * step + rank);
-  std::normal_distribution<float> normal;
-  std::vector<float> g(n);
-  for (auto& x : g) x = 0.5f * normal(shared) + normal(own);
-  return g;
+  return testing::correlated_gradient(n, 500 + step, 9000 + 17 * step + rank);
 }
 
 comm::PowerSgd make(const std::vector<ParamView>& views, int64_t rank, double rate, uint64_t seed = 0) {

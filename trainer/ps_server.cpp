@@ -62,14 +62,6 @@ bool ParameterServer::synchronous(int64_t step) const {
   return config_.sync.max_staleness == 0 || step < config_.sync.dense_warmup_steps;
 }
 
-bool ParameterServer::round_point(int64_t step) const {
-  const TrainConfig& t = config_.train;
-  if (step >= end_) return true;
-  if (t.checkpoint_every > 0 && step % t.checkpoint_every == 0) return true;
-  if (t.eval_every_steps > 0) return step % t.eval_every_steps == 0;
-  return steps_per_epoch_ > 0 && step % steps_per_epoch_ == 0;
-}
-
 int64_t ParameterServer::next_meet(int64_t step) const {
   if (synchronous(step)) return step + 1;
   // The next multiple of each period, or the end.

@@ -71,8 +71,9 @@ class ParameterServer {
 
  private:
   bool synchronous(int64_t step) const;
-  bool round_point(int64_t step) const;  // checkpoint, evaluation or final step: a meet
-  int64_t next_meet(int64_t step) const;  // the first meet after global step `step`
+  // The first meet after global step `step`: the next step when it is synchronous, else the next
+  // checkpoint, evaluation (or epoch end) or final step.
+  int64_t next_meet(int64_t step) const;
   bool may_grant(int w) const;             // coordinator: may worker w push once more now?
   void receive_push(int w, int64_t step, int64_t pulled_version);
   void complete_meet();                   // a synchronous step's mean applied

@@ -544,10 +544,9 @@ RunSummary run_training(const Config& config, const RunOptions& options, comm::C
     if (round > 0 && ((every > 0 && round % every == 0) || (every == 0 && epoch_end) || finished))
       run_eval(round, epoch);
     const int64_t ck_every = config.train.checkpoint_every;
-    const bool final_step = finished;
-    if ((round > 0 && ck_every > 0 && round % ck_every == 0) || final_step || verdict.stop_signal)
-      save_or_warn(round, done, final_step || verdict.stop_signal);
-    if (verdict.stop_signal && !final_step) {
+    if ((round > 0 && ck_every > 0 && round % ck_every == 0) || finished || verdict.stop_signal)
+      save_or_warn(round, done, finished || verdict.stop_signal);
+    if (verdict.stop_signal && !finished) {
       finish_comm_log(config, comm, spans, out);
       say(fmt("stopped by %s after step %lld of %lld; checkpoint %s; continue with the same command and "
               "--resume latest",
