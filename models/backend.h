@@ -37,6 +37,10 @@ struct ConvGeometry {
 class ConvOp {
  public:
   virtual ~ConvOp() = default;
+  // The layout forward writes y in (and backward reads dy in): the geometry's dst_layout where the
+  // backend has fast kernels for it, else the one it chose instead (the CPU backend: see
+  // DnnlConv). Backward writes dx in the geometry's src_layout.
+  virtual Layout output_layout() const = 0;
   // y = conv(x, w) + b. b may be null when the geometry has no bias.
   virtual void forward(const float* x, const float* w, const float* b, float* y) = 0;
   // dx = conv_transpose(dy, w). w must be the weights of the preceding forward.
@@ -165,6 +169,9 @@ class Backend : public DeviceMemory {
   virtual void shortcut_a_forward(const Tensor& x, int64_t stride, int64_t pad, Tensor& y) = 0;
   virtual void shortcut_a_backward(const Tensor& dy, int64_t stride, int64_t pad, Tensor& dx) = 0;
 
+  // y = x in y.layout (shapes equal): the one reorder where a consumer wants another layout than
+  // the producer chose (a residual add whose branches' convolutions chose differently).
+  virtual void convert_layout(const Tensor& x, Tensor& y) = 0;
   // PyTorch's NCHW order (what its flatten and its tensors see) <-> a tensor in any layout.
   virtual void to_nchw(const Tensor& x, float* y) = 0;
   virtual void from_nchw(const float* x, Tensor& y) = 0;

@@ -13,6 +13,14 @@ std::string shape_string(const Shape& shape) {
   return out.str();
 }
 
+const char* layout_name(Layout layout) {
+  switch (layout) {
+    case Layout::kBlocked8: return "nChw8c";
+    case Layout::kBlocked16: return "nChw16c";
+    default: return "nhwc";
+  }
+}
+
 void HostBuffer::resize(int64_t n) {
   if (n > capacity_) {
     size_t bytes = ((static_cast<size_t>(n) * sizeof(float) + 63) / 64) * 64;

@@ -21,11 +21,25 @@ namespace trainer::models {
 using Shape = std::vector<int64_t>;
 
 // Memory layouts of {N, C, H, W} activations (2-D tensors are always row-major).
-//  - kChannelsLast: NHWC, for inputs and channel counts that are not a multiple of 16;
-//  - kBlocked16: oneDNN's nChw16c (channels in blocks of 16, the block innermost), which its
-//    fastest CPU kernels (Winograd among them) want; used only when C is a multiple of 16, so
-//    there is never padding and numel() is the storage size in both layouts.
-enum class Layout : uint8_t { kChannelsLast, kBlocked16 };
+//  - kChannelsLast: NHWC, for inputs and channel counts that are not a multiple of the block;
+//  - kBlocked8 / kBlocked16: oneDNN's nChw8c / nChw16c (channels in blocks of 8 or 16, the block
+//    innermost), which its JIT kernels want: 16 on AVX-512 (Winograd among them), 8 on AVX2. The
+//    CPU backend asks oneDNN which one this machine's kernels use (cpu/dnnl_layout.h). Used only
+//    when C is a multiple of the block, so there is never padding and numel() is the storage size
+//    in every layout.
+enum class Layout : uint8_t { kChannelsLast, kBlocked8, kBlocked16 };
+
+// Channels per block of a blocked layout; 0 for channels-last.
+inline int64_t channel_block(Layout layout) {
+  switch (layout) {
+    case Layout::kBlocked8: return 8;
+    case Layout::kBlocked16: return 16;
+    default: return 0;
+  }
+}
+
+// "nhwc", "nChw8c" or "nChw16c": oneDNN's names, for messages and tests.
+const char* layout_name(Layout layout);
 
 inline int64_t numel(const Shape& shape) {
   int64_t n = 1;

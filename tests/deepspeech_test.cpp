@@ -52,12 +52,12 @@ TEST_CASE("deepspeech has 27,569,568 parameters under deepspeech.pytorch's names
   CHECK_THROWS_WITH(make_speech_model("deepspeach", cpu_backend(), 1), Catch::Contains("known: deepspeech"));
 }
 
-TEST_CASE("Backend: image <-> sequence reorder and width masks in both layouts", "[deepspeech]") {
+TEST_CASE("Backend: image <-> sequence reorder and width masks in every layout", "[deepspeech]") {
   // {N, C, H, W} -> {W, N, C*H} with feature c*H + h, as PyTorch's view + permute.
   const int64_t N = 2, C = 32, H = 3, W = 5;
   std::vector<float> nchw(N * C * H * W);
   for (size_t i = 0; i < nchw.size(); ++i) nchw[i] = static_cast<float>(i);
-  for (Layout layout : {Layout::kChannelsLast, Layout::kBlocked16}) {
+  for (Layout layout : {Layout::kChannelsLast, Layout::kBlocked8, Layout::kBlocked16}) {
     std::vector<float> image(nchw.size()), sequence(nchw.size()), back(nchw.size());
     Tensor x{image.data(), {N, C, H, W}, layout};
     cpu_backend().from_nchw(nchw.data(), x);

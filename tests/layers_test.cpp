@@ -47,14 +47,16 @@ TEST_CASE("Conv2d gradients", "[layers][gradcheck]") {
   }
 }
 
-TEST_CASE("Conv2d gradients in 16-blocked layouts: direct and Winograd", "[layers][gradcheck]") {
-  // 32 -> 32 channels, 3x3 stride 1: the default algorithm choice takes Winograd here; 16 -> 32
-  // stride 2 stays direct. Both read and write the 16-blocked layout.
+TEST_CASE("Conv2d gradients in blocked layouts: direct and Winograd", "[layers][gradcheck]") {
+  // 32 -> 32 channels, 3x3 stride 1: the default algorithm choice takes Winograd here where oneDNN
+  // has it (AVX-512); 16 -> 32 stride 2 stays direct. Inputs in both blocked layouts, whichever
+  // this machine's kernels prefer (the other one may run oneDNN's reference kernels: still exact).
   struct Case { Conv2dOptions opt; int64_t h, w; };
   const Case cases[] = {{{32, 32, 3, 3, 1, 1, 1, 1, false}, 6, 6}, {{16, 32, 3, 3, 2, 2, 1, 1, true}, 6, 6}};
   int index = 0;
-  for (const auto& c : cases) {
-    SECTION("case " + std::to_string(index++)) {
+  for (const auto& c : cases)
+  for (Layout layout : {Layout::kBlocked8, Layout::kBlocked16}) {
+    SECTION("case " + std::to_string(index++) + " " + layout_name(layout)) {
       LayerHarness h;
       Conv2d conv(h.ctx, "conv", c.opt);
       randomize(h, 21);
@@ -62,7 +64,7 @@ TEST_CASE("Conv2d gradients in 16-blocked layouts: direct and Winograd", "[layer
       opt.max_checks_per_tensor = 48;
       const int64_t n = 2;
       check_layer_gradients(conv, h, {n, c.opt.in_channels, c.h, c.w},
-                            random_vector(n * c.opt.in_channels * c.h * c.w, 22, 0.5f), opt, Layout::kBlocked16);
+                            random_vector(n * c.opt.in_channels * c.h * c.w, 22, 0.5f), opt, layout);
     }
   }
 }
@@ -78,21 +80,28 @@ TEST_CASE("BatchNorm2d gradients, plain and with fused ReLU", "[layers][gradchec
       check_layer_gradients(bn, h, {4, 3, 3, 2}, random_vector(4 * 3 * 3 * 2, 4), opt);
     }
   }
-  for (bool relu : {false, true}) {
-    SECTION(relu ? "16-blocked, fused relu" : "16-blocked") {
+  for (bool relu : {false, true})
+  for (Layout layout : {Layout::kBlocked8, Layout::kBlocked16}) {
+    SECTION(std::string(layout_name(layout)) + (relu ? ", fused relu" : "")) {
       LayerHarness h;
       BatchNorm2d bn(h.ctx, "bn", {16, 1e-5f, 0.1f, relu});
       randomize(h, 23);
       GradCheckOptions opt;
       opt.h = 3e-4;  // 1e-3 lets one normalized value of channel 10 cross the ReLU kink
-      check_layer_gradients(bn, h, {2, 16, 3, 2}, random_vector(2 * 16 * 3 * 2, 24), opt, Layout::kBlocked16);
+      // The same logical input in each layout (the same floats stored as they are would land on
+      // other channels, and next to another kink).
+      const std::vector<float> nchw = random_vector(2 * 16 * 3 * 2, 24);
+      std::vector<float> x(nchw.size());
+      Tensor xt{x.data(), {2, 16, 3, 2}, layout};
+      h.ctx.backend.from_nchw(nchw.data(), xt);
+      check_layer_gradients(bn, h, xt.shape, x, opt, layout);
     }
   }
 }
 
 TEST_CASE("BatchNorm2d gradients with frozen statistics", "[layers][gradcheck]") {
-  for (Layout layout : {Layout::kChannelsLast, Layout::kBlocked16}) {
-    SECTION(layout == Layout::kBlocked16 ? "16-blocked" : "channels-last") {
+  for (Layout layout : {Layout::kChannelsLast, Layout::kBlocked8, Layout::kBlocked16}) {
+    SECTION(layout_name(layout)) {
       LayerHarness h;
       BatchNorm2d bn(h.ctx, "bn", {16, 1e-5f, 0.1f, false, /*frozen=*/true});
       randomize(h, 27);
@@ -179,11 +188,15 @@ TEST_CASE("Option-A shortcut gradients", "[layers][gradcheck]") {
   ShortcutA shortcut(h.ctx, 2, 2);
   randomize(h, 14);
   check_layer_gradients(shortcut, h, {2, 3, 5, 4}, random_vector(120, 15));
-  SECTION("16-blocked, 16 -> 32 channels") {
-    LayerHarness hb;
-    ShortcutA blocked(hb.ctx, 2, 8);
-    randomize(hb, 25);
-    check_layer_gradients(blocked, hb, {2, 16, 5, 4}, random_vector(640, 26), {}, Layout::kBlocked16);
+  // The output takes the backend's layout for 32 channels, so on AVX-512 an 8-blocked input also
+  // checks the loops across two layouts.
+  for (Layout layout : {Layout::kBlocked8, Layout::kBlocked16}) {
+    SECTION(std::string(layout_name(layout)) + ", 16 -> 32 channels") {
+      LayerHarness hb;
+      ShortcutA blocked(hb.ctx, 2, 8);
+      randomize(hb, 25);
+      check_layer_gradients(blocked, hb, {2, 16, 5, 4}, random_vector(640, 26), {}, layout);
+    }
   }
 }
 
@@ -208,6 +221,45 @@ TEST_CASE("Residual basic block gradients, all shortcut kinds", "[layers][gradch
                             h.ctx.backend.activation_layout(c.in));
     }
   }
+}
+
+TEST_CASE("Residual basic block: an input in another layout than the convolutions choose", "[layers]") {
+  // The convolutions write the layout this CPU prefers, so an identity branch in the other blocked
+  // layout is reordered for the add and its gradient back (BasicBlock::in_layout). Same logical
+  // input, same parameters: outputs and gradients equal those of an input in the preferred layout
+  // up to the rounding of the convolution kernels each layout gets.
+  Backend& be = cpu_backend();
+  const Layout preferred = be.activation_layout(16);
+  const Layout other = preferred == Layout::kBlocked16 ? Layout::kBlocked8 : Layout::kBlocked16;
+  const Shape shape{3, 16, 4, 4};
+  const std::vector<float> x_nchw = random_vector(numel(shape), 30), dy_nchw = random_vector(numel(shape), 31);
+  struct Result { std::vector<float> y, dx, dparams; };
+  auto run = [&](Layout layout) {
+    LayerHarness h;
+    BasicBlock block(h.ctx, "block", 16, 16, 1, Shortcut::kIdentity);
+    randomize(h, 32);
+    std::vector<float> x_data(x_nchw.size()), dy_data(dy_nchw.size());
+    Tensor x{x_data.data(), shape, layout};
+    be.from_nchw(x_nchw.data(), x);
+    const Tensor& y = block.forward(x, Mode::kTrain);
+    Result r{std::vector<float>(y.numel()), std::vector<float>(x.numel()), {}};
+    be.to_nchw(y, r.y.data());
+    Tensor dy{dy_data.data(), shape, y.layout};
+    be.from_nchw(dy_nchw.data(), dy);
+    const Tensor& dx = block.backward(dy);
+    CHECK(dx.layout == layout);
+    be.to_nchw(dx, r.dx.data());
+    r.dparams.assign(h.params.grads(), h.params.grads() + h.params.size());
+    return r;
+  };
+  const Result a = run(preferred), b = run(other);
+  auto same = [](const std::vector<float>& u, const std::vector<float>& v) {
+    REQUIRE(u.size() == v.size());
+    for (size_t i = 0; i < u.size(); ++i) REQUIRE(u[i] == Approx(v[i]).epsilon(1e-4).margin(1e-5));
+  };
+  same(a.y, b.y);
+  same(a.dx, b.dx);
+  same(a.dparams, b.dparams);
 }
 
 TEST_CASE("Softmax cross-entropy: value and gradient", "[layers][gradcheck]") {

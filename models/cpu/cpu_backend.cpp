@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "models/backend.h"
+#include "models/cpu/dnnl_dispatch.h"
 #include "models/cpu/dnnl_ops.h"
 #include "models/cpu/lstm_ops.h"
 #include "models/cpu/optim_ops.h"
@@ -21,7 +22,7 @@ namespace {
 // Element (n, c, h, w) of a {N, C, H, W} activation in its layout.
 inline int64_t offset(const Tensor& t, int64_t n, int64_t c, int64_t h, int64_t w) {
   const int64_t C = t.shape[1], H = t.shape[2], W = t.shape[3];
-  if (t.layout == Layout::kBlocked16) return (((n * (C / 16) + c / 16) * H + h) * W + w) * 16 + c % 16;
+  if (const int64_t B = channel_block(t.layout)) return (((n * (C / B) + c / B) * H + h) * W + w) * B + c % B;
   return ((n * H + h) * W + w) * C + c;
 }
 
@@ -94,9 +95,7 @@ class CpuBackend final : public Backend {
     if (x != y) std::memcpy(y, x, sizeof(float) * n);
   }
 
-  Layout activation_layout(int64_t channels) const override {
-    return channels % 16 == 0 ? Layout::kBlocked16 : Layout::kChannelsLast;
-  }
+  Layout activation_layout(int64_t channels) const override { return cpu::dnnl_activation_layout(channels); }
 
   void shortcut_a_forward(const Tensor& x, int64_t stride, int64_t pad, Tensor& y) override {
     const int64_t batch = y.dim(0), oc = y.dim(1), oh = y.dim(2), ow = y.dim(3), channels = x.dim(1);
@@ -123,6 +122,7 @@ class CpuBackend final : public Backend {
                                                   : 0.f;
   }
 
+  void convert_layout(const Tensor& x, Tensor& y) override { cpu::reorder_layout(x, y); }
   void to_nchw(const Tensor& x, float* y) override { cpu::reorder_nchw(x, y, true); }
   void from_nchw(const float* x, Tensor& y) override { cpu::reorder_nchw(y, const_cast<float*>(x), false); }
 

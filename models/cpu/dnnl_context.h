@@ -4,6 +4,10 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <cstdint>
+
+#include "models/tensor.h"
+
 namespace trainer::models::cpu {
 
 dnnl::engine& dnnl_engine();
@@ -12,5 +16,7 @@ dnnl::stream& dnnl_stream();
 dnnl::primitive_attr dnnl_scratchpad_attr();
 // The shared scratchpad, grown to hold md.
 dnnl::memory dnnl_scratchpad(const dnnl::memory::desc& md);
+// The memory descriptor of an {N, C, H, W} activation in `layout`.
+dnnl::memory::desc activation_md(int64_t n, int64_t c, int64_t h, int64_t w, Layout layout);
 
 }  // namespace trainer::models::cpu

@@ -4,10 +4,14 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "models/cpu/dnnl_context.h"
+#include "models/cpu/dnnl_dispatch.h"
 #include "models/tensor.h"
 
 namespace trainer::models::cpu {
@@ -42,16 +46,14 @@ memory scratchpad(const memory::desc& md) {
   return memory(md, engine(), buffer.reserve(static_cast<int64_t>(md.get_size() / sizeof(float)) + 1));
 }
 
-// TRAINER_DNNL_VERBOSE=1 prints the implementation oneDNN picked for every primitive we make, to
-// catch a shape that falls off the JIT kernels onto a reference loop.
+// Records the implementation oneDNN picked for a primitive we made (dnnl_dispatch.h), to catch a
+// shape or layout that falls off the JIT kernels onto a reference loop.
 template <class PrimitiveDesc>
-void report(const char* what, const PrimitiveDesc& pd, const memory::desc& src) {
-  static const bool verbose = std::getenv("TRAINER_DNNL_VERBOSE") != nullptr;
-  if (!verbose) return;
+void report(const char* what, const PrimitiveDesc& pd, const memory::desc& src, Layout layout) {
   const auto d = src.dims();
-  std::fprintf(stderr, "dnnl: %-10s src %lldx%lldx%lldx%lld: %s\n", what, static_cast<long long>(d[0]),
-               static_cast<long long>(d[1]), static_cast<long long>(d[2]), static_cast<long long>(d[3]),
-               pd.impl_info_str());
+  std::string shape = "src";
+  for (size_t i = 0; i < d.size(); ++i) shape += (i ? "x" : " ") + std::to_string(d[i]);
+  record_primitive(what, shape + " " + layout_name(layout), pd.impl_info_str());
 }
 
 template <class PrimitiveDesc>
@@ -96,10 +98,17 @@ struct Staged {
   }
 };
 
-tag layout_tag(Layout layout) { return layout == Layout::kBlocked16 ? tag::nChw16c : tag::nhwc; }
-
-memory::desc activation_md(int64_t n, int64_t c, int64_t h, int64_t w, Layout layout) {
-  return memory::desc({n, c, h, w}, dt::f32, layout_tag(layout));
+// oneDNN 2.6's AVX2 (and SSE4.1) 1x1 backward-weights kernel, given a strided channels-last source
+// whose channels do not fill its 8-channel block, subsamples the source into a workspace it then
+// overruns: wrong weight gradients, or a crash (oneDNN issue 6035; found by layers_test's strided
+// 1x1 case at ONEDNN_MAX_CPU_ISA=AVX2). Such a combination is skipped like a reference kernel.
+bool broken_1x1_backward_weights(const ConvGeometry& g,
+                                 const dnnl::convolution_backward_weights::primitive_desc& pd) {
+  const std::string impl = pd.impl_info_str();
+  const bool strided = g.stride_h > 1 || g.stride_w > 1;
+  const bool nhwc_src = pd.src_desc() == activation_md(g.batch, g.in_channels, g.in_h, g.in_w, Layout::kChannelsLast);
+  return impl.rfind("jit_1x1:", 0) == 0 && impl.find("avx512") == std::string::npos && strided && nhwc_src &&
+         g.in_channels % 8 != 0;
 }
 
 class DnnlConv final : public ConvOp {
@@ -111,55 +120,79 @@ class DnnlConv final : public ConvOp {
     const memory::dims pad_r{(g.out_h() - 1) * g.stride_h + g.kernel_h - g.in_h - g.pad_h,
                              (g.out_w() - 1) * g.stride_w + g.kernel_w - g.in_w - g.pad_w};
     src_md_ = activation_md(g.batch, g.in_channels, g.in_h, g.in_w, g.src_layout);
-    dst_md_ = activation_md(g.batch, g.out_channels, g.out_h(), g.out_w(), g.dst_layout);
     user_w_md_ = memory::desc({g.out_channels, g.in_channels, g.kernel_h, g.kernel_w}, dt::f32, tag::oihw);
     bias_md_ = memory::desc({g.out_channels}, dt::f32, tag::x);
     const memory::desc any_w({g.out_channels, g.in_channels, g.kernel_h, g.kernel_w}, dt::f32, tag::any);
     const memory::desc no_bias;
 
-    dnnl::algorithm algo = dnnl::algorithm::convolution_direct;
+    // Winograd F(4,3) where it pays: measured on AVX-512 (BENCHMARKS.md) 1.5-2x faster than direct
+    // from 32 channels up and no faster at 16, so kAuto asks for it from 32 channels. oneDNN 2.6 has
+    // an f32 Winograd kernel only for AVX-512 (nChw16c); elsewhere it is not created and the direct
+    // convolution below is taken.
     const bool winograd_shape = g.kernel_h == 3 && g.kernel_w == 3 && g.stride_h == 1 && g.stride_w == 1 &&
                                 g.src_layout == Layout::kBlocked16 && g.dst_layout == Layout::kBlocked16;
-    // Measured on AVX-512 (BENCHMARKS.md): Winograd F(4,3) is 1.5-2x faster than direct from 32
-    // channels up and no faster at 16, so kAuto uses it from 32 channels.
     const bool wide = g.in_channels >= 32 && g.out_channels >= 32;
+    std::vector<dnnl::algorithm> algorithms{dnnl::algorithm::convolution_direct};
     if (winograd_shape && (g_conv_algorithm == ConvAlgorithm::kWinograd ||
                            (g_conv_algorithm == ConvAlgorithm::kAuto && wide)))
-      algo = dnnl::algorithm::convolution_winograd;
+      algorithms.insert(algorithms.begin(), dnnl::algorithm::convolution_winograd);
 
-    // The primitives see the input in `src` layout: the tensor's own, or, when oneDNN has no JIT
-    // kernel for it (a 3-channel channels-last image into a 16-blocked output: the stem), whatever
-    // layout it prefers, with the input reordered on the way in and the input gradient on the way out.
-    auto make_fwd = [&](dnnl::algorithm a, const memory::desc& src) {
-      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, a, src, any_w,
-                                        g.bias ? bias_md_ : no_bias, dst_md_, strides, pad_l, pad_r);
-      return dnnl::convolution_forward::primitive_desc(d, scratchpad_attr(), engine());
-    };
-    try {
-      fwd_pd_ = make_fwd(algo, src_md_);
-    } catch (const dnnl::error&) {  // e.g. Winograd unsupported for this shape or ISA
-      algo = dnnl::algorithm::convolution_direct;
-      fwd_pd_ = make_fwd(algo, src_md_);
+    // The layouts the primitives see, in order of preference, until forward and both backward
+    // passes get JIT kernels: the tensors' own; the input in whatever layout oneDNN prefers (a
+    // 3-channel channels-last image into a blocked output: the stem), reordered on the way in and
+    // its gradient on the way out; a channels-last output instead of the blocked one, and then
+    // channels-last on both sides (oneDNN's im2col + GEMM convolution, which takes any kernel
+    // size: the large speech kernels have no direct JIT kernel on AVX2). The output layout is
+    // this op's choice (output_layout()), which the layer gives its output tensor.
+    const memory::desc any_src(src_md_.dims(), dt::f32, tag::any);
+    std::vector<std::pair<memory::desc, Layout>> candidates{{src_md_, g.dst_layout}, {any_src, g.dst_layout}};
+    if (g.dst_layout != Layout::kChannelsLast) {
+      candidates.push_back({src_md_, Layout::kChannelsLast});
+      if (g.src_layout != Layout::kChannelsLast)
+        candidates.push_back(
+            {activation_md(g.batch, g.in_channels, g.in_h, g.in_w, Layout::kChannelsLast), Layout::kChannelsLast});
     }
-    memory::desc src = src_md_;
-    if (std::string(fwd_pd_.impl_info_str()).rfind("ref", 0) == 0) {
-      src = memory::desc(src_md_.dims(), dt::f32, tag::any);
-      fwd_pd_ = make_fwd(algo, src);
+    bool found = false, have_fallback = false;
+    for (dnnl::algorithm algo : algorithms) {
+      for (const auto& [src, dst_layout] : candidates) {
+        const memory::desc dst = activation_md(g.batch, g.out_channels, g.out_h(), g.out_w(), dst_layout);
+        try {
+          dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, algo, src, any_w,
+                                             g.bias ? bias_md_ : no_bias, dst, strides, pad_l, pad_r);
+          dnnl::convolution_forward::primitive_desc fwd(fd, scratchpad_attr(), engine());
+          if (algo == dnnl::algorithm::convolution_winograd &&
+              std::string(fwd.impl_info_str()).find("wino") == std::string::npos)
+            continue;
+          dnnl::convolution_backward_data::desc bd(algo, src, any_w, dst, strides, pad_l, pad_r);
+          dnnl::convolution_backward_data::primitive_desc bwd_data(bd, scratchpad_attr(), engine(), fwd);
+          dnnl::convolution_backward_weights::desc bw(algo, src, any_w, g.bias ? bias_md_ : no_bias, dst,
+                                                      strides, pad_l, pad_r);
+          dnnl::convolution_backward_weights::primitive_desc bwd_w(bw, scratchpad_attr(), engine(), fwd);
+          if (broken_1x1_backward_weights(g, bwd_w)) continue;
+          found = !is_reference_impl(fwd.impl_info_str()) && !is_reference_impl(bwd_data.impl_info_str()) &&
+                  !is_reference_impl(bwd_w.impl_info_str());
+          if (found || !have_fallback) {  // the first that exists is kept in case none is JIT
+            fwd_pd_ = fwd;
+            bwd_data_pd_ = bwd_data;
+            bwd_w_pd_ = bwd_w;
+            dst_layout_ = dst_layout;
+            have_fallback = true;
+          }
+        } catch (const dnnl::error&) {  // no implementation at all for this combination
+        }
+        if (found) break;
+      }
+      if (found) break;
     }
+    if (!have_fallback) throw std::runtime_error("oneDNN has no convolution for this geometry");
+    dst_md_ = activation_md(g.batch, g.out_channels, g.out_h(), g.out_w(), dst_layout_);
     fwd_ = dnnl::convolution_forward(fwd_pd_);
-
-    dnnl::convolution_backward_data::desc bd(algo, src, any_w, dst_md_, strides, pad_l, pad_r);
-    bwd_data_pd_ = dnnl::convolution_backward_data::primitive_desc(bd, scratchpad_attr(), engine(), fwd_pd_);
     bwd_data_ = dnnl::convolution_backward_data(bwd_data_pd_);
-
-    dnnl::convolution_backward_weights::desc bw(algo, src, any_w, g.bias ? bias_md_ : no_bias,
-                                                dst_md_, strides, pad_l, pad_r);
-    bwd_w_pd_ = dnnl::convolution_backward_weights::primitive_desc(bw, scratchpad_attr(), engine(), fwd_pd_);
     bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
 
-    report("conv fwd", fwd_pd_, src_md_);
-    report("conv bwd_d", bwd_data_pd_, src_md_);
-    report("conv bwd_w", bwd_w_pd_, src_md_);
+    report("conv fwd", fwd_pd_, src_md_, g.src_layout);
+    report("conv bwd_d", bwd_data_pd_, src_md_, g.src_layout);
+    report("conv bwd_w", bwd_w_pd_, src_md_, g.src_layout);
     fwd_src_.prepare(src_md_, fwd_pd_.src_desc());
     bwd_w_src_.prepare(src_md_, bwd_w_pd_.src_desc());
     diff_src_.prepare(src_md_, bwd_data_pd_.diff_src_desc());
@@ -167,6 +200,8 @@ class DnnlConv final : public ConvOp {
     bwd_w_in_.prepare(user_w_md_, bwd_data_pd_.weights_desc());
     diff_w_.prepare(user_w_md_, bwd_w_pd_.diff_weights_desc());
   }
+
+  Layout output_layout() const override { return dst_layout_; }
 
   void forward(const float* x, const float* w, const float* b, float* y) override {
     memory src = fwd_src_.in(x);
@@ -202,6 +237,7 @@ class DnnlConv final : public ConvOp {
 
  private:
   ConvGeometry g_;
+  Layout dst_layout_ = Layout::kChannelsLast;
   memory::desc src_md_, dst_md_, user_w_md_, bias_md_;
   dnnl::convolution_forward::primitive_desc fwd_pd_;
   dnnl::convolution_forward fwd_;
@@ -236,8 +272,9 @@ class DnnlBatchNorm final : public BatchNormOp {
     dnnl::batch_normalization_backward::desc bwd_d(dnnl::prop_kind::backward, md_, md_, g.eps, f);
     bwd_pd_ = dnnl::batch_normalization_backward::primitive_desc(bwd_d, scratchpad_attr(), engine(), train_pd_);
     bwd_ = dnnl::batch_normalization_backward(bwd_pd_);
-    report("bnorm fwd", train_pd_, md_);
-    report("bnorm bwd", bwd_pd_, md_);
+    report("bnorm fwd", train_pd_, md_, g.layout);
+    report("bnorm fwd_i", infer_pd_, md_, g.layout);
+    report("bnorm bwd", bwd_pd_, md_, g.layout);
     if (g.fuse_relu) {
       workspace_buf_.resize(static_cast<int64_t>(train_pd_.workspace_desc().get_size() / sizeof(float)) + 1);
       workspace_ = memory(train_pd_.workspace_desc(), engine(), workspace_buf_.data());
@@ -311,8 +348,9 @@ class DnnlPool final : public PoolOp {
     dnnl::pooling_backward::desc bd(algo, src_md_, dst_md_, strides, kernel, pad_l, pad_r);
     bwd_pd_ = dnnl::pooling_backward::primitive_desc(bd, scratchpad_attr(), engine(), fwd_pd_);
     bwd_ = dnnl::pooling_backward(bwd_pd_);
-    report("pool fwd", fwd_pd_, src_md_);
-    report("pool bwd", bwd_pd_, src_md_);
+    report("pool fwd", fwd_pd_, src_md_, g.layout);
+    report("pool fwd_i", infer_pd_, src_md_, g.layout);
+    report("pool bwd", bwd_pd_, src_md_, g.layout);
     if (g.kind == PoolKind::kMax) {
       workspace_buf_.resize(static_cast<int64_t>(fwd_pd_.workspace_desc().get_size() / sizeof(float)) + 1);
       workspace_ = memory(fwd_pd_.workspace_desc(), engine(), workspace_buf_.data());
@@ -353,11 +391,26 @@ dnnl::stream& dnnl_stream() { return stream(); }
 dnnl::primitive_attr dnnl_scratchpad_attr() { return scratchpad_attr(); }
 dnnl::memory dnnl_scratchpad(const dnnl::memory::desc& md) { return scratchpad(md); }
 
+dnnl::memory::desc activation_md(int64_t n, int64_t c, int64_t h, int64_t w, Layout layout) {
+  tag t = tag::nhwc;
+  if (layout == Layout::kBlocked8) t = tag::nChw8c;
+  if (layout == Layout::kBlocked16) t = tag::nChw16c;
+  return memory::desc({n, c, h, w}, dt::f32, t);
+}
+
 void set_conv_algorithm(ConvAlgorithm algorithm) { g_conv_algorithm = algorithm; }
+
+void reorder_layout(const Tensor& x, Tensor& y) {
+  if (x.shape != y.shape) throw std::logic_error("convert_layout: shapes differ");
+  memory src(activation_md(x.dim(0), x.dim(1), x.dim(2), x.dim(3), x.layout), engine(), x.data);
+  memory dst(activation_md(y.dim(0), y.dim(1), y.dim(2), y.dim(3), y.layout), engine(), y.data);
+  dnnl::reorder(src, dst).execute(stream(), src, dst);
+  stream().wait();
+}
 
 void reorder_nchw(const Tensor& t, float* nchw, bool to_nchw) {
   const memory::dims dims{t.dim(0), t.dim(1), t.dim(2), t.dim(3)};
-  memory tensor_mem(memory::desc(dims, dt::f32, layout_tag(t.layout)), engine(), t.data);
+  memory tensor_mem(activation_md(t.dim(0), t.dim(1), t.dim(2), t.dim(3), t.layout), engine(), t.data);
   memory nchw_mem(memory::desc(dims, dt::f32, tag::nchw), engine(), nchw);
   if (to_nchw) dnnl::reorder(tensor_mem, nchw_mem).execute(stream(), tensor_mem, nchw_mem);
   else dnnl::reorder(nchw_mem, tensor_mem).execute(stream(), nchw_mem, tensor_mem);

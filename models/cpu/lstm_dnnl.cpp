@@ -9,9 +9,11 @@
 // Initial-state gradients are computed (the API wants them with explicit initial states) and dropped.
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <unordered_map>
 
 #include "models/cpu/dnnl_context.h"
+#include "models/cpu/dnnl_dispatch.h"
 #include "models/cpu/lstm_ops.h"
 #include "models/tensor.h"
 
@@ -90,6 +92,10 @@ class DnnlLstm final : public LstmOp {
                                  none, none, src_md_, h0, h0, any_wl, any_wi, bias_md_, dst_md_, none, none);
     bwd_pd_ = dnnl::lstm_backward::primitive_desc(bd, dnnl_scratchpad_attr(), dnnl_engine(), fwd_pd_);
     bwd_ = dnnl::lstm_backward(bwd_pd_);
+    const std::string shape = "T" + std::to_string(g.seq_len) + " N" + std::to_string(N) + " I" + std::to_string(I) +
+                              " H" + std::to_string(H);
+    record_primitive("lstm fwd", shape, fwd_pd_.impl_info_str());
+    record_primitive("lstm bwd", shape, bwd_pd_.impl_info_str());
 
     fwd_wl_.prepare(user_wl, fwd_pd_.weights_layer_desc());
     fwd_wi_.prepare(user_wi, fwd_pd_.weights_iter_desc());

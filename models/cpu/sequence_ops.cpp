@@ -129,10 +129,9 @@ void image_sequence_reorder(const Tensor& image, float* sequence, bool to_sequen
   using dnnl::memory;
   const int64_t N = image.dim(0), C = image.dim(1), H = image.dim(2), W = image.dim(3);
   const memory::dims dims{N, C, H, W};
-  const auto tag = image.layout == Layout::kBlocked16 ? memory::format_tag::nChw16c : memory::format_tag::nhwc;
   // The sequence seen as an image with strides: element (n, c, h, w) at w*N*C*H + n*C*H + c*H + h.
   const memory::desc seq_md(dims, memory::data_type::f32, memory::dims{C * H, H, 1, N * C * H});
-  memory img(memory::desc(dims, memory::data_type::f32, tag), dnnl_engine(), image.data);
+  memory img(activation_md(N, C, H, W, image.layout), dnnl_engine(), image.data);
   memory seq(seq_md, dnnl_engine(), sequence);
   if (to_sequence) dnnl::reorder(img, seq).execute(dnnl_stream(), img, seq);
   else dnnl::reorder(seq, img).execute(dnnl_stream(), seq, img);
@@ -141,10 +140,10 @@ void image_sequence_reorder(const Tensor& image, float* sequence, bool to_sequen
 
 void mask_width(const Tensor& x, const int32_t* lengths) {
   const int64_t N = x.dim(0), C = x.dim(1), H = x.dim(2), W = x.dim(3);
-  // Both layouts keep w outside a contiguous run of `inner` floats: (n, h) rows of W*C for
-  // channels-last, (n, c/16, h) rows of W*16 for 16-blocked.
-  const bool blocked = x.layout == Layout::kBlocked16;
-  const int64_t inner = blocked ? 16 : C, rows_per_image = blocked ? (C / 16) * H : H;
+  // Every layout keeps w outside a contiguous run of `inner` floats: (n, h) rows of W*C for
+  // channels-last, (n, c/B, h) rows of W*B for B-blocked.
+  const int64_t block = channel_block(x.layout);
+  const int64_t inner = block ? block : C, rows_per_image = block ? (C / block) * H : H;
 #pragma omp parallel for collapse(2) schedule(static) if(x.numel() >= kParallelMin)
   for (int64_t n = 0; n < N; ++n)
     for (int64_t r = 0; r < rows_per_image; ++r) {

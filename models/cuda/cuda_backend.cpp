@@ -104,6 +104,12 @@ class CudaBackend final : public Backend {
     check(launch_shortcut_a_backward(dy.data, dims_of(dy), stride, pad, dx.data, dims_of(dx), stream_),
           "shortcut_a_backward");
   }
+  // Every CUDA activation is channels-last, so a conversion is a copy.
+  void convert_layout(const Tensor& x, Tensor& y) override {
+    if (x.layout != y.layout || x.shape != y.shape)
+      throw std::logic_error("convert_layout: the CUDA backend keeps every activation channels-last");
+    copy(x.numel(), x.data, y.data);
+  }
   void to_nchw(const Tensor& x, float* y) override { check(launch_to_nchw(x.data, dims_of(x), y, stream_), "to_nchw"); }
   void from_nchw(const float* x, Tensor& y) override {
     check(launch_from_nchw(x, dims_of(y), y.data, stream_), "from_nchw");

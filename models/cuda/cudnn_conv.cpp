@@ -48,6 +48,8 @@ Perf choose(const Perf* results, int count, const char* direction, const ConvGeo
 
 class CudnnConv final : public ConvOp {
  public:
+  Layout output_layout() const override { return Layout::kChannelsLast; }
+
   CudnnConv(const ConvGeometry& g, CudnnContext& context) : g_(g), ctx_(context) {
     if (g.src_layout != Layout::kChannelsLast || g.dst_layout != Layout::kChannelsLast)
       throw std::invalid_argument("CUDA convolution: only channels-last activations (the CUDA backend's layout)");

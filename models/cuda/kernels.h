@@ -16,7 +16,7 @@ namespace trainer::models::cuda {
 // An {N, C, H, W} activation's dimensions and layout, for kernels that index it element by element.
 struct ActivationDims {
   int64_t n = 0, c = 0, h = 0, w = 0;
-  bool blocked16 = false;  // Layout::kBlocked16 (the CPU backend's); else channels-last
+  int64_t block = 0;  // channels per block of a blocked layout (the CPU backend's); 0: channels-last
 };
 ActivationDims dims_of(const Tensor& t);
 

@@ -26,7 +26,7 @@ namespace trainer::models::cuda {
 
 // Element (n, c, h, w) of an activation in its layout (the CPU backend's offset(), on the device).
 __device__ inline int64_t element_offset(const ActivationDims& d, int64_t n, int64_t c, int64_t h, int64_t w) {
-  if (d.blocked16) return (((n * (d.c / 16) + c / 16) * d.h + h) * d.w + w) * 16 + c % 16;
+  if (d.block) return (((n * (d.c / d.block) + c / d.block) * d.h + h) * d.w + w) * d.block + c % d.block;
   return ((n * d.h + h) * d.w + w) * d.c + c;
 }
 

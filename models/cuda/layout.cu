@@ -53,7 +53,7 @@ ActivationDims dims_of(const Tensor& t) {
   d.c = t.dim(1);
   d.h = t.rank() > 2 ? t.dim(2) : 1;
   d.w = t.rank() > 3 ? t.dim(3) : 1;
-  d.blocked16 = t.layout == Layout::kBlocked16;
+  d.block = channel_block(t.layout);
   return d;
 }
 

@@ -33,7 +33,7 @@ const Tensor& Conv2d::forward(const Tensor& x, Mode) {
   op_ = &ops_.get(g, [this](const ConvGeometry& geometry) { return ctx_.backend.make_conv(geometry); });
   x_ = x;
   flops_ = 2.0 * g.batch * g.out_channels * g.out_h() * g.out_w() * g.in_channels * g.kernel_h * g.kernel_w;
-  Tensor& y = y_.resize({g.batch, g.out_channels, g.out_h(), g.out_w()}, g.dst_layout);
+  Tensor& y = y_.resize({g.batch, g.out_channels, g.out_h(), g.out_w()}, op_->output_layout());
   op_->forward(x.data, ctx_.params.value(weight_).data, bias_ >= 0 ? ctx_.params.value(bias_).data : nullptr,
                y.data);
   return y;

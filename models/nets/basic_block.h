@@ -31,8 +31,14 @@ class BasicBlock final : public Layer {
   Conv2d conv2_;
   BatchNorm2d bn2_;
   std::unique_ptr<Layer> shortcut_, shortcut_bn_;  // null for identity; bn only for projection
+  // `t` in `layout`: t itself, or a copy reordered into `buffer`.
+  const Tensor& in_layout(const Tensor& t, Layout layout, OwnedTensor& buffer);
+
   Tensor x_;  // a copy of the input view: callers may pass temporaries
+  Layout side_layout_ = Layout::kChannelsLast;  // the shortcut's output layout
   OwnedTensor y_{ctx_.backend}, dsum_{ctx_.backend}, dx_{ctx_.backend};
+  // Reorders for when the two branches' convolutions chose different layouts (Conv2d's op chooses).
+  OwnedTensor side_converted_{ctx_.backend}, dside_{ctx_.backend}, dx_side_converted_{ctx_.backend};
 };
 
 }  // namespace trainer::models
