@@ -1,6 +1,8 @@
 // The selection kernels of the sparse gradient-sync methods (comm/sync/select.h) against plain
 // definitions computed the slow way: threshold passes, the exact k-th magnitude (small buffers
-// and sampled large ones), the two tie rules, sorted-list sums, and the error-feedback residual.
+// and sampled large ones), the two tie rules, sorted-list sums, and the error-feedback residual;
+// and each instruction set's kernels (scalar, AVX2, AVX-512, as the CPU has them) against the
+// scalar ones, bit for bit.
 #include "comm/sync/select.h"
 
 #include <omp.h>
@@ -9,9 +11,12 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "comm/sync/error_feedback.h"
@@ -328,3 +333,238 @@ TEST_CASE("The dense output is written in one pass: values / divisor at the indi
   omp_set_num_threads(saved);
 }
 
+// ---- The instruction sets (comm/sync/select_kernels.h): every version against the scalar one, bit
+// for bit, in one process.
+
+namespace {
+
+// Forces one instruction set for the selection kernels while in scope.
+struct ForcedIsa {
+  explicit ForcedIsa(const std::string& isa) {
+    REQUIRE(set_selection_isa_for_testing(isa));
+    REQUIRE(selection_isa() == isa);
+  }
+  ~ForcedIsa() { set_selection_isa_for_testing(""); }
+};
+
+// Normal values with, now and then, the values a comparison or an add treats specially: zeros of
+// both signs, the smallest denormal, exact ties with the bounds the tests use, infinities and
+// (optionally) NaN.
+std::vector<float> awkward_vector(int64_t n, uint64_t seed, float scale, bool with_nan) {
+  auto v = normal_vector(n, seed, scale);
+  const float inf = std::numeric_limits<float>::infinity(), tiny = std::numeric_limits<float>::denorm_min();
+  const float specials[] = {0.f,  -0.f, tiny, -tiny, 1.f,
+                            -1.f, 2.5f, inf,  -inf,  std::numeric_limits<float>::quiet_NaN()};
+  std::mt19937_64 rng(seed + 1000);
+  for (auto& x : v)
+    if (rng() % 16 == 0) x = specials[rng() % (with_nan ? 10 : 9)];
+  return v;
+}
+
+// The first position where two arrays differ bitwise (-1: none), so a failure names one entry
+// rather than printing both arrays; arrays of different sizes differ at the shorter size.
+template <class T>
+int64_t first_difference(const T* a, int64_t na, const T* b, int64_t nb) {
+  for (int64_t i = 0; i < std::min(na, nb); ++i)
+    if (std::memcmp(a + i, b + i, sizeof(T)) != 0) return i;
+  return na == nb ? -1 : std::min(na, nb);
+}
+template <class T>
+int64_t first_difference(const std::vector<T>& a, const std::vector<T>& b) {
+  return first_difference(a.data(), static_cast<int64_t>(a.size()), b.data(), static_cast<int64_t>(b.size()));
+}
+
+// Everything a selection writes: the list, the threshold, the residual and the flags.
+struct SelectionResult {
+  float t = 0.f;
+  std::vector<int32_t> index;
+  std::vector<float> value, residual;
+  std::vector<uint16_t> flags;
+};
+
+void require_same(const SelectionResult& got, const SelectionResult& want) {
+  CHECK(std::memcmp(&got.t, &want.t, sizeof(float)) == 0);
+  CHECK(first_difference(got.index, want.index) == -1);
+  CHECK(first_difference(got.value, want.value) == -1);
+  CHECK(first_difference(got.residual, want.residual) == -1);
+  CHECK(first_difference(got.flags, want.flags) == -1);
+}
+
+enum class Source { plain, accumulate, accumulate_with_clears };
+
+// One selection on fresh copies of the inputs: select_at_least(lo) when k = 0, else select_top_k.
+SelectionResult run_selection(Source source, const std::vector<float>& grad, const std::vector<float>& residual0,
+                              const std::vector<uint16_t>& flags0, float lo, int64_t k, bool exactly_k) {
+  const int64_t n = static_cast<int64_t>(grad.size());
+  SelectionResult r;
+  r.residual = residual0;
+  r.flags = flags0;
+  SelectSource src = read_only(grad.data());
+  if (source != Source::plain) src.residual = r.residual.data();
+  if (source == Source::accumulate_with_clears) src.clear_bits = r.flags.data();
+  SparseList out;
+  SelectScratch scratch;
+  if (k == 0) {
+    const int64_t count = select_at_least(src, n, lo, out, scratch);
+    CHECK(count == out.size());
+  } else {
+    r.t = select_top_k(src, n, k, exactly_k, out, scratch);
+  }
+  r.index.assign(out.index(), out.index() + out.size());
+  r.value.assign(out.value(), out.value() + out.size());
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("The instruction sets this CPU runs are found and can be forced", "[select][simd]") {
+  const auto isas = selection_isas_supported();
+  REQUIRE(!isas.empty());
+  CHECK(isas[0] == "scalar");
+#if defined(__x86_64__)
+  // Checked against the compiler's own CPU test, so a dispatch that silently fell back to scalar
+  // (and left the comparisons below nothing to compare) fails here.
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2"), avx512 = __builtin_cpu_supports("avx512f");
+  CHECK(std::count(isas.begin(), isas.end(), "avx2") == (avx2 ? 1 : 0));
+  CHECK(std::count(isas.begin(), isas.end(), "avx512") == (avx512 ? 1 : 0));
+#endif
+  const std::string before = selection_isa();
+  CHECK(std::count(isas.begin(), isas.end(), before) == 1);
+  CHECK_FALSE(set_selection_isa_for_testing("sse9"));
+  CHECK(selection_isa() == before);
+  for (const auto& isa : isas) {
+    ForcedIsa forced(isa);
+    CHECK(selection_isa() == isa);
+  }
+  CHECK(selection_isa() == before);
+}
+
+TEST_CASE("Every instruction set selects, accumulates and clears bit for bit as the scalar path", "[select][simd]") {
+  const int saved = omp_get_max_threads();
+  const float inf = std::numeric_limits<float>::infinity();
+  // Sizes around the 16-entry words and 4096-entry blocks, and above the 2^16 where threads start.
+  for (int64_t n :
+       {int64_t{1}, int64_t{7}, int64_t{15}, int64_t{23}, int64_t{4096 + 9}, int64_t{70001}, int64_t{300007}}) {
+    const auto grad = awkward_vector(n, 30 + n, 1.f, true);
+    const auto residual = awkward_vector(n, 40 + n, 0.7f, true);
+    std::vector<uint16_t> flags((n + 15) / 16, 0);
+    std::mt19937_64 rng(50 + n);
+    for (int64_t i = 0; i < n; ++i)
+      if (rng() % 3 == 0 || i == n - 1) set_flag(flags.data(), i);
+    for (int threads : {1, 2, 3})
+      for (Source source : {Source::plain, Source::accumulate, Source::accumulate_with_clears})
+        for (float lo : {0.f, std::numeric_limits<float>::denorm_min(), 1.f, 2.5f, inf}) {
+          omp_set_num_threads(threads);
+          SelectionResult want;
+          {
+            ForcedIsa forced("scalar");
+            want = run_selection(source, grad, residual, flags, lo, 0, false);
+          }
+          for (const auto& isa : selection_isas_supported()) {
+            ForcedIsa forced(isa);
+            INFO(isa << ": n = " << n << ", threads " << threads << ", source " << static_cast<int>(source)
+                     << ", lo = " << lo);
+            require_same(run_selection(source, grad, residual, flags, lo, 0, false), want);
+          }
+        }
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST_CASE("Every instruction set gives the scalar path's exact top-k", "[select][simd]") {
+  const int saved = omp_get_max_threads();
+  for (int64_t n : {int64_t{1001}, int64_t{70001}, int64_t{300007}}) {
+    // No NaN here: the sampled bound's nth_element needs ordered values.
+    const auto grad = awkward_vector(n, 60 + n, 1.f, false);
+    const auto residual = awkward_vector(n, 70 + n, 0.5f, false);
+    std::vector<uint16_t> flags((n + 15) / 16, 0);
+    std::mt19937_64 rng(80 + n);
+    for (int64_t i = 0; i < n; ++i)
+      if (rng() % 7 == 0) set_flag(flags.data(), i);
+    for (int threads : {1, 3})
+      for (Source source : {Source::plain, Source::accumulate, Source::accumulate_with_clears})
+        for (double density : {0.02, 0.3})
+          for (bool exactly_k : {false, true}) {
+            omp_set_num_threads(threads);
+            const int64_t k = top_k_count(density, n);
+            SelectionResult want;
+            {
+              ForcedIsa forced("scalar");
+              want = run_selection(source, grad, residual, flags, 0.f, k, exactly_k);
+            }
+            REQUIRE(static_cast<int64_t>(want.index.size()) >= k);
+            for (const auto& isa : selection_isas_supported()) {
+              ForcedIsa forced(isa);
+              INFO(isa << ": n = " << n << ", threads " << threads << ", source " << static_cast<int>(source)
+                       << ", k = " << k << (exactly_k ? " exactly" : ""));
+              require_same(run_selection(source, grad, residual, flags, 0.f, k, exactly_k), want);
+            }
+          }
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST_CASE("Every instruction set writes the scalar path's dense output and clears", "[select][simd]") {
+  const int saved = omp_get_max_threads();
+  std::mt19937_64 rng(90);
+  const float specials[] = {-0.f, 0.f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+  for (int threads : {1, 3})
+    for (int64_t n : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{1000}, int64_t{4099}, int64_t{100003}})
+      for (uint64_t one_in : {uint64_t{1}, uint64_t{2}, uint64_t{9}, uint64_t{1} << 40}) {  // all ... almost none
+        omp_set_num_threads(threads);
+        // Three runs over ascending index ranges, as oktopk's per-rank blocks; some values special.
+        std::vector<std::vector<int32_t>> idx(3);
+        std::vector<std::vector<float>> val(3);
+        for (int64_t i = 0; i < n; ++i)
+          if (rng() % one_in == 0 || i == n - 1) {
+            const int run = static_cast<int>(3 * i / n);
+            idx[run].push_back(static_cast<int32_t>(i));
+            val[run].push_back(rng() % 8 == 0 ? specials[rng() % 4] : static_cast<float>(rng() % 1000) - 500.f);
+          }
+        std::vector<ListRef> runs;
+        for (int r = 0; r < 3; ++r) runs.push_back({idx[r].data(), val[r].data(), static_cast<int64_t>(idx[r].size())});
+        std::vector<uint16_t> mine0((n + 15) / 16, 0), clear0((n + 15) / 16, 0);
+        for (int64_t i = 0; i < n; ++i) {
+          if (rng() % 3 == 0) set_flag(mine0.data(), i);
+          if (rng() % 5 == 0) set_flag(clear0.data(), i);
+        }
+        // 64-byte aligned (non-temporal stores), 32-byte aligned only, and not aligned.
+        for (int64_t offset : {int64_t{0}, int64_t{8}, int64_t{1}})
+          for (bool with_mine : {false, true}) {
+            struct Output {
+              std::vector<float> dst;
+              std::vector<uint16_t> mine, clear;
+              int64_t common;
+            };
+            auto write = [&] {
+              Output o{{}, mine0, clear0, 0};
+              float* buffer = static_cast<float*>(std::aligned_alloc(64, ((n + 32) * sizeof(float) + 63) / 64 * 64));
+              std::fill(buffer, buffer + n + 32, 7.f);
+              OutputScratch scratch;
+              o.common = write_sparse_output(buffer + offset, n, runs, 3.f, scratch,
+                                             with_mine ? o.mine.data() : nullptr, with_mine ? o.clear.data() : nullptr);
+              o.dst.assign(buffer, buffer + n + 32);  // with the untouched floats around it
+              std::free(buffer);
+              CHECK(std::all_of(scratch.bits.begin(), scratch.bits.end(), [](uint16_t f) { return f == 0; }));
+              return o;
+            };
+            Output want;
+            {
+              ForcedIsa forced("scalar");
+              want = write();
+            }
+            for (const auto& isa : selection_isas_supported()) {
+              ForcedIsa forced(isa);
+              INFO(isa << ": n = " << n << ", threads " << threads << ", one in " << one_in << ", offset " << offset
+                       << (with_mine ? ", with this rank's flags" : ""));
+              const Output got = write();
+              CHECK(first_difference(got.dst, want.dst) == -1);
+              CHECK(got.common == want.common);
+              CHECK(first_difference(got.mine, want.mine) == -1);
+              CHECK(first_difference(got.clear, want.clear) == -1);
+            }
+          }
+      }
+  omp_set_num_threads(saved);
+}

@@ -3,15 +3,82 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
+#include <string>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "comm/sync/select_kernels.h"
 
 namespace trainer::comm {
+
+using select_kernels::Isa;
+using select_kernels::OutputKernel;
+using select_kernels::SelectKernel;
+
+// ---- Which vector kernels run (select_kernels.h): decided once per process.
+
+namespace {
+
+constexpr const char* kIsaNames[] = {"scalar", "avx2", "avx512"};  // indexed by Isa
+
+// The best version this CPU runs. __builtin_cpu_supports also checks that the OS saves the vector
+// registers (a CPU with AVX-512 under an OS that does not enable it reports no AVX-512).
+Isa cpu_isa() {
+#if defined(TRAINER_SELECT_X86)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("popcnt")) return Isa::avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt")) return Isa::avx2;
+#endif
+  return Isa::scalar;
+}
+
+// The CPU's best, capped by TRAINER_SIMD (avx512, avx2 or scalar) for benchmarks and for checking a
+// path on a machine that has a better one; the variable never raises the choice above the CPU.
+Isa default_isa() {
+  const Isa cpu = cpu_isa();
+  const char* env = std::getenv("TRAINER_SIMD");
+  if (!env || !*env) return cpu;
+  for (int i = 0; i < static_cast<int>(std::size(kIsaNames)); ++i)
+    if (std::string(env) == kIsaNames[i]) return std::min(cpu, static_cast<Isa>(i));
+  std::fprintf(stderr, "TRAINER_SIMD=%s: not avx512, avx2 or scalar; ignored\n", env);
+  return cpu;
+}
+
+std::atomic<int> forced_isa{-1};  // set_selection_isa_for_testing; -1: the default
+
+Isa active_isa() {
+  static const Isa chosen = default_isa();  // once per process (a thread-safe static)
+  const int forced = forced_isa.load(std::memory_order_relaxed);
+  return forced >= 0 ? static_cast<Isa>(forced) : chosen;
+}
+
+}  // namespace
+
+const char* selection_isa() { return kIsaNames[static_cast<int>(active_isa())]; }
+
+std::vector<std::string> selection_isas_supported() {
+  std::vector<std::string> names;
+  for (int i = 0; i <= static_cast<int>(cpu_isa()); ++i) names.emplace_back(kIsaNames[i]);
+  return names;
+}
+
+bool set_selection_isa_for_testing(const std::string& isa) {
+  if (isa.empty()) {
+    forced_isa.store(-1);
+    return true;
+  }
+  for (int i = 0; i <= static_cast<int>(cpu_isa()); ++i)
+    if (isa == kIsaNames[i]) {
+      forced_isa.store(i);
+      return true;
+    }
+  return false;
+}
 
 void SparseList::reserve(int64_t capacity) {
   if (capacity <= capacity_) return;
@@ -47,20 +114,13 @@ float nudge_threshold(float t, int64_t count, int64_t k) {
 
 namespace {
 
-// Elements per capacity check: the vector loop stores 16 entries past the count unconditionally
-// (the compress result is written whole), so the list keeps a block plus 16 spare.
+// Elements per capacity check: the vector kernels store 16 entries past the count unconditionally
+// (a compressed vector is written whole), so the list keeps a block plus 16 spare.
 constexpr int64_t kBlock = 4096;
 
 // One thread's share [begin, end) of a selection pass (begin a multiple of 16), appended to `l`
-// (cleared first). kAccumulate: x = grad + residual (flagged residual entries count as zero; the
-// flags are reset) is written back to the residual. Branch-free: every element writes its
-// candidate slot and the count advances by the comparison, so a 2% selection rate costs no branch
-// mispredictions.
-template <bool kAccumulate, bool kFlags>
-void select_range(const SelectSource& src, int64_t begin, int64_t end, float lo, SparseList& l) {
-  const float* grad = src.grad;
-  float* residual = src.residual;
-  uint16_t* flags = src.clear_bits;
+// (cleared first) by `kernel` (select_kernels.h), a block at a time.
+void select_range(SelectKernel kernel, const SelectSource& src, int64_t begin, int64_t end, float lo, SparseList& l) {
   int64_t count = 0;
   l.clear();
   for (int64_t block = begin; block < end; block += kBlock) {
@@ -69,82 +129,9 @@ void select_range(const SelectSource& src, int64_t begin, int64_t end, float lo,
       l.resize(count);
       l.reserve(2 * (count + kBlock + 16));
     }
-    int32_t* out_index = l.index();
-    float* out_value = l.value();
-    int64_t i = block;
-#if defined(__AVX512F__)
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512 vlo = _mm512_set1_ps(lo);
-    for (; i + 16 <= block_end; i += 16) {
-      __m512 a = _mm512_loadu_ps(grad + i);
-      if constexpr (kAccumulate) {
-        __m512 r;
-        if constexpr (kFlags) {
-          r = _mm512_maskz_loadu_ps(static_cast<__mmask16>(~flags[i >> 4]), residual + i);
-          flags[i >> 4] = 0;
-        } else {
-          r = _mm512_loadu_ps(residual + i);
-        }
-        a = _mm512_add_ps(a, r);
-        _mm512_storeu_ps(residual + i, a);
-      }
-      const __mmask16 m = _mm512_cmp_ps_mask(_mm512_abs_ps(a), vlo, _CMP_GE_OQ);
-      _mm512_storeu_ps(out_value + count, _mm512_maskz_compress_ps(m, a));
-      const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(i)), iota);
-      _mm512_storeu_si512(out_index + count, _mm512_maskz_compress_epi32(m, idx));
-      count += __builtin_popcount(m);
-    }
-#endif
-    for (; i < block_end; ++i) {
-      float a = grad[i];
-      if constexpr (kAccumulate) {
-        float r = residual[i];
-        if constexpr (kFlags) {
-          const uint16_t bit = static_cast<uint16_t>(1u << (i & 15));
-          if (flags[i >> 4] & bit) r = 0.f;
-          flags[i >> 4] &= static_cast<uint16_t>(~bit);
-        }
-        a += r;
-        residual[i] = a;
-      }
-      out_index[count] = static_cast<int32_t>(i);
-      out_value[count] = a;
-      count += std::fabs(a) >= lo;
-    }
+    count += kernel(src, block, block_end, lo, l.index() + count, l.value() + count);
   }
   l.resize(count);
-}
-
-// Runs select_range over OpenMP chunks (16-aligned, contiguous, in thread order) and concatenates
-// the per-thread lists into `out`: thread 0 writes into `out` directly, so one thread copies nothing.
-template <bool kAccumulate, bool kFlags>
-int64_t select_parallel(const SelectSource& src, int64_t n, float lo, SparseList& out, SelectScratch& s) {
-  const int max_threads = n < (int64_t{1} << 16) ? 1 : omp_get_max_threads();
-  if (max_threads <= 1) {
-    select_range<kAccumulate, kFlags>(src, 0, n, lo, out);
-    return out.size();
-  }
-  if (static_cast<int>(s.per_thread.size()) < max_threads) s.per_thread.resize(max_threads);
-  int used = 1;
-#pragma omp parallel num_threads(max_threads)
-  {
-    const int t = omp_get_thread_num(), T = omp_get_num_threads();
-    if (t == 0) used = T;
-    const int64_t begin = (n * t / T) & ~int64_t{15};
-    const int64_t end = t + 1 == T ? n : (n * (t + 1) / T) & ~int64_t{15};
-    select_range<kAccumulate, kFlags>(src, begin, end, lo, t == 0 ? out : s.per_thread[t]);
-  }
-  int64_t total = out.size();
-  for (int t = 1; t < used; ++t) total += s.per_thread[t].size();
-  int64_t at = out.size();
-  out.resize(total);
-  for (int t = 1; t < used; ++t) {
-    const SparseList& l = s.per_thread[t];
-    std::memcpy(out.index() + at, l.index(), l.size() * sizeof(int32_t));
-    std::memcpy(out.value() + at, l.value(), l.size() * sizeof(float));
-    at += l.size();
-  }
-  return total;
 }
 
 uint64_t splitmix64(uint64_t x) {
@@ -162,10 +149,36 @@ uint32_t magnitude_key(float v) {
 
 }  // namespace
 
-int64_t select_at_least(const SelectSource& src, int64_t n, float lo, SparseList& out, SelectScratch& scratch) {
-  if (!src.residual) return select_parallel<false, false>(src, n, lo, out, scratch);
-  if (src.clear_bits) return select_parallel<true, true>(src, n, lo, out, scratch);
-  return select_parallel<true, false>(src, n, lo, out, scratch);
+// select_range over OpenMP chunks (16-aligned, contiguous, in thread order), the per-thread lists
+// concatenated into `out`: thread 0 writes into `out` directly, so one thread copies nothing.
+int64_t select_at_least(const SelectSource& src, int64_t n, float lo, SparseList& out, SelectScratch& s) {
+  const SelectKernel kernel = select_kernels::select_kernel(active_isa(), src);  // one for all threads
+  const int max_threads = n < (int64_t{1} << 16) ? 1 : omp_get_max_threads();
+  if (max_threads <= 1) {
+    select_range(kernel, src, 0, n, lo, out);
+    return out.size();
+  }
+  if (static_cast<int>(s.per_thread.size()) < max_threads) s.per_thread.resize(max_threads);
+  int used = 1;
+#pragma omp parallel num_threads(max_threads)
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    if (t == 0) used = T;
+    const int64_t begin = (n * t / T) & ~int64_t{15};
+    const int64_t end = t + 1 == T ? n : (n * (t + 1) / T) & ~int64_t{15};
+    select_range(kernel, src, begin, end, lo, t == 0 ? out : s.per_thread[t]);
+  }
+  int64_t total = out.size();
+  for (int t = 1; t < used; ++t) total += s.per_thread[t].size();
+  int64_t at = out.size();
+  out.resize(total);
+  for (int t = 1; t < used; ++t) {
+    const SparseList& l = s.per_thread[t];
+    std::memcpy(out.index() + at, l.index(), l.size() * sizeof(int32_t));
+    std::memcpy(out.value() + at, l.value(), l.size() * sizeof(float));
+    at += l.size();
+  }
+  return total;
 }
 
 float sampled_lower_bound(const SelectSource& src, int64_t n, int64_t k, SelectScratch& scratch) {
@@ -395,51 +408,23 @@ int64_t write_sparse_output(float* dst, int64_t n, const std::vector<ListRef>& r
     }
   uint16_t* bits = s.bits.data();
   const int32_t* index = s.index.data();
-  const float* value = s.value.data();
+  const bool stream = reinterpret_cast<uintptr_t>(dst) % 64 == 0;
+  const select_kernels::OutputWords output{dst, bits, s.value.data(), mine, clear, stream};
+  const OutputKernel kernel = select_kernels::output_kernel(active_isa());
   const int64_t full = n / 16;  // whole words; the last partial one is written entry by entry
-#if defined(__AVX512F__)
-  const bool aligned = reinterpret_cast<uintptr_t>(dst) % 64 == 0;
-#endif
-  // Entries of this rank's selection that are in the output: flagged for clearing, counted.
-  auto contributed = [&](int64_t w) -> int {
-    if (!mine) return 0;
-    const uint16_t both = mine[w] & bits[w];
-    mine[w] = 0;
-    clear[w] |= both;
-    return __builtin_popcount(both);
-  };
   int64_t common = 0;
 #pragma omp parallel reduction(+ : common)
   {
     const int t = omp_get_thread_num(), T = omp_get_num_threads();
     const int64_t w0 = full * t / T, w1 = full * (t + 1) / T;
     // Where this chunk's values start: entries below its first index.
-    int64_t at = std::lower_bound(index, index + total, static_cast<int32_t>(16 * w0)) - index;
-    int64_t w = w0;
-#if defined(__AVX512F__)
-    for (; w < w1; ++w) {
-      const __mmask16 m = bits[w];
-      common += contributed(w);
-      bits[w] = 0;
-      const __m512 v = _mm512_maskz_expand_ps(m, _mm512_loadu_ps(value + at));
-      at += __builtin_popcount(m);
-      if (aligned)
-        _mm512_stream_ps(dst + 16 * w, v);
-      else
-        _mm512_storeu_ps(dst + 16 * w, v);
-    }
-    _mm_sfence();
-#endif
-    for (; w < w1; ++w) {
-      for (int j = 0; j < 16; ++j) dst[16 * w + j] = (bits[w] >> j & 1u) ? value[at++] : 0.f;
-      common += contributed(w);
-      bits[w] = 0;
-    }
+    const int64_t at = std::lower_bound(index, index + total, static_cast<int32_t>(16 * w0)) - index;
+    common += kernel(output, w0, w1, at);
   }
   if (full < words) {
     int64_t at = std::lower_bound(index, index + total, static_cast<int32_t>(16 * full)) - index;
-    for (int64_t i = 16 * full; i < n; ++i) dst[i] = (bits[full] >> (i & 15) & 1u) ? value[at++] : 0.f;
-    common += contributed(full);
+    for (int64_t i = 16 * full; i < n; ++i) dst[i] = (bits[full] >> (i & 15) & 1u) ? s.value[at++] : 0.f;
+    common += select_kernels::contributed(output, full);
     bits[full] = 0;
   }
   return common;

@@ -4,12 +4,13 @@
 //
 // The rules every method relies on:
 // - Selection never sorts the gradient. A selection is one streaming pass that appends every entry
-//   with |x| >= lo to a list, in index order (AVX-512 compress where the CPU has it, OpenMP chunks
-//   concatenated in thread order); error feedback's acc = grad + residual is formed in the same
-//   pass. An exact k-th largest magnitude comes from sampling first (a lower bound lo that lets a
-//   little more than k entries through, with a safety margin), then that one pass, then a
-//   histogram and std::nth_element over the collected entries only; if the sample was unlucky
-//   (fewer than k entries reach lo) the pass is repeated with a lower bound, which only costs time.
+//   with |x| >= lo to a list, in index order (a vector compress, AVX-512 or AVX2 as the CPU has
+//   it: selection_isa(); OpenMP chunks concatenated in thread order); error feedback's
+//   acc = grad + residual is formed in the same pass. An exact k-th largest magnitude comes from
+//   sampling first (a lower bound lo that lets a little more than k entries through, with a safety
+//   margin), then that one pass, then a histogram and std::nth_element over the collected entries
+//   only; if the sample was unlucky (fewer than k entries reach lo) the pass is repeated with a
+//   lower bound, which only costs time.
 // - On CPUs memory traffic is the cost: per step a method reads grad and residual and writes the
 //   residual and the dense output once each, all as streams. Residual clears are deferred into
 //   the next pass as bit flags; the output is written in one pass (write_sparse_output).
@@ -25,6 +26,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace trainer::comm {
@@ -141,5 +143,17 @@ float nudge_threshold(float t, int64_t count, int64_t k);
 
 // The smallest float above zero: the lowest threshold a selection uses (zeros are never sent).
 float min_threshold();
+
+// The instruction set of the selection pass and the dense output (comm/sync/select_kernels.h):
+// "avx512", "avx2" or "scalar". Chosen once per process, the best the CPU runs whatever -march the
+// binary was built with; the environment variable TRAINER_SIMD=avx512|avx2|scalar caps the choice
+// (never raising it above the CPU's). Every choice gives bitwise the same results.
+const char* selection_isa();
+
+// Tests and benchmarks: the instruction sets this CPU runs, scalar first (TRAINER_SIMD aside); and
+// forcing one of them in this process ("" returns to the default). Returns false, changing nothing,
+// for a name not in selection_isas_supported().
+std::vector<std::string> selection_isas_supported();
+bool set_selection_isa_for_testing(const std::string& isa);
 
 }  // namespace trainer::comm
