@@ -220,6 +220,8 @@ def main():
     print(json.dumps({
         "framework": "pytorch",
         "torch_version": torch.__version__,
+        # The kernels ATen dispatched to (ATEN_CPU_CAPABILITY caps it); torch 1.13 cannot say.
+        "cpu_capability": getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: "?")(),
         "model": args.model,
         "params": params,
         "batch": args.batch,

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -141,6 +142,50 @@ TEST_CASE("A job killed with SIGKILL resumes from latest bit-identically", "[mpi
   INFO(resumed.output);
   REQUIRE(resumed.exit_code == 0);
   require_identical_states(ref.path / "checkpoints/step_30", part.path / "checkpoints/step_30", P);
+}
+
+TEST_CASE("A checkpoint written at one ISA resumes at another (AVX2 and this machine's own)", "[mpi][resume]") {
+  // The weights keep PyTorch's layout whatever layouts the kernels use (nChw16c on AVX-512, nChw8c
+  // on AVX2), so a checkpoint moves between machines of either kind. ONEDNN_MAX_CPU_ISA=AVX2 plays
+  // the AVX2 machine (on an AVX2 machine both sides are AVX2 and the test still holds). Different
+  // kernels round differently, so a run resumed at the other ISA is compared with the same run
+  // continued at its first ISA: close, not bit-identical.
+  const int P = 2;
+  const std::string avx2 = "env ONEDNN_MAX_CPU_ISA=AVX2 TRAINER_DNNL_VERBOSE=1 ";
+  const std::string steps = "--set train.max_steps=16 --set train.checkpoint_every=8";
+  auto weights = [](const fs::path& checkpoint) {
+    std::vector<double> all;
+    for (const auto& t : trainer::models::read_safetensors((checkpoint / "model.safetensors").string()).tensors)
+      for (double v : t.as_f64()) all.push_back(v);
+    return all;
+  };
+  auto distance = [](const std::vector<double>& a, const std::vector<double>& b) {
+    double d = 0;
+    for (size_t i = 0; i < a.size(); ++i) d += (a[i] - b[i]) * (a[i] - b[i]);
+    return std::sqrt(d);
+  };
+  for (const bool first_capped : {false, true}) {
+    SECTION(first_capped ? "written at AVX2, resumed natively" : "written natively, resumed at AVX2") {
+      const std::string first_isa = first_capped ? avx2 : "", second_isa = first_capped ? "" : avx2;
+      TempDir ref(first_capped ? "isa_ref_avx2" : "isa_ref_native");
+      REQUIRE(run(first_isa + trainer_command(P, ref.path, steps)).exit_code == 0);
+      TempDir part(first_capped ? "isa_from_avx2" : "isa_to_avx2");
+      Outcome first = run(first_isa + trainer_command(P, part.path, steps + " --stop-after 8"));
+      INFO(first.output);
+      REQUIRE(first.exit_code == 0);
+      Outcome second = run(second_isa + trainer_command(P, part.path, steps + " --resume latest"));
+      INFO(second.output);
+      REQUIRE(second.exit_code == 0);
+      CHECK_THAT(second.output, Contains("resumed from"));
+      CHECK_THAT((first_capped ? first : second).output, Contains("jit:avx2"));  // the cap took effect
+      // Training went on from the checkpoint: the 8 steps after it moved the weights far more than
+      // the two ISAs' kernels made them differ.
+      const auto at8 = weights(part.path / "checkpoints/step_8"), mixed = weights(part.path / "checkpoints/step_16"),
+                 straight = weights(ref.path / "checkpoints/step_16");
+      REQUIRE(at8.size() == straight.size());
+      CHECK(distance(mixed, straight) < 0.05 * distance(at8, straight));
+    }
+  }
 }
 
 TEST_CASE("Damaged, mismatched and foreign checkpoints are clear errors and latest falls back", "[mpi][resume]") {

@@ -12,7 +12,10 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <oneapi/dnnl/dnnl.h>
 
+#include "comm/sync/select.h"
+#include "models/cpu/dnnl_dispatch.h"
 #include "models/model.h"
 #include "models/nets/deepspeech.h"
 #include "models/nets/las.h"
@@ -164,6 +167,20 @@ nlohmann::json run_torch(const BenchOptions& o, const std::string& script, const
   return nlohmann::json::parse(out.substr(pos), nullptr, false);
 }
 
+// The FLOP rate oneDNN's sgemm reaches on this machine, ISA and thread count: a 1024^3 product,
+// best of 5 (the practical ceiling of the convolution and LSTM kernels, which are GEMM-like).
+double sgemm_gflops() {
+  const int64_t n = 1024;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  double best = 1e30;
+  for (int i = 0; i < 6; ++i) {
+    const auto t0 = Clock::now();
+    dnnl_sgemm('N', 'N', n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+    if (i > 0) best = std::min(best, ms_since(t0));  // the first call warms up
+  }
+  return 2.0 * n * n * n / (best / 1e3) / 1e9;
+}
+
 bool is_one_of(const std::string& name, const std::vector<std::string>& names) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
@@ -218,6 +235,11 @@ int run_bench(const BenchOptions& o) {
   const double ms = median(total);
   const double step_gflop = 3 * w.forward_flops() / 1e9;  // forward + backward data + weights
   std::printf("bench: %s training step, %s, %d threads\n", o.model.c_str(), w.description.c_str(), threads);
+  const double limit = o.device == "cpu" ? sgemm_gflops() : 0;
+  if (o.device == "cpu")
+    std::printf("  ISA: oneDNN %s (activations %s), selection %s; oneDNN sgemm 1024^3 here: %.1f GFLOP/s\n",
+                models::cpu::dnnl_isa_name(), models::layout_name(models::cpu::dnnl_blocked_layout()),
+                comm::selection_isa(), limit);
   std::printf("  %-26s %9.1f ms/step %8.2f samples/s %6.1f GFLOP/s  (%.1f GFLOP/step)\n", "trainer", ms,
               w.batch * 1e3 / ms, step_gflop / (ms / 1e3), step_gflop);
   std::printf("  %-26s forward %.1f, backward %.1f, sgd %.1f ms; %.2f cpu/wall\n", "", median(forward),
@@ -231,6 +253,10 @@ int run_bench(const BenchOptions& o) {
                         {"trainer_sgd_ms", median(update)},
                         {"trainer_cpu_per_wall", cpu_per_wall},
                         {"gflop_per_step", step_gflop}};
+  if (o.device == "cpu") {
+    report["isa"] = models::cpu::dnnl_isa_name();
+    report["sgemm_gflops"] = limit;
+  }
   if (speech)
     report["frames"] = o.frames, report["label_length"] = o.label_length;
   else
@@ -245,11 +271,14 @@ int run_bench(const BenchOptions& o) {
       const double tms = t["median_ms"].get<double>();
       std::printf("  %-26s %9.1f ms/step %8.2f samples/s %6.1f GFLOP/s  trainer speedup %.2fx\n", run.label.c_str(),
                   tms, w.batch * 1e3 / tms, step_gflop / (tms / 1e3), tms / ms);
+      std::printf("  %-26s torch %s, ATen CPU capability %s\n", "", t.value("torch_version", "?").c_str(),
+                  t.value("cpu_capability", "?").c_str());
       if (t.contains("forward_ms"))
         std::printf("  %-26s forward %.1f, backward %.1f, sgd %.1f ms; %.2f cpu/wall\n", "",
                     t["forward_ms"].get<double>(), t["backward_ms"].get<double>(), t["optimizer_ms"].get<double>(),
                     t.value("cpu_per_wall", 0.0));
       report[run.key] = tms;
+      report["torch_version"] = t.value("torch_version", "?");
       if (speech) report[run.key + "_cpu_per_wall"] = t.value("cpu_per_wall", 0.0);
     }
   }

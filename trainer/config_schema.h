@@ -232,8 +232,8 @@ void visit_config(Cfg& c, Visitor& v) {
         "cuDNN algorithms).");
   v.key("runtime.conv_algorithm", c.runtime.conv_algorithm,
         "Convolution algorithm on CPU: auto (Winograd F(4,3) for 3x3 stride-1 layers from 32 "
-        "channels, where it measured faster; direct elsewhere), direct, or winograd (wherever "
-        "oneDNN has it).",
+        "channels where oneDNN creates a Winograd kernel, which it has only on AVX-512 and where "
+        "it measured faster; direct elsewhere), direct, or winograd (wherever oneDNN has it).",
         kConvAlgorithms);
   v.key("runtime.communicator", c.runtime.communicator,
         "What moves the gradient sync's device buffers when runtime.device = \"cuda\": nccl (every rank "

@@ -70,6 +70,9 @@ int main(int argc, char** argv) {
   bench->add_option("--conv-algorithm", bo.conv_algorithm, "auto (Winograd from 32 channels), direct or winograd");
   bench->add_option("--device", bo.device, "cpu or cuda (as runtime.device)");
   bench->add_flag("--no-torch", no_torch, "Skip the PyTorch reference");
+  bench->add_option("--torch-python", bo.torch_python,
+                    "The Python whose torch is the reference (default /usr/bin/python3: Debian's; a venv's "
+                    "python for today's release)");
   auto* bench_comm = bench->add_subcommand("comm", "Dense sync vs bare MPI_Allreduce (run under mpiexec)");
   int64_t comm_n = trainer::comm::kBenchCommDefaultN;
   int comm_steps = 20;

@@ -1,0 +1,114 @@
+// No primitive of any model may run oneDNN's reference implementation (architecture.md section 2,
+// "The engine is ISA-portable"). Every model is built and run (training forward and backward, and
+// evaluation) at batch 1 and the batches the configs use, and every primitive the CPU backend made
+// is checked against the allowlist of models/cpu/dnnl_dispatch.cpp. ctest runs this binary at the
+// machine's own ISA and again capped with ONEDNN_MAX_CPU_ISA (AVX2, AVX512_CORE), so a machine with
+// AVX-512 also tests the AVX2 path (a cap above what the CPU has changes nothing).
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "models/cpu/dnnl_dispatch.h"
+#include "models/model.h"
+#include "models/nets/deepspeech.h"
+#include "models/nets/las.h"
+#include "models/speech_model.h"
+
+using namespace trainer::models;
+
+namespace {
+
+// Fails for each reference primitive recorded since record `from` that the allowlist does not name.
+void require_no_reference_since(size_t from) {
+  const auto records = cpu::recorded_primitives();
+  int checked = 0;
+  for (size_t i = from; i < records.size(); ++i) {
+    const auto& r = records[i];
+    ++checked;
+    if (!cpu::is_reference_impl(r.impl) || cpu::reference_allowed(r)) continue;
+    FAIL_CHECK(r.kind << " (" << r.shape << ") runs oneDNN's reference implementation " << r.impl << " at ISA "
+                      << cpu::dnnl_isa_name());
+  }
+  INFO("ISA " << cpu::dnnl_isa_name());
+  CHECK(checked > 0);  // the model made primitives: the check looked at something
+}
+
+void run_image_model(const std::string& arch, int64_t batch) {
+  auto model = make_image_model({arch, 10, 0.f}, cpu_backend(), 1);
+  std::mt19937_64 rng(batch);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(batch * 3 * 32 * 32);
+  for (auto& v : x) v = normal(rng);
+  std::vector<int32_t> labels(batch);
+  for (auto& l : labels) l = static_cast<int32_t>(rng() % 10);
+  const Tensor input{x.data(), {batch, 3, 32, 32}};
+  model->forward(input, labels.data(), Mode::kTrain);
+  model->backward();
+  model->forward(input, labels.data(), Mode::kEval);
+}
+
+void run_speech_model(SpeechModel& model, int64_t feature_dim, int64_t batch, int64_t frames) {
+  std::mt19937_64 rng(batch);
+  std::normal_distribution<float> normal;
+  std::vector<float> features(batch * frames * feature_dim);
+  for (auto& v : features) v = normal(rng);
+  std::vector<int32_t> lengths(batch), labels, label_lengths(batch, 6);
+  for (int64_t n = 0; n < batch; ++n) lengths[n] = static_cast<int32_t>(frames - n % 3);  // ragged, as batches are
+  for (int64_t i = 0; i < 6 * batch; ++i) labels.push_back(static_cast<int32_t>(1 + rng() % 28));
+  const SpeechInput input{features.data(), batch, frames, feature_dim, lengths.data(), labels.data(),
+                          label_lengths.data()};
+  model.forward(input, Mode::kTrain);
+  model.backward();
+  model.forward(input, Mode::kEval);
+}
+
+}  // namespace
+
+TEST_CASE("ISA under test", "[dispatch]") {
+  std::printf("dispatch_test: oneDNN ISA %s, activation layout %s\n", cpu::dnnl_isa_name(),
+              layout_name(cpu::dnnl_blocked_layout()));
+  CHECK(std::string(cpu::dnnl_isa_name()) != "no SIMD");
+}
+
+TEST_CASE("Image models: no reference primitive", "[dispatch]") {
+  // 128: the configs' batch on one rank; 32: its share on 4 ranks; 1: the smallest evaluation batch.
+  for (const char* arch : {"resnet20", "resnet56", "resnet18", "vgg16"})
+    for (int64_t batch : {1, 32, 128}) {
+      INFO(arch << " batch " << batch);
+      const size_t from = cpu::recorded_primitives().size();
+      run_image_model(arch, batch);
+      require_no_reference_since(from);
+    }
+}
+
+TEST_CASE("DeepSpeech: no reference primitive", "[dispatch]") {
+  // Batch 2: the paper's per-rank batch; 8 and 16: training and evaluation batches of the an4 configs.
+  auto model = make_speech_model("deepspeech", cpu_backend(), 1);
+  for (int64_t batch : {1, 2, 8, 16}) {
+    INFO("batch " << batch);
+    const size_t from = cpu::recorded_primitives().size();
+    run_speech_model(*model, DeepSpeechOptions{}.feature_dim, batch, 120);
+    require_no_reference_since(from);
+  }
+}
+
+TEST_CASE("LAS: no reference primitive", "[dispatch]") {
+  // The an4 size (27.5M parameters) and the quickstart's small one.
+  LasOptions small;
+  small.listener_hidden = 96;
+  small.attention_dim = 96;
+  small.embedding_dim = 32;
+  small.speller_hidden = 192;
+  small.speller_layers = 1;
+  for (const LasOptions& options : {LasOptions{}, small})
+    for (int64_t batch : {1, 4, 8}) {
+      INFO("listener " << options.listener_hidden << " batch " << batch);
+      auto model = make_las(cpu_backend(), options, 1);
+      const size_t from = cpu::recorded_primitives().size();
+      run_speech_model(*model, options.feature_dim, batch, 64);
+      require_no_reference_since(from);
+    }
+}
