@@ -333,10 +333,12 @@ int run_sync_bench(const SyncBenchOptions& o) {
   if (rank == 0)
     std::printf(
         "bench sync: n = %lld, density %.4g (k = %lld), P = %d, %d thread(s) per rank; %d warmup + %d timed "
-        "steps (baselines 2 + 16)\n",
-        static_cast<long long>(o.n), o.density, static_cast<long long>(k), p, omp_get_max_threads(), o.warmup, o.steps);
+        "steps (baselines 2 + 16); selection kernels %s\n",
+        static_cast<long long>(o.n), o.density, static_cast<long long>(k), p, omp_get_max_threads(), o.warmup, o.steps,
+        selection_isa());
   nlohmann::json report{{"bench", "sync"}, {"n", o.n}, {"density", o.density},
-                        {"k", k},          {"P", p},   {"threads_per_rank", omp_get_max_threads()}};
+                        {"k", k},          {"P", p},   {"threads_per_rank", omp_get_max_threads()},
+                        {"selection_isa", selection_isa()}};
   std::vector<MethodResult> results;
   bool powersgd = false;
   for (const auto& m : o.methods) {

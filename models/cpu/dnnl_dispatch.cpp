@@ -50,8 +50,18 @@ const char* dnnl_isa_name() {
   }
 }
 
+// TRAINER_ACTIVATION_LAYOUT=nhwc|nChw8c|nChw16c overrides the probe, for measuring the layouts
+// against each other (BENCHMARKS.md); a layout the CPU's kernels do not take falls to the
+// convolutions' other candidates or, for batch norm and pooling, to reference kernels (warned).
+Layout chosen_blocked_layout() {
+  if (const char* env = std::getenv("TRAINER_ACTIVATION_LAYOUT"))
+    for (Layout layout : {Layout::kChannelsLast, Layout::kBlocked8, Layout::kBlocked16})
+      if (std::string(env) == layout_name(layout)) return layout;
+  return probe_blocked_layout();
+}
+
 Layout dnnl_blocked_layout() {
-  static const Layout layout = probe_blocked_layout();
+  static const Layout layout = chosen_blocked_layout();
   return layout;
 }
 
@@ -67,8 +77,9 @@ bool is_reference_impl(const std::string& impl) {
 
 const char* reference_allowed(const PrimitiveRecord& record) {
   // oneDNN 2.6 names its f32 RNN driver (ref_rnn_common_t) "ref" at every ISA: the driver only
-  // sequences the cells, whose GEMMs run on oneDNN's JIT sgemm for the ISA it found (the LSTM
-  // layers measure within 10% of our own GEMM LSTM, lstm_gemm.cpp, at AVX2 and AVX-512).
+  // sequences the cells, whose GEMMs run on oneDNN's JIT sgemm for the ISA it found. Measured
+  // (BENCHMARKS.md, issue 17): DeepSpeech and LAS steps are 1.0-1.4x faster with it than with our
+  // own GEMM LSTM (lstm_gemm.cpp) at both AVX2 and AVX-512.
   if (record.kind.rfind("lstm", 0) == 0 && record.impl == "ref")
     return "oneDNN's f32 RNN driver is called ref; its cell GEMMs are JIT";
   return nullptr;
@@ -77,9 +88,10 @@ const char* reference_allowed(const PrimitiveRecord& record) {
 void record_primitive(const std::string& kind, const std::string& shape, const std::string& impl) {
   static const bool verbose = std::getenv("TRAINER_DNNL_VERBOSE") != nullptr;
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (const auto& r : g_records)
-    if (r.kind == kind && r.shape == shape && r.impl == impl) return;
+  bool seen = false;
+  for (const auto& r : g_records) seen = seen || (r.kind == kind && r.shape == shape && r.impl == impl);
   g_records.push_back({kind, shape, impl});
+  if (seen) return;  // printed already
   if (verbose) std::fprintf(stderr, "dnnl: %-10s %s: %s\n", kind.c_str(), shape.c_str(), impl.c_str());
   if (is_reference_impl(impl) && !reference_allowed(g_records.back()))
     std::fprintf(stderr,

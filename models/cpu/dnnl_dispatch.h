@@ -32,9 +32,9 @@ struct PrimitiveRecord {
   std::string kind, shape, impl;
 };
 // Records a primitive. A reference implementation prints one warning line (once per kind and
-// shape) naming it, the ISA and the cost; TRAINER_DNNL_VERBOSE=1 prints every primitive.
+// shape) naming it, the ISA and the cost; TRAINER_DNNL_VERBOSE=1 prints every distinct primitive.
 void record_primitive(const std::string& kind, const std::string& shape, const std::string& impl);
-// Every primitive recorded so far, in order (duplicates of kind, shape and impl kept once).
+// Every primitive recorded so far, in the order they were made.
 std::vector<PrimitiveRecord> recorded_primitives();
 // oneDNN's reference implementations: "ref:any", "bnorm_ref:any" and the like.
 bool is_reference_impl(const std::string& impl);

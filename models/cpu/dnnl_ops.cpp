@@ -142,20 +142,25 @@ class DnnlConv final : public ConvOp {
     // 3-channel channels-last image into a blocked output: the stem), reordered on the way in and
     // its gradient on the way out; a channels-last output instead of the blocked one, and then
     // channels-last on both sides (oneDNN's im2col + GEMM convolution, which takes any kernel
-    // size: the large speech kernels have no direct JIT kernel on AVX2). The output layout is
-    // this op's choice (output_layout()), which the layer gives its output tensor.
-    const memory::desc any_src(src_md_.dims(), dt::f32, tag::any);
-    std::vector<std::pair<memory::desc, Layout>> candidates{{src_md_, g.dst_layout}, {any_src, g.dst_layout}};
-    if (g.dst_layout != Layout::kChannelsLast) {
-      candidates.push_back({src_md_, Layout::kChannelsLast});
-      if (g.src_layout != Layout::kChannelsLast)
-        candidates.push_back(
-            {activation_md(g.batch, g.in_channels, g.in_h, g.in_w, Layout::kChannelsLast), Layout::kChannelsLast});
-    }
+    // size: the large speech kernels have no direct JIT kernel on AVX2); last, oneDNN's choice on
+    // both sides with the output reordered to channels-last (DeepSpeech's second convolution at
+    // batch 1 on AVX2). The output layout is this op's choice (output_layout()), which the layer
+    // gives its output tensor.
+    struct Candidate {
+      memory::desc src, dst;
+      Layout dst_layout;  // the output tensor's layout
+    };
+    auto dst_in = [&](Layout layout) { return activation_md(g.batch, g.out_channels, g.out_h(), g.out_w(), layout); };
+    const memory::desc any_src(src_md_.dims(), dt::f32, tag::any), any_dst(dst_in(g.dst_layout).dims(), dt::f32, tag::any);
+    const memory::desc nhwc_src = activation_md(g.batch, g.in_channels, g.in_h, g.in_w, Layout::kChannelsLast);
+    const std::vector<Candidate> candidates{{src_md_, dst_in(g.dst_layout), g.dst_layout},
+                                            {any_src, dst_in(g.dst_layout), g.dst_layout},
+                                            {src_md_, dst_in(Layout::kChannelsLast), Layout::kChannelsLast},
+                                            {nhwc_src, dst_in(Layout::kChannelsLast), Layout::kChannelsLast},
+                                            {any_src, any_dst, Layout::kChannelsLast}};
     bool found = false, have_fallback = false;
     for (dnnl::algorithm algo : algorithms) {
-      for (const auto& [src, dst_layout] : candidates) {
-        const memory::desc dst = activation_md(g.batch, g.out_channels, g.out_h(), g.out_w(), dst_layout);
+      for (const auto& [src, dst, dst_layout] : candidates) {
         try {
           dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, algo, src, any_w,
                                              g.bias ? bias_md_ : no_bias, dst, strides, pad_l, pad_r);
@@ -185,7 +190,7 @@ class DnnlConv final : public ConvOp {
       if (found) break;
     }
     if (!have_fallback) throw std::runtime_error("oneDNN has no convolution for this geometry");
-    dst_md_ = activation_md(g.batch, g.out_channels, g.out_h(), g.out_w(), dst_layout_);
+    const memory::desc user_dst = dst_in(dst_layout_);
     fwd_ = dnnl::convolution_forward(fwd_pd_);
     bwd_data_ = dnnl::convolution_backward_data(bwd_data_pd_);
     bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
@@ -194,6 +199,9 @@ class DnnlConv final : public ConvOp {
     report("conv bwd_d", bwd_data_pd_, src_md_, g.src_layout);
     report("conv bwd_w", bwd_w_pd_, src_md_, g.src_layout);
     fwd_src_.prepare(src_md_, fwd_pd_.src_desc());
+    fwd_dst_.prepare(user_dst, fwd_pd_.dst_desc());
+    bwd_data_dst_.prepare(user_dst, bwd_data_pd_.diff_dst_desc());
+    bwd_w_dst_.prepare(user_dst, bwd_w_pd_.diff_dst_desc());
     bwd_w_src_.prepare(src_md_, bwd_w_pd_.src_desc());
     diff_src_.prepare(src_md_, bwd_data_pd_.diff_src_desc());
     fwd_w_.prepare(user_w_md_, fwd_pd_.weights_desc());
@@ -205,15 +213,16 @@ class DnnlConv final : public ConvOp {
 
   void forward(const float* x, const float* w, const float* b, float* y) override {
     memory src = fwd_src_.in(x);
-    memory dst(dst_md_, engine(), y);
+    memory dst = fwd_dst_.out(y);
     memory wm = fwd_w_.in(w);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, dst}};
     if (g_.bias) args.insert({DNNL_ARG_BIAS, memory(bias_md_, engine(), const_cast<float*>(b))});
     execute(fwd_, fwd_pd_, std::move(args));
+    fwd_dst_.out_done(y);
   }
 
   void backward_data(const float* dy, const float* w, float* dx) override {
-    memory diff_dst(dst_md_, engine(), const_cast<float*>(dy));
+    memory diff_dst = bwd_data_dst_.in(dy);
     memory diff_src = diff_src_.out(dx);
     // Forward already reordered these weights; reuse that copy when backward wants the same layout.
     memory wm;
@@ -226,7 +235,7 @@ class DnnlConv final : public ConvOp {
 
   void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
     memory src = bwd_w_src_.in(x);
-    memory diff_dst(dst_md_, engine(), const_cast<float*>(dy));
+    memory diff_dst = bwd_w_dst_.in(dy);
     memory dwm = diff_w_.out(dw);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst},
                                          {DNNL_ARG_DIFF_WEIGHTS, dwm}};
@@ -238,7 +247,7 @@ class DnnlConv final : public ConvOp {
  private:
   ConvGeometry g_;
   Layout dst_layout_ = Layout::kChannelsLast;
-  memory::desc src_md_, dst_md_, user_w_md_, bias_md_;
+  memory::desc src_md_, user_w_md_, bias_md_;
   dnnl::convolution_forward::primitive_desc fwd_pd_;
   dnnl::convolution_forward fwd_;
   dnnl::convolution_backward_data::primitive_desc bwd_data_pd_;
@@ -246,6 +255,7 @@ class DnnlConv final : public ConvOp {
   dnnl::convolution_backward_weights::primitive_desc bwd_w_pd_;
   dnnl::convolution_backward_weights bwd_w_;
   Staged fwd_src_, bwd_w_src_, diff_src_, fwd_w_, bwd_w_in_, diff_w_;
+  Staged fwd_dst_, bwd_data_dst_, bwd_w_dst_;  // copies only where the output layout is oneDNN's own
 };
 
 class DnnlBatchNorm final : public BatchNormOp {
