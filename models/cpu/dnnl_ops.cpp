@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "models/cpu/dnnl_context.h"
+#include "models/cpu/dnnl_staged.h"
 #include "models/cpu/dnnl_dispatch.h"
 #include "models/tensor.h"
 
@@ -62,41 +63,6 @@ void execute(const dnnl::primitive& p, const PrimitiveDesc& pd, std::unordered_m
   p.execute(stream(), args);
   stream().wait();
 }
-
-// A buffer in a primitive's preferred layout, with the reorders from and to the user's layout made
-// once. Nothing is copied when the layouts already agree.
-struct Staged {
-  memory::desc user, want;
-  HostBuffer storage;
-  memory mem;
-  dnnl::reorder to_want, from_want;
-
-  void prepare(const memory::desc& user_md, const memory::desc& preferred) {
-    user = user_md;
-    want = preferred;
-    if (same()) return;
-    storage.resize(static_cast<int64_t>(want.get_size() / sizeof(float)) + 1);
-    mem = memory(want, engine(), storage.data());
-    memory u(user, engine(), nullptr);
-    to_want = dnnl::reorder(u, mem);
-    from_want = dnnl::reorder(mem, u);
-  }
-  bool same() const { return user == want; }
-  // A memory in the preferred layout holding `data` (reordered into storage if needed).
-  memory in(const float* data) {
-    memory u(user, engine(), const_cast<float*>(data));
-    if (same()) return u;
-    to_want.execute(stream(), u, mem);
-    return mem;
-  }
-  // Memory to compute into; out_done(data) then moves the result to the user's buffer.
-  memory out(float* data) { return same() ? memory(user, engine(), data) : mem; }
-  void out_done(float* data) {
-    if (same()) return;
-    memory u(user, engine(), data);
-    from_want.execute(stream(), mem, u);
-  }
-};
 
 // oneDNN 2.6's AVX2 (and SSE4.1) 1x1 backward-weights kernel, given a strided channels-last source
 // whose channels do not fill its 8-channel block, subsamples the source into a workspace it then

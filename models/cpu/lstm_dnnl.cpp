@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "models/cpu/dnnl_context.h"
+#include "models/cpu/dnnl_staged.h"
 #include "models/cpu/dnnl_dispatch.h"
 #include "models/cpu/lstm_ops.h"
 #include "models/tensor.h"
@@ -23,47 +24,6 @@ namespace {
 using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
-
-// A buffer in the layout a primitive wants, with reorders from/to the user's layout made once;
-// no copy when the two agree.
-struct Staged {
-  memory::desc user, want;
-  HostBuffer storage;
-  memory mem;
-  dnnl::reorder to_want, from_want;
-
-  void prepare(const memory::desc& user_md, const memory::desc& wanted) {
-    user = user_md;
-    want = wanted;
-    if (same()) return;
-    storage.resize(static_cast<int64_t>(want.get_size() / sizeof(float)) + 1);
-    mem = memory(want, dnnl_engine(), storage.data());
-    memory u(user, dnnl_engine(), nullptr);
-    to_want = dnnl::reorder(u, mem);
-    from_want = dnnl::reorder(mem, u);
-  }
-  bool same() const { return user == want; }
-  memory in(const float* data) {
-    memory u(user, dnnl_engine(), const_cast<float*>(data));
-    if (same()) return u;
-    to_want.execute(dnnl_stream(), u, mem);
-    return mem;
-  }
-  // Zeroed memory to accumulate into; out_done(data) moves the result to the user's buffer.
-  memory zeroed_out(float* data) {
-    if (same()) {
-      std::memset(data, 0, user.get_size());
-      return memory(user, dnnl_engine(), data);
-    }
-    std::memset(storage.data(), 0, want.get_size());
-    return mem;
-  }
-  void out_done(float* data) {
-    if (same()) return;
-    memory u(user, dnnl_engine(), data);
-    from_want.execute(dnnl_stream(), mem, u);
-  }
-};
 
 class DnnlLstm final : public LstmOp {
  public:
