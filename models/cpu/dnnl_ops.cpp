@@ -4,10 +4,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
-#include <utility>
 #include <vector>
 
 #include "models/cpu/dnnl_context.h"
@@ -77,86 +77,97 @@ bool broken_1x1_backward_weights(const ConvGeometry& g,
          g.in_channels % 8 != 0;
 }
 
+// The three primitive descriptors of one convolution and the layout its output is written in.
+struct ConvPrimitiveDescs {
+  dnnl::convolution_forward::primitive_desc fwd;
+  dnnl::convolution_backward_data::primitive_desc bwd_data;
+  dnnl::convolution_backward_weights::primitive_desc bwd_w;
+  Layout dst_layout;
+};
+
+// Chooses the algorithm and the layouts the primitives see (src: the input in g.src_layout).
+//
+// Winograd F(4,3) where it pays: measured on AVX-512 (BENCHMARKS.md) 1.5-2x faster than direct
+// from 32 channels up and no faster at 16, so kAuto asks for it from 32 channels. oneDNN 2.6 has an
+// f32 Winograd kernel only for AVX-512 (nChw16c); elsewhere none is created and direct is taken.
+//
+// The layouts, in order of preference, until forward and both backward passes get non-reference
+// kernels: the tensors' own; the input in whatever layout oneDNN prefers (a 3-channel
+// channels-last image into a blocked output: the stem), reordered on the way in and its gradient
+// on the way out; a channels-last output instead of the blocked one, and then channels-last on
+// both sides (oneDNN's im2col + GEMM convolution, which takes any kernel size: the large speech
+// kernels have no direct JIT kernel on AVX2); last, oneDNN's choice on both sides with the output
+// reordered to channels-last (DeepSpeech's second convolution at batch 1 on AVX2). When none gets
+// such kernels, the first that exists is taken (and record_primitive warns about it).
+ConvPrimitiveDescs choose_conv_primitives(const ConvGeometry& g, const memory::desc& src_md,
+                                          const memory::desc& bias_md) {
+  const memory::dims strides{g.stride_h, g.stride_w};
+  const memory::dims pad_l{g.pad_h, g.pad_w};
+  // Right padding so the output size is exactly what the geometry says (floor division).
+  const memory::dims pad_r{(g.out_h() - 1) * g.stride_h + g.kernel_h - g.in_h - g.pad_h,
+                           (g.out_w() - 1) * g.stride_w + g.kernel_w - g.in_w - g.pad_w};
+  const memory::desc any_w({g.out_channels, g.in_channels, g.kernel_h, g.kernel_w}, dt::f32, tag::any);
+  const memory::desc bias = g.bias ? bias_md : memory::desc();
+
+  const bool winograd_shape = g.kernel_h == 3 && g.kernel_w == 3 && g.stride_h == 1 && g.stride_w == 1 &&
+                              g.src_layout == Layout::kBlocked16 && g.dst_layout == Layout::kBlocked16;
+  const bool wide = g.in_channels >= 32 && g.out_channels >= 32;
+  std::vector<dnnl::algorithm> algorithms{dnnl::algorithm::convolution_direct};
+  if (winograd_shape &&
+      (g_conv_algorithm == ConvAlgorithm::kWinograd || (g_conv_algorithm == ConvAlgorithm::kAuto && wide)))
+    algorithms.insert(algorithms.begin(), dnnl::algorithm::convolution_winograd);
+
+  struct Candidate {
+    memory::desc src, dst;
+    Layout dst_layout;  // the output tensor's layout
+  };
+  auto dst_in = [&](Layout layout) { return activation_md(g.batch, g.out_channels, g.out_h(), g.out_w(), layout); };
+  const memory::desc any_src(src_md.dims(), dt::f32, tag::any), any_dst(dst_in(g.dst_layout).dims(), dt::f32, tag::any);
+  const memory::desc nhwc_src = activation_md(g.batch, g.in_channels, g.in_h, g.in_w, Layout::kChannelsLast);
+  const std::vector<Candidate> candidates{{src_md, dst_in(g.dst_layout), g.dst_layout},
+                                          {any_src, dst_in(g.dst_layout), g.dst_layout},
+                                          {src_md, dst_in(Layout::kChannelsLast), Layout::kChannelsLast},
+                                          {nhwc_src, dst_in(Layout::kChannelsLast), Layout::kChannelsLast},
+                                          {any_src, any_dst, Layout::kChannelsLast}};
+  std::optional<ConvPrimitiveDescs> fallback;
+  for (dnnl::algorithm algo : algorithms)
+    for (const auto& [src, dst, dst_layout] : candidates) {
+      try {
+        dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, algo, src, any_w, bias, dst, strides,
+                                           pad_l, pad_r);
+        ConvPrimitiveDescs d{dnnl::convolution_forward::primitive_desc(fd, scratchpad_attr(), engine()), {}, {},
+                             dst_layout};
+        if (algo == dnnl::algorithm::convolution_winograd &&
+            std::string(d.fwd.impl_info_str()).find("wino") == std::string::npos)
+          continue;
+        dnnl::convolution_backward_data::desc bd(algo, src, any_w, dst, strides, pad_l, pad_r);
+        d.bwd_data = dnnl::convolution_backward_data::primitive_desc(bd, scratchpad_attr(), engine(), d.fwd);
+        dnnl::convolution_backward_weights::desc bw(algo, src, any_w, bias, dst, strides, pad_l, pad_r);
+        d.bwd_w = dnnl::convolution_backward_weights::primitive_desc(bw, scratchpad_attr(), engine(), d.fwd);
+        if (broken_1x1_backward_weights(g, d.bwd_w)) continue;
+        if (!is_reference_impl(d.fwd.impl_info_str()) && !is_reference_impl(d.bwd_data.impl_info_str()) &&
+            !is_reference_impl(d.bwd_w.impl_info_str()))
+          return d;
+        if (!fallback) fallback = d;
+      } catch (const dnnl::error&) {  // no implementation at all for this combination
+      }
+    }
+  if (!fallback) throw std::runtime_error("oneDNN has no convolution for this geometry");
+  return *fallback;
+}
+
 class DnnlConv final : public ConvOp {
  public:
   explicit DnnlConv(const ConvGeometry& g) : g_(g) {
-    const memory::dims strides{g.stride_h, g.stride_w};
-    const memory::dims pad_l{g.pad_h, g.pad_w};
-    // Right padding so the output size is exactly what the geometry says (floor division).
-    const memory::dims pad_r{(g.out_h() - 1) * g.stride_h + g.kernel_h - g.in_h - g.pad_h,
-                             (g.out_w() - 1) * g.stride_w + g.kernel_w - g.in_w - g.pad_w};
     src_md_ = activation_md(g.batch, g.in_channels, g.in_h, g.in_w, g.src_layout);
     user_w_md_ = memory::desc({g.out_channels, g.in_channels, g.kernel_h, g.kernel_w}, dt::f32, tag::oihw);
     bias_md_ = memory::desc({g.out_channels}, dt::f32, tag::x);
-    const memory::desc any_w({g.out_channels, g.in_channels, g.kernel_h, g.kernel_w}, dt::f32, tag::any);
-    const memory::desc no_bias;
-
-    // Winograd F(4,3) where it pays: measured on AVX-512 (BENCHMARKS.md) 1.5-2x faster than direct
-    // from 32 channels up and no faster at 16, so kAuto asks for it from 32 channels. oneDNN 2.6 has
-    // an f32 Winograd kernel only for AVX-512 (nChw16c); elsewhere it is not created and the direct
-    // convolution below is taken.
-    const bool winograd_shape = g.kernel_h == 3 && g.kernel_w == 3 && g.stride_h == 1 && g.stride_w == 1 &&
-                                g.src_layout == Layout::kBlocked16 && g.dst_layout == Layout::kBlocked16;
-    const bool wide = g.in_channels >= 32 && g.out_channels >= 32;
-    std::vector<dnnl::algorithm> algorithms{dnnl::algorithm::convolution_direct};
-    if (winograd_shape && (g_conv_algorithm == ConvAlgorithm::kWinograd ||
-                           (g_conv_algorithm == ConvAlgorithm::kAuto && wide)))
-      algorithms.insert(algorithms.begin(), dnnl::algorithm::convolution_winograd);
-
-    // The layouts the primitives see, in order of preference, until forward and both backward
-    // passes get JIT kernels: the tensors' own; the input in whatever layout oneDNN prefers (a
-    // 3-channel channels-last image into a blocked output: the stem), reordered on the way in and
-    // its gradient on the way out; a channels-last output instead of the blocked one, and then
-    // channels-last on both sides (oneDNN's im2col + GEMM convolution, which takes any kernel
-    // size: the large speech kernels have no direct JIT kernel on AVX2); last, oneDNN's choice on
-    // both sides with the output reordered to channels-last (DeepSpeech's second convolution at
-    // batch 1 on AVX2). The output layout is this op's choice (output_layout()), which the layer
-    // gives its output tensor.
-    struct Candidate {
-      memory::desc src, dst;
-      Layout dst_layout;  // the output tensor's layout
-    };
-    auto dst_in = [&](Layout layout) { return activation_md(g.batch, g.out_channels, g.out_h(), g.out_w(), layout); };
-    const memory::desc any_src(src_md_.dims(), dt::f32, tag::any), any_dst(dst_in(g.dst_layout).dims(), dt::f32, tag::any);
-    const memory::desc nhwc_src = activation_md(g.batch, g.in_channels, g.in_h, g.in_w, Layout::kChannelsLast);
-    const std::vector<Candidate> candidates{{src_md_, dst_in(g.dst_layout), g.dst_layout},
-                                            {any_src, dst_in(g.dst_layout), g.dst_layout},
-                                            {src_md_, dst_in(Layout::kChannelsLast), Layout::kChannelsLast},
-                                            {nhwc_src, dst_in(Layout::kChannelsLast), Layout::kChannelsLast},
-                                            {any_src, any_dst, Layout::kChannelsLast}};
-    bool found = false, have_fallback = false;
-    for (dnnl::algorithm algo : algorithms) {
-      for (const auto& [src, dst, dst_layout] : candidates) {
-        try {
-          dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, algo, src, any_w,
-                                             g.bias ? bias_md_ : no_bias, dst, strides, pad_l, pad_r);
-          dnnl::convolution_forward::primitive_desc fwd(fd, scratchpad_attr(), engine());
-          if (algo == dnnl::algorithm::convolution_winograd &&
-              std::string(fwd.impl_info_str()).find("wino") == std::string::npos)
-            continue;
-          dnnl::convolution_backward_data::desc bd(algo, src, any_w, dst, strides, pad_l, pad_r);
-          dnnl::convolution_backward_data::primitive_desc bwd_data(bd, scratchpad_attr(), engine(), fwd);
-          dnnl::convolution_backward_weights::desc bw(algo, src, any_w, g.bias ? bias_md_ : no_bias, dst,
-                                                      strides, pad_l, pad_r);
-          dnnl::convolution_backward_weights::primitive_desc bwd_w(bw, scratchpad_attr(), engine(), fwd);
-          if (broken_1x1_backward_weights(g, bwd_w)) continue;
-          found = !is_reference_impl(fwd.impl_info_str()) && !is_reference_impl(bwd_data.impl_info_str()) &&
-                  !is_reference_impl(bwd_w.impl_info_str());
-          if (found || !have_fallback) {  // the first that exists is kept in case none is JIT
-            fwd_pd_ = fwd;
-            bwd_data_pd_ = bwd_data;
-            bwd_w_pd_ = bwd_w;
-            dst_layout_ = dst_layout;
-            have_fallback = true;
-          }
-        } catch (const dnnl::error&) {  // no implementation at all for this combination
-        }
-        if (found) break;
-      }
-      if (found) break;
-    }
-    if (!have_fallback) throw std::runtime_error("oneDNN has no convolution for this geometry");
-    const memory::desc user_dst = dst_in(dst_layout_);
+    ConvPrimitiveDescs chosen = choose_conv_primitives(g, src_md_, bias_md_);
+    fwd_pd_ = chosen.fwd;
+    bwd_data_pd_ = chosen.bwd_data;
+    bwd_w_pd_ = chosen.bwd_w;
+    dst_layout_ = chosen.dst_layout;
+    const memory::desc user_dst = activation_md(g.batch, g.out_channels, g.out_h(), g.out_w(), dst_layout_);
     fwd_ = dnnl::convolution_forward(fwd_pd_);
     bwd_data_ = dnnl::convolution_backward_data(bwd_data_pd_);
     bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
