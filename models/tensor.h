@@ -24,7 +24,7 @@ using Shape = std::vector<int64_t>;
 //  - kChannelsLast: NHWC, for inputs and channel counts that are not a multiple of the block;
 //  - kBlocked8 / kBlocked16: oneDNN's nChw8c / nChw16c (channels in blocks of 8 or 16, the block
 //    innermost), which its JIT kernels want: 16 on AVX-512 (Winograd among them), 8 on AVX2. The
-//    CPU backend asks oneDNN which one this machine's kernels use (cpu/dnnl_layout.h). Used only
+//    CPU backend asks oneDNN which one this machine's kernels use (cpu/dnnl_dispatch.h). Used only
 //    when C is a multiple of the block, so there is never padding and numel() is the storage size
 //    in every layout.
 enum class Layout : uint8_t { kChannelsLast, kBlocked8, kBlocked16 };
