@@ -65,6 +65,10 @@ comm::SyncOptions sync_options(const Config& c) {
   o.min_compression_rate = c.sync.min_compression_rate;
   o.seed = static_cast<uint64_t>(c.experiment.seed);
   o.servers = c.sync.servers;
+  o.max_staleness = c.sync.max_staleness;
+  o.staleness_lr = c.sync.staleness_lr;
+  o.dc_lambda = c.sync.dc_lambda;
+  o.deterministic = c.sync.deterministic;
   return o;
 }
 

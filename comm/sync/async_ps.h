@@ -70,6 +70,8 @@ class AsyncPsWorker final : public GradientSync {
   AsyncPsWorker(Communicator& world, const SyncOptions& options, int64_t n);
   std::string name() const override { return "async_ps"; }
   std::string describe() const override;
+  // Every push carries the whole gradient (the servers, not the wire, decide what is stale).
+  Phase phase(int64_t) const override { return Phase::kDense; }
   SyncStats reduce(SyncBuffers& b, int64_t step) override;
   bool applies_update() const override { return true; }
   void save(std::ostream& out) const override;

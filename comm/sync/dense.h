@@ -15,6 +15,7 @@ class DenseSync final : public GradientSync {
   DenseSync(Communicator& comm, int64_t n, double bucket_mb, models::Backend& backend);
   std::string name() const override { return "dense"; }
   std::string describe() const override;
+  Phase phase(int64_t) const override { return Phase::kDense; }
   SyncStats reduce(SyncBuffers& b, int64_t step) override;
   void save(std::ostream& out) const override;
   void load(std::istream& in) override;

@@ -24,6 +24,7 @@ namespace trainer::comm {
 
 class ErrorFeedbackSync : public GradientSync {
  public:
+  Phase phase(int64_t) const final { return Phase::kCompressed; }
   SyncStats reduce(SyncBuffers& b, int64_t step) final;
   // The compressor's state, then the residual (ErrorFeedback::save).
   void save(std::ostream& out) const final;

@@ -28,6 +28,7 @@ class WarmupSync final : public GradientSync {
   std::string describe() const override {
     return "first " + std::to_string(warmup_steps_) + " steps: " + dense_.describe() + "\nthen " + method_->describe();
   }
+  Phase phase(int64_t step) const override { return step < warmup_steps_ ? Phase::kDense : method_->phase(step); }
   SyncStats reduce(SyncBuffers& b, int64_t step) override {
     return step < warmup_steps_ ? dense_.reduce(b, step) : method_->reduce(b, step);
   }

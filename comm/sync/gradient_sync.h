@@ -56,6 +56,10 @@ class GradientSync {
   virtual std::string name() const = 0;
   // One line per fact for --dry-run: what is sent per step and how much.
   virtual std::string describe() const = 0;
+  // The phase step `step` is in (the comm log's and the metrics' label): the methods that send the
+  // whole gradient every step answer dense, the others compressed; the warmup wrapper answers dense
+  // for its steps. The trainer asks before the step's first message.
+  virtual Phase phase(int64_t step) const = 0;
   virtual SyncStats reduce(SyncBuffers& b, int64_t step) = 0;
   virtual void after_step(SyncBuffers& b, int64_t step) {}
   // True when reduce() also applies the update (the optimizer runs elsewhere: async_ps's servers).
@@ -81,6 +85,10 @@ struct SyncOptions {
   double min_compression_rate = 2.0;    // powersgd: compress when (n + m) r * rate < n m
   uint64_t seed = 0;                    // powersgd: the first Q's seed (the same on every rank)
   int64_t servers = 1;                  // async_ps: the last `servers` ranks serve
+  int64_t max_staleness = -1;           // async_ps: -1 unbounded, 0 synchronous (comm/sync/async_ps_server.h)
+  std::string staleness_lr = "inverse"; // async_ps: inverse, none or dc
+  double dc_lambda = 0.04;              // async_ps, staleness_lr = "dc"
+  bool deterministic = false;           // async_ps: serve workers in rank order
   int64_t total_steps = 0;              // async_ps: the run's steps (the servers' schedule and end)
   int64_t steps_per_epoch = 0;          // async_ps: for the servers' lr schedule
   // Where SyncBuffers live (runtime.device's backend); null: the CPU. Only dense and local_sgd (and

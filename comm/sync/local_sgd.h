@@ -15,6 +15,7 @@ class LocalSgd final : public GradientSync {
   LocalSgd(Communicator& comm, int64_t n, double bucket_mb, int64_t period, models::Backend& backend);
   std::string name() const override { return "local_sgd"; }
   std::string describe() const override;
+  Phase phase(int64_t) const override { return Phase::kCompressed; }
   SyncStats reduce(SyncBuffers& b, int64_t step) override;
   void after_step(SyncBuffers& b, int64_t step) override;
   void save(std::ostream& out) const override;

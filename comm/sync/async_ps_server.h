@@ -1,5 +1,5 @@
-// The server role of sync.method = "async_ps" (the wire protocol and the worker's side are
-// comm/sync/async_ps.h). A server rank holds the model's flat parameters and BN statistics, of which
+// The server side of sync.method = "async_ps" (the wire protocol and the worker's side are
+// comm/sync/async_ps.h; the server role's start-up and checkpoints are trainer/roles.cpp). A server rank holds the model's flat parameters and BN statistics, of which
 // it owns one contiguous shard, runs the optimizer and the lr schedule on that shard, and answers
 // the workers' pushes until every worker has pushed its last step.
 //
@@ -45,16 +45,24 @@
 #include "models/parameters.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
-#include "trainer/config.h"
-#include "trainer/run.h"
 
-namespace trainer::app {
+namespace trainer::comm {
+
+// What a server needs to know besides the sync keys: where the meets fall (train.eval_every_steps,
+// train.checkpoint_every) and the optimizer and lr schedule it runs for the workers.
+struct PsServerOptions {
+  SyncOptions sync;  // servers, max_staleness, dense_warmup_steps, staleness_lr, dc_lambda, deterministic
+  int64_t eval_every_steps = 0;  // 0: every epoch end
+  int64_t checkpoint_every = 0;  // 0: none but the last
+  optim::OptimizerOptions optimizer;
+  optim::ScheduleOptions schedule;
+};
 
 class ParameterServer {
  public:
   // params and buffers: the whole model (only this server's shards are read and written), on
   // `backend`, which also runs the shard's optimizer.
-  ParameterServer(const Config& config, comm::Communicator& world, models::Backend& backend,
+  ParameterServer(const PsServerOptions& options, Communicator& world, models::Backend& backend,
                   models::ParameterStore& params, models::ParameterStore& buffers);
 
   // Serves from global step `first_step` (0, or the checkpoint's) until the meet at the end: the
@@ -78,13 +86,13 @@ class ParameterServer {
   void receive_push(int w, int64_t step, int64_t pulled_version);
   void complete_meet();                   // a synchronous step's mean applied
   void apply(float* grad, double lr, int w_for_dc);
-  void grant(std::vector<comm::Request>& sends);
-  void send_reply(int w, int64_t meet, std::vector<comm::Request>& sends);
+  void grant(std::vector<Request>& sends);
+  void send_reply(int w, int64_t meet, std::vector<Request>& sends);
 
-  const Config& config_;
-  comm::Communicator& world_;
+  PsServerOptions options_;
+  Communicator& world_;
   models::Backend& backend_;
-  comm::PsLayout layout_;
+  PsLayout layout_;
   int me_ = 0;                       // this server's index, 0..S-1
   int64_t p0_ = 0, p1_ = 0;          // its parameter shard
   int64_t s0_ = 0, s1_ = 0;          // its BN-statistics shard
@@ -109,9 +117,4 @@ class ParameterServer {
   int next_ = 0;  // deterministic: the worker whose push is taken next
 };
 
-// A server rank's part of run_training (after the common setup): builds the model, resumes or checks
-// the initial weights with the workers, serves, and writes its checkpoints. Returns true when the
-// run went to its end (false: --stop-after).
-bool run_server(const Config& config, const RunOptions& options, comm::Communicator& world);
-
-}  // namespace trainer::app
+}  // namespace trainer::comm

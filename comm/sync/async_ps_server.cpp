@@ -1,4 +1,4 @@
-#include "trainer/ps_server.h"
+#include "comm/sync/async_ps_server.h"
 
 #include <algorithm>
 #include <climits>
@@ -8,11 +8,8 @@
 #include <string>
 
 #include "comm/sync/sync_state.h"
-#include "trainer/checkpoint.h"
-#include "trainer/experiment.h"
-#include "trainer/task.h"
 
-namespace trainer::app {
+namespace trainer::comm {
 namespace {
 
 // The server's arithmetic that the backend has no op for yet, on flat float buffers, one pass each
@@ -34,19 +31,16 @@ void delay_compensate(float* g, const float* w_now, const float* w_pulled, float
 
 }  // namespace
 
-ParameterServer::ParameterServer(const Config& config, comm::Communicator& world, models::Backend& backend,
+ParameterServer::ParameterServer(const PsServerOptions& options, Communicator& world, models::Backend& backend,
                                  models::ParameterStore& params, models::ParameterStore& buffers)
-    : config_(config),
-      world_(world),
-      backend_(backend),
-      layout_(comm::PsLayout::make(world.size(), config.sync.servers)) {
+    : options_(options), world_(world), backend_(backend), layout_(PsLayout::make(world.size(), options.sync.servers)) {
   me_ = world.rank() - layout_.workers;
-  std::tie(p0_, p1_) = comm::PsLayout::shard(params.size(), layout_.servers, me_);
-  std::tie(s0_, s1_) = comm::PsLayout::shard(buffers.size(), layout_.servers, me_);
+  std::tie(p0_, p1_) = PsLayout::shard(params.size(), layout_.servers, me_);
+  std::tie(s0_, s1_) = PsLayout::shard(buffers.size(), layout_.servers, me_);
   params_ = params.values() + p0_;
   state_ = buffers.values() + s0_;
-  optimizer_ = optim::make_optimizer(backend, optimizer_options(config), p1_ - p0_);
-  schedule_ = schedule_options(config.optim);
+  optimizer_ = optim::make_optimizer(backend, options.optimizer, p1_ - p0_);
+  schedule_ = options.schedule;
   const size_t W = static_cast<size_t>(layout_.workers);
   clock_.assign(W, 0);
   waiting_.assign(W, false);
@@ -55,20 +49,19 @@ ParameterServer::ParameterServer(const Config& config, comm::Communicator& world
   state_in_.resize(static_cast<size_t>(s1_ - s0_));
   sum_grad_.assign(grad_.size(), 0.f);
   sum_state_.assign(state_in_.size(), 0.f);
-  reply_headers_.resize(W * comm::kReplyHeaderSize);
+  reply_headers_.resize(W * kReplyHeaderSize);
 }
 
 bool ParameterServer::synchronous(int64_t step) const {
-  return config_.sync.max_staleness == 0 || step < config_.sync.dense_warmup_steps;
+  return options_.sync.max_staleness == 0 || step < options_.sync.dense_warmup_steps;
 }
 
 int64_t ParameterServer::next_meet(int64_t step) const {
   if (synchronous(step)) return step + 1;
   // The next multiple of each period, or the end.
-  const TrainConfig& t = config_.train;
   auto next_multiple = [&](int64_t period) { return period > 0 ? (step / period + 1) * period : end_; };
-  const int64_t eval = next_multiple(t.eval_every_steps > 0 ? t.eval_every_steps : steps_per_epoch_);
-  return std::min({end_, eval, next_multiple(t.checkpoint_every)});
+  const int64_t eval = next_multiple(options_.eval_every_steps > 0 ? options_.eval_every_steps : steps_per_epoch_);
+  return std::min({end_, eval, next_multiple(options_.checkpoint_every)});
 }
 
 bool ParameterServer::may_grant(int w) const {
@@ -77,13 +70,13 @@ bool ParameterServer::may_grant(int w) const {
   const int64_t granted = received_ + std::count(waiting_.begin(), waiting_.end(), false);
   if (granted >= meet_ * W) return false;  // the meet's budget is given out: wait for it
   const int64_t slowest = *std::min_element(clock_.begin(), clock_.end());
-  return config_.sync.max_staleness < 0 || clock_[w] - slowest <= config_.sync.max_staleness;
+  return options_.sync.max_staleness < 0 || clock_[w] - slowest <= options_.sync.max_staleness;
 }
 
 void ParameterServer::apply(float* grad, double lr, int w_for_dc) {
   // grad is grad_ or sum_grad_, both this server's scratch: DC-ASGD changes it in place.
-  if (w_for_dc >= 0 && config_.sync.staleness_lr == "dc")
-    delay_compensate(grad, params_, sent_[w_for_dc].data(), static_cast<float>(config_.sync.dc_lambda), p1_ - p0_);
+  if (w_for_dc >= 0 && options_.sync.staleness_lr == "dc")
+    delay_compensate(grad, params_, sent_[w_for_dc].data(), static_cast<float>(options_.sync.dc_lambda), p1_ - p0_);
   optimizer_->step(params_, grad, lr);
   last_lr_ = lr;
   ++version_;
@@ -102,7 +95,7 @@ void ParameterServer::receive_push(int w, int64_t step, int64_t pulled_version) 
     // and weight decay tuned for synchronous SGD carry over: W pushes at tau = 0 move the weights
     // as far as one dense step.
     const double push_lr = lr / W;
-    apply(grad_.data(), config_.sync.staleness_lr == "inverse" ? push_lr / (1.0 + tau_[w]) : push_lr, w);
+    apply(grad_.data(), options_.sync.staleness_lr == "inverse" ? push_lr / (1.0 + tau_[w]) : push_lr, w);
     // Each worker's change of the BN statistics counts 1/W: W pushes move them as far as the
     // average of W synchronous ranks' statistics would.
     add_scaled_into(state_, state_in_.data(), 1.f / static_cast<float>(W), s1_ - s0_);
@@ -127,24 +120,24 @@ void ParameterServer::complete_meet() {
   pushes_ += W;
 }
 
-void ParameterServer::send_reply(int w, int64_t meet, std::vector<comm::Request>& sends) {
+void ParameterServer::send_reply(int w, int64_t meet, std::vector<Request>& sends) {
   const int W = layout_.workers;
-  int64_t* h = reply_headers_.data() + static_cast<size_t>(w) * comm::kReplyHeaderSize;
+  int64_t* h = reply_headers_.data() + static_cast<size_t>(w) * kReplyHeaderSize;
   h[0] = version_;
   h[1] = tau_[w];
   std::memcpy(&h[2], &last_lr_, sizeof(double));
-  h[comm::kReplyGlobalStep] = (received_ + W - 1) / W;  // the step under way (at a meet: the meet)
-  h[comm::kReplyMeet] = meet;
-  sends.push_back(world_.isend(h, comm::kReplyHeaderSize, comm::DType::kI64, w, comm::kPsReplyChannel, "PS_HEADER"));
-  sends.push_back(world_.isend(params_, p1_ - p0_, comm::DType::kF32, w, comm::kPsParamsChannel, "PULL_PARAMS"));
+  h[kReplyGlobalStep] = (received_ + W - 1) / W;  // the step under way (at a meet: the meet)
+  h[kReplyMeet] = meet;
+  sends.push_back(world_.isend(h, kReplyHeaderSize, DType::kI64, w, kPsReplyChannel, "PS_HEADER"));
+  sends.push_back(world_.isend(params_, p1_ - p0_, DType::kF32, w, kPsParamsChannel, "PULL_PARAMS"));
   sends.push_back(
-      world_.isend(state_, s1_ - s0_, comm::DType::kF32, w, comm::kPsPulledStateChannel, "PULL_STATE"));
+      world_.isend(state_, s1_ - s0_, DType::kF32, w, kPsPulledStateChannel, "PULL_STATE"));
   if (!sent_.empty()) sent_[w].assign(params_, params_ + (p1_ - p0_));
   sent_state_[w].assign(state_, state_ + (s1_ - s0_));
   waiting_[w] = false;
 }
 
-void ParameterServer::grant(std::vector<comm::Request>& sends) {
+void ParameterServer::grant(std::vector<Request>& sends) {
   // The slowest first (then rank order), so that a budget running out goes to whoever lags.
   std::vector<int> order;
   for (int w = 0; w < layout_.workers; ++w)
@@ -165,31 +158,31 @@ int64_t ParameterServer::serve(int64_t first_step, int64_t stop_after,
   // Every worker holds the server's shard now: the initial weights (checked identical) or the
   // checkpoint's (a checkpoint is a meet every worker has pulled).
   sent_state_.assign(W, std::vector<float>(state_, state_ + (s1_ - s0_)));
-  if (config_.sync.staleness_lr == "dc") sent_.assign(W, std::vector<float>(params_, params_ + (p1_ - p0_)));
+  if (options_.sync.staleness_lr == "dc") sent_.assign(W, std::vector<float>(params_, params_ + (p1_ - p0_)));
   end_ = stop_after > 0 ? stop_after : INT64_MAX;
   if (total_steps_ > 0) {  // resumed: the plan is known
     end_ = std::min(end_, total_steps_);
     meet_ = next_meet(first_step);
   }
   if (first_step >= end_) return end_;
-  int64_t header[comm::kPushHeaderSize];
-  std::vector<comm::Request> sends, payload;
+  int64_t header[kPushHeaderSize];
+  std::vector<Request> sends, payload;
   for (;;) {
     // Whose push: whichever comes first, or (deterministic) the next worker in rank order that is
     // computing (not held).
-    int source = comm::kAnySource;
-    if (config_.sync.deterministic) {
+    int source = kAnySource;
+    if (options_.sync.deterministic) {
       while (waiting_[next_]) next_ = (next_ + 1) % W;
       source = next_;
       next_ = (next_ + 1) % W;
     }
-    comm::Request r = world_.irecv(header, comm::kPushHeaderSize, comm::DType::kI64, source, comm::kPsHeaderChannel,
+    Request r = world_.irecv(header, kPushHeaderSize, DType::kI64, source, kPsHeaderChannel,
                                    "PS_HEADER");
     const int w = world_.wait_completion(r).peer;
     payload.clear();
-    payload.push_back(world_.irecv(grad_.data(), p1_ - p0_, comm::DType::kF32, w, comm::kPsGradChannel, "PUSH_GRAD"));
+    payload.push_back(world_.irecv(grad_.data(), p1_ - p0_, DType::kF32, w, kPsGradChannel, "PUSH_GRAD"));
     payload.push_back(
-        world_.irecv(state_in_.data(), s1_ - s0_, comm::DType::kF32, w, comm::kPsStateChannel, "PUSH_STATE"));
+        world_.irecv(state_in_.data(), s1_ - s0_, DType::kF32, w, kPsStateChannel, "PUSH_STATE"));
     world_.wait_all(payload);
     const int64_t step = header[0];
     if (w < 0 || w >= W || step != clock_[w] || waiting_[w])
@@ -207,7 +200,7 @@ int64_t ParameterServer::serve(int64_t first_step, int64_t stop_after,
                                std::to_string(total_steps_) + " of " + std::to_string(steps_per_epoch_) +
                                " (train.epochs, train.max_steps or data.batch_size changed since the checkpoint?)");
     }
-    world_.log().set_step(step, comm::Phase::kDense);
+    world_.log().set_step(step, Phase::kDense);
     receive_push(w, step, header[1]);
     sends.clear();
     if (received_ == meet_ * W) {
@@ -217,8 +210,8 @@ int64_t ParameterServer::serve(int64_t first_step, int64_t stop_after,
       for (int v = 0; v < W; ++v) send_reply(v, meet_, sends);
       world_.wait_all(sends);  // the replies read the shard: done before it changes again
       const int64_t m = meet_;
-      const TrainConfig& t = config_.train;
-      if ((t.checkpoint_every > 0 && m % t.checkpoint_every == 0) || m == total_steps_) checkpoint(m);
+      const int64_t every = options_.checkpoint_every;
+      if ((every > 0 && m % every == 0) || m == total_steps_) checkpoint(m);
       if (m >= end_) return end_;
       meet_ = next_meet(m);
       continue;
@@ -234,18 +227,18 @@ int64_t ParameterServer::serve(int64_t first_step, int64_t stop_after,
 
 void ParameterServer::save(std::ostream& optimizer_out, std::ostream& state_out) const {
   optimizer_->save(optimizer_out);
-  comm::write_sync_header(state_out, "async_ps_server", 2);
+  write_sync_header(state_out, "async_ps_server", 2);
   for (int64_t v : {static_cast<int64_t>(layout_.workers), static_cast<int64_t>(layout_.servers), version_, pushes_,
                     total_steps_, steps_per_epoch_, static_cast<int64_t>(next_)})
-    comm::write_pod(state_out, v);
-  for (int64_t c : clock_) comm::write_pod(state_out, c);  // workers' clocks differ at a meet
+    write_pod(state_out, v);
+  for (int64_t c : clock_) write_pod(state_out, c);  // workers' clocks differ at a meet
 }
 
 void ParameterServer::load(std::istream& optimizer_in, std::istream& state_in) {
   optimizer_->load(optimizer_in);
-  comm::read_sync_header(state_in, "async_ps_server", 2);
+  read_sync_header(state_in, "async_ps_server", 2);
   int64_t v[7];
-  for (int64_t& x : v) x = comm::read_pod<int64_t>(state_in);
+  for (int64_t& x : v) x = read_pod<int64_t>(state_in);
   if (!state_in) throw std::runtime_error("async_ps server state: truncated");
   if (v[0] != layout_.workers || v[1] != layout_.servers)
     throw std::runtime_error("async_ps state was saved with " + std::to_string(v[0]) + " workers and " +
@@ -256,45 +249,8 @@ void ParameterServer::load(std::istream& optimizer_in, std::istream& state_in) {
   total_steps_ = v[4];
   steps_per_epoch_ = v[5];
   next_ = static_cast<int>(v[6]);
-  for (int64_t& c : clock_) c = comm::read_pod<int64_t>(state_in);
+  for (int64_t& c : clock_) c = read_pod<int64_t>(state_in);
   if (!state_in || next_ < 0 || next_ >= layout_.workers) throw std::runtime_error("async_ps server state: truncated");
 }
 
-bool run_server(const Config& config, const RunOptions& options, comm::Communicator& world) {
-  const std::string out = output_dir(config);
-  models::Backend& backend = device_backend(config, world.local_rank());
-  ModelStores model = build_model_stores(config, backend);
-  models::ParameterStore& params = *model.params;
-  models::ParameterStore& buffers = *model.buffers;
-  ParameterServer server(config, world, backend, params, buffers);
-  const CheckpointIdentity identity{world.size(), world.rank(), config_hash(config), config.model.arch};
-  int64_t first_step = 0;
-  if (!options.resume.empty()) {
-    LoadedCheckpoint ck = load_checkpoint(out, options.resume, identity, params, buffers, world);
-    std::istringstream opt_state(ck.state.optimizer_state), sync_state(ck.state.sync_state);
-    server.load(opt_state, sync_state);
-    first_step = ck.state.step;
-  } else {
-    check_identical(params, world);
-  }
-  // The same checkpoint calls as the workers' (run.cpp): a failed periodic one is a warning there
-  // (rank 0 prints it), the final one an error on every rank.
-  auto checkpoint = [&](int64_t step) {
-    TrainingState state;
-    state.step = step;
-    state.epoch = step / std::max<int64_t>(server.steps_per_epoch(), 1);
-    state.batch_in_epoch = step % std::max<int64_t>(server.steps_per_epoch(), 1);
-    std::ostringstream opt_state, sync_state;
-    server.save(opt_state, sync_state);
-    state.optimizer_state = opt_state.str();
-    state.sync_state = sync_state.str();
-    try {
-      save_checkpoint(out, identity, params, buffers, state, world, static_cast<int>(config.train.keep_checkpoints));
-    } catch (const std::runtime_error& e) {
-      if (step == server.total_steps()) throw AgreedError(e.what(), 1);
-    }
-  };
-  return server.serve(first_step, options.stop_after, checkpoint) == server.total_steps();
-}
-
-}  // namespace trainer::app
+}  // namespace trainer::comm

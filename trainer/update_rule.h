@@ -1,0 +1,50 @@
+// The update rule: how a step's gradient becomes new weights. Three stages, in this order for every
+// method:
+//   share  the sync method combines the gradient over the ranks (GradientSync::reduce); on return
+//          the gradient is what the optimizer applies. A remote update (async_ps, whose optimizer
+//          runs on the servers) shares nothing yet.
+//   clip   optim.grad_clip_norm, on the gradient the optimizer will apply: the synced one, or for
+//          async_ps this worker's own (the servers apply each push as one update). Its norm pass is
+//          also the check that finite local gradients did not sum to an infinity; the synced
+//          gradient is the same on every rank, so every rank decides alike without a message.
+//   apply  local: the optimizer step, then the method's after_step (local SGD's parameter
+//          averaging); remote: the push to the servers, which reply with the new weights.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "comm/sync/gradient_sync.h"
+#include "models/backend.h"
+#include "models/parameters.h"
+#include "optim/optimizer.h"
+#include "trainer/interval_metrics.h"
+#include "trainer/trace_spans.h"
+
+namespace trainer::app {
+
+struct UpdateOutcome {
+  bool applied = false;
+  std::string nonfinite;  // not applied: what was not finite (after the sync)
+  comm::SyncStats stats;
+};
+
+class UpdateRule {
+ public:
+  UpdateRule(comm::GradientSync& sync, optim::Optimizer& optimizer, models::Backend& backend,
+             models::ParameterStore& params, comm::SyncBuffers& buffers, double clip_norm);
+  // The step's update at learning rate `lr` (a remote update ignores it: the servers run the
+  // schedule). Adds its time to `times` and marks the trace.
+  UpdateOutcome run(int64_t step, double lr, StepTimes& times, TraceSpans& spans);
+
+ private:
+  comm::GradientSync& sync_;
+  optim::Optimizer& optimizer_;
+  models::Backend& backend_;
+  models::ParameterStore& params_;
+  comm::SyncBuffers& buffers_;
+  double clip_norm_;
+  bool remote_;  // the optimizer runs where the sync sends the gradient (GradientSync::applies_update)
+};
+
+}  // namespace trainer::app

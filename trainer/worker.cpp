@@ -1,0 +1,345 @@
+// A training rank: the step loop, made of the parts of trainer/: the step clock (step_clock.h), the
+// update rule (update_rule.h), the interval metrics, the checkpoint keeper, the non-finite guard and
+// the trace spans. docs/architecture.md section 2 walks one step.
+#include <malloc.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "comm/comm_summary.h"
+#include "optim/schedule.h"
+#include "trainer/checkpoint_keeper.h"
+#include "trainer/experiment.h"
+#include "trainer/interval_metrics.h"
+#include "trainer/nonfinite_guard.h"
+#include "trainer/preemption.h"
+#include "trainer/roles.h"
+#include "trainer/run_output.h"
+#include "trainer/step_clock.h"
+#include "trainer/trace_spans.h"
+#include "trainer/update_rule.h"
+
+namespace trainer::app {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+std::string str(int64_t v) { return std::to_string(v); }
+
+// Test hook: TRAINER_TEST_INJECT_NAN="RANK:STEP[,RANK:STEP]..." puts a NaN into the local gradient
+// of the last parameter tensor on that rank after that step's backward pass.
+std::set<std::pair<int, int64_t>> nan_injections() {
+  std::set<std::pair<int, int64_t>> at;
+  const char* env = std::getenv("TRAINER_TEST_INJECT_NAN");
+  if (!env) return at;
+  std::istringstream in(env);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    int rank = -1;
+    long long step = -1;
+    char extra = 0;
+    if (std::sscanf(item.c_str(), "%d:%lld%c", &rank, &step, &extra) != 2 || rank < 0 || step < 0)
+      throw std::runtime_error("TRAINER_TEST_INJECT_NAN: expected RANK:STEP[,RANK:STEP]..., got '" +
+                               std::string(env) + "'");
+    at.insert({rank, step});
+  }
+  return at;
+}
+
+// Speech batches differ in length, so every step allocates activations and workspaces of new sizes.
+// main.cpp keeps glibc from mapping and unmapping large blocks (mmap off, 1 GB trim threshold: Open
+// MPI's message-sized temporaries must stay resident), and then every freed hole stays resident
+// too: DeepSpeech at batch 2 grew by about 35 MB a step (1.8 GB at step 5, 3.3 GB at step 40; flat
+// at 1.6 GB under jemalloc, so fragmentation, not a leak). Each time the heap has grown by another
+// kRegrowth since the last trim, the pages of its free chunks go back to the system. Fixed-shape
+// models stop growing after their first steps and are never trimmed again, so their steady-state
+// buffers are not re-faulted (trimming every step cost the small LAS 30 ms a step).
+void release_free_heap() {
+  constexpr size_t kRegrowth = size_t{256} << 20;
+  static size_t heap_at_last_trim = mallinfo2().arena;
+  const size_t heap = mallinfo2().arena;
+  if (heap < heap_at_last_trim + kRegrowth) return;
+  malloc_trim(0);
+  heap_at_last_trim = mallinfo2().arena;
+}
+
+// The straggler knob (runtime.slowdown): this rank sleeps (factor - 1) times the step's own work.
+void slow_down(const Config& config, int rank, double step_ms) {
+  if (rank != config.runtime.slowdown_rank || config.runtime.slowdown_factor <= 1) return;
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>((config.runtime.slowdown_factor - 1) * step_ms));
+}
+
+const char* signal_name(int signal) {
+  return signal == SIGTERM ? "SIGTERM" : signal == SIGINT ? "SIGINT" : "a signal";
+}
+
+class Worker {
+ public:
+  Worker(const Config& config, const RunOptions& options, comm::Communicator& world, comm::Communicator& training,
+         int threads, Clock::time_point run_start);
+  RunSummary run();
+
+ private:
+  // One step; returns false when the run stops after it: its end, or early (a stop signal,
+  // --stop-after: the comm log is finished, there is no summary).
+  bool step(int64_t step);
+  void evaluate(int64_t round, int64_t epoch);
+  void checkpoint(int64_t round, int64_t done, bool must_succeed);
+  RunSummary finish();
+  void say(const std::string& text) {
+    if (lead_) progress_.line(text);
+  }
+
+  const Config& config_;
+  const RunOptions& options_;
+  comm::Communicator& world_;
+  comm::Communicator& training_;
+  const int rank_;
+  const bool lead_;
+  Progress progress_;
+  Experiment e_;
+  Task& task_;
+  comm::SyncBuffers sync_buffers_;
+  const int64_t steps_per_epoch_, total_steps_;
+  std::set<std::pair<int, int64_t>> inject_nan_;
+  std::unique_ptr<StepClock> clock_;
+  UpdateRule update_;
+  CheckpointKeeper keeper_;
+  NonfiniteGuard guard_;
+  TraceSpans spans_;
+  std::unique_ptr<MetricsWriter> writer_;
+  std::unique_ptr<IntervalMetrics> metrics_;
+  RunFrame frame_;
+  int64_t first_clock_ = 0;  // the steps this rank had taken at the start: its loader position
+                             // (async_ps workers take different numbers of steps)
+  RunSummary summary_;
+  bool stopped_early_ = false;
+  nlohmann::json last_eval_;
+};
+
+Worker::Worker(const Config& config, const RunOptions& options, comm::Communicator& world,
+               comm::Communicator& training, int threads, Clock::time_point run_start)
+    : config_(config),
+      options_(options),
+      world_(world),
+      training_(training),
+      rank_(world.rank()),
+      lead_(world.rank() == 0),
+      // Under mpiexec a rank's stdout is a pseudo-terminal even when the job's output goes to a
+      // file, so the live line is only used by a process started directly from a terminal.
+      progress_(lead_ && world.size() == 1 && Progress::stdout_is_terminal()),
+      e_(build_experiment(config, world, training, [this](const std::string& text) { say(text); })),
+      task_(*e_.task),
+      sync_buffers_{task_.parameters().values(), task_.parameters().grads(), task_.parameters().size(),
+                    task_.buffers().values(),    task_.buffers().size(),   &task_.parameters().views()},
+      steps_per_epoch_(task_.steps_per_epoch()),
+      total_steps_(app::total_steps(config, steps_per_epoch_)),
+      inject_nan_(nan_injections()),
+      clock_(&world == &training ? make_lockstep_clock(world, *e_.backend, task_.parameters())
+                                 : make_granted_clock(rank_, training.size(), config.data.batch_size, *e_.backend,
+                                                      task_.parameters())),
+      update_(*e_.sync, *e_.optimizer, *e_.backend, task_.parameters(), sync_buffers_, config.optim.grad_clip_norm),
+      keeper_(config, task_.parameters(), task_.buffers(), world),
+      guard_(config.train.skip_nonfinite_steps, task_.buffers(), [this] { return keeper_.last_note(); }),
+      spans_(world.log(), config.comm.trace_first_step, config.comm.trace_steps) {
+  const std::string out = output_dir(config);
+  frame_.run_start = run_start;
+  frame_.total_steps = total_steps_;
+  frame_.steps_per_epoch = steps_per_epoch_;
+  frame_.classifies = task_.classifies();
+  if (auto ck = keeper_.start(options.resume)) {
+    if (!ck->warning.empty()) say("warning: " + ck->warning);
+    std::istringstream opt_state(ck->state.optimizer_state), sync_state(ck->state.sync_state);
+    e_.optimizer->load(opt_state);
+    e_.sync->load(sync_state);
+    frame_.first_step = ck->state.step;
+    first_clock_ = ck->state.epoch * steps_per_epoch_ + ck->state.batch_in_epoch;
+    task_.seek(ck->state.epoch, ck->state.batch_in_epoch);
+    if (lead_) truncate_metrics(out + "/metrics.jsonl", frame_.first_step);
+    say("resumed from " + ck->path + " at step " + str(frame_.first_step));
+  } else if (lead_) {
+    std::ofstream(out + "/metrics.jsonl", std::ios::trunc);
+  }
+  if (lead_) {
+    writer_ = std::make_unique<MetricsWriter>(out + "/metrics.jsonl");
+    write_run_info(out + "/run.json", config, task_.parameters(), world.size(), total_steps_, steps_per_epoch_,
+                   frame_.first_step);
+  }
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "trainer: %s: %s (%lld parameters) on %lld training examples, steps %lld..%lld of batch %lld x %d "
+                "processes, %d threads each, sync %s; output in %s",
+                config.experiment.name.c_str(), config.model.arch.c_str(),
+                static_cast<long long>(task_.parameters().size()), static_cast<long long>(task_.train_examples()),
+                static_cast<long long>(frame_.first_step), static_cast<long long>(total_steps_),
+                static_cast<long long>(config.data.batch_size), training.size(), threads, config.sync.method.c_str(),
+                out.c_str());
+  say(line);
+}
+
+RunSummary Worker::run() {
+  frame_.train_start = Clock::now();
+  metrics_ = std::make_unique<IntervalMetrics>(frame_, *clock_, writer_.get(), &progress_);
+  if (config_.train.eval_at_start && frame_.first_step == 0) evaluate(0, 0);
+  if (frame_.first_step < total_steps_)
+    for (int64_t s = first_clock_; step(s); ++s) {
+    }
+  return stopped_early_ ? summary_ : finish();
+}
+
+bool Worker::step(int64_t step) {
+  StepTimes& times = metrics_->times();
+  models::ParameterStore& params = task_.parameters();
+  const auto step_start = Clock::now();
+  spans_.begin_step(step);
+  task_.load_batch();
+  times.data += ms_since(step_start);
+  spans_.mark("data");
+  if (rank_ == options_.fail_rank && step == options_.fail_step)
+    throw std::runtime_error("injected failure at step " + str(step) + " (--inject-failure)");
+
+  auto t0 = Clock::now();
+  guard_.before_forward();
+  const StepResult result = task_.forward_backward();
+  if (inject_nan_.count({rank_, step})) e_.backend->fill(1, std::nanf(""), params.grads() + params.views().back().offset);
+  times.compute += ms_since(t0);
+  spans_.mark("forward_backward");
+  slow_down(config_, rank_, ms_since(step_start));
+
+  // Before the step's first message: its phase, then the verdict on stop requests and non-finite
+  // values, found before the sync can spread them into other ranks' weights or residuals.
+  t0 = Clock::now();
+  world_.log().set_step(step, e_.sync->phase(step));
+  const StepVerdict verdict = clock_->verdict(step, stop_signal_received(), result.loss);
+  times.sync += ms_since(t0);
+  const double lr = optim::learning_rate(e_.schedule, step, steps_per_epoch_, total_steps_);
+  UpdateOutcome update;
+  if (verdict.nonfinite)
+    update.nonfinite = nonfinite_item(verdict.tensor, params) + " on rank " + std::to_string(verdict.rank) +
+                       ", before the gradient sync";
+  else
+    update = update_.run(step, lr, times, spans_);
+  if (update.applied)
+    guard_.applied();
+  else
+    say(guard_.skip(step, update.nonfinite));
+  spans_.end_step();
+  release_free_heap();
+
+  StepRecord record{result.loss, result.samples, result.correct, update.applied, update.stats, lr};
+  world_.log().take_totals(record.sent, record.received);
+  const int64_t done = step + 1;
+  const StepPosition at = clock_->position(done, update.stats);
+  const bool finished = at.round == total_steps_;
+  metrics_->close_step(record, at, done % config_.train.log_every_steps == 0 || finished);
+
+  const int64_t round = at.round, epoch = (at.global - 1) / steps_per_epoch_;
+  const int64_t eval_every = config_.train.eval_every_steps, ck_every = config_.train.checkpoint_every;
+  const bool epoch_end = round % steps_per_epoch_ == 0;
+  if (round > 0 && ((eval_every > 0 && round % eval_every == 0) || (eval_every == 0 && epoch_end) || finished))
+    evaluate(round, epoch);
+  if ((round > 0 && ck_every > 0 && round % ck_every == 0) || finished || verdict.stop_signal)
+    checkpoint(round, done, finished || verdict.stop_signal);
+  summary_.steps = done;
+  if (verdict.stop_signal && !finished) {
+    finish_comm_log(config_, world_, spans_.spans());
+    say("stopped by " + std::string(signal_name(verdict.stop_signal)) + " after step " + str(done) + " of " +
+        str(total_steps_) + "; checkpoint " + keeper_.last() + "; continue with the same command and --resume latest");
+    summary_.stop_signal = verdict.stop_signal;
+    stopped_early_ = true;
+    return false;
+  }
+  if (round > 0 && round == options_.stop_after) {
+    finish_comm_log(config_, world_, spans_.spans());
+    say("stopping after step " + str(round) + " (--stop-after)");
+    stopped_early_ = true;
+    return false;
+  }
+  return !finished;
+}
+
+void Worker::evaluate(int64_t round, int64_t epoch) {
+  const auto t0 = Clock::now();
+  nlohmann::json r = task_.evaluate(training_);
+  if (r.contains("accuracy")) {
+    summary_.final_accuracy = r["accuracy"].get<double>();
+    summary_.best_accuracy = std::max(summary_.best_accuracy, summary_.final_accuracy);
+  }
+  last_eval_ = r;
+  if (!lead_) return;
+  r["step"] = round;
+  r["epoch"] = epoch;
+  r["time_s"] = ms_since(frame_.run_start) / 1e3;
+  writer_->write(r);
+  char line[64];
+  std::snprintf(line, sizeof line, " (%.1fs)", ms_since(t0) / 1e3);
+  progress_.line("eval  step " + str(round) + " epoch " + str(epoch) + ": " + task_.describe_eval(r) + line);
+}
+
+void Worker::checkpoint(int64_t round, int64_t done, bool must_succeed) {
+  TrainingState state;
+  state.step = round;
+  state.epoch = done / steps_per_epoch_;  // this rank's loader position: its own steps
+  state.batch_in_epoch = done % steps_per_epoch_;
+  std::ostringstream opt_state, sync_state;
+  e_.optimizer->save(opt_state);
+  e_.sync->save(sync_state);
+  state.optimizer_state = opt_state.str();
+  state.sync_state = sync_state.str();
+  const std::string failed = keeper_.save(state, must_succeed);
+  if (!failed.empty()) say("warning: " + failed + "; training continues");
+}
+
+RunSummary Worker::finish() {
+  if (lead_) progress_.finish();
+  finish_comm_log(config_, world_, spans_.spans());
+  const int trainers = training_.size();
+  const std::string out = output_dir(config_);
+  summary_.steps = total_steps_;
+  summary_.seconds = ms_since(frame_.run_start) / 1e3;
+  summary_.samples_per_s = static_cast<double>(total_steps_ - frame_.first_step) * config_.data.batch_size *
+                           trainers / std::max(ms_since(frame_.train_start) / 1e3, 1e-9);
+  std::string summary_json;
+  const std::string table = comm::comm_summary(world_, &summary_json);
+  if (!lead_) return summary_;
+  std::string result = last_eval_.is_null() ? "no evaluation" : "final " + task_.describe_eval(last_eval_);
+  char line[256];
+  if (last_eval_.contains("accuracy")) {
+    std::snprintf(line, sizeof line, "; best accuracy %.2f%%", 100 * summary_.best_accuracy);
+    result += line;
+  }
+  std::snprintf(line, sizeof line, "done: %lld steps in %s (%.1f samples/s); ", static_cast<long long>(summary_.steps),
+                format_duration(summary_.seconds).c_str(), summary_.samples_per_s);
+  progress_.line(line + result);
+  if (world_.size() > 1) progress_.line("communication (all ranks):\n" + table);
+  if (config_.comm.log) {
+    comm::write_comm_summary(table, out + "/comm/summary.txt");
+    comm::write_comm_summary(summary_json, out + "/comm/summary.json");
+  }
+  nlohmann::json record{{"steps", summary_.steps},
+                        {"world_size", world_.size()},
+                        {"seconds", summary_.seconds},
+                        {"samples_per_s", summary_.samples_per_s},
+                        {"final_eval", last_eval_}};
+  if (last_eval_.contains("accuracy")) {
+    record["final_accuracy"] = summary_.final_accuracy;
+    record["best_accuracy"] = summary_.best_accuracy;
+  }
+  std::ofstream(out + "/summary.json") << record.dump(2) << "\n";
+  return summary_;
+}
+
+}  // namespace
+
+RunSummary run_worker(const Config& config, const RunOptions& options, comm::Communicator& world,
+                      comm::Communicator& training, int threads, Clock::time_point run_start) {
+  Worker worker(config, options, world, training, threads, run_start);
+  return worker.run();
+}
+
+}  // namespace trainer::app
