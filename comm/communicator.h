@@ -21,7 +21,9 @@ namespace trainer::comm {
 
 class CommLog;
 
-enum class DType { kF32, kF64, kI32, kI64, kU8 };
+// kBF16 and kF16 are the 16-bit wire formats of comm/wire_format.h (bfloat16, IEEE binary16),
+// 2 bytes per element; their sums are rounded to the format at every add (see wire_format.h).
+enum class DType { kF32, kF64, kI32, kI64, kU8, kBF16, kF16 };
 enum class ReduceOp { kSum, kMax, kMin };
 int64_t dtype_size(DType t);
 

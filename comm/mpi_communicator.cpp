@@ -17,6 +17,7 @@
 
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
+#include "comm/wire_format.h"
 
 namespace trainer::comm {
 
@@ -27,6 +28,8 @@ int64_t dtype_size(DType t) {
     case DType::kI32: return 4;
     case DType::kI64: return 8;
     case DType::kU8: return 1;
+    case DType::kBF16: return 2;
+    case DType::kF16: return 2;
   }
   return 1;
 }
@@ -40,8 +43,56 @@ MPI_Datatype mpi_type(DType t) {
     case DType::kI32: return MPI_INT32_T;
     case DType::kI64: return MPI_INT64_T;
     case DType::kU8: return MPI_UINT8_T;
+    // MPI has no 16-bit float type: the bits travel as 16-bit integers and our own operations
+    // (sixteen_bit_op) reduce them.
+    case DType::kBF16: return MPI_UINT16_T;
+    case DType::kF16: return MPI_UINT16_T;
   }
   return MPI_BYTE;
+}
+
+bool is_sixteen_bit_float(DType t) { return t == DType::kBF16 || t == DType::kF16; }
+
+// The reductions of the 16-bit formats, as MPI user operations (commutative, so MPI may combine in
+// any order, as it does for MPI_SUM): each pair is widened to fp32, combined, and a sum rounded
+// back to the format (wire_add), which is what NCCL and gloo do for half and bfloat16. max and min
+// compare the widened values (exact; NaN handling as std::max/min on floats).
+template <WireDType W, ReduceOp Op>
+void sixteen_bit_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  if constexpr (Op == ReduceOp::kSum) {
+    wire_add(W, a, b, *len);
+  } else {
+    for (int i = 0; i < *len; ++i) {
+      float x = 0, y = 0;
+      widen(W, a + i, 1, &x);
+      widen(W, b + i, 1, &y);
+      if (Op == ReduceOp::kMax ? x > y : x < y) b[i] = a[i];
+    }
+  }
+}
+
+// Made on first use (MPI is initialized by then) and freed before MPI_Finalize.
+MPI_Op g_sixteen_bit_ops[2][3] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
+
+MPI_Op sixteen_bit_op(DType t, ReduceOp op) {
+  using Fn = void (*)(void*, void*, int*, MPI_Datatype*);
+  static const Fn fns[2][3] = {
+      {sixteen_bit_reduce<WireDType::kBF16, ReduceOp::kSum>, sixteen_bit_reduce<WireDType::kBF16, ReduceOp::kMax>,
+       sixteen_bit_reduce<WireDType::kBF16, ReduceOp::kMin>},
+      {sixteen_bit_reduce<WireDType::kF16, ReduceOp::kSum>, sixteen_bit_reduce<WireDType::kF16, ReduceOp::kMax>,
+       sixteen_bit_reduce<WireDType::kF16, ReduceOp::kMin>}};
+  const int f = t == DType::kBF16 ? 0 : 1, o = static_cast<int>(op);
+  MPI_Op& slot = g_sixteen_bit_ops[f][o];
+  if (slot == MPI_OP_NULL) MPI_Op_create(fns[f][o], /*commute=*/1, &slot);
+  return slot;
+}
+
+void free_sixteen_bit_ops() {
+  for (auto& row : g_sixteen_bit_ops)
+    for (MPI_Op& op : row)
+      if (op != MPI_OP_NULL) MPI_Op_free(&op);
 }
 
 MPI_Op mpi_op(ReduceOp op) {
@@ -101,7 +152,10 @@ class MpiCommunicator final : public Communicator {
       return;
     }
     log_->flush();
-    if (owns_mpi_ && !finalized) MPI_Finalize();
+    if (owns_mpi_ && !finalized) {
+      free_sixteen_bit_ops();
+      MPI_Finalize();
+    }
   }
 
   int rank() const override { return rank_; }
@@ -289,7 +343,8 @@ class MpiCommunicator final : public Communicator {
     const int64_t piece = piece_elems(type), es = dtype_size(type);
     for (int64_t off = 0; off < count; off += piece) {
       const int c = static_cast<int>(std::min(piece, count - off));
-      MPI_Allreduce(MPI_IN_PLACE, at(buffer, off * es), c, mpi_type(type), mpi_op(op), comm_);
+      const MPI_Op reduce = is_sixteen_bit_float(type) ? sixteen_bit_op(type, op) : mpi_op(op);
+      MPI_Allreduce(MPI_IN_PLACE, at(buffer, off * es), c, mpi_type(type), reduce, comm_);
     }
   }
 

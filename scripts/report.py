@@ -128,7 +128,8 @@ def section_phases(run):
     md = ["## Per phase: gradient synchronization against theory\n\n",
           "Gradient-sync calls only (start-up checks, evaluation and checkpoint calls left out). Per step per rank = "
           "total / (steps x ranks). Wire volume is what a ring algorithm sends per rank (S x bus factor for "
-          "collectives, the bytes of each send), the quantity of the methods' formulas (words of 4 bytes: dense "
+          "collectives, the bytes of each send), the quantity of the methods' formulas (words of 4 bytes, or 2 "
+          "where sync.wire_dtype is bf16 or fp16: the dense phase and PowerSGD; dense "
           "2n(P-1)/P, Ok-Top-k at most 6k(P-1)/P, TopkA 2k(P-1), PowerSGD sum (n+m)r).\n\n"]
     out = []
     for r in rows:

@@ -214,8 +214,8 @@ def op_table(run):
 
 # -- per phase --------------------------------------------------------------------------------------
 def theoretical_words(run, phase):
-    """Words (4 bytes) one rank sends per step by the method's formula, with the formula; None when
-    the run does not say n (no run.json)."""
+    """Words (elements: word_bytes each) one rank sends per step by the method's formula, with the
+    formula; None when the run does not say n (no run.json)."""
     if not run.info:
         return None, "needs run.json"
     n, p, k = run.info["n"], run.world, run.info["k"]
@@ -240,6 +240,15 @@ def theoretical_words(run, phase):
     if method == "gaussiank":
         return 2 * k * (p - 1), "about 2k(P-1) (allgatherv of about k pairs per rank)"
     return None, f"no formula for {method}"
+
+
+def word_bytes(run, phase):
+    """Bytes per element on the wire in a phase: 2 where sync.wire_dtype's 16-bit formats apply (the
+    dense phase's gradient allreduce and PowerSGD's factors), 4 elsewhere (local SGD's parameters,
+    the sparse methods' values, the parameter server)."""
+    if run.cfg("sync", "wire_dtype", "fp32") == "fp32" or run.method == "async_ps":
+        return 4
+    return 2 if phase == "dense" or run.method == "powersgd" else 4
 
 
 def wire_bytes(rec, world):
@@ -273,7 +282,7 @@ def phase_table(run):
                "calls_per_step_per_rank": s["calls"] / per if per else None,
                "bytes_per_step_per_rank": s["bytes"] / per if per else None,
                "wire_per_step_per_rank": s["wire"] / per if per else None,
-               "theory_bytes": 4 * words if words is not None else None, "formula": formula}
+               "theory_bytes": word_bytes(run, ph) * words if words is not None else None, "formula": formula}
         row["measured_over_theory"] = (row["wire_per_step_per_rank"] / row["theory_bytes"]
                                        if per and row["theory_bytes"] else None)
         rows.append(row)

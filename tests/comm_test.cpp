@@ -23,6 +23,7 @@
 #include "comm/comm_summary.h"
 #include "comm/comm_wait.h"
 #include "comm/communicator.h"
+#include "comm/wire_format.h"
 
 using namespace trainer::comm;
 
@@ -103,6 +104,42 @@ TEST_CASE("allreduce sum, max and min for every type") {
     if (b[i] != want) ++wrong;
   }
   CHECK(wrong == 0);
+}
+
+TEST_CASE("allreduce of the 16-bit wire formats: sum, max and min, 2 bytes per element in the log") {
+  Communicator& c = world();
+  const int64_t n = 257;
+  for (const WireDType wire : {WireDType::kBF16, WireDType::kF16}) {
+    INFO(wire_dtype_name(wire));
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+      // Small integers: every contribution and every partial sum is exact in both formats, so the
+      // result does not depend on the order MPI combines in.
+      std::vector<float> x(n);
+      for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(contribution(c.rank(), i));
+      std::vector<uint16_t> h(n);
+      narrow(wire, x.data(), n, 1.f, h.data());
+      CommLogOptions options;
+      options.enabled = true;
+      c.log().open(options, c.rank(), c.size());
+      c.allreduce(h.data(), n, wire_comm_dtype(wire), op, "ALLREDUCE_TEST");
+      int64_t bytes = -1;
+      for (const auto& s : c.log().op_stats())
+        if (s.op == "ALLREDUCE_TEST") bytes = s.bytes;
+      c.log().open(CommLogOptions{}, c.rank(), c.size());
+      CHECK(bytes == 2 * n);
+      widen(wire, h.data(), n, x.data());
+      int wrong = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        double want = contribution(0, i);
+        for (int r = 1; r < c.size(); ++r) {
+          const double v = contribution(r, i);
+          want = op == ReduceOp::kSum ? want + v : op == ReduceOp::kMax ? std::max(want, v) : std::min(want, v);
+        }
+        if (x[i] != want) ++wrong;
+      }
+      CHECK(wrong == 0);
+    }
+  }
 }
 
 TEST_CASE("allgather, separate buffers and in place") {

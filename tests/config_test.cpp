@@ -128,6 +128,21 @@ TEST_CASE("rules across keys", "[config]") {
   CHECK(error_of("[runtime]\ncommunicator = \"gloo\"\n").find("runtime.communicator") != std::string::npos);
 }
 
+TEST_CASE("sync.wire_dtype: fp32 by default, bf16 and fp16, anything else one line naming the key", "[config]") {
+  CHECK(Config{}.sync.wire_dtype == "fp32");
+  CHECK(parse("[sync]\nwire_dtype = \"bf16\"\n").sync.wire_dtype == "bf16");
+  CHECK(parse("", {"sync.wire_dtype=fp16"}).sync.wire_dtype == "fp16");
+  CHECK(error_of("[sync]\nwire_dtype = \"bf15\"\n") ==
+        "configs/x.toml: sync.wire_dtype = \"bf15\" is not one of fp32, bf16, fp16 (did you mean \"bf16\"?)");
+  CHECK(error_of("", {"sync.wire_dtype=half"}) == "--set sync.wire_dtype=half: sync.wire_dtype = \"half\" is not one of "
+                                                  "fp32, bf16, fp16");
+  CHECK(error_of("[sync]\nwire_dtype = 16\n").find("sync.wire_dtype") != std::string::npos);
+  // The 16-bit casts run on the host: not with device buffers yet.
+  CHECK(error_of("[runtime]\ndevice = \"cuda\"\n[sync]\nwire_dtype = \"bf16\"\n") ==
+        "configs/x.toml: sync.wire_dtype = \"bf16\" casts on the host and cannot run with runtime.device = \"cuda\" "
+        "yet (fp32 can)");
+}
+
 TEST_CASE("optimizer choice: sgd, adam, adamw with betas and eps", "[config]") {
   const Config defaults;
   CHECK(defaults.optim.name == "sgd");

@@ -391,6 +391,10 @@ void check_consistency(const Config& c, const Settings& settings, const std::str
     fail(origin({"runtime.device", "sync.method"}),
          "sync.method = \"" + c.sync.method + "\" computes on host buffers and cannot run with runtime.device = \"" +
              c.runtime.device + "\" yet (dense and local_sgd can)");
+  if (c.runtime.device != "cpu" && c.sync.wire_dtype != "fp32")
+    fail(origin({"runtime.device", "sync.wire_dtype"}),
+         "sync.wire_dtype = \"" + c.sync.wire_dtype + "\" casts on the host and cannot run with runtime.device = \"" +
+             c.runtime.device + "\" yet (fp32 can)");
   if (c.sync.method == "async_ps" && c.train.skip_nonfinite_steps > 0)
     fail(origin({"train.skip_nonfinite_steps", "sync.method"}),
          "train.skip_nonfinite_steps applies to synchronous methods, not sync.method = \"async_ps\" (a worker "

@@ -119,6 +119,7 @@ struct SyncConfig {
   std::string method = "dense";
   int64_t dense_warmup_steps = 0;
   double bucket_mb = 25.0;
+  std::string wire_dtype = "fp32";  // comm::wire_dtype_names()
   int64_t period = 1;
   double density = 0.01;
   int64_t local_threshold_every = 32;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/sync/method_names.h"
+#include "comm/wire_format.h"
 #include "trainer/config.h"
 
 namespace trainer::config_schema {
@@ -264,7 +265,17 @@ void visit_config(Cfg& c, Visitor& v) {
         "for async_ps synchronous rounds: the servers average every worker's gradient).",
         at_least(0));
   v.key("sync.bucket_mb", c.sync.bucket_mb,
-        "Dense allreduce bucket size in MB (PyTorch DDP's default is 25).", open_closed(0, 1e6));
+        "Dense allreduce bucket size in MB of fp32 gradient (PyTorch DDP's default is 25).", open_closed(0, 1e6));
+  v.key("sync.wire_dtype", c.sync.wire_dtype,
+        "Number format of the dense gradient allreduces (sync.method = \"dense\" and every method's dense "
+        "warmup) and of powersgd's P and Q factors: fp32, or bf16 or fp16 at 2 bytes per element instead of 4 "
+        "(PyTorch's bf16_compress_hook, fp16_compress_hook and fp16_compress_wrapper around powerSGD_hook). "
+        "The cast is fused into the copy into each bucket; MPI sums the 16-bit values, rounding to the format "
+        "at every add, so an element of a P-process sum sees up to P roundings of relative size 2^-8 (bf16) or "
+        "2^-11 (fp16). fp16 is divided by the number of processes before its cast, so the sum stays below "
+        "65504 wherever the average does. Parameters and BN statistics (local_sgd's averaging), the sparse "
+        "methods' selected values and async_ps always travel as fp32. Needs runtime.device = \"cpu\".",
+        comm::wire_dtype_names());
   v.key("sync.period", c.sync.period, "local_sgd: average parameters every N steps.", at_least(1));
   v.key("sync.density", c.sync.density,
         "oktopk, topka, gaussiank, gtopk: fraction of gradient entries selected per step, k = "

@@ -54,6 +54,7 @@ comm::SyncOptions sync_options(const Config& c) {
   o.method = c.sync.method;
   o.dense_warmup_steps = c.sync.dense_warmup_steps;
   o.bucket_mb = c.sync.bucket_mb;
+  o.wire_dtype = comm::parse_wire_dtype(c.sync.wire_dtype);
   o.period = c.sync.period;
   o.density = c.sync.density;
   o.local_threshold_every = c.sync.local_threshold_every;

@@ -31,6 +31,15 @@ ncclDataType_t nccl_type(DType t) {
     case DType::kI32: return ncclInt32;
     case DType::kI64: return ncclInt64;
     case DType::kU8: return ncclUint8;
+    // The wire formats (wire_format.h): NCCL reduces them in the format itself, as our MPI reduction
+    // does (partial sums travel between ranks as 16-bit numbers).
+    case DType::kF16: return ncclFloat16;
+    case DType::kBF16:
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+      return ncclBfloat16;
+#else
+      throw std::runtime_error("NCCL before 2.10 has no bfloat16 (sync.wire_dtype = \"bf16\")");
+#endif
   }
   return ncclUint8;
 }

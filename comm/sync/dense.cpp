@@ -2,43 +2,57 @@
 
 #include <algorithm>
 #include <sstream>
+#include <stdexcept>
+#include <vector>
 
 #include "comm/sync/sync_state.h"
 
 namespace trainer::comm {
 
 void allreduce_average(Communicator& comm, models::Backend& backend, float* data, int64_t n, int64_t bucket_elements,
-                       const char* tag) {
+                       const char* tag, WireDType wire) {
   const float scale = 1.f / static_cast<float>(comm.size());
+  // fp16 divides by P in its cast (to stay in range); fp32 and bf16 after the sum (wire_format.h).
+  const float pre_scale = wire_pre_scale(wire, comm.size());
+  // A 16-bit wire's copy of one bucket: each bucket's allreduce completes before the next is cast,
+  // so one buffer serves them all; it stays allocated for the next step (one per thread, and only
+  // the thread that owns MPI communicates). fp32 buckets go out of `data` itself.
+  thread_local std::vector<uint16_t> wire_bucket;
   for (int64_t begin = 0; begin < n; begin += bucket_elements) {
     const int64_t count = std::min(bucket_elements, n - begin);
-    comm.allreduce(data + begin, count, DType::kF32, ReduceOp::kSum, tag);
+    allreduce_sum_through_wire(comm, data + begin, count, wire, pre_scale, wire_bucket, tag);
   }
   // One scaling pass after all buckets: the buckets of a step are in flight back to back. On the
   // backend, where the data is (on the CPU the same element-wise product as a loop here).
-  backend.scale(n, scale, data);
+  if (pre_scale == 1.f) backend.scale(n, scale, data);
 }
 
 int64_t bucket_elements(double bucket_mb) {
   return std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1e6 / 4));
 }
 
-DenseSync::DenseSync(Communicator& comm, int64_t n, double bucket_mb, models::Backend& backend)
-    : comm_(comm), n_(n), bucket_elements_(bucket_elements(bucket_mb)), backend_(backend) {}
+DenseSync::DenseSync(Communicator& comm, int64_t n, double bucket_mb, models::Backend& backend, WireDType wire)
+    : comm_(comm), n_(n), bucket_elements_(bucket_elements(bucket_mb)), backend_(backend), wire_(wire) {
+  if (wire != WireDType::kF32 && backend.name() != models::cpu_backend().name())
+    throw std::invalid_argument("sync.wire_dtype = \"" + wire_dtype_name(wire) + "\" casts on the host and cannot run " +
+                                "with runtime.device = \"" + backend.name() + "\" yet (fp32 can)");
+}
 
 std::string DenseSync::describe() const {
   const int64_t buckets = (n_ + bucket_elements_ - 1) / bucket_elements_;
   const int p = comm_.size();
+  const int64_t bytes = wire_bytes(wire_);
   std::ostringstream out;
-  out << "dense: " << buckets << " allreduce(s) ALLREDUCE_DENSE per step over " << n_ << " floats ("
-      << n_ * 4 / 1e6 << " MB); ring traffic per rank 2(P-1)/P x 4n = " << 2.0 * (p - 1) / p * n_ * 4 / 1e6
+  out << "dense: " << buckets << " allreduce(s) ALLREDUCE_DENSE per step over " << n_ << " floats, on the wire as "
+      << wire_dtype_name(wire_) << " (" << bytes << " bytes each: " << n_ * bytes / 1e6
+      << " MB); ring traffic per rank 2(P-1)/P x " << bytes << "n = " << 2.0 * (p - 1) / p * n_ * bytes / 1e6
       << " MB at P = " << p;
   return out.str();
 }
 
 SyncStats DenseSync::reduce(SyncBuffers& b, int64_t step) {
   comm_.log().set_step(step, Phase::kDense);
-  if (comm_.size() > 1) allreduce_average(comm_, backend_, b.grads, b.n, bucket_elements_, "ALLREDUCE_DENSE");
+  if (comm_.size() > 1) allreduce_average(comm_, backend_, b.grads, b.n, bucket_elements_, "ALLREDUCE_DENSE", wire_);
   return {Phase::kDense, 1.0};
 }
 

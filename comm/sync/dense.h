@@ -1,6 +1,7 @@
 #pragma once
 
 #include "comm/sync/gradient_sync.h"
+#include "comm/wire_format.h"
 #include "models/backend.h"
 
 namespace trainer::comm {
@@ -10,9 +11,14 @@ namespace trainer::comm {
 // by the world size. Every step sends 2(P-1)/P x 4n bytes per rank with a ring allreduce. No state.
 // The buffers may be device buffers: `comm` then moves device memory (comm/device_communicator.h)
 // and the division runs on `backend`, the one the buffers live in.
+// With a 16-bit `wire` (comm/wire_format.h) each bucket is cast into bf16 or fp16 on its way to
+// the allreduce and back, so 2(P-1)/P x 2n bytes go out; bucket_mb still counts the fp32 gradient
+// (as DDP's bucket_cap_mb does under its compression hooks). The cast runs on the host: a 16-bit
+// wire with a device backend is refused (std::invalid_argument).
 class DenseSync final : public GradientSync {
  public:
-  DenseSync(Communicator& comm, int64_t n, double bucket_mb, models::Backend& backend);
+  DenseSync(Communicator& comm, int64_t n, double bucket_mb, models::Backend& backend,
+            WireDType wire = WireDType::kF32);
   std::string name() const override { return "dense"; }
   std::string describe() const override;
   Phase phase(int64_t) const override { return Phase::kDense; }
@@ -25,6 +31,7 @@ class DenseSync final : public GradientSync {
   int64_t n_;
   int64_t bucket_elements_;
   models::Backend& backend_;
+  WireDType wire_;
 };
 
 // Floats per bucket of `bucket_mb` megabytes (at least one): dense sync, parameter averaging and the
@@ -33,7 +40,9 @@ int64_t bucket_elements(double bucket_mb);
 
 // Allreduce-average of a flat float buffer of `backend` (device memory: `comm` must move it) in
 // buckets, tagged `tag`: what dense gradient sync and parameter averaging (local SGD) both do.
+// `wire`: the format the buckets travel in (gradients only: parameters and BN statistics are
+// averaged in fp32, never rounded); a 16-bit one needs host memory.
 void allreduce_average(Communicator& comm, models::Backend& backend, float* data, int64_t n, int64_t bucket_elements,
-                       const char* tag);
+                       const char* tag, WireDType wire = WireDType::kF32);
 
 }  // namespace trainer::comm

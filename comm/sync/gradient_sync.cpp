@@ -22,8 +22,8 @@ namespace {
 class WarmupSync final : public GradientSync {
  public:
   WarmupSync(std::unique_ptr<GradientSync> method, Communicator& comm, int64_t n, double bucket_mb,
-             int64_t warmup_steps, models::Backend& backend)
-      : method_(std::move(method)), dense_(comm, n, bucket_mb, backend), warmup_steps_(warmup_steps) {}
+             int64_t warmup_steps, models::Backend& backend, WireDType wire)
+      : method_(std::move(method)), dense_(comm, n, bucket_mb, backend, wire), warmup_steps_(warmup_steps) {}
   std::string name() const override { return method_->name(); }
   std::string describe() const override {
     return "first " + std::to_string(warmup_steps_) + " steps: " + dense_.describe() + "\nthen " + method_->describe();
@@ -54,7 +54,7 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
                                 "runtime.device = \"" + backend.name() + "\" yet (dense and local_sgd can)");
   std::unique_ptr<GradientSync> method;
   if (o.method == "async_ps") return std::make_unique<AsyncPsWorker>(comm, o, n);
-  if (o.method == "dense") return std::make_unique<DenseSync>(comm, n, o.bucket_mb, backend);
+  if (o.method == "dense") return std::make_unique<DenseSync>(comm, n, o.bucket_mb, backend, o.wire_dtype);
   if (o.method == "local_sgd") method = std::make_unique<LocalSgd>(comm, n, o.bucket_mb, o.period, backend);
   if (o.method == "oktopk") method = std::make_unique<OkTopk>(comm, n, o);
   if (o.method == "topka") method = std::make_unique<TopkA>(comm, n, o.density);
@@ -62,7 +62,8 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
   if (o.method == "gtopk") method = std::make_unique<GTopk>(comm, n, o.density);
   if (o.method == "powersgd") {
     if (!views) throw std::invalid_argument("sync.method 'powersgd' needs the model's tensor shapes");
-    method = std::make_unique<PowerSgd>(comm, *views, n, o.rank, o.min_compression_rate, o.seed, models::cpu_backend());
+    method = std::make_unique<PowerSgd>(comm, *views, n, o.rank, o.min_compression_rate, o.seed, models::cpu_backend(),
+                                        o.wire_dtype);
   }
   if (!method) {
     std::string list;
@@ -70,7 +71,8 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
     throw std::invalid_argument("unknown sync.method '" + o.method + "' (available: " + list + ")");
   }
   if (o.dense_warmup_steps > 0)
-    return std::make_unique<WarmupSync>(std::move(method), comm, n, o.bucket_mb, o.dense_warmup_steps, backend);
+    return std::make_unique<WarmupSync>(std::move(method), comm, n, o.bucket_mb, o.dense_warmup_steps, backend,
+                                        o.wire_dtype);
   return method;
 }
 

@@ -24,6 +24,7 @@
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
 #include "comm/sync/method_names.h"
+#include "comm/wire_format.h"
 #include "models/backend.h"
 #include "models/parameters.h"
 
@@ -74,6 +75,10 @@ struct SyncOptions {
   int64_t dense_warmup_steps = 0;
   double bucket_mb = 25.0;  // dense allreduce bucket size (PyTorch DDP's default)
   int64_t period = 1;       // local SGD: average parameters every `period` steps
+  // The format dense gradient buckets (dense, every method's dense warmup) and PowerSGD's P and Q
+  // factors travel in (comm/wire_format.h). Not parameters or BN statistics (local SGD's averaging
+  // stays fp32), not the sparse methods' values, not async_ps.
+  WireDType wire_dtype = WireDType::kF32;
   // Sparse methods (oktopk, topka, gaussiank, gtopk): k = ceil(density * n) entries per step.
   double density = 0.01;
   int64_t local_threshold_every = 32;   // oktopk: exact local threshold every N compressed steps

@@ -21,8 +21,8 @@ void scale(int64_t count, float s, float* y) {
 }  // namespace
 
 PowerSgd::PowerSgd(Communicator& comm, const std::vector<models::ParamView>& views, int64_t n, int64_t rank,
-                   double min_compression_rate, uint64_t seed, models::Backend& backend)
-    : ErrorFeedbackSync(n), comm_(comm), backend_(backend), n_(n), rank_(rank), seed_(seed) {
+                   double min_compression_rate, uint64_t seed, models::Backend& backend, WireDType wire)
+    : ErrorFeedbackSync(n), comm_(comm), backend_(backend), n_(n), rank_(rank), seed_(seed), wire_(wire) {
   if (rank < 1) throw std::invalid_argument("powersgd: sync.rank must be at least 1");
   int64_t covered = 0;
   for (size_t v = 0; v < views.size(); ++v) {
@@ -75,14 +75,16 @@ std::string PowerSgd::describe() const {
     const Matrix* prev = i ? &matrices_[i - 1] : nullptr;
     shape_groups += !(prev && prev->rows == m.rows && prev->cols == m.cols && prev->rank == m.rank);
   }
+  const int64_t bytes = wire_bytes(wire_);
   std::ostringstream out;
   out << "powersgd: rank " << rank_ << "; " << matrices_.size() << " tensors compressed as rank-r factors ("
       << compressed_floats_ << " elements -> sum (n + m) r = " << p_floats_ + q_floats_ << " floats, " << shape_groups
       << " shape groups), " << dense_floats_ << " elements of the others sent dense; per step ALLREDUCE_P of "
-      << p_floats_ << " floats and ALLREDUCE_Q of " << q_floats_ << " + " << dense_floats_ << " floats: "
-      << floats_per_step() * 4 / 1e6 << " MB per rank (dense: " << n_ * 4 / 1e6 << " MB, "
-      << static_cast<double>(n_) / std::max<int64_t>(1, floats_per_step()) << "x less); ring traffic per rank "
-      << 2.0 * (p - 1) / p * floats_per_step() * 4 / 1e6 << " MB at P = " << p << "; error feedback";
+      << p_floats_ << " floats and ALLREDUCE_Q of " << q_floats_ << " + " << dense_floats_ << " floats, on the wire as "
+      << wire_dtype_name(wire_) << " (" << bytes << " bytes each): " << floats_per_step() * bytes / 1e6
+      << " MB per rank (dense fp32: " << n_ * 4 / 1e6 << " MB, "
+      << static_cast<double>(n_ * 4) / std::max<int64_t>(1, floats_per_step() * bytes) << "x less); ring traffic per rank "
+      << 2.0 * (p - 1) / p * floats_per_step() * bytes / 1e6 << " MB at P = " << p << "; error feedback";
   return out.str();
 }
 
@@ -116,8 +118,9 @@ SyncStats PowerSgd::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& 
   for (const Matrix& m : matrices_)
     backend_.gemm(false, false, m.rows, m.rank, m.cols, 1.f, e + m.offset, m.cols, q + m.q_offset, m.rank, 0.f,
                   p + m.p_offset, m.rank);
-  // 3. Every P in one allreduce.
-  if (p_floats_ > 0) comm_.allreduce(p, p_floats_, DType::kF32, ReduceOp::kSum, "ALLREDUCE_P");
+  // 3. Every P in one allreduce (through the wire format; fp16 divided by the world size first).
+  const float pre_scale = wire_pre_scale(wire_, comm_.size());
+  if (p_floats_ > 0) allreduce_sum_through_wire(comm_, p, p_floats_, wire_, pre_scale, wire_scratch_, "ALLREDUCE_P");
   // 4. Orthonormal columns (the sum's scale does not matter).
 #pragma omp parallel for schedule(dynamic)
   for (size_t i = 0; i < matrices_.size(); ++i) {
@@ -135,8 +138,8 @@ SyncStats PowerSgd::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& 
     dense += r.count;
   }
   const int64_t total = q_floats_ + dense_floats_;
-  if (total > 0) comm_.allreduce(q, total, DType::kF32, ReduceOp::kSum, "ALLREDUCE_Q");
-  scale(total, 1.f / static_cast<float>(comm_.size()), q);
+  if (total > 0) allreduce_sum_through_wire(comm_, q, total, wire_, pre_scale, wire_scratch_, "ALLREDUCE_Q");
+  if (pre_scale == 1.f) scale(total, 1.f / static_cast<float>(comm_.size()), q);
   // 7. grads = P Q^T (the averaged approximation), e = acc - P Q^T; dense tensors get their average.
   for (const Matrix& m : matrices_)
     backend_.gemm(false, true, m.rows, m.cols, m.rank, 1.f, p + m.p_offset, m.rank, q + m.q_offset, m.rank, 0.f,

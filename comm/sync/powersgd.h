@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "comm/sync/error_feedback_sync.h"
+#include "comm/wire_format.h"
 #include "models/backend.h"
 
 namespace trainer::comm {
@@ -29,6 +30,12 @@ namespace trainer::comm {
 // one call per matrix, on the CPU today).
 // Volume per rank and step: 4 (sum (n + m) r' + dense elements) bytes, each of the two allreduces
 // sending its buffer once (ring traffic 2(P-1)/P of that).
+// A 16-bit `wire` (comm/wire_format.h) sends both allreduces as bf16 or fp16, 2 bytes per element.
+// Unlike PyTorch's fp16_compress_wrapper around the hook, which runs the whole hook (products
+// included) on an fp16 bucket, the products and Gram-Schmidt stay fp32 here: only what crosses the
+// wire is rounded. fp16 divides by the world size before its casts (P's scale does not matter: it
+// is orthonormalized next; Q and the dense part then need no division afterwards); bf16 and fp32
+// divide Q and the dense part after the sum.
 // Deviations from the hook: dense tensors keep no residual (the hook keeps acc - mean(acc) for
 // them, whose average over ranks is zero, so the outputs agree); a rank-deficient P gets zero
 // columns instead of a division by zero (low_rank.h); QR is Gram-Schmidt twice (same Q up to
@@ -39,7 +46,7 @@ namespace trainer::comm {
 class PowerSgd final : public ErrorFeedbackSync {
  public:
   PowerSgd(Communicator& comm, const std::vector<models::ParamView>& views, int64_t n, int64_t rank,
-           double min_compression_rate, uint64_t seed, models::Backend& backend);
+           double min_compression_rate, uint64_t seed, models::Backend& backend, WireDType wire = WireDType::kF32);
   std::string name() const override { return "powersgd"; }
   std::string describe() const override;
 
@@ -82,6 +89,8 @@ class PowerSgd final : public ErrorFeedbackSync {
   int64_t steps_ = 0;              // compressed steps done
   std::vector<float> p_;           // all P
   std::vector<float> q_;           // all Q, then the dense elements (one ALLREDUCE_Q)
+  WireDType wire_;
+  std::vector<uint16_t> wire_scratch_;  // the 16-bit copy of P, then of Q (grow-only)
 };
 
 }  // namespace trainer::comm
