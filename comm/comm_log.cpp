@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 #include <unistd.h>
 
@@ -139,9 +141,19 @@ void CommLog::record_enabled(const char* op, OpKind kind, int64_t size_bytes, in
     traced_.push_back(TracedCall{CommRecord{step_, phase_, op, bytes, bytes_recv, peer, t_start_us, t_end_us}, kind,
                                  index});
 
+  const int64_t ready_us = std::exchange(ready_us_, -1);
   if (!in_window_) return;
-  pending_.push_back(CommRecord{step_, phase_, op, bytes, bytes_recv, peer, t_start_us, t_end_us});
+  pending_.push_back(CommRecord{step_, phase_, op, bytes, bytes_recv, peer, t_start_us, t_end_us, ready_us});
   pending_collective_.push_back(index);
+  if (pending_.size() >= kMaxPendingRecords) write_pending();
+}
+
+void CommLog::record_compute(const char* name, int64_t t_start_us, int64_t t_end_us) {
+  if (!active_ || !in_window_) return;
+  CommRecord r{step_, phase_, name, 0, 0, -1, t_start_us, t_end_us};
+  r.compute = true;
+  pending_.push_back(r);
+  pending_collective_.push_back(-1);
   if (pending_.size() >= kMaxPendingRecords) write_pending();
 }
 
@@ -168,7 +180,11 @@ void CommLog::write_pending() {
                                   ",\"t_end_us\":%" PRId64 "}\n",
                                   r.step, phase_name(r.phase), r.op, r.bytes, r.bytes_recv, r.peer, r.t_start_us,
                                   r.t_end_us);
-    if (len > 0) line_buffer_.append(line, std::min<size_t>(static_cast<size_t>(len), sizeof line - 1));
+    if (len <= 0) continue;
+    line_buffer_.append(line, std::min<size_t>(static_cast<size_t>(len), sizeof line - 1) - 2);  // without "}\n"
+    if (r.ready_us >= 0) line_buffer_ += ",\"ready_us\":" + std::to_string(r.ready_us);
+    if (r.compute) line_buffer_ += ",\"kind\":\"compute\"";
+    line_buffer_ += "}\n";
   }
   for (size_t i = 0; i < pending_.size(); ++i) {
     if (pending_collective_[i] >= 0) written_collectives_.emplace_back(records_written_, pending_collective_[i]);

@@ -17,7 +17,8 @@
 // (resolve_waits), and then adds wait_us/transfer_us to this run's collective records in the file.
 // Calls in the trace window (CommLogOptions::trace_*) are also kept in memory for the Chrome trace.
 //
-// Single-threaded, like MPI_THREAD_FUNNELED: only the thread that communicates records.
+// Single-threaded, like MPI_THREAD_SERIALIZED: only the thread communicating at the moment records
+// (the training thread, or during an overlapped backward the BucketReducer's thread).
 #pragma once
 
 #include <cstdint>
@@ -43,6 +44,8 @@ struct CommRecord {
   int64_t bytes_recv = 0; // payload this rank receives
   int peer = -1;          // -1 for collectives
   int64_t t_start_us = 0, t_end_us = 0;  // microseconds since the log was opened
+  int64_t ready_us = -1;  // an overlapped bucket: when backward had written its last gradient (-1: none)
+  bool compute = false;   // not a message: a compute phase of the step (record_compute)
 };
 
 struct CommLogOptions {
@@ -136,6 +139,14 @@ class CommLog {
            bytes_recv, peer, t_start_us, t_end_us);
   }
 
+  // The next record's ready time (BucketReducer: when its bucket's gradients were final); any thread
+  // that communicates may set it just before its call.
+  void set_ready(int64_t t_us) { ready_us_ = t_us; }
+  // A compute phase of the current step (op "BACKWARD": its forward and backward pass), written as a
+  // record with "kind":"compute" so that readers can tell how much communication ran during it. Not
+  // a message: no statistics, totals, waits or trace.
+  void record_compute(const char* name, int64_t t_start_us, int64_t t_end_us);
+
   // Bytes this rank sent and received since the last call (per-step metrics).
   void take_totals(int64_t& sent, int64_t& received);
   // Writes pending records to the file and flushes it.
@@ -196,6 +207,7 @@ class CommLog {
   int rank_ = 0, world_ = 1;
   int64_t step_ = 0;
   Phase phase_ = Phase::kDense;
+  int64_t ready_us_ = -1;
   int64_t sent_ = 0, received_ = 0;
   std::vector<CommRecord> pending_;
   std::vector<OpStats> ops_;

@@ -133,8 +133,17 @@ class MpiCommunicator final : public Communicator {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
+      // SERIALIZED: dense buckets overlapped with backward are reduced on a communication thread
+      // while the training thread makes no MPI call (comm/sync/bucket_reducer.h). MULTIPLE (for
+      // measuring its cost: TRAINER_MPI_THREAD=multiple) would let both call at once; Open MPI then
+      // takes a lock around every call.
+      const char* level = std::getenv("TRAINER_MPI_THREAD");
+      const int wanted = level && std::string(level) == "multiple" ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED;
       int provided = 0;
-      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+      MPI_Init_thread(nullptr, nullptr, wanted, &provided);
+      if (provided < MPI_THREAD_SERIALIZED)
+        throw std::runtime_error("MPI provides thread level " + std::to_string(provided) +
+                                 ", below MPI_THREAD_SERIALIZED, which sync.overlap needs");
       owns_mpi_ = true;
     }
     comm_ = MPI_COMM_WORLD;

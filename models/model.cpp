@@ -33,9 +33,20 @@ double ImageClassifier::forward_flops() const {
   return flops;
 }
 
+void ImageClassifier::add(std::unique_ptr<Layer> layer) {
+  // The layer declared its tensors in its constructor: those after the previous layer's.
+  const int64_t declared = static_cast<int64_t>(params_.views().size());
+  layer_first_view_.push_back(declared > declared_ ? declared_ : -1);
+  declared_ = declared;
+  layers_.push_back(std::move(layer));
+}
+
 void ImageClassifier::backward() {
   const Tensor* g = &dlogits_.view();
-  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) g = &(*it)->backward(*g);
+  for (size_t i = layers_.size(); i-- > 0;) {
+    g = &layers_[i]->backward(*g);
+    if (gradient_ready_ && layer_first_view_[i] >= 0) gradient_ready_(params_.views()[layer_first_view_[i]].offset);
+  }
 }
 
 }  // namespace trainer::models

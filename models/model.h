@@ -3,6 +3,7 @@
 // non-trainable state (batch-norm running statistics).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,14 +26,18 @@ class ImageClassifier {
   // Building: layers declare their tensors through context(); finish() allocates the stores and
   // initializes every layer in order from one seeded generator.
   LayerContext context() { return {backend_, params_, buffers_}; }
-  void add(std::unique_ptr<Layer> layer) { layers_.push_back(std::move(layer)); }
+  void add(std::unique_ptr<Layer> layer);
   void finish(uint64_t seed);
 
   // x: {N, C, H, W} channels-last; labels: N class ids. Returns the mean loss; in training mode
   // also keeps the loss gradient for backward(). *correct receives the number of right argmaxes.
   double forward(const Tensor& x, const int32_t* labels, Mode mode, int64_t* correct = nullptr);
-  // Writes the gradient of the last training forward's loss into parameters().grads().
+  // Writes the gradient of the last training forward's loss into parameters().grads(). With a
+  // gradient-ready callback set, calls it after each layer's backward with the offset from which
+  // the flat gradient is final (layers declare their tensors in order and run backward in reverse,
+  // so a layer's gradients are final when its backward returns): how sync.overlap starts buckets.
   void backward();
+  void set_gradient_ready(std::function<void(int64_t)> ready) { gradient_ready_ = std::move(ready); }
 
   // FLOPs of the last forward (convolutions and GEMMs).
   double forward_flops() const;
@@ -50,6 +55,9 @@ class ImageClassifier {
   ParameterStore params_{true};
   ParameterStore buffers_{false};
   std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<int64_t> layer_first_view_;  // per layer: its first tensor's index in params_, or -1
+  int64_t declared_ = 0;                   // tensors declared by the layers added so far
+  std::function<void(int64_t)> gradient_ready_;
   const Tensor* logits_ = nullptr;
   OwnedTensor dlogits_{backend_};
 };

@@ -54,6 +54,8 @@ comm::SyncOptions sync_options(const Config& c) {
   o.method = c.sync.method;
   o.dense_warmup_steps = c.sync.dense_warmup_steps;
   o.bucket_mb = c.sync.bucket_mb;
+  o.first_bucket_mb = c.sync.first_bucket_mb;
+  o.overlap = c.sync.overlap;
   o.wire_dtype = comm::parse_wire_dtype(c.sync.wire_dtype);
   o.period = c.sync.period;
   o.density = c.sync.density;

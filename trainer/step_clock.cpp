@@ -26,13 +26,14 @@ int first_nonfinite_gradient(models::Backend& backend, const models::ParameterSt
 }
 
 StepVerdict agree_on_step(comm::Communicator& comm, int local_stop_signal, double loss, models::Backend& backend,
-                          const models::ParameterStore& params) {
+                          const models::ParameterStore& params, int sent_check) {
   const int world = comm.size();
   // Item 0 is the loss, item 1 + t the gradient of tensor t; the key is largest for the lowest
   // item on the lowest rank, so MAX yields the first item anywhere.
   int item = -1;
   if (!std::isfinite(loss)) item = 0;
-  else if (const int t = first_nonfinite_gradient(backend, params); t >= 0) item = 1 + t;
+  else if (const int t = sent_check == kNotSentYet ? first_nonfinite_gradient(backend, params) : sent_check; t >= 0)
+    item = 1 + t;
   int32_t control[2] = {local_stop_signal, 0};
   if (item >= 0) control[1] = INT32_MAX - (item * world + comm.rank());
   comm.allreduce(control, 2, comm::DType::kI32, comm::ReduceOp::kMax, "ALLREDUCE_CONTROL");
@@ -73,8 +74,8 @@ class LockstepClock final : public StepClock {
  public:
   LockstepClock(comm::Communicator& comm, models::Backend& backend, const models::ParameterStore& params)
       : comm_(comm), backend_(backend), params_(params) {}
-  StepVerdict verdict(int64_t, int local_stop_signal, double loss) override {
-    return agree_on_step(comm_, local_stop_signal, loss, backend_, params_);
+  StepVerdict verdict(int64_t, int local_stop_signal, double loss, int sent_check) override {
+    return agree_on_step(comm_, local_stop_signal, loss, backend_, params_, sent_check);
   }
   StepPosition position(int64_t done, const comm::SyncStats&) const override { return {done, done}; }
   double job_samples(int64_t own_samples, int64_t) const override {
@@ -92,7 +93,8 @@ class GrantedClock final : public StepClock {
   GrantedClock(int rank, int trainers, int64_t batch_size, models::Backend& backend,
                const models::ParameterStore& params)
       : rank_(rank), trainers_(trainers), batch_size_(batch_size), backend_(backend), params_(params) {}
-  StepVerdict verdict(int64_t step, int local_stop_signal, double loss) override {
+  // async_ps sends nothing during backward (sent_check is kNotSentYet).
+  StepVerdict verdict(int64_t step, int local_stop_signal, double loss, int) override {
     const StepVerdict v = check_step_here(rank_, local_stop_signal, loss, backend_, params_);
     if (v.nonfinite)
       throw std::runtime_error("non-finite value at step " + std::to_string(step) + ": " +

@@ -40,9 +40,14 @@ struct StepVerdict {
 // the per-tensor scan runs only when that sum is not finite. `backend`: the one the gradient is on.
 int first_nonfinite_gradient(models::Backend& backend, const models::ParameterStore& params);
 
+// The local gradient's check when it already went out during backward (sync.overlap): the first
+// non-finite tensor as it was sent (GradientSync::finish_early_sends), or -1; kNotSentYet: the
+// gradient is still here, and the verdict reads it.
+constexpr int kNotSentYet = -2;
+
 // Collective, once per step on every rank: the control allreduce described above.
 StepVerdict agree_on_step(comm::Communicator& comm, int local_stop_signal, double loss, models::Backend& backend,
-                          const models::ParameterStore& params);
+                          const models::ParameterStore& params, int sent_check = kNotSentYet);
 
 // The same verdict from this rank's own loss and gradient alone, without a message: for ranks that
 // do not take their steps together (async_ps workers).
@@ -64,7 +69,7 @@ class StepClock {
   virtual ~StepClock() = default;
   // After backward, before the step's sync: stop requests and non-finite values (granted: throws
   // std::runtime_error for either, which ends the job).
-  virtual StepVerdict verdict(int64_t step, int local_stop_signal, double loss) = 0;
+  virtual StepVerdict verdict(int64_t step, int local_stop_signal, double loss, int sent_check) = 0;
   // After this rank's `done`-th step, whose sync returned `stats`.
   virtual StepPosition position(int64_t done, const comm::SyncStats& stats) const = 0;
   // Training samples the job took in an interval in which this rank took `own_samples` and the

@@ -91,6 +91,14 @@ class Worker {
   void evaluate(int64_t round, int64_t epoch);
   void checkpoint(int64_t round, int64_t done, bool must_succeed);
   RunSummary finish();
+  // Test hook: the NaN TRAINER_TEST_INJECT_NAN asks for goes into the last tensor's local gradient
+  // once it is final (during backward: before an overlapped bucket takes it away).
+  void inject_nan_if_due(int64_t final_from) {
+    models::ParameterStore& params = task_.parameters();
+    if (!nan_due_ || final_from > params.views().back().offset) return;
+    e_.backend->fill(1, std::nanf(""), params.grads() + params.views().back().offset);
+    nan_due_ = false;
+  }
   void say(const std::string& text) {
     if (lead_) progress_.line(text);
   }
@@ -107,6 +115,7 @@ class Worker {
   comm::SyncBuffers sync_buffers_;
   const int64_t steps_per_epoch_, total_steps_;
   std::set<std::pair<int, int64_t>> inject_nan_;
+  bool nan_due_ = false;
   std::unique_ptr<StepClock> clock_;
   UpdateRule update_;
   CheckpointKeeper keeper_;
@@ -147,6 +156,10 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
       keeper_(config, task_.parameters(), task_.buffers(), world),
       guard_(config.train.skip_nonfinite_steps, task_.buffers(), [this] { return keeper_.last_note(); }),
       spans_(world.log(), config.comm.trace_first_step, config.comm.trace_steps) {
+  task_.set_gradient_ready([this](int64_t from) {
+    inject_nan_if_due(from);
+    e_.sync->gradients_ready(from);
+  });
   const std::string out = output_dir(config);
   frame_.run_start = run_start;
   frame_.total_steps = total_steps_;
@@ -203,19 +216,26 @@ bool Worker::step(int64_t step) {
   if (rank_ == options_.fail_rank && step == options_.fail_step)
     throw std::runtime_error("injected failure at step " + str(step) + " (--inject-failure)");
 
+  // Forward and backward; with sync.overlap the method's first messages (dense buckets) go out
+  // during backward, from gradients_ready.
   auto t0 = Clock::now();
+  world_.log().set_step(step, e_.sync->phase(step));
   guard_.before_forward();
+  nan_due_ = inject_nan_.count({rank_, step}) > 0;
+  const bool early = e_.sync->begin_step(sync_buffers_, step);
+  const int64_t backward_from_us = world_.log().now_us();
   const StepResult result = task_.forward_backward();
-  if (inject_nan_.count({rank_, step})) e_.backend->fill(1, std::nanf(""), params.grads() + params.views().back().offset);
+  inject_nan_if_due(0);
+  world_.log().record_compute("FORWARD_BACKWARD", backward_from_us, world_.log().now_us());
   times.compute += ms_since(t0);
   spans_.mark("forward_backward");
   slow_down(config_, rank_, ms_since(step_start));
 
-  // Before the step's first message: its phase, then the verdict on stop requests and non-finite
-  // values, found before the sync can spread them into other ranks' weights or residuals.
+  // The verdict on stop requests and non-finite values, found before the sync can spread them into
+  // other ranks' weights or residuals: of the local gradient as it is, or as its buckets went out.
   t0 = Clock::now();
-  world_.log().set_step(step, e_.sync->phase(step));
-  const StepVerdict verdict = clock_->verdict(step, stop_signal_received(), result.loss);
+  const int sent_check = early ? e_.sync->finish_early_sends() : kNotSentYet;
+  const StepVerdict verdict = clock_->verdict(step, stop_signal_received(), result.loss, sent_check);
   times.sync += ms_since(t0);
   const double lr = optim::learning_rate(e_.schedule, step, steps_per_epoch_, total_steps_);
   UpdateOutcome update;

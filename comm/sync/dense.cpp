@@ -31,28 +31,60 @@ int64_t bucket_elements(double bucket_mb) {
   return std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1e6 / 4));
 }
 
-DenseSync::DenseSync(Communicator& comm, int64_t n, double bucket_mb, models::Backend& backend, WireDType wire)
-    : comm_(comm), n_(n), bucket_elements_(bucket_elements(bucket_mb)), backend_(backend), wire_(wire) {
+DenseSync::DenseSync(Communicator& comm, int64_t n, double bucket_mb, models::Backend& backend, WireDType wire,
+                     const DenseBuckets& buckets)
+    : comm_(comm),
+      n_(n),
+      backend_(backend),
+      wire_(wire),
+      overlap_(buckets.overlap && comm.size() > 1 && backend.name() == models::cpu_backend().name()),
+      reducer_(comm,
+               plan_gradient_buckets(n, buckets.views, bucket_elements(bucket_mb),
+                                     bucket_elements(buckets.first_bucket_mb)),
+               wire, "ALLREDUCE_DENSE", buckets.views) {
   if (wire != WireDType::kF32 && backend.name() != models::cpu_backend().name())
     throw std::invalid_argument("sync.wire_dtype = \"" + wire_dtype_name(wire) + "\" casts on the host and cannot run " +
                                 "with runtime.device = \"" + backend.name() + "\" yet (fp32 can)");
 }
 
 std::string DenseSync::describe() const {
-  const int64_t buckets = (n_ + bucket_elements_ - 1) / bucket_elements_;
+  const size_t buckets = reducer_.plan().size();
   const int p = comm_.size();
   const int64_t bytes = wire_bytes(wire_);
   std::ostringstream out;
   out << "dense: " << buckets << " allreduce(s) ALLREDUCE_DENSE per step over " << n_ << " floats, on the wire as "
       << wire_dtype_name(wire_) << " (" << bytes << " bytes each: " << n_ * bytes / 1e6
       << " MB); ring traffic per rank 2(P-1)/P x " << bytes << "n = " << 2.0 * (p - 1) / p * n_ * bytes / 1e6
-      << " MB at P = " << p;
+      << " MB at P = " << p << "; buckets in backward order, the first "
+      << (buckets ? reducer_.plan()[0].size() * 4 / 1e6 : 0.0) << " MB"
+      << (overlap_ ? ", sent during backward (sync.overlap)" : ", sent after backward");
   return out.str();
 }
 
+bool DenseSync::begin_step(SyncBuffers& b, int64_t step) {
+  if (!overlap_) return false;
+  reducer_.begin(b.grads, wire_pre_scale(wire_, comm_.size()));
+  early_step_ = step;
+  return true;
+}
+
+void DenseSync::gradients_ready(int64_t from) {
+  if (early_step_ >= 0) reducer_.ready(from);
+}
+
+int DenseSync::finish_early_sends() { return early_step_ >= 0 ? reducer_.finish() : -1; }
+
 SyncStats DenseSync::reduce(SyncBuffers& b, int64_t step) {
   comm_.log().set_step(step, Phase::kDense);
-  if (comm_.size() > 1) allreduce_average(comm_, backend_, b.grads, b.n, bucket_elements_, "ALLREDUCE_DENSE", wire_);
+  if (comm_.size() == 1) return {Phase::kDense, 1.0};
+  const float pre_scale = wire_pre_scale(wire_, comm_.size());
+  if (early_step_ == step)
+    reducer_.finish();  // a no-op when the trainer already waited (finish_early_sends)
+  else
+    reducer_.reduce_all(b.grads, pre_scale);
+  early_step_ = -1;
+  // One scaling pass after all buckets, as allreduce_average (fp16 was divided in its cast).
+  if (pre_scale == 1.f) backend_.scale(n_, 1.f / static_cast<float>(comm_.size()), b.grads);
   return {Phase::kDense, 1.0};
 }
 

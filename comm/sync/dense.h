@@ -1,14 +1,25 @@
 #pragma once
 
+#include <memory>
+
+#include "comm/sync/bucket_reducer.h"
 #include "comm/sync/gradient_sync.h"
 #include "comm/wire_format.h"
 #include "models/backend.h"
 
 namespace trainer::comm {
 
+// How the dense gradient is cut and when its buckets go out (gradient_buckets.h, bucket_reducer.h).
+struct DenseBuckets {
+  double first_bucket_mb = 1.0;
+  bool overlap = false;  // during backward (host buffers only: a device's kernels are asynchronous)
+  const std::vector<models::ParamView>* views = nullptr;  // whole tensors per bucket; null: plain pieces
+};
+
 // Dense data parallelism (synchronous SGD): the flat gradient is allreduced in buckets of
-// bucket_mb megabytes (as PyTorch DDP does, so no single message is the whole model) and divided
-// by the world size. Every step sends 2(P-1)/P x 4n bytes per rank with a ring allreduce. No state.
+// bucket_mb megabytes (as PyTorch DDP does, so no single message is the whole model), cut in the
+// order backward produces them and, with overlap, sent while backward runs; then divided by the
+// world size. Every step sends 2(P-1)/P x 4n bytes per rank with a ring allreduce. No state.
 // The buffers may be device buffers: `comm` then moves device memory (comm/device_communicator.h)
 // and the division runs on `backend`, the one the buffers live in.
 // With a 16-bit `wire` (comm/wire_format.h) each bucket is cast into bf16 or fp16 on its way to
@@ -18,20 +29,26 @@ namespace trainer::comm {
 class DenseSync final : public GradientSync {
  public:
   DenseSync(Communicator& comm, int64_t n, double bucket_mb, models::Backend& backend,
-            WireDType wire = WireDType::kF32);
+            WireDType wire = WireDType::kF32, const DenseBuckets& buckets = {});
   std::string name() const override { return "dense"; }
   std::string describe() const override;
   Phase phase(int64_t) const override { return Phase::kDense; }
+  bool begin_step(SyncBuffers& b, int64_t step) override;
+  void gradients_ready(int64_t from) override;
+  int finish_early_sends() override;
   SyncStats reduce(SyncBuffers& b, int64_t step) override;
   void save(std::ostream& out) const override;
   void load(std::istream& in) override;
+  const std::vector<GradientBucket>& buckets() const { return reducer_.plan(); }
 
  private:
   Communicator& comm_;
   int64_t n_;
-  int64_t bucket_elements_;
   models::Backend& backend_;
   WireDType wire_;
+  bool overlap_;
+  BucketReducer reducer_;
+  int64_t early_step_ = -1;  // the step whose buckets went out during backward
 };
 
 // Floats per bucket of `bucket_mb` megabytes (at least one): dense sync, parameter averaging and the

@@ -22,13 +22,18 @@ namespace {
 class WarmupSync final : public GradientSync {
  public:
   WarmupSync(std::unique_ptr<GradientSync> method, Communicator& comm, int64_t n, double bucket_mb,
-             int64_t warmup_steps, models::Backend& backend, WireDType wire)
-      : method_(std::move(method)), dense_(comm, n, bucket_mb, backend, wire), warmup_steps_(warmup_steps) {}
+             int64_t warmup_steps, models::Backend& backend, WireDType wire, const DenseBuckets& buckets)
+      : method_(std::move(method)), dense_(comm, n, bucket_mb, backend, wire, buckets), warmup_steps_(warmup_steps) {}
   std::string name() const override { return method_->name(); }
   std::string describe() const override {
     return "first " + std::to_string(warmup_steps_) + " steps: " + dense_.describe() + "\nthen " + method_->describe();
   }
   Phase phase(int64_t step) const override { return step < warmup_steps_ ? Phase::kDense : method_->phase(step); }
+  bool begin_step(SyncBuffers& b, int64_t step) override {
+    return step < warmup_steps_ ? dense_.begin_step(b, step) : method_->begin_step(b, step);
+  }
+  void gradients_ready(int64_t from) override { dense_.gradients_ready(from); }  // a no-op outside the warmup
+  int finish_early_sends() override { return dense_.finish_early_sends(); }
   SyncStats reduce(SyncBuffers& b, int64_t step) override {
     return step < warmup_steps_ ? dense_.reduce(b, step) : method_->reduce(b, step);
   }
@@ -54,7 +59,8 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
                                 "runtime.device = \"" + backend.name() + "\" yet (dense and local_sgd can)");
   std::unique_ptr<GradientSync> method;
   if (o.method == "async_ps") return std::make_unique<AsyncPsWorker>(comm, o, n);
-  if (o.method == "dense") return std::make_unique<DenseSync>(comm, n, o.bucket_mb, backend, o.wire_dtype);
+  const DenseBuckets buckets{o.first_bucket_mb, o.overlap, views};
+  if (o.method == "dense") return std::make_unique<DenseSync>(comm, n, o.bucket_mb, backend, o.wire_dtype, buckets);
   if (o.method == "local_sgd") method = std::make_unique<LocalSgd>(comm, n, o.bucket_mb, o.period, backend);
   if (o.method == "oktopk") method = std::make_unique<OkTopk>(comm, n, o);
   if (o.method == "topka") method = std::make_unique<TopkA>(comm, n, o.density);
@@ -72,7 +78,7 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
   }
   if (o.dense_warmup_steps > 0)
     return std::make_unique<WarmupSync>(std::move(method), comm, n, o.bucket_mb, o.dense_warmup_steps, backend,
-                                        o.wire_dtype);
+                                        o.wire_dtype, buckets);
   return method;
 }
 

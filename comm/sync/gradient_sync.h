@@ -5,6 +5,11 @@
 // ErrorFeedbackSync, error_feedback_sync.h) and saves and restores it for exact resume.
 //
 // Per step the trainer calls, in order:
+//   begin_step(step)     before the forward pass; a method that overlaps its messages with
+//                        backward (dense buckets, every method's dense warmup) returns true, and
+//   gradients_ready(from)  is then called during backward whenever gradient entries [from, n) are
+//                        final, and
+//   finish_early_sends() right after backward waits for what went out early
 //   reduce(grads)        after backward: on return grads holds what the optimizer must apply
 //                        (the average over ranks for synchronous methods; the local gradient for
 //                        local SGD between averaging steps)
@@ -61,6 +66,13 @@ class GradientSync {
   // whole gradient every step answer dense, the others compressed; the warmup wrapper answers dense
   // for its steps. The trainer asks before the step's first message.
   virtual Phase phase(int64_t step) const = 0;
+  // Overlap with backward (sync.overlap; docs/architecture.md "The step"). A method that starts its
+  // messages during backward returns true from begin_step; its reduce() then finishes what is left.
+  // finish_early_sends() returns the first parameter tensor whose local gradient was not finite
+  // when it went out (-1: all finite), for the step's verdict, which comes after it.
+  virtual bool begin_step(SyncBuffers& b, int64_t step) { return false; }
+  virtual void gradients_ready(int64_t from) {}
+  virtual int finish_early_sends() { return -1; }
   virtual SyncStats reduce(SyncBuffers& b, int64_t step) = 0;
   virtual void after_step(SyncBuffers& b, int64_t step) {}
   // True when reduce() also applies the update (the optimizer runs elsewhere: async_ps's servers).
@@ -74,6 +86,8 @@ struct SyncOptions {
   std::string method = "dense";
   int64_t dense_warmup_steps = 0;
   double bucket_mb = 25.0;  // dense allreduce bucket size (PyTorch DDP's default)
+  double first_bucket_mb = 1.0;  // the first bucket backward fills (DDP's first bucket is 1 MB too)
+  bool overlap = true;      // dense buckets go out during backward (gradient_buckets.h)
   int64_t period = 1;       // local SGD: average parameters every `period` steps
   // The format dense gradient buckets (dense, every method's dense warmup) and PowerSGD's P and Q
   // factors travel in (comm/wire_format.h). Not parameters or BN statistics (local SGD's averaging
