@@ -88,6 +88,16 @@ def section_overall(run):
     md.append("\nTime split of rank 0 by phase (seconds and share of the step; from metrics.jsonl, whose records "
               "hold means over the steps since the previous record, filed under the phase of their last step):\n\n")
     md.append(table(["phase", "steps", "data", "compute", "sync", "optimizer", "ms per step"], rows))
+    hidden = ra.hidden_share(run)
+    if hidden:
+        rows = [[ph, h["steps"], f"{h['comm_us'] / h['steps'] / 1e3:.2f}", f"{h['hidden_us'] / h['steps'] / 1e3:.2f}",
+                 f"{100 * h['hidden_us'] / h['comm_us']:.1f}%" if h["comm_us"] else "-"]
+                for ph, h in hidden.items() if h["steps"]]
+        md.append("\nCommunication hidden behind compute (rank 0, from comm/rank0.jsonl): per step, the gradient "
+                  "sync's time on the wire (the union of its calls) and the part of it during the step's forward "
+                  "and backward pass (sync.overlap sends dense buckets while backward runs; the other methods "
+                  "start after it):\n\n")
+        md.append(table(["phase", "logged steps", "communication ms", "during backward ms", "hidden"], rows))
     return "".join(md)
 
 

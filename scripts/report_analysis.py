@@ -150,7 +150,8 @@ class Run:
         if missing:
             raise RunError(f"{os.path.join(comm_dir, f'rank{missing[0]}.jsonl')}: missing "
                            f"(the run had {self.world} ranks)")
-        self.records = []  # every record, with its rank added as "rank"
+        self.records = []  # every message record, with its rank added as "rank"
+        self.compute_records = []  # the steps' FORWARD_BACKWARD intervals (overlap: comm during them is hidden)
         for r in range(self.world):
             path = os.path.join(comm_dir, f"rank{r}.jsonl")
             for rec in _read_jsonl(path):
@@ -158,7 +159,10 @@ class Run:
                     if key not in rec:
                         raise RunError(f"{path}: a record without '{key}'")
                 rec["rank"] = r
-                self.records.append(rec)
+                if rec.get("kind") == "compute":  # a compute phase of the step, not a message
+                    self.compute_records.append(rec)
+                else:
+                    self.records.append(rec)
         kinds = {o["op"]: o["kind"] for o in self.comm_summary["ops"]} if self.comm_summary else {}
         for rec in self.records:
             rec["kind"] = kinds.get(rec["op"]) or infer_kind(rec["op"], rec["peer"])
@@ -352,6 +356,44 @@ def wait_split(run):
             cell[0] += time
             cell[1] += wait
     return field, per_rank, dict(per_op)
+
+
+def _union(intervals):
+    """Total length of the union of (start, end) intervals."""
+    total, end = 0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
+def hidden_share(run):
+    """Per phase, over rank 0's steps that have a FORWARD_BACKWARD record: gradient-sync communication
+    time per step (the union of its calls' intervals: calls may run concurrently) and the part of it
+    that ran during the step's forward and backward pass, hidden behind compute (sync.overlap). None
+    without compute records (a run from before they were logged)."""
+    compute = {(r["step"], r["phase"]): (r["t_start_us"], r["t_end_us"])
+               for r in run.compute_records if r["rank"] == 0}
+    if not compute:
+        return None
+    calls = defaultdict(list)
+    for rec in run.records:
+        if rec["rank"] == 0 and not is_bookkeeping(rec["op"]) and (rec["step"], rec["phase"]) in compute:
+            calls[(rec["step"], rec["phase"])].append((rec["t_start_us"], rec["t_end_us"]))
+    out = {ph: {"steps": 0, "comm_us": 0.0, "hidden_us": 0.0} for ph in PHASES}
+    for (step, phase), (c0, c1) in compute.items():
+        o = out.get(phase)
+        if o is None:
+            continue
+        intervals = calls.get((step, phase), [])
+        o["steps"] += 1
+        o["comm_us"] += _union(intervals)
+        o["hidden_us"] += _union([(max(a, c0), min(b, c1)) for a, b in intervals if min(b, c1) > max(a, c0)])
+    return out
 
 
 def overall(run):

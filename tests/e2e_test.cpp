@@ -74,7 +74,7 @@ TEST_CASE("Dry run prints the model's parameter count and gradient size", "[e2e]
   CHECK_THAT(o.output, Contains("1078888 bytes"));
 }
 
-TEST_CASE("Dry run prints the device; runtime.device = cuda without CUDA is one line naming the key", "[e2e]") {
+TEST_CASE("Dry run prints the device, and runtime.device = cuda without CUDA is one line naming the key", "[e2e]") {
   const std::string cfg = std::string(TRAINER_SOURCE_DIR) + "/configs/quickstart_cifar.toml";
   Outcome o = run_trainer("--config " + cfg + " --dry-run");
   INFO(o.output);

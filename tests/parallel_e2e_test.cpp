@@ -19,11 +19,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/sync/gradient_buckets.h"
 #include "comm/sync/method_names.h"
+#include "trainer/task.h"
 #include "cifar_runs.h"
 #include "process.h"
 
 namespace fs = std::filesystem;
+namespace comm = trainer::comm;
+namespace models = trainer::models;
 using Catch::Matchers::Contains;
 using trainer::testing::Outcome;
 using trainer::testing::run_command;
@@ -67,7 +71,7 @@ TEST_CASE("Resume is bit-identical: between checkpoints, on a checkpoint, every 
   }
 }
 
-TEST_CASE("Resume is bit-identical with adam and adamw; another optimizer's state is a clear error", "[mpi][resume]") {
+TEST_CASE("Resume is bit-identical with adam and adamw, and another optimizer's state is a clear error", "[mpi][resume]") {
   // Adam's state is its moments and the step count (the bias corrections depend on it). adamw runs
   // under local_sgd, where every rank steps its own optimizer, so each rank's state must come back.
   const int P = 2;
@@ -220,25 +224,46 @@ TEST_CASE("Damaged, mismatched and foreign checkpoints are clear errors and late
 TEST_CASE("The comm log of dense sync: one allreduce per bucket per step, bytes = bucket sizes", "[mpi][commlog]") {
   const int P = 3;
   TempDir dir("commlog");
-  // ResNet-20 has 269,722 parameters = 1,078,888 bytes; 0.4 MB buckets -> 100,000 floats: 3 buckets.
-  Outcome o = run(trainer_command(P, dir.path, "--set train.max_steps=6 --set sync.bucket_mb=0.4"));
+  // ResNet-20 has 269,722 parameters = 1,078,888 bytes; 0.4 MB buckets (100,000 floats) of whole
+  // tensors in backward order, the first at most 0.1 MB: the plan gradient_buckets.h makes.
+  Outcome o = run(trainer_command(P, dir.path, "--set train.max_steps=6 --set sync.bucket_mb=0.4"
+                                               " --set sync.first_bucket_mb=0.1"));
   INFO(o.output);
   REQUIRE(o.exit_code == 0);
+  std::vector<models::ParamView> views;
+  trainer::Config config;
+  config.model.arch = "resnet20";
+  const int64_t n = trainer::app::model_parameter_count(config, &views);
+  REQUIRE(n == 269722);
+  std::vector<int64_t> planned;
+  for (const comm::GradientBucket& b : comm::plan_gradient_buckets(n, &views, 100000, 25000))
+    planned.push_back(b.size() * 4);
+  REQUIRE(planned.size() >= 4);
+  CHECK(planned.front() <= 100000);
   for (int r = 0; r < P; ++r) {
     std::ifstream log(dir.path / ("comm/rank" + std::to_string(r) + ".jsonl"));
     REQUIRE(log);
     std::map<int64_t, std::vector<int64_t>> per_step;
+    std::map<int64_t, int64_t> backward_end;
     std::string line;
     while (std::getline(log, line)) {
       auto rec = nlohmann::json::parse(line);
+      if (rec["op"] == "FORWARD_BACKWARD") {
+        CHECK(rec["kind"] == "compute");
+        backward_end[rec["step"].get<int64_t>()] = rec["t_end_us"].get<int64_t>();
+      }
       if (rec["op"] != "ALLREDUCE_DENSE") continue;
       CHECK(rec["phase"] == "dense");
       CHECK(rec["peer"] == -1);
       CHECK(rec["bytes"] == rec["bytes_recv"]);
+      // Overlapped (sync.overlap's default): each bucket went out once it was final.
+      REQUIRE(rec.contains("ready_us"));
+      CHECK(rec["ready_us"].get<int64_t>() <= rec["t_start_us"].get<int64_t>());
       per_step[rec["step"].get<int64_t>()].push_back(rec["bytes"].get<int64_t>());
     }
     CHECK(per_step.size() == 6);
-    for (const auto& [step, sizes] : per_step) CHECK(sizes == std::vector<int64_t>{400000, 400000, 278888});
+    CHECK(backward_end.size() == 6);
+    for (const auto& [step, sizes] : per_step) CHECK(sizes == planned);
   }
   CHECK(fs::exists(dir.path / "comm/summary.txt"));
   CHECK_THAT(o.output, Contains("ALLREDUCE_DENSE"));
@@ -306,6 +331,7 @@ TEST_CASE("Wait split in the comm log and a Chrome trace of a step window", "[mp
     std::string line;
     while (std::getline(log, line)) {
       const auto rec = nlohmann::json::parse(line);
+      if (rec.value("kind", "") == "compute") continue;  // the step's FORWARD_BACKWARD interval, not a message
       const int64_t step = rec["step"].get<int64_t>();
       if (step >= 1 && step <= 3) window_ops[r][rec["op"].get<std::string>()] += 1;
       const int64_t duration = rec["t_end_us"].get<int64_t>() - rec["t_start_us"].get<int64_t>();

@@ -75,7 +75,8 @@ RunMeasurement measure_run(const std::string& run_dir) {
     try {
       r = nlohmann::json::parse(line);
       const std::string op = r.at("op").get<std::string>();
-      if (outside_step(op)) continue;
+      // Compute phases (FORWARD_BACKWARD, "kind":"compute") are not messages.
+      if (outside_step(op) || r.value("kind", "") == "compute") continue;
       const std::string phase = r.at("phase").get<std::string>();
       const int64_t step = r.at("step").get<int64_t>();
       const int64_t t0 = r.at("t_start_us").get<int64_t>(), t1 = r.at("t_end_us").get<int64_t>();

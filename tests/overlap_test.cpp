@@ -1,0 +1,159 @@
+// sync.overlap: dense buckets allreduced on a communication thread while backward runs. The bucket
+// plan (gradient_buckets.h) on its own, and the trainer under mpiexec: a run with overlap equals the
+// same run without it bit for bit (dense, every method's dense warmup, a 16-bit wire), a slow rank
+// changes timings only, and a NaN that appears during backward is still found, named and skipped on
+// every rank.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cifar_runs.h"
+#include "comm/sync/gradient_buckets.h"
+#include "process.h"
+
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+using trainer::comm::GradientBucket;
+using trainer::comm::plan_gradient_buckets;
+using trainer::models::ParamView;
+using trainer::testing::Outcome;
+using trainer::testing::rank_states;
+using trainer::testing::require_identical_states;
+using trainer::testing::run_command;
+using trainer::testing::TempDir;
+
+namespace {
+
+std::vector<ParamView> tensors_of(const std::vector<int64_t>& sizes) {
+  std::vector<ParamView> views;
+  int64_t offset = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    views.push_back({"t" + std::to_string(i), offset, {sizes[i]}});
+    offset += sizes[i];
+  }
+  return views;
+}
+
+std::vector<std::pair<int64_t, int64_t>> ranges(const std::vector<GradientBucket>& buckets) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const GradientBucket& b : buckets) out.emplace_back(b.begin, b.end);
+  return out;
+}
+
+std::string small_run(int ranks, const fs::path& out, const std::string& extra) {
+  return trainer::testing::small_cifar_command(
+      ranks, out, "--set train.max_steps=12 --set train.checkpoint_every=6 --set train.keep_checkpoints=10 " + extra);
+}
+
+}  // namespace
+
+TEST_CASE("Buckets are cut from the end of the gradient, of whole tensors, the first one small", "[overlap]") {
+  // Tensors of 4, 6, 3, 5 and 2 elements at offsets 0, 4, 10, 13, 18 (n = 20).
+  const auto views = tensors_of({4, 6, 3, 5, 2});
+  // Cap 8, first cap 3: {t4} = [18,20); then t3 + t2 = 8 fits: [10,18); then t1 = 6 (t0 would make 10): [4,10); [0,4).
+  CHECK(ranges(plan_gradient_buckets(20, &views, 8, 3)) ==
+        std::vector<std::pair<int64_t, int64_t>>{{18, 20}, {10, 18}, {4, 10}, {0, 4}});
+  // A tensor larger than a bucket is cut into bucket-sized pieces from its end.
+  const auto big = tensors_of({2, 11, 1});
+  const auto pieces = ranges(plan_gradient_buckets(14, &big, 4, 4));
+  // t2 alone (t1 does not fit beside it), t1 in pieces of 4 from its end, its first 3 with t0.
+  CHECK(pieces == std::vector<std::pair<int64_t, int64_t>>{{13, 14}, {9, 13}, {5, 9}, {2, 5}, {0, 2}});
+  // Without views: plain pieces from the end.
+  CHECK(ranges(plan_gradient_buckets(10, nullptr, 4, 1)) ==
+        std::vector<std::pair<int64_t, int64_t>>{{9, 10}, {5, 9}, {1, 5}, {0, 1}});
+  // Every plan covers [0, n) once, in descending order, within its caps.
+  for (int64_t cap : {1, 2, 3, 5, 7, 20, 100}) {
+    const auto plan = plan_gradient_buckets(20, &views, cap, std::max<int64_t>(1, cap / 2));
+    int64_t end = 20;
+    for (size_t i = 0; i < plan.size(); ++i) {
+      CHECK(plan[i].end == end);
+      CHECK(plan[i].size() > 0);
+      CHECK(plan[i].size() <= (i == 0 ? std::max<int64_t>(1, cap / 2) : cap));
+      end = plan[i].begin;
+    }
+    CHECK(end == 0);
+  }
+}
+
+TEST_CASE("sync.overlap: the same run with and without overlap is bit-identical", "[mpi][overlap]") {
+  const int P = 3;
+  // Small buckets, so that several go out during backward.
+  const std::string buckets = " --set sync.bucket_mb=0.3 --set sync.first_bucket_mb=0.05";
+  for (const std::string method :
+       {std::string("--set sync.method=dense"), std::string("--set sync.method=dense --set sync.wire_dtype=bf16"),
+        std::string("--set sync.method=oktopk --set sync.density=0.02 --set sync.dense_warmup_steps=6")}) {
+    SECTION(method) {
+      TempDir on("overlap_on"), off("overlap_off");
+      Outcome a = run_command(small_run(P, on.path, method + buckets + " --set sync.overlap=true"));
+      INFO(a.output);
+      REQUIRE(a.exit_code == 0);
+      CHECK_THAT(a.output, !Contains("warning"));
+      Outcome b = run_command(small_run(P, off.path, method + buckets + " --set sync.overlap=false"));
+      INFO(b.output);
+      REQUIRE(b.exit_code == 0);
+      require_identical_states(on.path / "checkpoints/step_6", off.path / "checkpoints/step_6", P);
+      require_identical_states(on.path / "checkpoints/step_12", off.path / "checkpoints/step_12", P);
+      // The overlapped run's dense buckets did go out during backward; the other's after it.
+      int during = 0, after = 0;
+      for (const auto& [dir, count] : {std::pair<fs::path, int*>{on.path, &during}, {off.path, &after}}) {
+        std::ifstream log(dir / "comm/rank0.jsonl");
+        int64_t backward_end = 0;
+        for (std::string line; std::getline(log, line);) {
+          const auto rec = nlohmann::json::parse(line);
+          if (rec["op"] == "FORWARD_BACKWARD") backward_end = rec["t_end_us"].get<int64_t>();
+          if (rec["op"] == "ALLREDUCE_DENSE" && rec["t_start_us"].get<int64_t>() < backward_end) ++*count;
+        }
+      }
+      CHECK(during > 0);
+      CHECK(after == 0);
+    }
+  }
+}
+
+TEST_CASE("sync.overlap: a rank whose backward is slow changes timings only", "[mpi][overlap]") {
+  const int P = 2;
+  TempDir even("overlap_even"), slow("overlap_slow");
+  const std::string args = "--set sync.bucket_mb=0.3 --set sync.first_bucket_mb=0.05";
+  Outcome a = run_command(small_run(P, even.path, args));
+  INFO(a.output);
+  REQUIRE(a.exit_code == 0);
+  Outcome b = run_command(small_run(P, slow.path, args + " --set runtime.slowdown.rank=1 --set runtime.slowdown.factor=3"));
+  INFO(b.output);
+  REQUIRE(b.exit_code == 0);
+  require_identical_states(even.path / "checkpoints/step_12", slow.path / "checkpoints/step_12", P);
+}
+
+TEST_CASE("sync.overlap: a NaN in a bucket sent during backward is named, and skipped on every rank",
+          "[mpi][overlap][nonfinite]") {
+  const int P = 2;
+  // linear.bias is the last tensor: its bucket is the first to go out during backward.
+  TempDir error("overlap_nan");
+  Outcome o = run_command("env TRAINER_TEST_INJECT_NAN=1:5 " + small_run(P, error.path, ""));
+  INFO(o.output);
+  CHECK(o.exit_code == 3);
+  CHECK_THAT(o.output, Contains("non-finite value at step 5: the gradient of linear.bias on rank 1"));
+
+  TempDir skip("overlap_nan_skip");
+  Outcome s = run_command("env TRAINER_TEST_INJECT_NAN=1:3 " +
+                          small_run(P, skip.path, "--set train.skip_nonfinite_steps=1 --set train.checkpoint_every=1"
+                                                  " --set train.max_steps=5"));
+  INFO(s.output);
+  REQUIRE(s.exit_code == 0);
+  CHECK_THAT(s.output, Contains("step skipped on every rank (1 in a row)"));
+  // Step 3 changed nothing on any rank (checkpoint step_3 is written before it, step_4 after it).
+  const auto before = rank_states(skip.path / "checkpoints/step_3", P);
+  const auto after = rank_states(skip.path / "checkpoints/step_4", P);
+  for (int r = 0; r < P; ++r)
+    for (const std::string t : {"params", "buffers", "optimizer_state"}) {
+      const std::string name = "rank" + std::to_string(r) + ".state/" + t;
+      INFO(name);
+      const bool unchanged = before.at(name) == after.at(name);
+      CHECK(unchanged);
+    }
+}
