@@ -22,14 +22,16 @@ import report  # noqa: E402
 import report_analysis as ra  # noqa: E402
 
 
-def records(folder):
+def records(folder, kind=None):
+    """Every message record of the run's comm logs (kind="compute": the steps' FORWARD_BACKWARD
+    intervals instead), with its rank."""
     out = []
     comm = os.path.join(folder, "comm")
     for name in sorted(os.listdir(comm)):
         if name.startswith("rank") and name.endswith(".jsonl"):
             with open(os.path.join(comm, name)) as f:
                 out += [dict(json.loads(line), rank=int(name[4:-6])) for line in f if line.strip()]
-    return out
+    return [r for r in out if r.get("kind") == kind]
 
 
 def markdown_table(text, heading):
@@ -129,6 +131,28 @@ class ReportChecks:
             want = sum(m[f"t_{key}_ms"] * n for m, n in zip(train, steps)) / 1e3
             got = sum(float(row[col[key]].split()[0]) for row in rows)
             self.assertAlmostEqual(got, want, delta=0.006 * len(rows), msg=key)
+        # Communication hidden behind compute: per phase, rank 0's gradient-sync time per step (union
+        # of its calls) and the part inside the step's FORWARD_BACKWARD, recomputed by brute force
+        # over microseconds.
+        compute = {(r["step"], r["phase"]): (r["t_start_us"], r["t_end_us"])
+                   for r in records(folder, "compute") if r["rank"] == 0}
+        if compute:
+            header, rows = markdown_table(text, "Communication hidden behind compute")
+            col = {name: i for i, name in enumerate(header)}
+            for row in rows:
+                phase = row[col["phase"]]
+                keys = [k for k in compute if k[1] == phase]
+                comm_us = hidden_us = 0
+                for key in keys:
+                    busy = set()
+                    for r in recs:
+                        if r["rank"] == 0 and (r["step"], r["phase"]) == key and not ra.is_bookkeeping(r["op"]):
+                            busy.update(range(r["t_start_us"], r["t_end_us"]))
+                    comm_us += len(busy)
+                    hidden_us += sum(1 for t in busy if compute[key][0] <= t < compute[key][1])
+                self.assertEqual(int(row[col["logged steps"]]), len(keys))
+                self.assertEqual(row[col["communication ms"]], f"{comm_us / len(keys) / 1e3:.2f}")
+                self.assertEqual(row[col["during backward ms"]], f"{hidden_us / len(keys) / 1e3:.2f}")
         for png in ("message_sizes.png", "bytes_per_step.png", "density.png", "region_balance.png"):
             self.assertGreater(os.path.getsize(os.path.join(out, png)), 1000, png)
         return text, run

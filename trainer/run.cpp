@@ -1,16 +1,43 @@
 #include "trainer/run.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
 #include "comm/comm_summary.h"
 #include "comm/sync/async_ps.h"
+#include "models/model.h"
 #include "trainer/experiment.h"
 #include "trainer/preemption.h"
 #include "trainer/roles.h"
 #include "trainer/run_output.h"
 
 namespace trainer::app {
+
+namespace {
+
+// What sync.overlap does for this method, for --dry-run.
+std::string overlap_plan(const Config& config) {
+  const SyncConfig& s = config.sync;
+  if (s.method == "async_ps") return "none (async_ps pushes the whole gradient after backward)";
+  if (!s.overlap) return "off (sync.overlap = false: every message is sent after backward)";
+  if (config.runtime.device != "cpu") return "off (host buffers only; runtime.device = \"" + config.runtime.device + "\")";
+  const auto& images = models::image_model_names();
+  const bool reports_layers = std::find(images.begin(), images.end(), config.model.arch) != images.end();
+  const std::string dense = reports_layers ? "dense buckets are sent during backward, each once its gradients are final"
+                                           : "dense buckets are sent on the communication thread when backward ends (" +
+                                                 config.model.arch + " does not report its gradients layer by layer yet)";
+  if (s.method == "dense") return dense;
+  const std::string whole = s.method == "powersgd"    ? "powersgd factors every matrix of the whole gradient"
+                            : s.method == "local_sgd" ? "local_sgd averages parameters after the optimizer step"
+                                                      : s.method + " selects over the whole gradient";
+  if (s.dense_warmup_steps > 0)
+    return "the first " + std::to_string(s.dense_warmup_steps) + " steps: " + dense + "; then none (" + whole +
+           ", so it starts after backward)";
+  return "none (" + whole + ", so it starts after backward)";
+}
+
+}  // namespace
 
 void print_dry_run(const Config& config, comm::Communicator& comm) {
   if (comm.rank() != 0) return;
@@ -29,6 +56,7 @@ void print_dry_run(const Config& config, comm::Communicator& comm) {
               static_cast<long long>(config.data.batch_size), trainers, servers ? "workers" : "processes");
   auto sync = comm::make_gradient_sync(sync_options(config), comm, n, &views);
   std::printf("sync: %s\n", sync->describe().c_str());
+  std::printf("overlap with backward: %s\n", overlap_plan(config).c_str());
   std::printf("output: %s\n", output_dir(config).c_str());
 }
 

@@ -86,13 +86,13 @@ struct SyncOptions {
   std::string method = "dense";
   int64_t dense_warmup_steps = 0;
   double bucket_mb = 25.0;  // dense allreduce bucket size (PyTorch DDP's default)
-  double first_bucket_mb = 1.0;  // the first bucket backward fills (DDP's first bucket is 1 MB too)
-  bool overlap = true;      // dense buckets go out during backward (gradient_buckets.h)
   int64_t period = 1;       // local SGD: average parameters every `period` steps
   // The format dense gradient buckets (dense, every method's dense warmup) and PowerSGD's P and Q
   // factors travel in (comm/wire_format.h). Not parameters or BN statistics (local SGD's averaging
   // stays fp32), not the sparse methods' values, not async_ps.
   WireDType wire_dtype = WireDType::kF32;
+  double first_bucket_mb = 1.0;  // the first bucket backward fills (DDP's first bucket is 1 MB too)
+  bool overlap = true;           // dense buckets go out during backward (gradient_buckets.h)
   // Sparse methods (oktopk, topka, gaussiank, gtopk): k = ceil(density * n) entries per step.
   double density = 0.01;
   int64_t local_threshold_every = 32;   // oktopk: exact local threshold every N compressed steps
