@@ -88,6 +88,9 @@ class Worker {
   // One step; returns false when the run stops after it: its end, or early (a stop signal,
   // --stop-after: the comm log is finished, there is no summary).
   bool step(int64_t step);
+  // After the `done`-th step, at `at`: evaluation, checkpoint and the end when the round is due,
+  // and stopping early (a stop signal agreed on, --stop-after). Returns false when the run stops.
+  bool round_duties(int64_t done, const StepPosition& at, int stop_signal);
   void evaluate(int64_t round, int64_t epoch);
   void checkpoint(int64_t round, int64_t done, bool must_succeed);
   RunSummary finish();
@@ -255,22 +258,25 @@ bool Worker::step(int64_t step) {
   world_.log().take_totals(record.sent, record.received);
   const int64_t done = step + 1;
   const StepPosition at = clock_->position(done, update.stats);
-  const bool finished = at.round == total_steps_;
-  metrics_->close_step(record, at, done % config_.train.log_every_steps == 0 || finished);
+  metrics_->close_step(record, at, done % config_.train.log_every_steps == 0 || at.round == total_steps_);
+  return round_duties(done, at, verdict.stop_signal);
+}
 
+bool Worker::round_duties(int64_t done, const StepPosition& at, int stop_signal) {
+  const bool finished = at.round == total_steps_;
   const int64_t round = at.round, epoch = (at.global - 1) / steps_per_epoch_;
   const int64_t eval_every = config_.train.eval_every_steps, ck_every = config_.train.checkpoint_every;
   const bool epoch_end = round % steps_per_epoch_ == 0;
   if (round > 0 && ((eval_every > 0 && round % eval_every == 0) || (eval_every == 0 && epoch_end) || finished))
     evaluate(round, epoch);
-  if ((round > 0 && ck_every > 0 && round % ck_every == 0) || finished || verdict.stop_signal)
-    checkpoint(round, done, finished || verdict.stop_signal);
+  if ((round > 0 && ck_every > 0 && round % ck_every == 0) || finished || stop_signal)
+    checkpoint(round, done, finished || stop_signal);
   summary_.steps = done;
-  if (verdict.stop_signal && !finished) {
+  if (stop_signal && !finished) {
     finish_comm_log(config_, world_, spans_.spans());
-    say("stopped by " + std::string(signal_name(verdict.stop_signal)) + " after step " + str(done) + " of " +
+    say("stopped by " + std::string(signal_name(stop_signal)) + " after step " + str(done) + " of " +
         str(total_steps_) + "; checkpoint " + keeper_.last() + "; continue with the same command and --resume latest");
-    summary_.stop_signal = verdict.stop_signal;
+    summary_.stop_signal = stop_signal;
     stopped_early_ = true;
     return false;
   }

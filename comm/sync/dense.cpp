@@ -37,7 +37,8 @@ DenseSync::DenseSync(Communicator& comm, int64_t n, double bucket_mb, models::Ba
       n_(n),
       backend_(backend),
       wire_(wire),
-      overlap_(buckets.overlap && comm.size() > 1 && backend.name() == models::cpu_backend().name()),
+      requested_overlap_(buckets.overlap && backend.name() == models::cpu_backend().name()),
+      overlap_(requested_overlap_ && comm.size() > 1),
       reducer_(comm,
                plan_gradient_buckets(n, buckets.views, bucket_elements(bucket_mb),
                                      bucket_elements(buckets.first_bucket_mb)),
@@ -57,7 +58,8 @@ std::string DenseSync::describe() const {
       << " MB); ring traffic per rank 2(P-1)/P x " << bytes << "n = " << 2.0 * (p - 1) / p * n_ * bytes / 1e6
       << " MB at P = " << p << "; buckets in backward order, the first "
       << (buckets ? reducer_.plan()[0].size() * 4 / 1e6 : 0.0) << " MB"
-      << (overlap_ ? ", sent during backward (sync.overlap)" : ", sent after backward");
+      << (overlap_ || (comm_.size() == 1 && requested_overlap_) ? ", sent during backward (sync.overlap)"
+                                                                 : ", sent after backward");
   return out.str();
 }
 

@@ -46,6 +46,7 @@ class DenseSync final : public GradientSync {
   int64_t n_;
   models::Backend& backend_;
   WireDType wire_;
+  bool requested_overlap_;  // sync.overlap on host buffers (a one-process run has nothing to send)
   bool overlap_;
   BucketReducer reducer_;
   int64_t early_step_ = -1;  // the step whose buckets went out during backward
