@@ -41,7 +41,7 @@ def parse_args():
     ap.add_argument("--model", default="resnet20", choices=["resnet20", "resnet18"])
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--bandwidth", default="1gbit", help="scripts/netem --bandwidth (none: no netem, loopback)")
-    ap.add_argument("--delay", default="0.1ms", help="scripts/netem --delay (one way)")
+    ap.add_argument("--delay", default="0ms", help="scripts/netem --delay (one way; kernels without the netem qdisc: 0 only)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="compute threads per rank")
     ap.add_argument("--bucket-mb", type=float, default=25.0)

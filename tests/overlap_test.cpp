@@ -5,6 +5,7 @@
 // every rank.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -53,28 +54,35 @@ std::string small_run(int ranks, const fs::path& out, const std::string& extra) 
 
 }  // namespace
 
-TEST_CASE("Buckets are cut from the end of the gradient, of whole tensors, the first one small", "[overlap]") {
-  // Tensors of 4, 6, 3, 5 and 2 elements at offsets 0, 4, 10, 13, 18 (n = 20).
+TEST_CASE("Buckets are cut from the end of the gradient, of whole tensors, closed once full (DDP's rule)",
+          "[overlap]") {
+  // Tensors of 4, 6, 3, 5 and 2 elements at offsets 0, 4, 10, 13, 18 (n = 20); caps 8, the first 3.
+  // {t4} is 2 < 3, {t4, t3} is 7 >= 3: closed; {t2} 3, {t2, t1} 9 >= 8: closed; {t0} is what is left.
   const auto views = tensors_of({4, 6, 3, 5, 2});
-  // Cap 8, first cap 3: {t4} = [18,20); then t3 + t2 = 8 fits: [10,18); then t1 = 6 (t0 would make 10): [4,10); [0,4).
   CHECK(ranges(plan_gradient_buckets(20, &views, 8, 3)) ==
-        std::vector<std::pair<int64_t, int64_t>>{{18, 20}, {10, 18}, {4, 10}, {0, 4}});
-  // A tensor larger than a bucket is cut into bucket-sized pieces from its end.
+        std::vector<std::pair<int64_t, int64_t>>{{13, 20}, {4, 13}, {0, 4}});
+  // A tensor larger than a bucket: what is open is closed, the tensor is cut into pieces of the cap
+  // from its end, and its first piece stays open for the tensors before it.
   const auto big = tensors_of({2, 11, 1});
-  const auto pieces = ranges(plan_gradient_buckets(14, &big, 4, 4));
-  // t2 alone (t1 does not fit beside it), t1 in pieces of 4 from its end, its first 3 with t0.
-  CHECK(pieces == std::vector<std::pair<int64_t, int64_t>>{{13, 14}, {9, 13}, {5, 9}, {2, 5}, {0, 2}});
-  // Without views: plain pieces from the end.
+  CHECK(ranges(plan_gradient_buckets(14, &big, 4, 4)) ==
+        std::vector<std::pair<int64_t, int64_t>>{{13, 14}, {9, 13}, {5, 9}, {0, 5}});
+  // Without views: one tensor of n.
   CHECK(ranges(plan_gradient_buckets(10, nullptr, 4, 1)) ==
-        std::vector<std::pair<int64_t, int64_t>>{{9, 10}, {5, 9}, {1, 5}, {0, 1}});
-  // Every plan covers [0, n) once, in descending order, within its caps.
-  for (int64_t cap : {1, 2, 3, 5, 7, 20, 100}) {
-    const auto plan = plan_gradient_buckets(20, &views, cap, std::max<int64_t>(1, cap / 2));
+        std::vector<std::pair<int64_t, int64_t>>{{6, 10}, {2, 6}, {0, 2}});
+  // Every plan covers [0, n) once, in descending order, at tensor boundaries; every bucket but the
+  // last holds at least its cap and would be under it without its lowest tensor.
+  for (int64_t cap : {6, 7, 8, 10, 20, 100}) {
+    const int64_t first = std::max<int64_t>(1, cap / 2);
+    const auto plan = plan_gradient_buckets(20, &views, cap, first);
     int64_t end = 20;
     for (size_t i = 0; i < plan.size(); ++i) {
+      INFO("cap " << cap << ", bucket " << i);
       CHECK(plan[i].end == end);
-      CHECK(plan[i].size() > 0);
-      CHECK(plan[i].size() <= (i == 0 ? std::max<int64_t>(1, cap / 2) : cap));
+      CHECK(std::any_of(views.begin(), views.end(), [&](const ParamView& v) { return v.offset == plan[i].begin; }));
+      const int64_t bucket_cap = i == 0 ? first : cap;
+      const auto lowest = std::find_if(views.begin(), views.end(), [&](const ParamView& v) { return v.offset == plan[i].begin; });
+      if (i + 1 < plan.size()) CHECK(plan[i].size() >= bucket_cap);
+      CHECK(plan[i].size() - lowest->numel() < bucket_cap);
       end = plan[i].begin;
     }
     CHECK(end == 0);

@@ -6,13 +6,14 @@ namespace trainer::comm {
 
 std::vector<GradientBucket> plan_gradient_buckets(int64_t n, const std::vector<models::ParamView>* views,
                                                   int64_t bucket_elements, int64_t first_bucket_elements) {
+  const int64_t largest = std::max<int64_t>(1, bucket_elements);
+  int64_t cap = std::max<int64_t>(1, std::min(first_bucket_elements, largest));
   std::vector<GradientBucket> buckets;
-  int64_t cap = std::max<int64_t>(1, std::min(first_bucket_elements, bucket_elements));
   int64_t end = n, begin = n;  // the bucket being filled: [begin, end)
   auto close = [&](int64_t at) {
     buckets.push_back({at, end});
     end = at;
-    cap = std::max<int64_t>(1, bucket_elements);
+    cap = largest;
   };
   // Tensor starts from the last tensor to the first (one piece of n without views).
   std::vector<int64_t> starts;
@@ -22,9 +23,16 @@ std::vector<GradientBucket> plan_gradient_buckets(int64_t n, const std::vector<m
     starts.push_back(0);
   for (const int64_t start : starts) {
     if (start >= begin) continue;  // an empty tensor
-    if (begin < end && end - start > cap) close(begin);  // the tensor does not fit: the bucket is done
+    if (begin - start > largest) {
+      // Larger than any bucket: cut from its end into pieces of the largest size, after what the
+      // bucket being filled already holds; its first piece stays open for the tensors before it.
+      if (begin < end) close(begin);
+      while (end - start > largest) close(end - largest);
+      begin = start;
+      continue;
+    }
     begin = start;
-    while (end - begin > cap) close(end - cap);  // a tensor larger than a bucket
+    if (end - begin >= cap) close(begin);  // full: it may pass its cap by its last tensor
   }
   if (begin < end) close(begin);
   return buckets;
