@@ -7,6 +7,7 @@
 //   mpiexec -n P trainer bench sync [--n N]     (every sync method on synthetic gradients)
 //   trainer report RUN_DIR [RUN_DIR2 ...] [--out DIR] [--latency L]   (RUN_DIR/report/report.md and figures)
 //   trainer whatif RUN_DIR --bandwidth 1gbit --latency 0.1ms [--ranks P]   (step time on another network)
+//   mpiexec -n P trainer calibrate --out FILE.json   (measure this network's achieved latency and rates)
 //   trainer --config-reference          (the documentation of every config key, as Markdown)
 #include <CLI/CLI.hpp>
 #include <malloc.h>
@@ -15,6 +16,7 @@
 #include <exception>
 
 #include "comm/bench_comm.h"
+#include "comm/calibrate.h"
 #include "comm/communicator.h"
 #include "comm/sync/sparse_bench.h"
 #include "data/synthetic_cifar.h"
@@ -110,6 +112,20 @@ int main(int argc, char** argv) {
   whatif->add_option("--ranks", whatif_ranks, "Ranks (default: the run's)")->check(CLI::PositiveNumber);
   whatif->add_flag("--json", whatif_as_json, "One JSON object instead of the table");
 
+  auto* calibrate = app.add_subcommand(
+      "calibrate", "Measure this job's achieved network latency and rates for trainer whatif (run under mpiexec)");
+  trainer::comm::CalibrateOptions co;
+  std::string calibrate_nominal;
+  calibrate->add_option("--out", co.out, "The calibration file to write (JSON)")->required();
+  calibrate->add_option("--min-bytes", co.min_bytes, "Smallest message (default 256)");
+  calibrate->add_option("--max-bytes", co.max_bytes, "Largest message (default 64 MiB)");
+  calibrate->add_option("--size-factor", co.size_factor, "Ratio of one size to the next (default 4)");
+  calibrate->add_option("--repeats", co.repeats, "Timed samples per size; the median is fitted (default 5)");
+  calibrate->add_option("--max-call-seconds", co.max_call_seconds,
+                        "Stop growing sizes after the first whose call takes longer (default 0.25)");
+  calibrate->add_option("--nominal", calibrate_nominal,
+                        "The link's nominal rate (100mbit, 1gbit), recorded to compare with what is achieved");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (reference) {
@@ -125,6 +141,10 @@ int main(int argc, char** argv) {
     if (bench_comm->parsed()) {
       trainer::comm::world();
       return trainer::comm::run_comm_bench(comm_n, comm_steps, comm_bucket_mb);
+    }
+    if (calibrate->parsed()) {
+      if (!calibrate_nominal.empty()) co.nominal_bandwidth = trainer::comm::parse_bandwidth(calibrate_nominal);
+      return trainer::comm::run_calibrate(co);
     }
     if (report->parsed()) return trainer::app::run_report(ro, argv[0]);
     if (whatif->parsed()) {
