@@ -101,7 +101,8 @@ class Reader {
 
 std::string format_latency(double seconds) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g us", seconds * 1e6);
+  if (seconds >= 1e-3) std::snprintf(buf, sizeof buf, "%.3g ms", seconds * 1e3);
+  else std::snprintf(buf, sizeof buf, "%.3g us", seconds * 1e6);
   return buf;
 }
 
