@@ -1,7 +1,7 @@
 // The network calibration's pieces that need no network: the fit of the model's latency and
 // bandwidth (comm/network_fit.h) on times generated from known parameters, the calibration file's
-// round trip and its one-line errors (comm/network_calibration.h). `trainer calibrate` itself runs in
-// calibrate_e2e_test.
+// round trip and its one-line errors (comm/network_calibration.h), and which rates whatif says it
+// used (trainer/whatif_network.h). `trainer calibrate` itself runs in calibrate_e2e_test.
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -14,6 +14,7 @@
 #include "comm/network_fit.h"
 #include "comm/network_model.h"
 #include "process.h"
+#include "trainer/whatif_network.h"
 
 using namespace trainer::comm;
 using trainer::testing::TempDir;
@@ -180,4 +181,30 @@ TEST_CASE("a bad calibration file is one line naming the file and the key") {
   CHECK_THAT(with([](nlohmann::json& j) { j["ranks"] = 1; }), Catch::Contains("'ranks'"));
   CHECK_THAT(with([](nlohmann::json& j) { j["measurements"]["p2p"][1].erase("median_s"); }),
              Catch::Contains("'measurements.p2p[1].median_s' missing"));
+}
+
+TEST_CASE("whatif says which rates it used: nominal, calibrated, extrapolated") {
+  TempDir dir("calibration_whatif");
+  const std::string path = dir.file("net.json");
+  save_calibration(example_calibration(), path);
+  using trainer::app::whatif_network;
+  const auto nominal = whatif_network("100mbit", "130us", "", 2);
+  CHECK_FALSE(nominal.calibrated);
+  CHECK_THAT(nominal.description, Catch::StartsWith("nominal 100 Mbit/s, latency 130 us"));
+  CHECK(nominal.rates.allreduce.bandwidth == Approx(12.5e6));
+  CHECK(nominal.rates.messages.latency == Approx(130e-6));
+  const auto same_p = whatif_network("", "", path, 2);
+  CHECK(same_p.calibrated);
+  CHECK_THAT(same_p.description,
+             Catch::StartsWith("calibrated: 68.7 Mbit/s achieved allreduce bus rate, 142 us latency") &&
+                 Catch::Contains("from " + path + " measured at P=2 on 2026-11-24T07:00:00Z"));
+  CHECK(same_p.extrapolation.empty());
+  CHECK(same_p.rates.allreduce.bandwidth == 8.59e6);
+  CHECK(same_p.rates.messages.bandwidth == 10.0e6);
+  const auto other_p = whatif_network("", "", path, 4);
+  CHECK_THAT(other_p.extrapolation, Catch::StartsWith("extrapolated from P=2 to P=4"));
+  CHECK_THROWS_WITH(whatif_network("1gbit", "", path, 2), Catch::Contains("not both"));
+  CHECK_THROWS_WITH(whatif_network("", "", "", 2), Catch::Contains("--calibration"));
+  CHECK_THROWS_WITH(whatif_network("", "", dir.file("absent.json"), 2), Catch::Contains("absent.json: cannot open"));
+  CHECK_THROWS_WITH(whatif_network("fast", "", "", 2), Catch::Contains("'fast'"));
 }

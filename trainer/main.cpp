@@ -7,6 +7,7 @@
 //   mpiexec -n P trainer bench sync [--n N]     (every sync method on synthetic gradients)
 //   trainer report RUN_DIR [RUN_DIR2 ...] [--out DIR] [--latency L]   (RUN_DIR/report/report.md and figures)
 //   trainer whatif RUN_DIR --bandwidth 1gbit --latency 0.1ms [--ranks P]   (step time on another network)
+//   trainer whatif RUN_DIR --calibration FILE.json [--ranks P]              (... on a measured one)
 //   mpiexec -n P trainer calibrate --out FILE.json   (measure this network's achieved latency and rates)
 //   trainer --config-reference          (the documentation of every config key, as Markdown)
 #include <CLI/CLI.hpp>
@@ -101,14 +102,18 @@ int main(int argc, char** argv) {
   report->add_flag("--seed-check", ro.seed_check, "Check the published AN4 Ok-Top-k analyses' counts");
   report->add_option("--latency", ro.latency,
                      "Per-message latency of the scalability view (E(P) against bandwidth, trainer whatif; default 50us)");
+  report->add_option("--calibration", ro.calibration,
+                     "A trainer calibrate file: the scalability view adds the step predicted at its measured rates");
   auto* whatif = app.add_subcommand("whatif", "Predict a finished run's step time on another network and rank count");
-  std::string whatif_dir, whatif_bandwidth, whatif_latency = "0";
+  std::string whatif_dir, whatif_bandwidth, whatif_latency, whatif_calibration;
   int whatif_ranks = 0;
   bool whatif_as_json = false;
   whatif->add_option("RUN_DIR", whatif_dir, "Output folder of a run with comm.log = true")->required();
-  whatif->add_option("--bandwidth", whatif_bandwidth, "Link bandwidth per rank: 100mbit, 1gbit, 10gbit, 1.25GB/s")
-      ->required();
-  whatif->add_option("--latency", whatif_latency, "Latency per message: 0.1ms, 50us (default 0)");
+  whatif->add_option("--bandwidth", whatif_bandwidth,
+                     "Nominal link bandwidth per rank: 100mbit, 1gbit, 10gbit, 1.25GB/s (or --calibration)");
+  whatif->add_option("--latency", whatif_latency, "Nominal latency per message: 0.1ms, 50us (default 0)");
+  whatif->add_option("--calibration", whatif_calibration,
+                     "Rates measured by trainer calibrate (FILE.json) instead of --bandwidth/--latency");
   whatif->add_option("--ranks", whatif_ranks, "Ranks (default: the run's)")->check(CLI::PositiveNumber);
   whatif->add_flag("--json", whatif_as_json, "One JSON object instead of the table");
 
@@ -148,13 +153,13 @@ int main(int argc, char** argv) {
     }
     if (report->parsed()) return trainer::app::run_report(ro, argv[0]);
     if (whatif->parsed()) {
-      const trainer::comm::Network net{trainer::comm::parse_bandwidth(whatif_bandwidth),
-                                       trainer::comm::parse_latency(whatif_latency)};
       const trainer::app::RunMeasurement run = trainer::app::measure_run(whatif_dir);
       const int ranks = whatif_ranks > 0 ? whatif_ranks : run.ranks;
-      const auto predictions = trainer::app::predict(run, net, ranks);
-      std::fputs((whatif_as_json ? trainer::app::whatif_json(run, predictions, net, ranks)
-                                 : trainer::app::whatif_report(run, predictions, net, ranks))
+      const trainer::app::WhatifNetwork network =
+          trainer::app::whatif_network(whatif_bandwidth, whatif_latency, whatif_calibration, ranks);
+      const auto predictions = trainer::app::predict(run, network.rates, ranks);
+      std::fputs((whatif_as_json ? trainer::app::whatif_json(run, predictions, network, ranks)
+                                 : trainer::app::whatif_report(run, predictions, network, ranks))
                      .c_str(),
                  stdout);
       return 0;
