@@ -9,16 +9,15 @@ namespace trainer::comm {
 
 namespace {
 
-// Least squares of relative residuals for t_i ~ m_i alpha + b_i beta over beta alone (alpha given):
-// with x = m/t, y = b/t, minimize sum (alpha x + beta y - 1)^2. beta is seconds per byte.
+// Least squares of absolute residuals for t_i ~ m_i alpha + b_i beta over beta alone (alpha given).
+// beta is seconds per byte.
 double solve_beta(const std::vector<AlphaBetaTerms>& terms, const std::vector<SizeSample>& samples, double alpha) {
-  double yy = 0, y_rest = 0;
+  double bb = 0, b_rest = 0;
   for (size_t i = 0; i < samples.size(); ++i) {
-    const double x = terms[i].messages / samples[i].seconds, y = terms[i].bytes / samples[i].seconds;
-    yy += y * y;
-    y_rest += y * (1 - alpha * x);
+    bb += terms[i].bytes * terms[i].bytes;
+    b_rest += terms[i].bytes * (samples[i].seconds - alpha * terms[i].messages);
   }
-  return yy > 0 ? y_rest / yy : 0;
+  return bb > 0 ? b_rest / bb : 0;
 }
 
 std::vector<AlphaBetaTerms> terms_for(OpKind kind, int ranks, const std::vector<SizeSample>& samples,

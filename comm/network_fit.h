@@ -6,18 +6,21 @@
 // linear in (alpha, 1/B) once the algorithm is fixed (collective_terms: messages * alpha + bytes /
 // B). Each parameter comes from the sizes it dominates:
 //   latency    from the smallest size: what its time leaves after its bytes at the bandwidth;
-//   bandwidth  least squares of relative residuals ((model - t) / t) over the larger half of the
-//              sizes (at least two), at that latency;
-// alternating until both settle. The bandwidth has no intercept of its own to trade against: on a
-// loaded machine a few ms lost to the scheduler in one mid-size sample can tilt a free line through
-// four samples flat or negative, while the times themselves are still far above the latency.
+//   bandwidth  least squares of absolute residuals over the larger half of the sizes (at least
+//              two), at that latency;
+// alternating until both settle.
+//
 // Why not one least-squares line through all sizes: a real library's curve is not one line. Sizes
-// that stay in cache or go by an eager protocol run faster than the line through the large ones,
-// and with sizes spread evenly over four decades those many small sizes set the bandwidth (on
-// this machine's shared memory, relative least squares over 256 B .. 64 MB gave 56 Gbit/s where
-// 16 and 64 MB achieve 10). A training step's communication time is its large calls at their rate
-// plus its small calls at their latency, which is what this fit keeps right; max_relative_error
-// says how far the sizes in between are off the line.
+// that stay in cache, go by an eager protocol or fit a token bucket's burst run faster than the
+// line through the large ones, and with sizes spread evenly over four decades those many small
+// sizes set the slope (on this machine's shared memory, relative least squares over 256 B .. 64 MB
+// gave 56 Gbit/s where 16 and 64 MB achieve 10; under scripts/netem at 100 Mbit/s, messages up to
+// tc's 64 kB burst pass at the full rate and 1-4 MB at about half). Absolute residuals weigh each
+// size as much as its time, as a step does: a step's communication time is mostly its largest
+// calls (a dense gradient's buckets), whose rate must be right, while its small calls (control
+// values, counts) cost their latency. No intercept of its own: on a loaded machine a few ms lost
+// to the scheduler in one sample can tilt a free line through a few sizes flat or negative.
+// max_relative_error says how far the sizes in between are off the line.
 //
 // Where the model chooses the algorithm by size (allreduce: recursive doubling for small buffers,
 // the ring for large), the choice depends on the parameters, so the fit alternates: choose each

@@ -123,7 +123,7 @@ TEST_CASE("the fit refuses samples it cannot fit, saying why") {
   CHECK_THROWS_WITH(fit_network(OpKind::kAllreduce, 2, {{1024, 1e-3}, {2048, 1e-3}}),
                     Catch::Contains("no bandwidth to fit"));
   // Larger sizes faster than the smallest one's latency (a scheduler stall in the smallest).
-  CHECK_THROWS_WITH(fit_network(OpKind::kPointToPoint, 2, {{256, 1e-3}, {4096, 0.2e-3}, {65536, 2e-3}}),
+  CHECK_THROWS_WITH(fit_network(OpKind::kPointToPoint, 2, {{256, 1e-3}, {65536, 0.5e-3}, {131072, 1.01e-3}}),
                     Catch::Contains("no bandwidth to fit"));
   CHECK_THROWS_WITH(fit_network(OpKind::kAllreduce, 2, {{1024, 0}, {2048, 1e-3}}), Catch::Contains("positive"));
 }
