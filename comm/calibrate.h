@@ -6,7 +6,7 @@
 //
 // Sizes grow by `size_factor` from min_bytes and stop after the first whose median call takes more
 // than max_call_seconds (or at max_bytes), so the sweep reaches well into the bandwidth-bound sizes
-// on any network and stays short on a slow one (about 10 s at 100 Mbit/s with P = 2).
+// on any network and stays short on a slow one (15-25 s at 100 Mbit/s with P = 2 on the 2-core VM).
 #pragma once
 
 #include <string>
@@ -23,7 +23,7 @@ struct CalibrateOptions {
   double size_factor = 4;
   int repeats = 5;
   double max_call_seconds = 0.25;
-  double nominal_bandwidth = 0;  // bytes/s, recorded for comparison only; 0: not given
+  std::string nominal;  // the link's nominal rate ("100mbit"), recorded for comparison only; empty: not given
 };
 
 // Collective over `comm` (P >= 2): measures both kinds and fits them. Every rank returns the same

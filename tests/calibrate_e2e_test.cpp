@@ -60,6 +60,9 @@ TEST_CASE("trainer calibrate and whatif --calibration: bad use is one error line
   const auto alone = run_command(calibrate(1, dir.file("one.json")));
   CHECK(alone.exit_code == 1);
   CHECK_THAT(alone.output, Contains("error: trainer calibrate needs at least 2 ranks"));
+  const auto unit = run_command(calibrate(2, dir.file("two.json"), " --nominal fast"));
+  CHECK(unit.exit_code == 1);
+  CHECK_THAT(unit.output, Contains("error: bandwidth 'fast'"));
   const auto missing = run_command(std::string(TRAINER_BINARY) + " whatif " + kRun + " --calibration " +
                                    dir.file("absent.json"));
   CHECK(missing.exit_code == 1);

@@ -120,7 +120,6 @@ int main(int argc, char** argv) {
   auto* calibrate = app.add_subcommand(
       "calibrate", "Measure this job's achieved network latency and rates for trainer whatif (run under mpiexec)");
   trainer::comm::CalibrateOptions co;
-  std::string calibrate_nominal;
   calibrate->add_option("--out", co.out, "The calibration file to write (JSON)")->required();
   calibrate->add_option("--min-bytes", co.min_bytes, "Smallest message (default 256)");
   calibrate->add_option("--max-bytes", co.max_bytes, "Largest message (default 64 MiB)");
@@ -128,7 +127,7 @@ int main(int argc, char** argv) {
   calibrate->add_option("--repeats", co.repeats, "Timed samples per size; the median is fitted (default 5)");
   calibrate->add_option("--max-call-seconds", co.max_call_seconds,
                         "Stop growing sizes after the first whose call takes longer (default 0.25)");
-  calibrate->add_option("--nominal", calibrate_nominal,
+  calibrate->add_option("--nominal", co.nominal,
                         "The link's nominal rate (100mbit, 1gbit), recorded to compare with what is achieved");
 
   CLI11_PARSE(app, argc, argv);
@@ -147,10 +146,7 @@ int main(int argc, char** argv) {
       trainer::comm::world();
       return trainer::comm::run_comm_bench(comm_n, comm_steps, comm_bucket_mb);
     }
-    if (calibrate->parsed()) {
-      if (!calibrate_nominal.empty()) co.nominal_bandwidth = trainer::comm::parse_bandwidth(calibrate_nominal);
-      return trainer::comm::run_calibrate(co);
-    }
+    if (calibrate->parsed()) return trainer::comm::run_calibrate(co);
     if (report->parsed()) return trainer::app::run_report(ro, argv[0]);
     if (whatif->parsed()) {
       const trainer::app::RunMeasurement run = trainer::app::measure_run(whatif_dir);

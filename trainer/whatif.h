@@ -94,7 +94,7 @@ struct CostedOp {
 
 struct CostedStep {
   std::vector<CostedOp> ops;
-  double p2p_seconds = 0;  // the step's messages together (comm::p2p_seconds)
+  double p2p_seconds = 0;  // the step's messages together (comm::p2p_seconds' formula on mean counts)
 
   // The calls one after another, none overlapping compute: the step's communication time today.
   // When the comm log carries, per dense bucket call, the time backward made the bucket ready
