@@ -6,7 +6,8 @@
 //
 // Sizes grow by `size_factor` from min_bytes and stop after the first whose median call takes more
 // than max_call_seconds (or at max_bytes), so the sweep reaches well into the bandwidth-bound sizes
-// on any network and stays short on a slow one (15-25 s at 100 Mbit/s with P = 2 on the 2-core VM).
+// on any network and stays short on a slow one (a median 23 s at 100 Mbit/s with P = 2 inside
+// scripts/netem on the loaded 2-core VM, setup included).
 #pragma once
 
 #include <string>
