@@ -31,24 +31,28 @@ double number_and_unit(const std::string& text, std::string& unit, const char* w
 
 }  // namespace
 
-double collective_seconds(OpKind kind, double s, int ranks, const Network& net) {
-  if (ranks <= 1 && kind != OpKind::kPointToPoint && kind != OpKind::kOther) return 0;
-  const double p = ranks, a = net.latency, b = net.bandwidth;
+AlphaBetaTerms collective_terms(OpKind kind, double s, int ranks, const Network& net) {
+  if (ranks <= 1 && kind != OpKind::kPointToPoint && kind != OpKind::kOther) return {};
+  const double p = ranks, rounds = log2_ceil(ranks);
   switch (kind) {
     case OpKind::kAllreduce: {
-      const double ring = 2 * (p - 1) * a + 2 * (p - 1) / p * s / b;
-      const double doubling = log2_ceil(ranks) * (a + s / b);
-      return std::min(ring, doubling);
+      const AlphaBetaTerms ring{2 * (p - 1), 2 * (p - 1) / p * s};
+      const AlphaBetaTerms doubling{rounds, rounds * s};
+      return doubling.seconds(net) <= ring.seconds(net) ? doubling : ring;  // P = 2: always doubling
     }
     case OpKind::kAllgather:
-    case OpKind::kAllgatherv: return (p - 1) * a + (p - 1) / p * s / b;
-    case OpKind::kAlltoall: return (p - 1) * (a + s / (p * b));
-    case OpKind::kBroadcast: return log2_ceil(ranks) * (a + s / b);
-    case OpKind::kBarrier: return log2_ceil(ranks) * a;
+    case OpKind::kAllgatherv: return {p - 1, (p - 1) / p * s};
+    case OpKind::kAlltoall: return {p - 1, (p - 1) * s / p};
+    case OpKind::kBroadcast: return {rounds, rounds * s};
+    case OpKind::kBarrier: return {rounds, 0};
     case OpKind::kPointToPoint:
-    case OpKind::kOther: return a + s / b;
+    case OpKind::kOther: return {1, s};
   }
-  return 0;
+  return {};
+}
+
+double collective_seconds(OpKind kind, double s, int ranks, const Network& net) {
+  return collective_terms(kind, s, ranks, net).seconds(net);
 }
 
 double p2p_seconds(int64_t sends, int64_t receives, double sent_bytes, double received_bytes, const Network& net) {

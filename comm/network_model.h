@@ -14,6 +14,9 @@
 // scripts/netem builds. The minimum for allreduce stands for the MPI library choosing the faster
 // algorithm for the size. Real libraries have more algorithms (Rabenseifner, segmented rings, trees);
 // this model is the textbook bound, accurate where bandwidth or latency dominates.
+// alpha and B are a link's nominal figures, or those `trainer calibrate` fitted to what the MPI
+// library achieved on the real network (comm/network_calibration.h); for allreduce that B is the
+// achieved bus bandwidth in nccl-tests' sense (S/t x 2(P-1)/P for the ring).
 #pragma once
 
 #include <cstdint>
@@ -28,8 +31,32 @@ struct Network {
   double latency = 0;    // seconds per message (alpha)
 };
 
-// Seconds for one call of `kind` with data size `size_bytes` on `ranks` ranks (0 for one rank;
-// kOther is costed as a message).
+// The rates calls are costed at, per kind of traffic. A nominal network is one link for every
+// kind; a calibration (comm/network_calibration.h) gives allreduce the latency and bus rate it
+// achieved and every other kind (messages, and the collectives Open MPI builds from them) the
+// point-to-point fit, because the library reaches a different share of the link in each.
+struct NetworkRates {
+  Network allreduce;
+  Network messages;  // point to point, and the collectives other than allreduce
+  static NetworkRates uniform(const Network& net) { return {net, net}; }
+  const Network& for_kind(OpKind kind) const { return kind == OpKind::kAllreduce ? allreduce : messages; }
+};
+
+// A call's cost as counts of the model's two parameters: seconds = messages * latency + bytes /
+// bandwidth along the critical path. Kept apart from the seconds so that a fit
+// (comm/network_fit.h) can solve for latency and bandwidth from measured times.
+struct AlphaBetaTerms {
+  double messages = 0;
+  double bytes = 0;
+  double seconds(const Network& net) const { return messages * net.latency + bytes / net.bandwidth; }
+};
+
+// The terms of one call of `kind` with data size `size_bytes` on `ranks` ranks (none for one rank;
+// kOther is costed as a message). Where the model has a choice of algorithm (allreduce: ring or
+// recursive doubling) `net` decides it: the cheaper one on that network.
+AlphaBetaTerms collective_terms(OpKind kind, double size_bytes, int ranks, const Network& net);
+
+// Seconds for one call: collective_terms(...).seconds(net).
 double collective_seconds(OpKind kind, double size_bytes, int ranks, const Network& net);
 
 // Seconds for a rank's point-to-point traffic of one step: its messages share its link, sends and

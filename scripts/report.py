@@ -2,7 +2,7 @@
 """Writes RUN_DIR/report/report.md and its PNG figures from one or more run folders' logs.
 
     /usr/bin/python3 scripts/report.py RUN_DIR [RUN_DIR2 ...] [--out DIR] [--seed-check] [--trainer BINARY]
-                                       [--latency 50us]
+                                       [--latency 50us] [--calibration FILE.json]
 
 `trainer report` runs this (with Debian's python3, numpy and matplotlib). The numbers come from
 scripts/report_analysis.py; this file lays them out and plots them (matplotlib's Agg backend, no
@@ -310,49 +310,68 @@ def section_compare(runs, figs):
     return "".join(md)
 
 
-def section_scaling(runs, trainer, latency, figs):
-    """E(P) and the predicted step time against link bandwidth, per run and phase, from the what-if model."""
+def section_scaling(runs, trainer, latency, figs, calibration=None):
+    """E(P) and the predicted step time against link bandwidth, per run and phase, from the what-if model;
+    with a calibration file, one more row at the rates it measured. The text says which rates each row used."""
     md = ["## Scalability against bandwidth (what-if model)\n\n"]
     if not trainer:
         return "".join(md) + "Not computed: the model is `trainer whatif`; run the report through `trainer report`.\n"
-    series, notes = [], []  # (label, phase, [points])
+    series, notes = [], []  # (label, phase, [points], calibrated point or None)
     for run in runs:
         if run.world < 2:
             notes.append(f"{run.name}: one rank, nothing to predict.")
             continue
         try:
             points = ra.scaling(run, trainer, latency)
+            measured = ra.calibrated_scaling(run, trainer, calibration) if calibration else None
         except ra.RunError as e:
             notes.append(f"{run.name}: not computed ({e}).")
             continue
         for phase in ra.PHASES:
             if phase in points[0]["phases"]:
-                series.append((f"{run.name}: {phase}", phase, points))
+                series.append((f"{run.name}: {phase}", phase, points, measured))
     if not series:
         return "".join(md) + " ".join(notes) + "\n"
     md.append(f"`trainer whatif RUN --bandwidth B --latency {latency}` at each run's own rank count: the alpha-beta model "
               "(comm/network_model.h) costs the calls one logged step of each phase makes, adds the measured compute "
               "and straggler wait, and gives the step time and E(P) = T(1) / T(P) per sample = compute / step "
-              "(docs/architecture.md, what-if model). Cells: predicted step ms / E(P).\n\n")
+              "(docs/architecture.md, what-if model). Cells: predicted step ms / E(P). The bandwidth rows are "
+              "**nominal** link rates, not measured: an MPI library over TCP may reach only part of a link "
+              "(`trainer calibrate` measures what it reaches).\n\n")
+    calibrated = series[0][3]
+    if calibrated:
+        md.append(f"Row \"calibrated\": `trainer whatif RUN --calibration {calibration}`, at "
+                  f"{calibrated['network'].get('description', '').removeprefix('calibrated: ')}."
+                  + (f" {calibrated['network']['extrapolation']}." if calibrated["network"].get("extrapolation") else "")
+                  + "\n\n")
     rows = []
     for i, bw in enumerate(series[0][2]):
         rows.append([bw["bandwidth"]] + [f"{pts[i]['phases'][ph]['step_ms']:.1f} / {pts[i]['phases'][ph]['efficiency']:.3f}"
-                                         for _, ph, pts in series])
-    md.append(table(["bandwidth"] + [label for label, _, _ in series], rows))
+                                         for _, ph, pts, _ in series])
+    if calibrated:
+        rows.append(["calibrated"] + [f"{cal['phases'][ph]['step_ms']:.1f} / {cal['phases'][ph]['efficiency']:.3f}"
+                                      for _, ph, _, cal in series])
+    md.append(table(["bandwidth"] + [label for label, _, _, _ in series], rows))
     if notes:
         md.append("\n" + " ".join(notes) + "\n")
     plt = figs.plt
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
-    for label, phase, pts in series:
+    for label, phase, pts, cal in series:
         x = [p["bits_per_s"] / 1e9 for p in pts]
         style = "--" if phase == "dense" else "-"
-        axes[0].plot(x, [p["phases"][phase]["efficiency"] for p in pts], style, marker=".", label=label)
+        line = axes[0].plot(x, [p["phases"][phase]["efficiency"] for p in pts], style, marker=".", label=label)[0]
         axes[1].plot(x, [p["phases"][phase]["step_ms"] for p in pts], style, marker=".", label=label)
+        if cal:  # at the achieved allreduce bus rate
+            axes[0].plot([cal["bits_per_s"] / 1e9], [cal["phases"][phase]["efficiency"]], "*", ms=10,
+                         color=line.get_color(), label=f"{label}, calibrated")
+            axes[1].plot([cal["bits_per_s"] / 1e9], [cal["phases"][phase]["step_ms"]], "*", ms=10,
+                         color=line.get_color())
     for ax in axes:
         ax.set_xscale("log")
-        ax.set_xlabel("link bandwidth, Gbit/s")
+        ax.set_xlabel("link bandwidth, Gbit/s (nominal; stars: calibrated)" if calibrated else
+                      "link bandwidth, Gbit/s (nominal)")
         ax.legend(fontsize=8)
-    axes[0].set_ylabel(f"E(P), P = {series[0][2][0]['ranks']}" if len({pts[0]["ranks"] for _, _, pts in series}) == 1
+    axes[0].set_ylabel(f"E(P), P = {series[0][2][0]['ranks']}" if len({pts[0]["ranks"] for _, _, pts, _ in series}) == 1
                        else "E(P)")
     axes[0].set_ylim(0, 1.05)
     axes[1].set_yscale("log")
@@ -388,6 +407,7 @@ def main(argv):
     parser.add_argument("--seed-check", action="store_true", help="check the published AN4 Ok-Top-k counts")
     parser.add_argument("--trainer", help="the trainer binary, for the what-if model's scalability view")
     parser.add_argument("--latency", default="50us", help="per-message latency of that view (default 50us)")
+    parser.add_argument("--calibration", help="a `trainer calibrate` file: that view adds the step at its rates")
     args = parser.parse_args(argv)
     try:
         runs = [ra.Run(folder) for folder in args.runs]
@@ -409,7 +429,7 @@ def main(argv):
     md.append(section_distributions(run, ops, figs) + "\n")
     if len(runs) > 1:
         md.append(section_compare(runs, figs) + "\n")
-    md.append(section_scaling(runs, args.trainer, args.latency, figs) + "\n")
+    md.append(section_scaling(runs, args.trainer, args.latency, figs, args.calibration) + "\n")
     if args.seed_check:
         md.append(section_seed(run, ops) + "\n")
     path = os.path.join(out, "report.md")

@@ -425,21 +425,33 @@ SCALING_BANDWIDTHS = ("100mbit", "250mbit", "500mbit", "1gbit", "2.5gbit", "5gbi
                       "100gbit")
 
 
-def scaling(run, trainer, latency, bandwidths=SCALING_BANDWIDTHS):
-    """The what-if model's prediction for this run at its own rank count on each bandwidth: one dict per
-    bandwidth, {"bandwidth": text, "bits_per_s": float, "phases": {phase: {step_ms, efficiency, comm_ms,
-    wait_ms, compute_ms, comm_share}}}, from `trainer whatif RUN --json` (the model lives there, in C++:
-    comm/network_model.h, trainer/whatif.h). Raises RunError with whatif's own message when it fails."""
+def whatif_json(run, trainer, network_args):
+    """`trainer whatif RUN <network_args> --json`, parsed; RunError with whatif's own message when it fails."""
     import subprocess
-    out = []
-    for bw in bandwidths:
-        done = subprocess.run([trainer, "whatif", run.folder, "--bandwidth", bw, "--latency", latency, "--json"],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            lines = (done.stderr or done.stdout).strip().splitlines()
-            raise RunError(f"trainer whatif {run.folder}: " + (lines[-1] if lines else f"exit status {done.returncode}"))
-        result = json.loads(done.stdout)
-        out.append({"bandwidth": bw, "bits_per_s": 8 * result["bandwidth_bytes_per_s"],
-                    "latency_s": result["latency_s"], "ranks": result["ranks"],
-                    "phases": {p["phase"]: p for p in result["phases"]}})
-    return out
+    done = subprocess.run([trainer, "whatif", run.folder] + list(network_args) + ["--json"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        raise RunError(f"trainer whatif {run.folder}: " + (lines[-1] if lines else f"exit status {done.returncode}"))
+    return json.loads(done.stdout)
+
+
+def scaling_point(label, result):
+    return {"bandwidth": label, "bits_per_s": 8 * result["bandwidth_bytes_per_s"],
+            "latency_s": result["latency_s"], "ranks": result["ranks"], "network": result.get("network", {}),
+            "phases": {p["phase"]: p for p in result["phases"]}}
+
+
+def scaling(run, trainer, latency, bandwidths=SCALING_BANDWIDTHS):
+    """The what-if model's prediction for this run at its own rank count on each nominal bandwidth: one dict
+    per bandwidth, {"bandwidth": text, "bits_per_s": float, "network": whatif's network object, "phases":
+    {phase: {step_ms, efficiency, comm_ms, wait_ms, compute_ms, comm_share}}}, from `trainer whatif RUN --json`
+    (the model lives there, in C++: comm/network_model.h, trainer/whatif.h). Raises RunError with whatif's own
+    message when it fails."""
+    return [scaling_point(bw, whatif_json(run, trainer, ["--bandwidth", bw, "--latency", latency])) for bw in bandwidths]
+
+
+def calibrated_scaling(run, trainer, calibration):
+    """The same prediction at the rates a `trainer calibrate` file measured: one dict as scaling() gives, with
+    "bandwidth" = "calibrated" and bits_per_s the achieved allreduce bus rate."""
+    return scaling_point("calibrated", whatif_json(run, trainer, ["--calibration", calibration]))

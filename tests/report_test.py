@@ -272,6 +272,41 @@ class FixtureScalingTest(unittest.TestCase, ReportChecks):
             text = self.check_scaling(FIXTURE, out, binary, "20us")
         self.assertIn("report_run: dense", text)
         self.assertIn("report_run: compressed", text)
+        self.assertIn("**nominal** link rates", text)
+
+    def test_calibrated_row_is_whatif_at_the_calibration(self):
+        """With --calibration the view gains a row at the file's rates, equal to `trainer whatif --calibration`,
+        and says which rates those are; the nominal rows stay as they were."""
+        binary = os.environ["TRAINER_BINARY"]
+        fit = {"allreduce": {"latency_s": 142e-6, "bandwidth_bytes_per_s": 8.59e6, "max_relative_error": 0.05},
+               "p2p": {"latency_s": 95e-6, "bandwidth_bytes_per_s": 10e6, "max_relative_error": 0.03}}
+        calibration = {"format": "trainer network calibration", "version": 1, "ranks": 2, "hosts": ["a", "b"],
+                       "cpu": "test", "isa": "avx2", "mpi": "Open MPI", "date": "2026-11-24T07:00:00Z",
+                       "nominal_bandwidth_bytes_per_s": 12.5e6, "repeats": 5,
+                       "measurements": {"allreduce": [], "p2p": []}, "fit": fit}
+        with tempfile.TemporaryDirectory() as out:
+            path = os.path.join(out, "net.json")
+            with open(path, "w") as f:
+                json.dump(calibration, f)
+            self.assertEqual(report.main([FIXTURE, "--out", out, "--trainer", binary, "--latency", "20us",
+                                          "--calibration", path]), 0)
+            with open(os.path.join(out, "report.md")) as f:
+                text = f.read()
+            done = subprocess.run([binary, "whatif", FIXTURE, "--calibration", path, "--json"],
+                                  capture_output=True, text=True, check=True)
+        header, rows = markdown_table(text, "## Scalability against bandwidth")
+        self.assertEqual([row[0] for row in rows], list(ra.SCALING_BANDWIDTHS) + ["calibrated"])
+        self.assertIn("68.7 Mbit/s achieved allreduce bus rate, 142 us latency (69% of the nominal 100 Mbit/s)", text)
+        self.assertIn("measured at P=2 on 2026-11-24T07:00:00Z", text)
+        want = {p["phase"]: p for p in json.loads(done.stdout)["phases"]}
+        phases = [h.rsplit(" ", 1)[1] for h in header[1:]]
+        for phase, cell in zip(phases, rows[-1][1:]):
+            self.assertEqual(cell, f"{want[phase]['step_ms']:.1f} / {want[phase]['efficiency']:.3f}")
+        # A bad file is one error line from `trainer report`, before the script runs.
+        bad = subprocess.run([binary, "report", FIXTURE, "--calibration", path + ".absent"], capture_output=True,
+                             text=True)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn(path + ".absent: cannot open the calibration file", bad.stderr)
 
 
 @unittest.skipUnless(os.environ.get("TRAINER_BINARY"), "TRAINER_BINARY not set")

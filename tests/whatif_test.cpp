@@ -124,7 +124,7 @@ TEST_CASE("whatif on a dense run: compute, wait and the allreduce's cost, for ot
   CHECK(p2[0].comm_ms == Approx(1.01));
   CHECK(p2[0].step_ms == Approx(13 + 1.01 + 1));
   CHECK(p2[0].efficiency == Approx(13 / 15.01));
-  const auto j = nlohmann::json::parse(trainer::app::whatif_json(run, p2, kNet, 2));
+  const auto j = nlohmann::json::parse(trainer::app::whatif_json(run, p2, trainer::app::nominal_network(kNet), 2));
   CHECK(j["phases"][0]["step_ms"].get<double>() == Approx(15.01));
   CHECK(j["phases"][0]["measured_step_ms"].get<double>() == Approx(17));
   CHECK(j["measured_ranks"] == 2);
@@ -174,4 +174,53 @@ TEST_CASE("whatif names the missing or malformed file") {
   CHECK_THROWS_WITH(measure_run(dir.path.string()), Catch::Contains("rank0.jsonl:1"));
   write(dir.path / "comm/rank0.jsonl", record(0, "dense", "ALLREDUCE_DENSE", 8, 8, -1, 0, 10, 0));
   CHECK_THROWS_WITH(measure_run(dir.path.string()), Catch::Contains("metrics.jsonl"));
+}
+
+TEST_CASE("whatif at calibrated rates: allreduce at its own fit, other kinds at the point-to-point fit") {
+  TempDir dir("whatif_rates");
+  write_config(dir.path, "oktopk");
+  // Per step: a 1 MB allreduce, one 4 kB message each way, an allgatherv of 8 kB output.
+  std::string log;
+  for (int step = 0; step < 2; ++step) {
+    const int64_t t = 100000 * step;
+    log += record(step, "compressed", "ALLREDUCE_REGION", 1000000, 1000000, -1, t, t + 500, 0);
+    log += record(step, "compressed", "ISEND_VALUE", 4000, 0, 1, t + 600, t + 800);
+    log += record(step, "compressed", "IRECV_VALUE", 0, 4000, 1, t + 600, t + 900);
+    log += record(step, "compressed", "ALLGATHERV_FINAL", 4000, 4000, -1, t + 2000, t + 3000, 0);
+  }
+  write(dir.path / "comm/rank0.jsonl", log);
+  write(dir.path / "comm/rank1.jsonl", log);
+  write(dir.path / "metrics.jsonl", metrics_record(1, "compressed") + metrics_record(2, "compressed"));
+  const auto run = measure_run(dir.path.string());
+  const Network reduce{1e9, 10e-6}, messages{2e8, 40e-6};
+  const NetworkRates rates{reduce, messages};
+  // P = 2: allreduce 10 us + 1 ms; message 40 us + 4000/B'; allgatherv 40 us + 4000/B'.
+  const auto cost = trainer::app::cost_step(run, run.phases[0], rates, 2);
+  REQUIRE(cost.ops.size() == 4);
+  CHECK(cost.ops[0].seconds_per_call == Approx(10e-6 + 1e6 / 1e9));
+  CHECK(cost.ops[3].seconds_per_call == Approx(40e-6 + 4000 / 2e8));
+  CHECK(cost.p2p_seconds == Approx(40e-6 + 4000 / 2e8));
+  const auto p = predict(run, rates, 2);
+  CHECK(p[0].comm_ms == Approx(1e3 * (10e-6 + 1e6 / 1e9 + 2 * (40e-6 + 4000 / 2e8))));
+  // One link for all kinds (the nominal form) is the same as equal rates.
+  CHECK(predict(run, reduce, 2)[0].comm_ms == Approx(predict(run, NetworkRates{reduce, reduce}, 2)[0].comm_ms));
+
+  // The outputs say which rates they used.
+  trainer::app::WhatifNetwork calibrated;
+  calibrated.rates = rates;
+  calibrated.calibrated = true;
+  calibrated.description = "calibrated: test rates, from net.json measured at P=2 on today";
+  calibrated.calibration_path = "net.json";
+  calibrated.calibration_ranks = 2;
+  const auto j = nlohmann::json::parse(trainer::app::whatif_json(run, p, calibrated, 2));
+  CHECK(j["network"]["source"] == "calibrated");
+  CHECK(j["network"]["calibration"] == "net.json");
+  CHECK(j["network"]["messages"]["bandwidth_bytes_per_s"].get<double>() == 2e8);
+  CHECK(j["bandwidth_bytes_per_s"].get<double>() == 1e9);  // the allreduce rate, for plots against bandwidth
+  const std::string text = trainer::app::whatif_report(run, p, calibrated, 2);
+  CHECK_THAT(text, Catch::Contains("rates: calibrated: test rates, from net.json measured at P=2 on today\n"));
+  const auto nominal = nlohmann::json::parse(
+      trainer::app::whatif_json(run, predict(run, kNet, 2), trainer::app::nominal_network(kNet), 2));
+  CHECK(nominal["network"]["source"] == "nominal");
+  CHECK_THAT(nominal["network"]["description"].get<std::string>(), Catch::StartsWith("nominal 8 Gbit/s"));
 }

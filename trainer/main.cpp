@@ -7,6 +7,8 @@
 //   mpiexec -n P trainer bench sync [--n N]     (every sync method on synthetic gradients)
 //   trainer report RUN_DIR [RUN_DIR2 ...] [--out DIR] [--latency L]   (RUN_DIR/report/report.md and figures)
 //   trainer whatif RUN_DIR --bandwidth 1gbit --latency 0.1ms [--ranks P]   (step time on another network)
+//   trainer whatif RUN_DIR --calibration FILE.json [--ranks P]              (... on a measured one)
+//   mpiexec -n P trainer calibrate --out FILE.json   (measure this network's achieved latency and rates)
 //   trainer --config-reference          (the documentation of every config key, as Markdown)
 #include <CLI/CLI.hpp>
 #include <malloc.h>
@@ -15,6 +17,7 @@
 #include <exception>
 
 #include "comm/bench_comm.h"
+#include "comm/calibrate.h"
 #include "comm/communicator.h"
 #include "comm/sync/sparse_bench.h"
 #include "data/synthetic_cifar.h"
@@ -99,16 +102,33 @@ int main(int argc, char** argv) {
   report->add_flag("--seed-check", ro.seed_check, "Check the published AN4 Ok-Top-k analyses' counts");
   report->add_option("--latency", ro.latency,
                      "Per-message latency of the scalability view (E(P) against bandwidth, trainer whatif; default 50us)");
+  report->add_option("--calibration", ro.calibration,
+                     "A trainer calibrate file: the scalability view adds the step predicted at its measured rates");
   auto* whatif = app.add_subcommand("whatif", "Predict a finished run's step time on another network and rank count");
-  std::string whatif_dir, whatif_bandwidth, whatif_latency = "0";
+  std::string whatif_dir, whatif_bandwidth, whatif_latency, whatif_calibration;
   int whatif_ranks = 0;
   bool whatif_as_json = false;
   whatif->add_option("RUN_DIR", whatif_dir, "Output folder of a run with comm.log = true")->required();
-  whatif->add_option("--bandwidth", whatif_bandwidth, "Link bandwidth per rank: 100mbit, 1gbit, 10gbit, 1.25GB/s")
-      ->required();
-  whatif->add_option("--latency", whatif_latency, "Latency per message: 0.1ms, 50us (default 0)");
+  whatif->add_option("--bandwidth", whatif_bandwidth,
+                     "Nominal link bandwidth per rank: 100mbit, 1gbit, 10gbit, 1.25GB/s (or --calibration)");
+  whatif->add_option("--latency", whatif_latency, "Nominal latency per message: 0.1ms, 50us (default 0)");
+  whatif->add_option("--calibration", whatif_calibration,
+                     "Rates measured by trainer calibrate (FILE.json) instead of --bandwidth/--latency");
   whatif->add_option("--ranks", whatif_ranks, "Ranks (default: the run's)")->check(CLI::PositiveNumber);
   whatif->add_flag("--json", whatif_as_json, "One JSON object instead of the table");
+
+  auto* calibrate = app.add_subcommand(
+      "calibrate", "Measure this job's achieved network latency and rates for trainer whatif (run under mpiexec)");
+  trainer::comm::CalibrateOptions co;
+  calibrate->add_option("--out", co.out, "The calibration file to write (JSON)")->required();
+  calibrate->add_option("--min-bytes", co.min_bytes, "Smallest message (default 256)");
+  calibrate->add_option("--max-bytes", co.max_bytes, "Largest message (default 64 MiB)");
+  calibrate->add_option("--size-factor", co.size_factor, "Ratio of one size to the next (default 4)");
+  calibrate->add_option("--repeats", co.repeats, "Timed samples per size; the median is fitted (default 5)");
+  calibrate->add_option("--max-call-seconds", co.max_call_seconds,
+                        "Stop growing sizes after the first whose call takes longer (default 0.25)");
+  calibrate->add_option("--nominal", co.nominal,
+                        "The link's nominal rate (100mbit, 1gbit), recorded to compare with what is achieved");
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -126,15 +146,16 @@ int main(int argc, char** argv) {
       trainer::comm::world();
       return trainer::comm::run_comm_bench(comm_n, comm_steps, comm_bucket_mb);
     }
+    if (calibrate->parsed()) return trainer::comm::run_calibrate(co);
     if (report->parsed()) return trainer::app::run_report(ro, argv[0]);
     if (whatif->parsed()) {
-      const trainer::comm::Network net{trainer::comm::parse_bandwidth(whatif_bandwidth),
-                                       trainer::comm::parse_latency(whatif_latency)};
       const trainer::app::RunMeasurement run = trainer::app::measure_run(whatif_dir);
       const int ranks = whatif_ranks > 0 ? whatif_ranks : run.ranks;
-      const auto predictions = trainer::app::predict(run, net, ranks);
-      std::fputs((whatif_as_json ? trainer::app::whatif_json(run, predictions, net, ranks)
-                                 : trainer::app::whatif_report(run, predictions, net, ranks))
+      const trainer::app::WhatifNetwork network =
+          trainer::app::whatif_network(whatif_bandwidth, whatif_latency, whatif_calibration, ranks);
+      const auto predictions = trainer::app::predict(run, network.rates, ranks);
+      std::fputs((whatif_as_json ? trainer::app::whatif_json(run, predictions, network, ranks)
+                                 : trainer::app::whatif_report(run, predictions, network, ranks))
                      .c_str(),
                  stdout);
       return 0;

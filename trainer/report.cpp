@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "comm/network_calibration.h"
 #include "comm/network_model.h"
 
 extern char** environ;
@@ -53,6 +54,7 @@ std::string report_script(const std::string& argv0) {
 int run_report(const ReportOptions& options, const std::string& argv0) {
   if (options.runs.empty()) throw std::runtime_error("trainer report: give at least one run folder");
   comm::parse_latency(options.latency);  // a bad --latency is one clear error here, not in the script
+  if (!options.calibration.empty()) comm::load_calibration(options.calibration);  // likewise a bad file
   for (const std::string& folder : options.runs) check_run_folder(folder);
   if (access(kPython, X_OK) != 0)
     throw std::runtime_error(std::string(kPython) + " not found (scripts/install_deps.sh installs it)");
@@ -61,6 +63,7 @@ int run_report(const ReportOptions& options, const std::string& argv0) {
   if (!options.out.empty()) args.insert(args.end(), {"--out", options.out});
   if (options.seed_check) args.emplace_back("--seed-check");
   args.insert(args.end(), {"--trainer", self_path(argv0).string(), "--latency", options.latency});
+  if (!options.calibration.empty()) args.insert(args.end(), {"--calibration", options.calibration});
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

@@ -15,6 +15,7 @@ struct ReportOptions {
   std::string out;                // report folder; empty: <first run>/report
   bool seed_check = false;        // add the check of the published AN4 Ok-Top-k counts
   std::string latency = "50us";   // per-message latency of the scalability view (`trainer whatif`)
+  std::string calibration;        // a `trainer calibrate` file: the view adds the step at its rates
 };
 
 // The report script: scripts/report.py beside the executable's build folder (build/trainer ->

@@ -183,13 +183,48 @@ RunMeasurement measure_run(const std::string& run_dir) {
   return run;
 }
 
-std::vector<PhasePrediction> predict(const RunMeasurement& run, const comm::Network& net, int ranks) {
+double CostedStep::serial_seconds() const {
+  double seconds = p2p_seconds;
+  for (const CostedOp& o : ops) seconds += o.calls_per_step * o.seconds_per_call;
+  return seconds;
+}
+
+CostedStep cost_step(const RunMeasurement& run, const PhaseMeasurement& phase, const comm::NetworkRates& rates,
+                     int ranks) {
   const double p0 = run.ranks, p1 = ranks;
   const double ratio = p1 / p0;
   const bool oktopk = run.method == "oktopk";
   // Messages per step and their bytes with P' ranks (oktopk's split-and-reduce: see whatif.h).
   const double count_scale = run.ranks > 1 ? (p1 - 1) / (p0 - 1) : 0;
   const double bytes_scale = run.ranks > 1 ? ((p1 - 1) / p1) / ((p0 - 1) / p0) : 0;
+  CostedStep step;
+  double sends = 0, receives = 0, sent = 0, received = 0;
+  for (const OpMeasurement& o : phase.ops) {
+    CostedOp c{o.op, o.kind, o.calls_per_step, o.size_per_call, 0};
+    switch (o.kind) {
+      case comm::OpKind::kPointToPoint:
+      case comm::OpKind::kOther:
+        sends += o.sends_per_step * count_scale;
+        receives += o.receives_per_step * count_scale;
+        sent += o.sent_per_step * bytes_scale;
+        received += o.received_per_step * bytes_scale;
+        break;
+      default:
+        if (o.kind == comm::OpKind::kAllgather || o.kind == comm::OpKind::kAlltoall ||
+            (o.kind == comm::OpKind::kAllgatherv && !oktopk))
+          c.size_per_call *= ratio;
+        c.seconds_per_call = comm::collective_seconds(o.kind, c.size_per_call, ranks, rates.for_kind(o.kind));
+    }
+    step.ops.push_back(c);
+  }
+  // comm::p2p_seconds with fractional means of messages per step (counts averaged over steps).
+  const comm::Network& link = rates.for_kind(comm::OpKind::kPointToPoint);
+  if (sends + receives > 0)
+    step.p2p_seconds = std::max(sends, receives) * link.latency + std::max(sent, received) / link.bandwidth;
+  return step;
+}
+
+std::vector<PhasePrediction> predict(const RunMeasurement& run, const comm::NetworkRates& rates, int ranks) {
   std::vector<PhasePrediction> out;
   for (const PhaseMeasurement& ph : run.phases) {
     PhasePrediction pr;
@@ -197,29 +232,7 @@ std::vector<PhasePrediction> predict(const RunMeasurement& run, const comm::Netw
     pr.compute_ms = ph.compute_ms;
     pr.measured_step_ms = ph.step_ms;
     pr.wait_ms = ranks > 1 ? ph.wait_ms : 0;
-    double seconds = 0, sends = 0, receives = 0, sent = 0, received = 0;
-    for (const OpMeasurement& o : ph.ops) {
-      switch (o.kind) {
-        case comm::OpKind::kPointToPoint:
-        case comm::OpKind::kOther:
-          sends += o.sends_per_step * count_scale;
-          receives += o.receives_per_step * count_scale;
-          sent += o.sent_per_step * bytes_scale;
-          received += o.received_per_step * bytes_scale;
-          break;
-        default: {
-          double s = o.size_per_call;
-          if (o.kind == comm::OpKind::kAllgather || o.kind == comm::OpKind::kAlltoall ||
-              (o.kind == comm::OpKind::kAllgatherv && !oktopk))
-            s *= ratio;
-          seconds += o.calls_per_step * comm::collective_seconds(o.kind, s, ranks, net);
-        }
-      }
-    }
-    // Messages are counted per step as whole numbers of calls would be; fractional means are fine.
-    if (sends + receives > 0)
-      seconds += std::max(sends, receives) * net.latency + std::max(sent, received) / net.bandwidth;
-    pr.comm_ms = seconds * 1e3;
+    pr.comm_ms = cost_step(run, ph, rates, ranks).serial_seconds() * 1e3;
     pr.step_ms = pr.compute_ms + pr.comm_ms + pr.wait_ms;
     pr.comm_share = pr.step_ms > 0 ? (pr.comm_ms + pr.wait_ms) / pr.step_ms : 0;
     pr.efficiency = pr.step_ms > 0 ? pr.compute_ms / pr.step_ms : 1;
@@ -228,16 +241,19 @@ std::vector<PhasePrediction> predict(const RunMeasurement& run, const comm::Netw
   return out;
 }
 
+std::vector<PhasePrediction> predict(const RunMeasurement& run, const comm::Network& net, int ranks) {
+  return predict(run, comm::NetworkRates::uniform(net), ranks);
+}
+
 std::string whatif_report(const RunMeasurement& run, const std::vector<PhasePrediction>& predictions,
-                          const comm::Network& net, int ranks) {
+                          const WhatifNetwork& network, int ranks) {
   std::string out;
   char line[512];
-  std::snprintf(line, sizeof line,
-                "whatif %s: measured with %d ranks (sync %s); predicted for %d ranks at %.4g Gbit/s, latency %.4g "
-                "us\n",
-                run.run_dir.c_str(), run.ranks, run.method.c_str(), ranks, net.bandwidth * 8 / 1e9,
-                net.latency * 1e6);
+  std::snprintf(line, sizeof line, "whatif %s: measured with %d ranks (sync %s); predicted for %d ranks\n",
+                run.run_dir.c_str(), run.ranks, run.method.c_str(), ranks);
   out += line;
+  out += "rates: " + network.description + "\n";
+  if (!network.extrapolation.empty()) out += network.extrapolation + "\n";
   if (!run.waits_known) out += "(the log has no wait_us: the run did not end normally; wait counted as 0)\n";
   std::snprintf(line, sizeof line, "%-11s %10s %10s %10s %10s %12s %8s %8s %14s\n", "phase", "compute ms", "comm ms",
                 "wait ms", "step ms", "samples/s x", "comm %", "E(P)", "measured step");
@@ -272,7 +288,9 @@ std::string whatif_report(const RunMeasurement& run, const std::vector<PhasePred
       out += line;
     }
   }
-  out += "(model: comm/network_model.h; sizes with other rank counts: trainer/whatif.h)\n";
+  out += "(model: comm/network_model.h; sizes with other rank counts: trainer/whatif.h; rates: " +
+         std::string(network.calibrated ? "calibrated, allreduce at its fit and every other kind at the point-to-point "
+                                          "fit" : "nominal, every kind on the one link") + ")\n";
   return out;
 }
 
@@ -281,7 +299,7 @@ std::string whatif_report(const RunMeasurement& run, const std::vector<PhasePred
 namespace trainer::app {
 
 std::string whatif_json(const RunMeasurement& run, const std::vector<PhasePrediction>& predictions,
-                        const comm::Network& net, int ranks) {
+                        const WhatifNetwork& network, int ranks) {
   nlohmann::json phases = nlohmann::json::array();
   for (size_t i = 0; i < predictions.size(); ++i) {
     const PhasePrediction& p = predictions[i];
@@ -291,12 +309,26 @@ std::string whatif_json(const RunMeasurement& run, const std::vector<PhasePredic
     if (run.phases[i].metric_records > 0) o["measured_step_ms"] = p.measured_step_ms;
     phases.push_back(o);
   }
+  auto rates = [](const comm::Network& n) {
+    return nlohmann::json{{"bandwidth_bytes_per_s", n.bandwidth}, {"latency_s", n.latency}};
+  };
+  nlohmann::json net{{"source", network.calibrated ? "calibrated" : "nominal"},
+                     {"description", network.description},
+                     {"extrapolation", network.extrapolation},
+                     {"allreduce", rates(network.rates.allreduce)},
+                     {"messages", rates(network.rates.messages)}};
+  if (network.calibrated) {
+    net["calibration"] = network.calibration_path;
+    net["calibration_ranks"] = network.calibration_ranks;
+    net["calibration_date"] = network.calibration_date;
+  }
   return nlohmann::json{{"run_dir", run.run_dir},
                         {"method", run.method},
                         {"measured_ranks", run.ranks},
                         {"ranks", ranks},
-                        {"bandwidth_bytes_per_s", net.bandwidth},
-                        {"latency_s", net.latency},
+                        {"bandwidth_bytes_per_s", network.rates.allreduce.bandwidth},
+                        {"latency_s", network.rates.allreduce.latency},
+                        {"network", net},
                         {"waits_known", run.waits_known},
                         {"phases", phases}}
              .dump() +

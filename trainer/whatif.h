@@ -1,6 +1,7 @@
-// `trainer whatif RUN_DIR --bandwidth B --latency L [--ranks P]`: the step time a finished run would
-// have on another network and rank count, from what it measured (comm/network_model.h costs each
-// call).
+// `trainer whatif RUN_DIR (--bandwidth B --latency L | --calibration FILE) [--ranks P]`: the step time a
+// finished run would have on another network and rank count, from what it measured
+// (comm/network_model.h costs each call; trainer/whatif_network.h says at which rates: nominal, or
+// calibrated by `trainer calibrate`).
 //
 // What is measured, per phase (dense, compressed), following rank 0 (its times are the ones
 // metrics.jsonl holds; in synchronous training every rank's mean step time is the same, and rank
@@ -26,6 +27,11 @@
 //                          count * (P'-1)/(P-1), bytes * ((P'-1)/P') / ((P-1)/P)
 // Per-rank batch stays the same (weak scaling), so compute per step is unchanged and the scaling
 // efficiency per sample is E(P') = T(1) / T(P') = compute / predicted step time.
+//
+// The step's calls are costed one by one (cost_step) and then composed: today serially, one after
+// another after backward (CostedStep::serial_seconds), which is how every method runs them. Overlap
+// of bucketed allreduces with backward composes the same per-call costs along a timeline instead;
+// see CostedStep.
 #pragma once
 
 #include <string>
@@ -33,6 +39,7 @@
 
 #include "comm/comm_log.h"
 #include "comm/network_model.h"
+#include "trainer/whatif_network.h"
 
 namespace trainer::app {
 
@@ -73,20 +80,54 @@ struct PhasePrediction {
   double measured_step_ms = 0;
 };
 
+// One op of a phase's step as the model costs it with P' ranks: calls per step, each of this data
+// size (scaled to P' as above) and this many seconds at the rates of its kind
+// (comm::NetworkRates::for_kind). Messages are costed together for the step instead (they share the
+// link both ways: CostedStep::p2p_seconds); their entries carry seconds_per_call = 0.
+struct CostedOp {
+  std::string op;
+  comm::OpKind kind = comm::OpKind::kOther;
+  double calls_per_step = 0;
+  double size_per_call = 0;
+  double seconds_per_call = 0;
+};
+
+struct CostedStep {
+  std::vector<CostedOp> ops;
+  double p2p_seconds = 0;  // the step's messages together (comm::p2p_seconds' formula on mean counts)
+
+  // The calls one after another, none overlapping compute: the step's communication time today.
+  // When the comm log carries, per dense bucket call, the time backward made the bucket ready
+  // (overlap with backward), a timeline composition replaces this sum: walk the step's calls in
+  // order, each starting at max(its ready time, the previous call's end) and lasting its
+  // seconds_per_call; what is exposed is the last call's end past backward's end. That needs the
+  // calls one by one (per call ready time and size) where measure_run now keeps per-op means.
+  double serial_seconds() const;
+};
+
+// The model's cost of each call of one measured phase with `ranks` ranks.
+CostedStep cost_step(const RunMeasurement& run, const PhaseMeasurement& phase, const comm::NetworkRates& rates,
+                     int ranks);
+
 // Reads RUN_DIR/config.toml, metrics.jsonl and comm/rank0.jsonl. Throws std::runtime_error naming
 // the file when one is missing or malformed, or when the log has no training step.
 RunMeasurement measure_run(const std::string& run_dir);
 
-// The model's step time for each measured phase on `net` with `ranks` ranks.
+// The model's step time for each measured phase at `rates` with `ranks` ranks (compute + wait +
+// cost_step(...).serial_seconds()). The Network form costs every kind on that one link.
+std::vector<PhasePrediction> predict(const RunMeasurement& run, const comm::NetworkRates& rates, int ranks);
 std::vector<PhasePrediction> predict(const RunMeasurement& run, const comm::Network& net, int ranks);
 
 // `trainer whatif --json`: the run, the network and one object per phase with the fields of
 // PhasePrediction (compute_ms, comm_ms, wait_ms, step_ms, comm_share, efficiency, measured_step_ms).
+// The network: bandwidth_bytes_per_s and latency_s (allreduce's rates) and "network" with its
+// source ("nominal" or "calibrated"), description, extrapolation, per-kind rates and, when
+// calibrated, the file, its P and date.
 std::string whatif_json(const RunMeasurement& run, const std::vector<PhasePrediction>& predictions,
-                        const comm::Network& net, int ranks);
+                        const WhatifNetwork& network, int ranks);
 
-// The text `trainer whatif` prints.
+// The text `trainer whatif` prints; its first lines say which rates were used.
 std::string whatif_report(const RunMeasurement& run, const std::vector<PhasePrediction>& predictions,
-                          const comm::Network& net, int ranks);
+                          const WhatifNetwork& network, int ranks);
 
 }  // namespace trainer::app
