@@ -45,6 +45,7 @@ struct StepCalls {
 
 struct OpTotals {
   comm::OpKind kind = comm::OpKind::kOther;
+  bool overlapped = false;
   double calls = 0, size = 0, sent = 0, received = 0, sends = 0, receives = 0, time_us = 0, wait_us = 0;
 };
 
@@ -67,6 +68,7 @@ RunMeasurement measure_run(const std::string& run_dir) {
   std::map<std::string, std::map<int64_t, StepCalls>> steps;
   std::map<std::string, std::map<std::string, OpTotals>> ops;
   std::map<std::string, std::vector<std::string>> op_order;
+  std::map<std::string, OverlapLog> timelines;
   std::string line;
   int64_t line_no = 0, collectives = 0, with_wait = 0;
   while (std::getline(log, line)) {
@@ -75,11 +77,15 @@ RunMeasurement measure_run(const std::string& run_dir) {
     try {
       r = nlohmann::json::parse(line);
       const std::string op = r.at("op").get<std::string>();
-      // Compute phases (FORWARD_BACKWARD, "kind":"compute") are not messages.
-      if (outside_step(op) || r.value("kind", "") == "compute") continue;
+      if (outside_step(op)) continue;
       const std::string phase = r.at("phase").get<std::string>();
       const int64_t step = r.at("step").get<int64_t>();
       const int64_t t0 = r.at("t_start_us").get<int64_t>(), t1 = r.at("t_end_us").get<int64_t>();
+      if (r.value("kind", "") == "compute") {  // FORWARD_BACKWARD: not a message
+        timelines[phase].add_compute(step, t0, t1);
+        continue;
+      }
+      const int64_t ready_us = r.value("ready_us", int64_t{-1});
       const double bytes = r.at("bytes").get<double>(), recv = r.at("bytes_recv").get<double>();
       const comm::OpKind kind = comm::kind_from_tag(op);
       StepCalls& s = steps[phase][step];
@@ -88,7 +94,10 @@ RunMeasurement measure_run(const std::string& run_dir) {
       if (fresh) op_order[phase].push_back(op);
       OpTotals& o = it->second;
       o.kind = kind;
+      o.overlapped = o.overlapped || ready_us >= 0;
       o.calls += 1;
+      timelines[phase].add_call(step, t0, t1, ready_us, data_size(kind, bytes, recv, run.ranks),
+                                r.value("wait_us", int64_t{0}));
       o.time_us += static_cast<double>(t1 - t0);
       if (kind == comm::OpKind::kPointToPoint || kind == comm::OpKind::kOther) {
         o.size += std::max(bytes, recv);
@@ -163,6 +172,12 @@ RunMeasurement measure_run(const std::string& run_dir) {
     // A short phase (a dense warmup inside one metrics interval) has no record of its own: its
     // compute is the other steps' data + forward/backward + optimizer, without the sync's local work.
     p.compute_ms = p.metric_records > 0 ? std::max(0.0, p.step_ms - p.comm_ms) : median(outside_sync_ms);
+    p.overlap = timelines[name].measure();
+    if (!p.overlap.buckets.empty()) {
+      // Communication during backward cost no step time: only what was exposed after it.
+      if (p.metric_records > 0) p.compute_ms = std::max(0.0, p.step_ms - p.overlap.exposed_ms);
+      p.wait_ms = p.overlap.wait_after_ms;
+    }
     for (const std::string& op : op_order[name]) {
       const OpTotals& o = ops[name][op];
       OpMeasurement m;
@@ -176,6 +191,7 @@ RunMeasurement measure_run(const std::string& run_dir) {
       m.receives_per_step = o.receives / n;
       m.measured_ms_per_step = o.time_us / n / 1e3;
       m.wait_ms_per_step = o.wait_us / n / 1e3;
+      m.overlapped = o.overlapped && !p.overlap.buckets.empty();
       p.ops.push_back(m);
     }
     run.phases.push_back(p);
@@ -186,6 +202,13 @@ RunMeasurement measure_run(const std::string& run_dir) {
 double CostedStep::serial_seconds() const {
   double seconds = p2p_seconds;
   for (const CostedOp& o : ops) seconds += o.calls_per_step * o.seconds_per_call;
+  return seconds;
+}
+
+double CostedStep::serial_seconds_after_backward() const {
+  double seconds = p2p_seconds;
+  for (const CostedOp& o : ops)
+    if (!o.overlapped) seconds += o.calls_per_step * o.seconds_per_call;
   return seconds;
 }
 
@@ -200,7 +223,7 @@ CostedStep cost_step(const RunMeasurement& run, const PhaseMeasurement& phase, c
   CostedStep step;
   double sends = 0, receives = 0, sent = 0, received = 0;
   for (const OpMeasurement& o : phase.ops) {
-    CostedOp c{o.op, o.kind, o.calls_per_step, o.size_per_call, 0};
+    CostedOp c{o.op, o.kind, o.calls_per_step, o.size_per_call, 0, o.overlapped};
     switch (o.kind) {
       case comm::OpKind::kPointToPoint:
       case comm::OpKind::kOther:
@@ -232,7 +255,10 @@ std::vector<PhasePrediction> predict(const RunMeasurement& run, const comm::Netw
     pr.compute_ms = ph.compute_ms;
     pr.measured_step_ms = ph.step_ms;
     pr.wait_ms = ranks > 1 ? ph.wait_ms : 0;
-    pr.comm_ms = cost_step(run, ph, rates, ranks).serial_seconds() * 1e3;
+    const CostedStep costed = cost_step(run, ph, rates, ranks);
+    pr.comm_ms = ph.overlap.buckets.empty()
+                     ? costed.serial_seconds() * 1e3
+                     : (costed.serial_seconds_after_backward() + exposed_bucket_seconds(ph.overlap, rates, ranks)) * 1e3;
     pr.step_ms = pr.compute_ms + pr.comm_ms + pr.wait_ms;
     pr.comm_share = pr.step_ms > 0 ? (pr.comm_ms + pr.wait_ms) / pr.step_ms : 0;
     pr.efficiency = pr.step_ms > 0 ? pr.compute_ms / pr.step_ms : 1;
@@ -270,7 +296,13 @@ std::string whatif_report(const RunMeasurement& run, const std::vector<PhasePred
   }
   out += "\nmeasured per step (rank 0):\n";
   for (const PhaseMeasurement& ph : run.phases) {
-    if (ph.metric_records > 0) {
+    if (ph.metric_records > 0 && !ph.overlap.buckets.empty()) {
+      std::snprintf(line, sizeof line, "%s: %lld logged steps, %lld metrics records; step %.3f ms = compute %.3f + "
+                    "exposed comm %.3f (of which wait %.3f); on the wire %.3f\n",
+                    ph.phase.c_str(), static_cast<long long>(ph.logged_steps),
+                    static_cast<long long>(ph.metric_records), ph.step_ms, ph.compute_ms, ph.overlap.exposed_ms,
+                    ph.wait_ms, ph.comm_ms);
+    } else if (ph.metric_records > 0) {
       std::snprintf(line, sizeof line, "%s: %lld logged steps, %lld metrics records; step %.3f ms = compute %.3f + "
                     "comm %.3f (of which wait %.3f)\n",
                     ph.phase.c_str(), static_cast<long long>(ph.logged_steps),
@@ -281,6 +313,12 @@ std::string whatif_report(const RunMeasurement& run, const std::vector<PhasePred
                     ph.phase.c_str(), static_cast<long long>(ph.logged_steps), ph.compute_ms, ph.comm_ms, ph.wait_ms);
     }
     out += line;
+    if (!ph.overlap.buckets.empty()) {
+      std::snprintf(line, sizeof line, "  overlapped: %zu dense buckets sent during forward/backward (%.3f ms); %.3f ms "
+                    "of communication after it (the step's compute is the step minus that)\n",
+                    ph.overlap.buckets.size(), ph.overlap.backward_ms, ph.overlap.exposed_ms);
+      out += line;
+    }
     for (const OpMeasurement& o : ph.ops) {
       std::snprintf(line, sizeof line, "  %-22s %-10s %8.2f calls %12.0f B/call %10.3f ms %10.3f ms wait\n",
                     o.op.c_str(), comm::op_kind_name(o.kind), o.calls_per_step, o.size_per_call,

@@ -28,10 +28,12 @@
 // Per-rank batch stays the same (weak scaling), so compute per step is unchanged and the scaling
 // efficiency per sample is E(P') = T(1) / T(P') = compute / predicted step time.
 //
-// The step's calls are costed one by one (cost_step) and then composed: today serially, one after
-// another after backward (CostedStep::serial_seconds), which is how every method runs them. Overlap
-// of bucketed allreduces with backward composes the same per-call costs along a timeline instead;
-// see CostedStep.
+// The step's calls are costed one by one (cost_step) and then composed: serially, one after another
+// after backward (CostedStep::serial_seconds), which is how every method but overlapped dense
+// buckets runs them. Buckets that went out during backward (sync.overlap; their records carry
+// ready_us) are laid along the measured step's timeline instead (whatif_overlap.h): only what they
+// leave exposed after backward counts, and the measured compute is the step minus the measured
+// exposed communication.
 #pragma once
 
 #include <string>
@@ -40,6 +42,7 @@
 #include "comm/comm_log.h"
 #include "comm/network_model.h"
 #include "trainer/whatif_network.h"
+#include "trainer/whatif_overlap.h"
 
 namespace trainer::app {
 
@@ -52,6 +55,7 @@ struct OpMeasurement {
   double sends_per_step = 0, receives_per_step = 0;
   double measured_ms_per_step = 0;  // summed call time (messages overlap, so not additive)
   double wait_ms_per_step = 0;
+  bool overlapped = false;  // its calls went out during backward (costed on the timeline: whatif_overlap.h)
 };
 
 struct PhaseMeasurement {
@@ -61,8 +65,9 @@ struct PhaseMeasurement {
   double step_ms = 0;       // measured (metrics.jsonl)
   double comm_ms = 0;       // union of call intervals per step
   double wait_ms = 0;
-  double compute_ms = 0;    // step_ms - comm_ms
+  double compute_ms = 0;    // step_ms - comm_ms (overlapped: step_ms - overlap.exposed_ms)
   std::vector<OpMeasurement> ops;
+  OverlapMeasurement overlap;  // the buckets sent during backward, if any
 };
 
 struct RunMeasurement {
@@ -90,6 +95,7 @@ struct CostedOp {
   double calls_per_step = 0;
   double size_per_call = 0;
   double seconds_per_call = 0;
+  bool overlapped = false;
 };
 
 struct CostedStep {
@@ -103,6 +109,8 @@ struct CostedStep {
   // seconds_per_call; what is exposed is the last call's end past backward's end. That needs the
   // calls one by one (per call ready time and size) where measure_run now keeps per-op means.
   double serial_seconds() const;
+  // The same without the overlapped ops (those are on the timeline).
+  double serial_seconds_after_backward() const;
 };
 
 // The model's cost of each call of one measured phase with `ranks` ranks.
