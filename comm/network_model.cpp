@@ -51,6 +51,16 @@ AlphaBetaTerms collective_terms(OpKind kind, double s, int ranks, const Network&
   return {};
 }
 
+double NetworkRates::allreduce_seconds(double size_bytes, int ranks) const {
+  const auto& c = allreduce_curve;
+  if (ranks != curve_ranks || c.size() < 2 || size_bytes < c.front().first || size_bytes > c.back().first)
+    return collective_seconds(OpKind::kAllreduce, size_bytes, ranks, allreduce);
+  size_t i = 1;
+  while (i + 1 < c.size() && c[i].first < size_bytes) ++i;
+  const double x = (std::log(size_bytes) - std::log(c[i - 1].first)) / (std::log(c[i].first) - std::log(c[i - 1].first));
+  return std::exp(std::log(c[i - 1].second) + x * (std::log(c[i].second) - std::log(c[i - 1].second)));
+}
+
 double collective_seconds(OpKind kind, double s, int ranks, const Network& net) {
   return collective_terms(kind, s, ranks, net).seconds(net);
 }

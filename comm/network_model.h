@@ -21,6 +21,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "comm/comm_log.h"
 
@@ -38,8 +40,18 @@ struct Network {
 struct NetworkRates {
   Network allreduce;
   Network messages;  // point to point, and the collectives other than allreduce
-  static NetworkRates uniform(const Network& net) { return {net, net}; }
+  // A calibration's measured allreduce times (bytes, seconds per call) at `curve_ranks` ranks, in
+  // increasing size. An MPI library's achieved rate depends on the size (its algorithm and the
+  // transport switch protocols: on the emulated 1 Gbit/s link 650 Mbit/s at 4 MB, 950 at 64 MB),
+  // which one alpha-beta line cannot follow; at that P and within the measured sizes an allreduce
+  // is read off the curve.
+  std::vector<std::pair<double, double>> allreduce_curve;
+  int curve_ranks = 0;
+  static NetworkRates uniform(const Network& net) { return {net, net, {}, 0}; }
   const Network& for_kind(OpKind kind) const { return kind == OpKind::kAllreduce ? allreduce : messages; }
+  // Seconds for one allreduce of `size_bytes` on `ranks` ranks: the measured curve (interpolated
+  // linearly in log size and log time) where it applies, else the model's schedule at the fit.
+  double allreduce_seconds(double size_bytes, int ranks) const;
 };
 
 // A call's cost as counts of the model's two parameters: seconds = messages * latency + bytes /

@@ -37,6 +37,8 @@ def parse_args():
     ap.add_argument("--overlap", default="true", choices=["true", "false"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(ROOT, "out", "validate_whatif"))
+    ap.add_argument("--reuse", action="store_true",
+                    help="predict again from the runs and calibrations already in --out (a changed model)")
     return ap.parse_args()
 
 
@@ -47,7 +49,14 @@ def sh(cmd):
     return p.stdout
 
 
+def step_ms(out):
+    steps = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"t_data_ms"' in l][3:]
+    return statistics.median(m["t_data_ms"] + m["t_compute_ms"] + m["t_sync_ms"] + m["t_optim_ms"] for m in steps)
+
+
 def train(args, out, shaped):
+    if args.reuse:
+        return step_ms(out)
     shutil.rmtree(out, ignore_errors=True)
     launch = ([os.path.join(ROOT, "scripts", "netem"), "--ranks", str(args.ranks), "--bandwidth", args.bandwidth, "--"]
               if shaped else ["mpiexec", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
@@ -55,8 +64,7 @@ def train(args, out, shaped):
     sh(launch + [os.path.join(ROOT, "build", "trainer")] + MODELS[args.model] +
        ["--set", "sync.method=dense", f"--set", f"sync.overlap={args.overlap}", "--set", "train.log_every_steps=1",
         "--set", f"experiment.output_dir={out}"])
-    steps = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"t_data_ms"' in l][3:]
-    return statistics.median(m["t_data_ms"] + m["t_compute_ms"] + m["t_sync_ms"] + m["t_optim_ms"] for m in steps)
+    return step_ms(out)
 
 
 def whatif(run, network):
@@ -74,8 +82,9 @@ def main():
         base = os.path.join(args.out, f"{tag}-{r}")
         cal = base + "-cal.json"
         before = train(args, base + "-unshaped-a", shaped=False)
-        sh([os.path.join(ROOT, "scripts", "netem"), "--ranks", str(args.ranks), "--bandwidth", args.bandwidth, "--",
-            os.path.join(ROOT, "build", "trainer"), "calibrate", "--out", cal, "--nominal", args.bandwidth])
+        if not args.reuse:
+            sh([os.path.join(ROOT, "scripts", "netem"), "--ranks", str(args.ranks), "--bandwidth", args.bandwidth, "--",
+                os.path.join(ROOT, "build", "trainer"), "calibrate", "--out", cal, "--nominal", args.bandwidth])
         measured = train(args, base + "-shaped", shaped=True)
         after = train(args, base + "-unshaped-b", shaped=False)
         runs = [base + "-unshaped-a", base + "-unshaped-b"]

@@ -1,6 +1,7 @@
 // The alpha-beta network model (comm/network_model.h) and `trainer whatif` (trainer/whatif.h)
 // against cases computed by hand: each collective's schedule, the unit parsers, and whole runs
 // written as files (config.toml, metrics.jsonl, comm logs) with known compute, comm and wait.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -223,4 +224,59 @@ TEST_CASE("whatif at calibrated rates: allreduce at its own fit, other kinds at 
       trainer::app::whatif_json(run, predict(run, kNet, 2), trainer::app::nominal_network(kNet), 2));
   CHECK(nominal["network"]["source"] == "nominal");
   CHECK_THAT(nominal["network"]["description"].get<std::string>(), Catch::StartsWith("nominal 8 Gbit/s"));
+}
+
+TEST_CASE("whatif on an overlapped dense run: buckets laid along backward's timeline") {
+  TempDir dir("whatif_overlap");
+  write_config(dir.path, "dense");
+  // Per step (10 ms of forward and backward from t0): a 1 MB bucket ready at 2 ms and sent 2-6 ms,
+  // another ready at 9 ms and sent 9-13 ms, then the 8-byte control allreduce 13-13.1 ms (50 us of
+  // it waiting). Measured exposed: 3 ms of the second bucket and the control's 0.1 ms.
+  auto with = [](std::string rec, const std::string& extra) { return rec.insert(rec.size() - 2, extra); };
+  std::string log;
+  for (int step = 0; step < 2; ++step) {
+    const int64_t t0 = 100000 * step;
+    log += with(record(step, "dense", "ALLREDUCE_DENSE", 1000000, 1000000, -1, t0 + 2000, t0 + 6000, 0),
+                ",\"ready_us\":" + std::to_string(t0 + 2000));
+    log += with(record(step, "dense", "ALLREDUCE_DENSE", 1000000, 1000000, -1, t0 + 9000, t0 + 13000, 0),
+                ",\"ready_us\":" + std::to_string(t0 + 9000));
+    log += with(record(step, "dense", "FORWARD_BACKWARD", 0, 0, -1, t0, t0 + 10000), ",\"kind\":\"compute\"");
+    log += record(step, "dense", "ALLREDUCE_CONTROL", 8, 8, -1, t0 + 13000, t0 + 13100, 50);
+  }
+  write(dir.path / "comm/rank0.jsonl", log);
+  write(dir.path / "comm/rank1.jsonl", log);
+  write(dir.path / "metrics.jsonl", metrics_record(1, "dense") + metrics_record(2, "dense"));
+  const auto run = measure_run(dir.path.string());
+  REQUIRE(run.phases.size() == 1);
+  const auto& ph = run.phases[0];
+  REQUIRE(ph.overlap.buckets.size() == 2);
+  CHECK(ph.overlap.buckets[0].ready_ms == Approx(2));
+  CHECK(ph.overlap.buckets[1].ready_ms == Approx(9));
+  CHECK(ph.overlap.buckets[1].size == Approx(1e6));
+  CHECK(ph.overlap.backward_ms == Approx(10));
+  CHECK(ph.overlap.exposed_ms == Approx(3.1));
+  CHECK(ph.compute_ms == Approx(17 - 3.1));  // the communication during backward cost no time
+  CHECK(ph.wait_ms == Approx(0.05));         // only the calls after backward
+
+  // A fast link: each bucket takes 1.01 ms (recursive doubling at P = 2), both end inside backward
+  // but for 10 us; the control allreduce follows (10 us + 8 ns).
+  auto fast = predict(run, kNet, 2);
+  CHECK(fast[0].comm_ms == Approx(0.01 + 0.010008));
+  CHECK(fast[0].step_ms == Approx(13.9 + 0.020008 + 0.05));
+  // A slow link (1 MB/s): 1 s a bucket; the second waits for the first, so 2.002 s - 10 ms is exposed.
+  auto slow = predict(run, Network{1e6, 0}, 2);
+  CHECK(slow[0].comm_ms == Approx(1992 + 0.008));
+}
+
+TEST_CASE("a calibration's measured allreduce times are read off its curve at its P and sizes") {
+  NetworkRates rates = NetworkRates::uniform(kNet);
+  rates.allreduce_curve = {{1e3, 1e-3}, {1e5, 1e-2}, {1e7, 0.5}};
+  rates.curve_ranks = 2;
+  CHECK(rates.allreduce_seconds(1e3, 2) == Approx(1e-3));
+  CHECK(rates.allreduce_seconds(1e4, 2) == Approx(std::sqrt(1e-3 * 1e-2)));  // halfway in log size and log time
+  CHECK(rates.allreduce_seconds(1e6, 2) == Approx(std::sqrt(1e-2 * 0.5)));
+  CHECK(rates.allreduce_seconds(1e7, 2) == Approx(0.5));
+  // Outside the measured sizes, or at another P: the model's schedule at the fit.
+  CHECK(rates.allreduce_seconds(1e8, 2) == Approx(collective_seconds(OpKind::kAllreduce, 1e8, 2, kNet)));
+  CHECK(rates.allreduce_seconds(1e4, 4) == Approx(collective_seconds(OpKind::kAllreduce, 1e4, 4, kNet)));
 }

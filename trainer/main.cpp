@@ -15,6 +15,10 @@
 
 #include <cstdio>
 #include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "comm/bench_comm.h"
 #include "comm/calibrate.h"
@@ -28,158 +32,156 @@
 #include "trainer/run.h"
 #include "trainer/whatif.h"
 
-int main(int argc, char** argv) {
-  // Large buffers from the heap, never from fresh mmap'ed pages that are returned on free: Open MPI
-  // allocates a message-sized temporary per large allreduce, and glibc's default (mmap above 32 MB)
-  // made every dense step of the 110 MB LSTM gradient page-fault 110 MB anew (comm bench).
-  mallopt(M_MMAP_MAX, 0);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  CLI::App app{"trainer: deep-learning training with compressed data parallelism"};
-  std::string config_path;
-  std::vector<std::string> overrides;
-  std::string resume;
-  bool dry_run = false, reference = false;
-  app.add_option("--config", config_path, "TOML experiment file");
-  app.add_option("--set", overrides, "Override a key: --set optim.lr=0.05 (repeatable)");
-  app.add_option("--resume", resume, "Continue from a checkpoint folder, or 'latest' in the output folder");
-  app.add_flag("--dry-run", dry_run, "Validate, print the resolved config, model and plan, and exit");
-  // Hidden testing hooks (no group: not shown in --help).
-  trainer::app::RunOptions run_options;
-  std::string inject_failure;
-  app.add_option("--stop-after", run_options.stop_after)->group("");
-  app.add_option("--inject-failure", inject_failure, "RANK:STEP")->group("");
-  app.add_flag("--config-reference", reference, "Print the reference of every config key (Markdown)");
+namespace {
 
-  auto* make_cifar = app.add_subcommand("make-cifar", "Write a synthetic dataset in CIFAR-10 binary format");
-  std::string cifar_out;
-  int64_t n_train = 20000, n_test = 2000;
-  uint64_t cifar_seed = 1234;
-  make_cifar->add_option("--out", cifar_out, "Output folder")->required();
-  make_cifar->add_option("--train", n_train, "Training images")->check(CLI::PositiveNumber);
-  make_cifar->add_option("--test", n_test, "Test images")->check(CLI::PositiveNumber);
-  make_cifar->add_option("--seed", cifar_seed, "Generator seed");
+// A subcommand: its options are declared on the parser, and run() does its work once it was given.
+struct Tool {
+  CLI::App* command;
+  std::function<int()> run;
+};
 
+Tool add_make_cifar(CLI::App& app) {
+  auto* cmd = app.add_subcommand("make-cifar", "Write a synthetic dataset in CIFAR-10 binary format");
+  struct Options {
+    std::string out;
+    int64_t train = 20000, test = 2000;
+    uint64_t seed = 1234;
+  };
+  auto o = std::make_shared<Options>();
+  cmd->add_option("--out", o->out, "Output folder")->required();
+  cmd->add_option("--train", o->train, "Training images")->check(CLI::PositiveNumber);
+  cmd->add_option("--test", o->test, "Test images")->check(CLI::PositiveNumber);
+  cmd->add_option("--seed", o->seed, "Generator seed");
+  return {cmd, [o] {
+            trainer::data::write_synthetic_cifar10(o->out, o->train, o->test, o->seed);
+            std::printf("wrote %lld train and %lld test images to %s\n", static_cast<long long>(o->train),
+                        static_cast<long long>(o->test), o->out.c_str());
+            return 0;
+          }};
+}
+
+// `bench` and its `comm` and `sync` subcommands: the nested ones first (they are also `bench`).
+std::vector<Tool> add_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Time a training step against PyTorch on this machine");
-  trainer::app::BenchOptions bo;
-  bool no_torch = false;
-  bench->add_option("--model", bo.model, "resnet20, resnet32, resnet56, resnet18, vgg16, deepspeech or las");
-  bench->add_option("--batch", bo.batch, "Batch size (default: 128 images, 8 utterances)")->check(CLI::PositiveNumber);
-  bench->add_option("--frames", bo.frames, "Speech models: frames per utterance")->check(CLI::PositiveNumber);
-  bench->add_option("--label-length", bo.label_length, "Speech models: characters per transcript (about)")
+  auto bo = std::make_shared<trainer::app::BenchOptions>();
+  auto no_torch = std::make_shared<bool>(false);
+  bench->add_option("--model", bo->model, "resnet20, resnet32, resnet56, resnet18, vgg16, deepspeech or las");
+  bench->add_option("--batch", bo->batch, "Batch size (default: 128 images, 8 utterances)")->check(CLI::PositiveNumber);
+  bench->add_option("--frames", bo->frames, "Speech models: frames per utterance")->check(CLI::PositiveNumber);
+  bench->add_option("--label-length", bo->label_length, "Speech models: characters per transcript (about)")
       ->check(CLI::PositiveNumber);
-  bench->add_option("--steps", bo.steps, "Timed steps")->check(CLI::PositiveNumber);
-  bench->add_option("--warmup", bo.warmup, "Untimed steps first");
-  bench->add_option("--threads", bo.threads, "Threads (0: all cores)");
-  bench->add_option("--conv-algorithm", bo.conv_algorithm, "auto (Winograd from 32 channels), direct or winograd");
-  bench->add_option("--device", bo.device, "cpu or cuda (as runtime.device)");
-  bench->add_flag("--no-torch", no_torch, "Skip the PyTorch reference");
-  bench->add_option("--torch-python", bo.torch_python,
+  bench->add_option("--steps", bo->steps, "Timed steps")->check(CLI::PositiveNumber);
+  bench->add_option("--warmup", bo->warmup, "Untimed steps first");
+  bench->add_option("--threads", bo->threads, "Threads (0: all cores)");
+  bench->add_option("--conv-algorithm", bo->conv_algorithm, "auto (Winograd from 32 channels), direct or winograd");
+  bench->add_option("--device", bo->device, "cpu or cuda (as runtime.device)");
+  bench->add_flag("--no-torch", *no_torch, "Skip the PyTorch reference");
+  bench->add_option("--torch-python", bo->torch_python,
                     "The Python whose torch is the reference (default /usr/bin/python3: Debian's; a venv's "
                     "python for today's release)");
-  auto* bench_comm = bench->add_subcommand("comm", "Dense sync vs bare MPI_Allreduce (run under mpiexec)");
-  int64_t comm_n = trainer::comm::kBenchCommDefaultN;
-  int comm_steps = 20;
-  double comm_bucket_mb = 25.0;
-  bench_comm->add_option("--n", comm_n, "Gradient elements (default: the paper's LSTM, 27,569,568)");
-  bench_comm->add_option("--steps", comm_steps, "Timed steps");
-  bench_comm->add_option("--bucket-mb", comm_bucket_mb, "Bucket size of the bucketed case");
-  auto* bench_sync = bench->add_subcommand("sync", "Every sync method on synthetic gradients (under mpiexec)");
-  trainer::comm::SyncBenchOptions so;
-  bench_sync->add_option("--n", so.n, "Gradient elements (default: the paper's LSTM, 27,569,568)");
-  bench_sync->add_option("--density", so.density, "Density of the sparse methods");
-  bench_sync->add_option("--steps", so.steps, "Timed steps per method");
-  bench_sync->add_option("--warmup", so.warmup, "Compressed steps before timing");
-  bench_sync->add_option("--methods", so.methods, "Methods to time");
-  bench_sync->add_option("--powersgd-ranks", so.powersgd_ranks, "Factor ranks powersgd runs with");
-  bool sync_no_torch = false;
-  bench_sync->add_flag("--no-torch", sync_no_torch, "Skip PyTorch's DDP powerSGD_hook beside powersgd");
 
-  auto* report = app.add_subcommand("report", "Write RUN_DIR/report/report.md and figures from a run's logs");
-  trainer::app::ReportOptions ro;
-  report->add_option("runs", ro.runs, "Run folders: the first is reported in full, the others compared with it")
+  auto* comm = bench->add_subcommand("comm", "Dense sync vs bare MPI_Allreduce (run under mpiexec)");
+  struct CommOptions {
+    int64_t n = trainer::comm::kBenchCommDefaultN;
+    int steps = 20;
+    double bucket_mb = 25.0;
+  };
+  auto co = std::make_shared<CommOptions>();
+  comm->add_option("--n", co->n, "Gradient elements (default: the paper's LSTM, 27,569,568)");
+  comm->add_option("--steps", co->steps, "Timed steps");
+  comm->add_option("--bucket-mb", co->bucket_mb, "Bucket size of the bucketed case");
+
+  auto* sync = bench->add_subcommand("sync", "Every sync method on synthetic gradients (under mpiexec)");
+  auto so = std::make_shared<trainer::comm::SyncBenchOptions>();
+  auto sync_no_torch = std::make_shared<bool>(false);
+  sync->add_option("--n", so->n, "Gradient elements (default: the paper's LSTM, 27,569,568)");
+  sync->add_option("--density", so->density, "Density of the sparse methods");
+  sync->add_option("--steps", so->steps, "Timed steps per method");
+  sync->add_option("--warmup", so->warmup, "Compressed steps before timing");
+  sync->add_option("--methods", so->methods, "Methods to time");
+  sync->add_option("--powersgd-ranks", so->powersgd_ranks, "Factor ranks powersgd runs with");
+  sync->add_flag("--no-torch", *sync_no_torch, "Skip PyTorch's DDP powerSGD_hook beside powersgd");
+
+  return {{comm,
+           [co] {
+             trainer::comm::world();
+             return trainer::comm::run_comm_bench(co->n, co->steps, co->bucket_mb);
+           }},
+          {sync,
+           [so, sync_no_torch] {
+             if (!*sync_no_torch) so->torch_script = trainer::app::bench_script("bench_torch_powersgd.py");
+             return trainer::comm::run_sync_bench(*so);
+           }},
+          {bench, [bo, no_torch] {
+             bo->torch = !*no_torch;
+             return trainer::app::run_bench(*bo);
+           }}};
+}
+
+Tool add_report(CLI::App& app, const char* program) {
+  auto* cmd = app.add_subcommand("report", "Write RUN_DIR/report/report.md and figures from a run's logs");
+  auto o = std::make_shared<trainer::app::ReportOptions>();
+  cmd->add_option("runs", o->runs, "Run folders: the first is reported in full, the others compared with it")
       ->required();
-  report->add_option("--out", ro.out, "Report folder (default: RUN_DIR/report)");
-  report->add_flag("--seed-check", ro.seed_check, "Check the published AN4 Ok-Top-k analyses' counts");
-  report->add_option("--latency", ro.latency,
-                     "Per-message latency of the scalability view (E(P) against bandwidth, trainer whatif; default 50us)");
-  report->add_option("--calibration", ro.calibration,
-                     "A trainer calibrate file: the scalability view adds the step predicted at its measured rates");
-  auto* whatif = app.add_subcommand("whatif", "Predict a finished run's step time on another network and rank count");
-  std::string whatif_dir, whatif_bandwidth, whatif_latency, whatif_calibration;
-  int whatif_ranks = 0;
-  bool whatif_as_json = false;
-  whatif->add_option("RUN_DIR", whatif_dir, "Output folder of a run with comm.log = true")->required();
-  whatif->add_option("--bandwidth", whatif_bandwidth,
-                     "Nominal link bandwidth per rank: 100mbit, 1gbit, 10gbit, 1.25GB/s (or --calibration)");
-  whatif->add_option("--latency", whatif_latency, "Nominal latency per message: 0.1ms, 50us (default 0)");
-  whatif->add_option("--calibration", whatif_calibration,
-                     "Rates measured by trainer calibrate (FILE.json) instead of --bandwidth/--latency");
-  whatif->add_option("--ranks", whatif_ranks, "Ranks (default: the run's)")->check(CLI::PositiveNumber);
-  whatif->add_flag("--json", whatif_as_json, "One JSON object instead of the table");
+  cmd->add_option("--out", o->out, "Report folder (default: RUN_DIR/report)");
+  cmd->add_flag("--seed-check", o->seed_check, "Check the published AN4 Ok-Top-k analyses' counts");
+  cmd->add_option("--latency", o->latency,
+                  "Per-message latency of the scalability view (E(P) against bandwidth, trainer whatif; default 50us)");
+  cmd->add_option("--calibration", o->calibration,
+                  "A trainer calibrate file: the scalability view adds the step predicted at its measured rates");
+  return {cmd, [o, program] { return trainer::app::run_report(*o, program); }};
+}
 
-  auto* calibrate = app.add_subcommand(
+Tool add_whatif(CLI::App& app) {
+  auto* cmd = app.add_subcommand("whatif", "Predict a finished run's step time on another network and rank count");
+  struct Options {
+    std::string dir, bandwidth, latency, calibration;
+    int ranks = 0;
+    bool json = false;
+  };
+  auto o = std::make_shared<Options>();
+  cmd->add_option("RUN_DIR", o->dir, "Output folder of a run with comm.log = true")->required();
+  cmd->add_option("--bandwidth", o->bandwidth,
+                  "Nominal link bandwidth per rank: 100mbit, 1gbit, 10gbit, 1.25GB/s (or --calibration)");
+  cmd->add_option("--latency", o->latency, "Nominal latency per message: 0.1ms, 50us (default 0)");
+  cmd->add_option("--calibration", o->calibration,
+                  "Rates measured by trainer calibrate (FILE.json) instead of --bandwidth/--latency");
+  cmd->add_option("--ranks", o->ranks, "Ranks (default: the run's)")->check(CLI::PositiveNumber);
+  cmd->add_flag("--json", o->json, "One JSON object instead of the table");
+  return {cmd, [o] {
+            const trainer::app::RunMeasurement run = trainer::app::measure_run(o->dir);
+            const int ranks = o->ranks > 0 ? o->ranks : run.ranks;
+            const trainer::app::WhatifNetwork network =
+                trainer::app::whatif_network(o->bandwidth, o->latency, o->calibration, ranks);
+            const auto predictions = trainer::app::predict(run, network.rates, ranks);
+            std::fputs((o->json ? trainer::app::whatif_json(run, predictions, network, ranks)
+                                : trainer::app::whatif_report(run, predictions, network, ranks))
+                           .c_str(),
+                       stdout);
+            return 0;
+          }};
+}
+
+Tool add_calibrate(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
       "calibrate", "Measure this job's achieved network latency and rates for trainer whatif (run under mpiexec)");
-  trainer::comm::CalibrateOptions co;
-  calibrate->add_option("--out", co.out, "The calibration file to write (JSON)")->required();
-  calibrate->add_option("--min-bytes", co.min_bytes, "Smallest message (default 256)");
-  calibrate->add_option("--max-bytes", co.max_bytes, "Largest message (default 64 MiB)");
-  calibrate->add_option("--size-factor", co.size_factor, "Ratio of one size to the next (default 4)");
-  calibrate->add_option("--repeats", co.repeats, "Timed samples per size; the median is fitted (default 5)");
-  calibrate->add_option("--max-call-seconds", co.max_call_seconds,
-                        "Stop growing sizes after the first whose call takes longer (default 0.25)");
-  calibrate->add_option("--nominal", co.nominal,
-                        "The link's nominal rate (100mbit, 1gbit), recorded to compare with what is achieved");
+  auto o = std::make_shared<trainer::comm::CalibrateOptions>();
+  cmd->add_option("--out", o->out, "The calibration file to write (JSON)")->required();
+  cmd->add_option("--min-bytes", o->min_bytes, "Smallest message (default 256)");
+  cmd->add_option("--max-bytes", o->max_bytes, "Largest message (default 64 MiB)");
+  cmd->add_option("--size-factor", o->size_factor, "Ratio of one size to the next (default 4)");
+  cmd->add_option("--repeats", o->repeats, "Timed samples per size; the median is fitted (default 5)");
+  cmd->add_option("--max-call-seconds", o->max_call_seconds,
+                  "Stop growing sizes after the first whose call takes longer (default 0.25)");
+  cmd->add_option("--nominal", o->nominal,
+                  "The link's nominal rate (100mbit, 1gbit), recorded to compare with what is achieved");
+  return {cmd, [o] { return trainer::comm::run_calibrate(*o); }};
+}
 
-  CLI11_PARSE(app, argc, argv);
-  try {
-    if (reference) {
-      std::fputs(trainer::config_reference_markdown().c_str(), stdout);
-      return 0;
-    }
-    if (make_cifar->parsed()) {
-      trainer::data::write_synthetic_cifar10(cifar_out, n_train, n_test, cifar_seed);
-      std::printf("wrote %lld train and %lld test images to %s\n", static_cast<long long>(n_train),
-                  static_cast<long long>(n_test), cifar_out.c_str());
-      return 0;
-    }
-    if (bench_comm->parsed()) {
-      trainer::comm::world();
-      return trainer::comm::run_comm_bench(comm_n, comm_steps, comm_bucket_mb);
-    }
-    if (calibrate->parsed()) return trainer::comm::run_calibrate(co);
-    if (report->parsed()) return trainer::app::run_report(ro, argv[0]);
-    if (whatif->parsed()) {
-      const trainer::app::RunMeasurement run = trainer::app::measure_run(whatif_dir);
-      const int ranks = whatif_ranks > 0 ? whatif_ranks : run.ranks;
-      const trainer::app::WhatifNetwork network =
-          trainer::app::whatif_network(whatif_bandwidth, whatif_latency, whatif_calibration, ranks);
-      const auto predictions = trainer::app::predict(run, network.rates, ranks);
-      std::fputs((whatif_as_json ? trainer::app::whatif_json(run, predictions, network, ranks)
-                                 : trainer::app::whatif_report(run, predictions, network, ranks))
-                     .c_str(),
-                 stdout);
-      return 0;
-    }
-    if (bench_sync->parsed()) {
-      if (!sync_no_torch) so.torch_script = trainer::app::bench_script("bench_torch_powersgd.py");
-      return trainer::comm::run_sync_bench(so);
-    }
-    if (bench->parsed()) {
-      bo.torch = !no_torch;
-      return trainer::app::run_bench(bo);
-    }
-    if (config_path.empty()) {
-      std::fprintf(stderr, "error: --config FILE.toml is required (see --help)\n");
-      return 2;
-    }
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "\nerror: %s\n", e.what());
-    return 1;
-  }
-
-  // A training run: every rank of the job. An error on any rank prints one line and ends the
-  // whole job (MPI_Abort), so no rank is left waiting in a collective.
+// The main job: every rank of the job. An error on any rank prints one line and ends the whole job
+// (MPI_Abort), so no rank is left waiting in a collective.
+int train(const std::string& config_path, const std::vector<std::string>& overrides, bool dry_run,
+          trainer::app::RunOptions run_options, const std::string& inject_failure) {
   trainer::comm::Communicator& comm = trainer::comm::world();
   trainer::Config config;
   try {
@@ -193,7 +195,6 @@ int main(int argc, char** argv) {
       trainer::app::print_dry_run(config, comm);
       return 0;
     }
-    run_options.resume = resume;
     if (!inject_failure.empty()) {
       const auto colon = inject_failure.find(':');
       run_options.fail_rank = std::stoi(inject_failure.substr(0, colon));
@@ -215,4 +216,53 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "\nerror: %s\n", e.what());
     return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Large buffers from the heap, never from fresh mmap'ed pages that are returned on free: Open MPI
+  // allocates a message-sized temporary per large allreduce, and glibc's default (mmap above 32 MB)
+  // made every dense step of the 110 MB LSTM gradient page-fault 110 MB anew (comm bench).
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  CLI::App app{"trainer: deep-learning training with compressed data parallelism"};
+  std::string config_path, resume, inject_failure;
+  std::vector<std::string> overrides;
+  bool dry_run = false, reference = false;
+  app.add_option("--config", config_path, "TOML experiment file");
+  app.add_option("--set", overrides, "Override a key: --set optim.lr=0.05 (repeatable)");
+  app.add_option("--resume", resume, "Continue from a checkpoint folder, or 'latest' in the output folder");
+  app.add_flag("--dry-run", dry_run, "Validate, print the resolved config, model and plan, and exit");
+  // Hidden testing hooks (no group: not shown in --help).
+  trainer::app::RunOptions run_options;
+  app.add_option("--stop-after", run_options.stop_after)->group("");
+  app.add_option("--inject-failure", inject_failure, "RANK:STEP")->group("");
+  app.add_flag("--config-reference", reference, "Print the reference of every config key (Markdown)");
+
+  std::vector<Tool> tools{add_make_cifar(app)};
+  for (Tool& t : add_bench(app)) tools.push_back(std::move(t));
+  tools.push_back(add_calibrate(app));
+  tools.push_back(add_report(app, argv[0]));
+  tools.push_back(add_whatif(app));
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (reference) {
+      std::fputs(trainer::config_reference_markdown().c_str(), stdout);
+      return 0;
+    }
+    for (const Tool& t : tools)
+      if (t.command->parsed()) return t.run();
+    if (config_path.empty()) {
+      std::fprintf(stderr, "error: --config FILE.toml is required (see --help)\n");
+      return 2;
+    }
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "\nerror: %s\n", e.what());
+    return 1;
+  }
+  run_options.resume = resume;
+  return train(config_path, overrides, dry_run, run_options, inject_failure);
 }

@@ -236,7 +236,9 @@ CostedStep cost_step(const RunMeasurement& run, const PhaseMeasurement& phase, c
         if (o.kind == comm::OpKind::kAllgather || o.kind == comm::OpKind::kAlltoall ||
             (o.kind == comm::OpKind::kAllgatherv && !oktopk))
           c.size_per_call *= ratio;
-        c.seconds_per_call = comm::collective_seconds(o.kind, c.size_per_call, ranks, rates.for_kind(o.kind));
+        c.seconds_per_call = o.kind == comm::OpKind::kAllreduce
+                                 ? rates.allreduce_seconds(c.size_per_call, ranks)
+                                 : comm::collective_seconds(o.kind, c.size_per_call, ranks, rates.for_kind(o.kind));
     }
     step.ops.push_back(c);
   }

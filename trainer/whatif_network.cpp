@@ -18,12 +18,15 @@ WhatifNetwork nominal_network(const comm::Network& net) {
 WhatifNetwork calibrated_network(const comm::NetworkCalibration& c, const std::string& path, int ranks) {
   WhatifNetwork w;
   w.rates = c.rates();
+  for (const comm::CalibrationSize& s : c.allreduce) w.rates.allreduce_curve.emplace_back(s.bytes, s.median_s);
+  w.rates.curve_ranks = c.ranks;
   w.calibrated = true;
   w.calibration_path = path;
   w.calibration_date = c.date;
   w.calibration_ranks = c.ranks;
   w.description = "calibrated: " + comm::describe_rates(c) + ", from " + path + " measured at P=" +
-                  std::to_string(c.ranks) + " on " + c.date;
+                  std::to_string(c.ranks) + " on " + c.date +
+                  (ranks == c.ranks ? "; allreduces of the measured sizes at their measured times" : "");
   if (ranks != c.ranks) {
     // The fit gives a per-message latency and a per-link rate; the model's schedules carry them to
     // another P. What it cannot know is whether the library reaches the same share of the link

@@ -59,10 +59,9 @@ OverlapMeasurement OverlapLog::measure() const {
 }
 
 double exposed_bucket_seconds(const OverlapMeasurement& overlap, const comm::NetworkRates& rates, int ranks) {
-  const comm::Network& link = rates.for_kind(comm::OpKind::kAllreduce);
   double end = 0;
   for (const OverlappedBucket& b : overlap.buckets)
-    end = std::max(end, b.ready_ms / 1e3) + comm::collective_seconds(comm::OpKind::kAllreduce, b.size, ranks, link);
+    end = std::max(end, b.ready_ms / 1e3) + rates.allreduce_seconds(b.size, ranks);
   return std::max(0.0, end - overlap.backward_ms / 1e3);
 }
 
