@@ -49,6 +49,74 @@ struct OpTotals {
   double calls = 0, size = 0, sent = 0, received = 0, sends = 0, receives = 0, time_us = 0, wait_us = 0;
 };
 
+// Rank 0's comm log, by phase: per step its calls, per op the totals, the overlapped timeline.
+struct RankLog {
+  std::map<std::string, std::map<int64_t, StepCalls>> steps;
+  std::map<std::string, std::map<std::string, OpTotals>> ops;
+  std::map<std::string, std::vector<std::string>> op_order;  // ops in first-call order
+  std::map<std::string, OverlapLog> timelines;
+  int64_t collectives = 0, with_wait = 0;
+};
+
+// One record of the log into `log` (`ranks`: the run's, for data sizes).
+void add_record(const nlohmann::json& r, int ranks, RankLog& log) {
+  const std::string op = r.at("op").get<std::string>();
+  if (outside_step(op)) return;
+  const std::string phase = r.at("phase").get<std::string>();
+  const int64_t step = r.at("step").get<int64_t>();
+  const int64_t t0 = r.at("t_start_us").get<int64_t>(), t1 = r.at("t_end_us").get<int64_t>();
+  if (r.value("kind", "") == "compute") {  // FORWARD_BACKWARD: not a message
+    log.timelines[phase].add_compute(step, t0, t1);
+    return;
+  }
+  const int64_t ready_us = r.value("ready_us", int64_t{-1});
+  const double bytes = r.at("bytes").get<double>(), recv = r.at("bytes_recv").get<double>();
+  const comm::OpKind kind = comm::kind_from_tag(op);
+  StepCalls& s = log.steps[phase][step];
+  s.intervals.emplace_back(t0, t1);
+  auto [it, fresh] = log.ops[phase].try_emplace(op);
+  if (fresh) log.op_order[phase].push_back(op);
+  OpTotals& o = it->second;
+  o.kind = kind;
+  o.overlapped = o.overlapped || ready_us >= 0;
+  o.calls += 1;
+  log.timelines[phase].add_call(step, t0, t1, ready_us, data_size(kind, bytes, recv, ranks),
+                                r.value("wait_us", int64_t{0}));
+  o.time_us += static_cast<double>(t1 - t0);
+  if (kind == comm::OpKind::kPointToPoint || kind == comm::OpKind::kOther) {
+    o.size += std::max(bytes, recv);
+    o.sent += bytes;
+    o.received += recv;
+    o.sends += bytes > 0 ? 1 : 0;
+    o.receives += bytes > 0 ? 0 : 1;
+    return;
+  }
+  o.size += data_size(kind, bytes, recv, ranks);
+  ++log.collectives;
+  if (r.contains("wait_us")) {
+    ++log.with_wait;
+    o.wait_us += r["wait_us"].get<double>();
+    s.wait_us += r["wait_us"].get<int64_t>();
+  }
+}
+
+RankLog read_rank_log(const std::string& log_path, int ranks) {
+  std::ifstream in(log_path);
+  RankLog log;
+  std::string line;
+  int64_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    try {
+      add_record(nlohmann::json::parse(line), ranks, log);
+    } catch (const nlohmann::json::exception& e) {
+      throw std::runtime_error(log_path + ":" + std::to_string(line_no) + ": not a comm log record (" + e.what() + ")");
+    }
+  }
+  if (log.steps.empty()) throw std::runtime_error(log_path + ": no training-step records");
+  return log;
+}
+
 }  // namespace
 
 RunMeasurement measure_run(const std::string& run_dir) {
@@ -62,64 +130,9 @@ RunMeasurement measure_run(const std::string& run_dir) {
   }
   if (run.ranks == 0) throw std::runtime_error(run_dir + "/comm/rank0.jsonl: missing (run with comm.log = true)");
 
-  // Rank 0's log, by phase and step.
-  const std::string log_path = run_dir + "/comm/rank0.jsonl";
-  std::ifstream log(log_path);
-  std::map<std::string, std::map<int64_t, StepCalls>> steps;
-  std::map<std::string, std::map<std::string, OpTotals>> ops;
-  std::map<std::string, std::vector<std::string>> op_order;
-  std::map<std::string, OverlapLog> timelines;
-  std::string line;
-  int64_t line_no = 0, collectives = 0, with_wait = 0;
-  while (std::getline(log, line)) {
-    ++line_no;
-    nlohmann::json r;
-    try {
-      r = nlohmann::json::parse(line);
-      const std::string op = r.at("op").get<std::string>();
-      if (outside_step(op)) continue;
-      const std::string phase = r.at("phase").get<std::string>();
-      const int64_t step = r.at("step").get<int64_t>();
-      const int64_t t0 = r.at("t_start_us").get<int64_t>(), t1 = r.at("t_end_us").get<int64_t>();
-      if (r.value("kind", "") == "compute") {  // FORWARD_BACKWARD: not a message
-        timelines[phase].add_compute(step, t0, t1);
-        continue;
-      }
-      const int64_t ready_us = r.value("ready_us", int64_t{-1});
-      const double bytes = r.at("bytes").get<double>(), recv = r.at("bytes_recv").get<double>();
-      const comm::OpKind kind = comm::kind_from_tag(op);
-      StepCalls& s = steps[phase][step];
-      s.intervals.emplace_back(t0, t1);
-      auto [it, fresh] = ops[phase].try_emplace(op);
-      if (fresh) op_order[phase].push_back(op);
-      OpTotals& o = it->second;
-      o.kind = kind;
-      o.overlapped = o.overlapped || ready_us >= 0;
-      o.calls += 1;
-      timelines[phase].add_call(step, t0, t1, ready_us, data_size(kind, bytes, recv, run.ranks),
-                                r.value("wait_us", int64_t{0}));
-      o.time_us += static_cast<double>(t1 - t0);
-      if (kind == comm::OpKind::kPointToPoint || kind == comm::OpKind::kOther) {
-        o.size += std::max(bytes, recv);
-        o.sent += bytes;
-        o.received += recv;
-        o.sends += bytes > 0 ? 1 : 0;
-        o.receives += bytes > 0 ? 0 : 1;
-      } else {
-        o.size += data_size(kind, bytes, recv, run.ranks);
-        ++collectives;
-        if (r.contains("wait_us")) {
-          ++with_wait;
-          o.wait_us += r["wait_us"].get<double>();
-          s.wait_us += r["wait_us"].get<int64_t>();
-        }
-      }
-    } catch (const nlohmann::json::exception& e) {
-      throw std::runtime_error(log_path + ":" + std::to_string(line_no) + ": not a comm log record (" + e.what() + ")");
-    }
-  }
-  if (steps.empty()) throw std::runtime_error(log_path + ": no training-step records");
-  run.waits_known = collectives > 0 && with_wait == collectives;
+  RankLog log = read_rank_log(run_dir + "/comm/rank0.jsonl", run.ranks);
+  auto& steps = log.steps;
+  run.waits_known = log.collectives > 0 && log.with_wait == log.collectives;
 
   // metrics.jsonl: step times by phase (the phase of an interval's last step).
   const std::string metrics_path = run_dir + "/metrics.jsonl";
@@ -127,7 +140,8 @@ RunMeasurement measure_run(const std::string& run_dir) {
   if (!metrics) throw std::runtime_error(metrics_path + ": missing");
   std::map<std::string, std::vector<double>> step_ms;
   std::vector<double> outside_sync_ms;  // t_data + t_compute + t_optim, all records
-  line_no = 0;
+  std::string line;
+  int64_t line_no = 0;
   while (std::getline(metrics, line)) {
     ++line_no;
     try {
@@ -172,14 +186,14 @@ RunMeasurement measure_run(const std::string& run_dir) {
     // A short phase (a dense warmup inside one metrics interval) has no record of its own: its
     // compute is the other steps' data + forward/backward + optimizer, without the sync's local work.
     p.compute_ms = p.metric_records > 0 ? std::max(0.0, p.step_ms - p.comm_ms) : median(outside_sync_ms);
-    p.overlap = timelines[name].measure();
+    p.overlap = log.timelines[name].measure();
     if (!p.overlap.buckets.empty()) {
       // Communication during backward cost no step time: only what was exposed after it.
       if (p.metric_records > 0) p.compute_ms = std::max(0.0, p.step_ms - p.overlap.exposed_ms);
       p.wait_ms = p.overlap.wait_after_ms;
     }
-    for (const std::string& op : op_order[name]) {
-      const OpTotals& o = ops[name][op];
+    for (const std::string& op : log.op_order[name]) {
+      const OpTotals& o = log.ops[name][op];
       OpMeasurement m;
       m.op = op;
       m.kind = o.kind;
