@@ -12,6 +12,7 @@
 #include <random>
 #include <sstream>
 
+#include "rank_agreement.h"
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
 #include "comm/staged_communicator.h"
@@ -100,14 +101,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return d;
 }
 
-// True when every rank holds bytewise the same vector.
-bool identical_on_all_ranks(comm::Communicator& comm, const std::vector<float>& v) {
-  std::vector<float> root = v;
-  comm.broadcast(root.data(), static_cast<int64_t>(root.size()), comm::DType::kF32, 0, "TEST");
-  int32_t same = std::memcmp(root.data(), v.data(), v.size() * sizeof(float)) == 0;
-  comm.allreduce(&same, 1, comm::DType::kI32, comm::ReduceOp::kMin, "TEST");
-  return same == 1;
-}
+using trainer::testing::identical_on_all_ranks;
 
 // What a data-parallel dense run is checked against, step by step (worst over steps and elements).
 struct DenseDeviation {

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "rank_agreement.h"
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
 #include "comm/sync/gradient_sync.h"
@@ -84,14 +85,7 @@ Deviation compare_with_exact(WireDType wire, const std::vector<float>& synced, i
   return d;
 }
 
-// True when every rank holds bytewise the same vector.
-bool identical_on_all_ranks(comm::Communicator& comm, const std::vector<float>& v) {
-  std::vector<float> root = v;
-  comm.broadcast(root.data(), static_cast<int64_t>(root.size()), comm::DType::kF32, 0, "TEST");
-  int32_t same = std::memcmp(root.data(), v.data(), v.size() * sizeof(float)) == 0;
-  comm.allreduce(&same, 1, comm::DType::kI32, comm::ReduceOp::kMin, "TEST");
-  return same == 1;
-}
+using trainer::testing::identical_on_all_ranks;
 
 // Bytes and calls the log recorded per op tag during `run`.
 struct Logged {

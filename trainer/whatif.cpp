@@ -31,13 +31,6 @@ double data_size(comm::OpKind kind, double bytes, double bytes_recv, int ranks) 
   }
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 struct StepCalls {
   std::vector<std::pair<int64_t, int64_t>> intervals;
   int64_t wait_us = 0;

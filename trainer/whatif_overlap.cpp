@@ -5,13 +5,6 @@
 namespace trainer::app {
 namespace {
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // Microseconds of the union of [t0, t1) intervals clipped to start at `from`.
 int64_t covered_after(std::vector<std::pair<int64_t, int64_t>> intervals, int64_t from) {
   std::sort(intervals.begin(), intervals.end());
@@ -25,6 +18,13 @@ int64_t covered_after(std::vector<std::pair<int64_t, int64_t>> intervals, int64_
 }
 
 }  // namespace
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 OverlapMeasurement OverlapLog::measure() const {
   OverlapMeasurement m;

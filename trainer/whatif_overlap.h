@@ -53,6 +53,9 @@ class OverlapLog {
   std::map<int64_t, Step> steps_;
 };
 
+// The median (the mean of the middle two for an even count; 0 for none).
+double median(std::vector<double> v);
+
 // Seconds of communication the buckets leave exposed after backward on `rates` with `ranks` ranks.
 double exposed_bucket_seconds(const OverlapMeasurement& overlap, const comm::NetworkRates& rates, int ranks);
 
