@@ -1,8 +1,9 @@
-// sync.overlap: dense buckets allreduced on a communication thread while backward runs. The bucket
-// plan (gradient_buckets.h) on its own, and the trainer under mpiexec: a run with overlap equals the
-// same run without it bit for bit (dense, every method's dense warmup, a 16-bit wire), a slow rank
-// changes timings only, and a NaN that appears during backward is still found, named and skipped on
-// every rank.
+// sync.overlap: gradient buckets exchanged on a communication thread while backward runs (dense
+// allreduce; PowerSGD's factors). The bucket plan (gradient_buckets.h) on its own, and the trainer
+// under mpiexec: a run with overlap equals the same run without it bit for bit (dense, every
+// method's dense warmup, a 16-bit wire, PowerSGD per bucket), a slow rank changes timings only, and
+// a NaN that appears during backward is still found, named and skipped on every rank, leaving no
+// trace in PowerSGD's residual or warm start.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -93,9 +94,12 @@ TEST_CASE("sync.overlap: the same run with and without overlap is bit-identical"
   const int P = 3;
   // Small buckets, so that several go out during backward.
   const std::string buckets = " --set sync.bucket_mb=0.3 --set sync.first_bucket_mb=0.05";
-  for (const std::string method :
-       {std::string("--set sync.method=dense"), std::string("--set sync.method=dense --set sync.wire_dtype=bf16"),
-        std::string("--set sync.method=oktopk --set sync.density=0.02 --set sync.dense_warmup_steps=6")}) {
+  // Each method and the message that must leave during backward.
+  for (const auto& [method, early_op] :
+       {std::pair<std::string, std::string>{"--set sync.method=dense", "ALLREDUCE_DENSE"},
+        {"--set sync.method=dense --set sync.wire_dtype=bf16", "ALLREDUCE_DENSE"},
+        {"--set sync.method=oktopk --set sync.density=0.02 --set sync.dense_warmup_steps=6", "ALLREDUCE_DENSE"},
+        {"--set sync.method=powersgd --set sync.dense_warmup_steps=4 --set sync.wire_dtype=bf16", "ALLREDUCE_P"}}) {
     SECTION(method) {
       TempDir on("overlap_on"), off("overlap_off");
       Outcome a = run_command(small_run(P, on.path, method + buckets + " --set sync.overlap=true"));
@@ -107,7 +111,7 @@ TEST_CASE("sync.overlap: the same run with and without overlap is bit-identical"
       REQUIRE(b.exit_code == 0);
       require_identical_states(on.path / "checkpoints/step_6", off.path / "checkpoints/step_6", P);
       require_identical_states(on.path / "checkpoints/step_12", off.path / "checkpoints/step_12", P);
-      // The overlapped run's dense buckets did go out during backward; the other's after it.
+      // The overlapped run's buckets did go out during backward; the other's after it.
       int during = 0, after = 0;
       for (const auto& [dir, count] : {std::pair<fs::path, int*>{on.path, &during}, {off.path, &after}}) {
         std::ifstream log(dir / "comm/rank0.jsonl");
@@ -115,7 +119,7 @@ TEST_CASE("sync.overlap: the same run with and without overlap is bit-identical"
         for (std::string line; std::getline(log, line);) {
           const auto rec = nlohmann::json::parse(line);
           if (rec["op"] == "FORWARD_BACKWARD") backward_end = rec["t_end_us"].get<int64_t>();
-          if (rec["op"] == "ALLREDUCE_DENSE" && rec["t_start_us"].get<int64_t>() < backward_end) ++*count;
+          if (rec["op"] == early_op && rec["t_start_us"].get<int64_t>() < backward_end) ++*count;
         }
       }
       CHECK(during > 0);
@@ -147,21 +151,29 @@ TEST_CASE("sync.overlap: a NaN in a bucket sent during backward is named, and sk
   CHECK(o.exit_code == 3);
   CHECK_THAT(o.output, Contains("non-finite value at step 5: the gradient of linear.bias on rank 1"));
 
-  TempDir skip("overlap_nan_skip");
-  Outcome s = run_command("env TRAINER_TEST_INJECT_NAN=1:3 " +
-                          small_run(P, skip.path, "--set train.skip_nonfinite_steps=1 --set train.checkpoint_every=1"
-                                                  " --set train.max_steps=5"));
-  INFO(s.output);
-  REQUIRE(s.exit_code == 0);
-  CHECK_THAT(s.output, Contains("step skipped on every rank (1 in a row)"));
-  // Step 3 changed nothing on any rank (checkpoint step_3 is written before it, step_4 after it).
-  const auto before = rank_states(skip.path / "checkpoints/step_3", P);
-  const auto after = rank_states(skip.path / "checkpoints/step_4", P);
-  for (int r = 0; r < P; ++r)
-    for (const std::string t : {"params", "buffers", "optimizer_state"}) {
-      const std::string name = "rank" + std::to_string(r) + ".state/" + t;
-      INFO(name);
-      const bool unchanged = before.at(name) == after.at(name);
-      CHECK(unchanged);
+  // Dense, and PowerSGD past its warmup, whose factors of the NaN step went out during backward:
+  // the skipped step must leave its residual and its warm-start Q as they were too.
+  for (const std::string method : {"dense", "powersgd"}) {
+    SECTION("skipped: " + method) {
+      TempDir skip("overlap_nan_skip");
+      Outcome s = run_command("env TRAINER_TEST_INJECT_NAN=1:3 " +
+                              small_run(P, skip.path,
+                                        "--set train.skip_nonfinite_steps=1 --set train.checkpoint_every=1"
+                                        " --set train.max_steps=5 --set sync.dense_warmup_steps=1 --set sync.method=" +
+                                            method));
+      INFO(s.output);
+      REQUIRE(s.exit_code == 0);
+      CHECK_THAT(s.output, Contains("step skipped on every rank (1 in a row)"));
+      // Step 3 changed nothing on any rank (checkpoint step_3 is written before it, step_4 after it).
+      const auto before = rank_states(skip.path / "checkpoints/step_3", P);
+      const auto after = rank_states(skip.path / "checkpoints/step_4", P);
+      for (int r = 0; r < P; ++r)
+        for (const std::string t : {"params", "buffers", "optimizer_state", "sync_state"}) {
+          const std::string name = "rank" + std::to_string(r) + ".state/" + t;
+          INFO(name);
+          const bool unchanged = before.at(name) == after.at(name);
+          CHECK(unchanged);
+        }
     }
+  }
 }

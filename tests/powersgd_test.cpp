@@ -1,7 +1,7 @@
 // PowerSGD (comm/sync/powersgd.h): against the reference of scripts/make_powersgd_fixtures.py
 // (NumPy, checked there against PyTorch's DDP powerSGD_hook), the bytes the comm log records
-// against the formula, error-feedback conservation, rank-deficient and 1 x n matrices, and
-// bit-exact resume. Runs under mpiexec at 1, 2 and 4 ranks; the reference case runs at 2.
+// against the formula, error-feedback conservation, per-bucket exchange against the whole-gradient
+// one, rank-deficient and 1 x n matrices, and bit-exact resume. Runs under mpiexec at 1, 2 and 4 ranks; the reference case runs at 2.
 #include "comm/sync/powersgd.h"
 
 #include <algorithm>
@@ -255,6 +255,48 @@ TEST_CASE("PowerSGD conserves the gradient: applied x P plus the residuals is th
   const testing::Conservation c = testing::conservation(comm, applied, e, grads);
   CHECK(c.worst < 1e-4);
   CHECK(c.residual_norm > 0.1);  // compression did leave something behind (the check is not vacuous)
+}
+
+TEST_CASE("PowerSGD per bucket equals whole-gradient PowerSGD: each tensor's factors are its own",
+          "[powersgd][mpi]") {
+  // Every P and Q is a function of its own tensor, so grouping the tensors into buckets (several
+  // allreduces instead of one) changes which message carries an element, not its sum. With at most
+  // two ranks a sum is one add either way: bit-identical. With more, MPI may order a sum
+  // differently for another message size: equal up to float rounding.
+  Communicator& comm = comm::world();
+  const auto views = tiny_model();
+  const int64_t n = total(views);
+  auto whole = make(views, 2, 1.0, 5);
+  // ~2 kB buckets, the first ~0.4 kB: the tiny model's 7.8 kB fall into several.
+  comm::PowerSgd bucketed(comm, views, n, 2, 1.0, 5, models::cpu_backend(), comm::WireDType::kF32, 0.002,
+                          comm::DenseBuckets{0.0004, false, &views});
+  REQUIRE(whole.buckets().size() == 1);
+  REQUIRE(bucketed.buckets().size() == 3);  // {big}, {bn, fc2, row, fc1}, {conv.bias, conv}
+  // The buckets tile the gradient: every element is in one compressed matrix or one dense range.
+  std::vector<int> covered(n, 0);
+  for (const auto& m : bucketed.matrices())
+    for (int64_t i = 0; i < m.rows * m.cols; ++i) ++covered[m.offset + i];
+  for (const auto& b : bucketed.buckets())
+    for (const auto& r : b.dense)
+      for (int64_t i = 0; i < r.count; ++i) ++covered[r.offset + i];
+  CHECK(std::all_of(covered.begin(), covered.end(), [](int c) { return c == 1; }));
+  CHECK(bucketed.floats_per_step() == whole.floats_per_step());
+  for (int s = 0; s < 5; ++s) {
+    INFO("step " << s);
+    const auto a = step(whole, views, s), b = step(bucketed, views, s);
+    if (comm.size() <= 2) {
+      CHECK(std::memcmp(a.data(), b.data(), n * sizeof(float)) == 0);
+    } else {
+      double worst = 0;
+      for (int64_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(double(a[i]) - b[i]) / (std::abs(a[i]) + 1e-3));
+      CHECK(worst < 1e-4);
+    }
+  }
+  std::stringstream saved;
+  bucketed.save(saved);
+  whole.load(saved);  // the saved Q do not depend on the buckets
+  const auto a = step(whole, views, 5), b = step(bucketed, views, 5);
+  if (comm.size() <= 2) CHECK(std::memcmp(a.data(), b.data(), n * sizeof(float)) == 0);
 }
 
 TEST_CASE("PowerSGD on rank-deficient matrices: exact, finite, nothing left behind", "[powersgd][mpi]") {

@@ -10,9 +10,9 @@
 
 namespace trainer::comm {
 
-BucketReducer::BucketReducer(Communicator& comm, std::vector<GradientBucket> plan, WireDType wire, const char* tag,
+BucketReducer::BucketReducer(Communicator& comm, std::vector<GradientBucket> plan, BucketJob job,
                              const std::vector<models::ParamView>* views)
-    : comm_(comm), plan_(std::move(plan)), wire_(wire), tag_(tag), views_(views), ready_us_(plan_.size(), -1) {}
+    : comm_(comm), plan_(std::move(plan)), job_(std::move(job)), views_(views), ready_us_(plan_.size(), -1) {}
 
 BucketReducer::~BucketReducer() {
   if (!thread_.joinable()) return;
@@ -24,16 +24,14 @@ BucketReducer::~BucketReducer() {
   thread_.join();
 }
 
-void BucketReducer::reduce_all(float* grads, float pre_scale) {
-  for (const GradientBucket& b : plan_)
-    allreduce_sum_through_wire(comm_, grads + b.begin, b.size(), wire_, pre_scale, wire_buffer_, tag_);
+void BucketReducer::run_all(float* grads) {
+  for (size_t b = 0; b < plan_.size(); ++b) job_(b, grads);
 }
 
-void BucketReducer::begin(float* grads, float pre_scale) {
+void BucketReducer::begin(float* grads) {
   if (!thread_.joinable()) thread_ = std::thread([this] { serve(); });
   std::lock_guard<std::mutex> lock(mutex_);
   grads_ = grads;
-  pre_scale_ = pre_scale;
   handed_ = reduced_ = 0;
   nonfinite_tensor_ = -1;
 }
@@ -59,7 +57,6 @@ int BucketReducer::finish() {
 
 void BucketReducer::serve() {
   omp_set_num_threads(1);  // this thread's own loops run on it alone
-  std::vector<uint16_t> wire_buffer;
   for (;;) {
     size_t b = 0;
     {
@@ -69,7 +66,7 @@ void BucketReducer::serve() {
       b = reduced_;
     }
     try {
-      reduce_bucket(b, wire_buffer);
+      run_bucket(b);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
       error_ = std::current_exception();
@@ -84,7 +81,7 @@ void BucketReducer::serve() {
   }
 }
 
-void BucketReducer::reduce_bucket(size_t b, std::vector<uint16_t>& wire_buffer) {
+void BucketReducer::run_bucket(size_t b) {
   const GradientBucket& bucket = plan_[b];
   const float* g = grads_ + bucket.begin;
   double squares = 0;
@@ -95,8 +92,8 @@ void BucketReducer::reduce_bucket(size_t b, std::vector<uint16_t>& wire_buffer) 
     std::lock_guard<std::mutex> lock(mutex_);
     if (nonfinite_tensor_ < 0 || t < nonfinite_tensor_) nonfinite_tensor_ = t;
   }
-  comm_.log().set_ready(ready_us_[b]);
-  allreduce_sum_through_wire(comm_, grads_ + bucket.begin, bucket.size(), wire_, pre_scale_, wire_buffer, tag_);
+  comm_.log().set_ready(ready_us_[b]);  // the job's first message carries it
+  job_(b, grads_);
 }
 
 int BucketReducer::first_nonfinite_tensor(const GradientBucket& bucket) const {

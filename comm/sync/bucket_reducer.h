@@ -1,36 +1,43 @@
-// Sums a step's gradient buckets (gradient_buckets.h) over the ranks, in plan order, either on the
+// Runs a step's work on its gradient buckets (gradient_buckets.h) in plan order, either on the
 // calling thread after backward, or overlapped: on a communication thread that starts each bucket's
-// allreduce as soon as backward has written its last gradient, while backward goes on (as PyTorch
-// DDP, Horovod's background thread, DeepSpeed's overlap_comm).
+// work as soon as backward has written its last gradient, while backward goes on (as PyTorch DDP,
+// Horovod's background thread, DeepSpeed's overlap_comm). The work is the method's (a BucketJob):
+// dense sync allreduces the bucket; PowerSGD compresses the bucket's tensors and allreduces their
+// factors, as DDP runs its powerSGD_hook per bucket.
 //
 // Threads: the communication thread makes every MPI call from the step's first bucket to its last;
 // the training thread makes none in between (finish() returns only when the thread is idle again),
 // so MPI_THREAD_SERIALIZED is enough (comm/mpi_communicator.cpp asks for it). The communication
-// thread runs its own loops (the 16-bit casts, the finiteness check) on one core: OpenMP teams of
+// thread runs the jobs' loops (casts, products, the finiteness check) on one core: OpenMP teams of
 // its own would compete with backward's.
 //
-// Non-finite values: a bucket is checked before it leaves this rank (its sum of squares in double,
-// finite for any finite floats), so the step's verdict (trainer/step_clock.h) can still say which
-// tensor of which rank was not finite, although the local gradient is gone by then.
+// Non-finite values: with overlap a bucket is checked before its job runs (its sum of squares in
+// double, finite for any finite floats), so the step's verdict (trainer/step_clock.h) can still say
+// which tensor of which rank was not finite, although the local gradient is gone by then. A job
+// must therefore leave nothing behind that outlives a skipped step (PowerSGD keeps its residual
+// and its Q untouched until the trainer commits the step).
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "comm/sync/gradient_buckets.h"
-#include "comm/wire_format.h"
 
 namespace trainer::comm {
+
+// One bucket's work, given its index in the plan and the step's flat gradient.
+using BucketJob = std::function<void(size_t bucket, float* grads)>;
 
 class BucketReducer {
  public:
   // `views`: the model's tensors (for the name of a non-finite one; may be null).
-  BucketReducer(Communicator& comm, std::vector<GradientBucket> plan, WireDType wire, const char* tag,
+  BucketReducer(Communicator& comm, std::vector<GradientBucket> plan, BucketJob job,
                 const std::vector<models::ParamView>* views);
   ~BucketReducer();
   BucketReducer(const BucketReducer&) = delete;
@@ -38,37 +45,34 @@ class BucketReducer {
 
   const std::vector<GradientBucket>& plan() const { return plan_; }
 
-  // Every bucket in plan order on this thread (no overlap). `pre_scale`: wire_pre_scale.
-  void reduce_all(float* grads, float pre_scale);
+  // Every bucket's job in plan order on this thread (no overlap).
+  void run_all(float* grads);
 
   // Overlap: begin() before backward; ready(from) while backward runs, when gradient entries
   // [from, n) are final (buckets lying wholly there go to the communication thread, in plan order);
   // finish() after backward hands over the rest and waits for all. finish() returns the first
   // tensor whose local gradient was not finite when its bucket went out (-1: none; the number of
   // views when it lies outside every view), and rethrows an error of the communication thread.
-  void begin(float* grads, float pre_scale);
+  void begin(float* grads);
   void ready(int64_t from);
   int finish();
 
  private:
   void serve();                     // the communication thread's loop
-  void reduce_bucket(size_t b, std::vector<uint16_t>& wire_buffer);
+  void run_bucket(size_t b);
   int first_nonfinite_tensor(const GradientBucket& bucket) const;
 
   Communicator& comm_;
   std::vector<GradientBucket> plan_;
-  WireDType wire_;
-  const char* tag_;
+  BucketJob job_;
   const std::vector<models::ParamView>* views_;
-  std::vector<uint16_t> wire_buffer_;  // reduce_all's 16-bit copy of a bucket
 
   // Shared with the communication thread (under mutex_).
   std::mutex mutex_;
   std::condition_variable work_, done_;
   float* grads_ = nullptr;
-  float pre_scale_ = 1.f;
   size_t handed_ = 0;   // buckets handed over this step
-  size_t reduced_ = 0;  // buckets whose allreduce has returned
+  size_t reduced_ = 0;  // buckets whose job has returned
   int nonfinite_tensor_ = -1;
   std::vector<int64_t> ready_us_;  // per bucket: when it was handed over (comm log clock)
   std::exception_ptr error_;

@@ -39,10 +39,16 @@ DenseSync::DenseSync(Communicator& comm, int64_t n, double bucket_mb, models::Ba
       wire_(wire),
       requested_overlap_(buckets.overlap && backend.name() == models::cpu_backend().name()),
       overlap_(requested_overlap_ && comm.size() > 1),
+      pre_scale_(wire_pre_scale(wire, comm.size())),
       reducer_(comm,
                plan_gradient_buckets(n, buckets.views, bucket_elements(bucket_mb),
                                      bucket_elements(buckets.first_bucket_mb)),
-               wire, "ALLREDUCE_DENSE", buckets.views) {
+               [this](size_t bucket, float* grads) {
+                 const GradientBucket& b = reducer_.plan()[bucket];
+                 allreduce_sum_through_wire(comm_, grads + b.begin, b.size(), wire_, pre_scale_, wire_bucket_,
+                                            "ALLREDUCE_DENSE");
+               },
+               buckets.views) {
   if (wire != WireDType::kF32 && backend.name() != models::cpu_backend().name())
     throw std::invalid_argument("sync.wire_dtype = \"" + wire_dtype_name(wire) + "\" casts on the host and cannot run " +
                                 "with runtime.device = \"" + backend.name() + "\" yet (fp32 can)");
@@ -65,7 +71,7 @@ std::string DenseSync::describe() const {
 
 bool DenseSync::begin_step(SyncBuffers& b, int64_t step) {
   if (!overlap_) return false;
-  reducer_.begin(b.grads, wire_pre_scale(wire_, comm_.size()));
+  reducer_.begin(b.grads);
   early_step_ = step;
   return true;
 }
@@ -79,14 +85,13 @@ int DenseSync::finish_early_sends() { return early_step_ >= 0 ? reducer_.finish(
 SyncStats DenseSync::reduce(SyncBuffers& b, int64_t step) {
   comm_.log().set_step(step, Phase::kDense);
   if (comm_.size() == 1) return {Phase::kDense, 1.0};
-  const float pre_scale = wire_pre_scale(wire_, comm_.size());
   if (early_step_ == step)
     reducer_.finish();  // a no-op when the trainer already waited (finish_early_sends)
   else
-    reducer_.reduce_all(b.grads, pre_scale);
+    reducer_.run_all(b.grads);
   early_step_ = -1;
   // One scaling pass after all buckets, as allreduce_average (fp16 was divided in its cast).
-  if (pre_scale == 1.f) backend_.scale(n_, 1.f / static_cast<float>(comm_.size()), b.grads);
+  if (pre_scale_ == 1.f) backend_.scale(n_, 1.f / static_cast<float>(comm_.size()), b.grads);
   return {Phase::kDense, 1.0};
 }
 

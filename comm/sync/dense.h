@@ -48,6 +48,8 @@ class DenseSync final : public GradientSync {
   WireDType wire_;
   bool requested_overlap_;  // sync.overlap on host buffers (a one-process run has nothing to send)
   bool overlap_;
+  float pre_scale_;                 // wire_pre_scale: fp16 divides by P in its cast
+  std::vector<uint16_t> wire_bucket_;  // a 16-bit wire's copy of one bucket (one bucket at a time)
   BucketReducer reducer_;
   int64_t early_step_ = -1;  // the step whose buckets went out during backward
 };

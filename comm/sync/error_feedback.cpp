@@ -122,6 +122,15 @@ float* ErrorFeedback::Step::materialize(int64_t at, int64_t count) {
   return acc;
 }
 
+float* ErrorFeedback::Step::adopt(int64_t at, const float* acc, int64_t count) {
+  if (state_ == State::kWhole) throw std::logic_error("error feedback: acc = grad + residual formed twice in a step");
+  if (at < 0 || count < 0 || at + count > ef_.size()) throw std::logic_error("error feedback: range outside the gradient");
+  state_ = State::kRanges;
+  float* stored = ef_.residual() + at;
+  std::copy(acc, acc + count, stored);
+  return stored;
+}
+
 void ErrorFeedback::Step::sent(const int32_t* index, int64_t count) {
   require_formed("sent()");
   ef_.clear(index, count);

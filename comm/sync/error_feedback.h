@@ -57,6 +57,11 @@ class ErrorFeedback {
   //                         pass that writes acc = grad + residual into it (GaussianK's moments)
   //   materialize(at, count)  acc formed now over [at, at + count) and returned (dense
   //                         compressors; one call per range, any number of ranges)
+  //   adopt(at, acc, count)  acc that the compressor formed earlier outside the residual, as
+  //                         grad + the residual before the step in materialize's rounding, is stored
+  //                         as this step's acc over [at, at + count) (PowerSGD's buckets form acc in
+  //                         the gradient during backward, while the step may still be skipped and
+  //                         the residual must not change yet); mixes with materialize's ranges
   // then what this rank contributed is reported (any number of reports, any mix)
   //   sent(index, count)    those entries went out whole: residual 0 there (deferred clears)
   //   sent_flags()          the same as flags a pass sets (write_sparse_output's `clear`)
@@ -71,6 +76,7 @@ class ErrorFeedback {
     SelectSource fused();
     float* in_place();
     float* materialize(int64_t at, int64_t count);
+    float* adopt(int64_t at, const float* acc, int64_t count);
     void sent(const int32_t* index, int64_t count);
     uint16_t* sent_flags();
     void sent_approximately(int64_t at, const float* approx, int64_t count);

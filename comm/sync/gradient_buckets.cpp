@@ -5,7 +5,8 @@
 namespace trainer::comm {
 
 std::vector<GradientBucket> plan_gradient_buckets(int64_t n, const std::vector<models::ParamView>* views,
-                                                  int64_t bucket_elements, int64_t first_bucket_elements) {
+                                                  int64_t bucket_elements, int64_t first_bucket_elements,
+                                                  bool cut_large_tensors) {
   const int64_t largest = std::max<int64_t>(1, bucket_elements);
   int64_t cap = std::max<int64_t>(1, std::min(first_bucket_elements, largest));
   std::vector<GradientBucket> buckets;
@@ -23,7 +24,7 @@ std::vector<GradientBucket> plan_gradient_buckets(int64_t n, const std::vector<m
     starts.push_back(0);
   for (const int64_t start : starts) {
     if (start >= begin) continue;  // an empty tensor
-    if (begin - start > largest) {
+    if (begin - start > largest && cut_large_tensors) {
       // Larger than any bucket: cut from its end into pieces of the largest size, after what the
       // bucket being filled already holds; its first piece stays open for the tensors before it.
       if (begin < end) close(begin);

@@ -25,6 +25,7 @@ struct GradientBucket {
 // `views` in store order (contiguous from offset 0, as ParameterStore declares them); null or empty:
 // the buffer is cut into plain pieces from its end.
 std::vector<GradientBucket> plan_gradient_buckets(int64_t n, const std::vector<models::ParamView>* views,
-                                                  int64_t bucket_elements, int64_t first_bucket_elements);
+                                                  int64_t bucket_elements, int64_t first_bucket_elements,
+                                                  bool cut_large_tensors = true);
 
 }  // namespace trainer::comm

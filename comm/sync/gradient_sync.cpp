@@ -30,10 +30,11 @@ class WarmupSync final : public GradientSync {
   }
   Phase phase(int64_t step) const override { return step < warmup_steps_ ? Phase::kDense : method_->phase(step); }
   bool begin_step(SyncBuffers& b, int64_t step) override {
-    return step < warmup_steps_ ? dense_.begin_step(b, step) : method_->begin_step(b, step);
+    early_ = step < warmup_steps_ ? static_cast<GradientSync*>(&dense_) : method_.get();
+    return early_->begin_step(b, step);
   }
-  void gradients_ready(int64_t from) override { dense_.gradients_ready(from); }  // a no-op outside the warmup
-  int finish_early_sends() override { return dense_.finish_early_sends(); }
+  void gradients_ready(int64_t from) override { early_->gradients_ready(from); }
+  int finish_early_sends() override { return early_->finish_early_sends(); }
   SyncStats reduce(SyncBuffers& b, int64_t step) override {
     return step < warmup_steps_ ? dense_.reduce(b, step) : method_->reduce(b, step);
   }
@@ -47,6 +48,7 @@ class WarmupSync final : public GradientSync {
   std::unique_ptr<GradientSync> method_;
   DenseSync dense_;
   int64_t warmup_steps_;
+  GradientSync* early_ = &dense_;  // the step's own method, which begin_step asked
 };
 
 }  // namespace
@@ -69,7 +71,7 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
   if (o.method == "powersgd") {
     if (!views) throw std::invalid_argument("sync.method 'powersgd' needs the model's tensor shapes");
     method = std::make_unique<PowerSgd>(comm, *views, n, o.rank, o.min_compression_rate, o.seed, models::cpu_backend(),
-                                        o.wire_dtype);
+                                        o.wire_dtype, o.bucket_mb, buckets);
   }
   if (!method) {
     std::string list;

@@ -20,9 +20,32 @@ void scale(int64_t count, float s, float* y) {
 
 }  // namespace
 
+namespace {
+
+// The dense method's bucket plan, of whole tensors; bucket_mb <= 0: one bucket.
+std::vector<GradientBucket> plan_buckets(int64_t n, const std::vector<models::ParamView>& views, double bucket_mb,
+                                         double first_bucket_mb) {
+  const int64_t whole = std::max<int64_t>(1, n);
+  return plan_gradient_buckets(n, &views, bucket_mb > 0 ? bucket_elements(bucket_mb) : whole,
+                               bucket_mb > 0 ? bucket_elements(first_bucket_mb) : whole, /*cut_large_tensors=*/false);
+}
+
+}  // namespace
+
 PowerSgd::PowerSgd(Communicator& comm, const std::vector<models::ParamView>& views, int64_t n, int64_t rank,
-                   double min_compression_rate, uint64_t seed, models::Backend& backend, WireDType wire)
-    : ErrorFeedbackSync(n), comm_(comm), backend_(backend), n_(n), rank_(rank), seed_(seed), wire_(wire) {
+                   double min_compression_rate, uint64_t seed, models::Backend& backend, WireDType wire,
+                   double bucket_mb, const DenseBuckets& buckets)
+    : ErrorFeedbackSync(n),
+      comm_(comm),
+      backend_(backend),
+      n_(n),
+      rank_(rank),
+      seed_(seed),
+      wire_(wire),
+      requested_overlap_(buckets.overlap && backend.name() == models::cpu_backend().name()),
+      overlap_(requested_overlap_ && comm.size() > 1),
+      reducer_(comm, plan_buckets(n, views, bucket_mb, buckets.first_bucket_mb),
+               [this](size_t bucket, float* grads) { exchange(bucket, grads); }, &views) {
   if (rank < 1) throw std::invalid_argument("powersgd: sync.rank must be at least 1");
   int64_t covered = 0;
   for (size_t v = 0; v < views.size(); ++v) {
@@ -35,127 +58,212 @@ PowerSgd::PowerSgd(Communicator& comm, const std::vector<models::ParamView>& vie
     const int64_t rows = view.shape.empty() ? 1 : view.shape[0], cols = numel / rows;
     const int64_t r = std::min({rows, cols, rank});
     // The hook's test, in doubles (exact for every size a model has).
-    if (static_cast<double>(rows + cols) * r * min_compression_rate < static_cast<double>(rows) * cols) {
+    if (static_cast<double>(rows + cols) * r * min_compression_rate < static_cast<double>(rows) * cols)
       matrices_.push_back({static_cast<int64_t>(v), view.offset, rows, cols, r});
-      continue;
-    }
-    if (!dense_.empty() && dense_.back().offset + dense_.back().count == view.offset)
-      dense_.back().count += numel;
     else
-      dense_.push_back({view.offset, numel});
-    dense_floats_ += numel;
+      dense_floats_ += numel;
   }
   if (covered != n) throw std::invalid_argument("powersgd: the model's tensors do not tile its gradient");
-  // Same shapes next to each other (in order of first appearance), so a group is strided.
-  std::vector<std::pair<int64_t, Matrix>> keyed;
-  for (const Matrix& x : matrices_) {
-    int64_t key = x.view;
-    for (const auto& [k, y] : keyed)
-      if (y.rows == x.rows && y.cols == x.cols && y.rank == x.rank) key = std::min(key, k);
-    keyed.push_back({key, x});
-  }
-  std::stable_sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (size_t i = 0; i < keyed.size(); ++i) matrices_[i] = keyed[i].second;
-  for (size_t i = 0; i < matrices_.size(); ++i) {
-    Matrix& m = matrices_[i];
-    m.p_offset = p_floats_;
-    m.q_offset = q_floats_;
-    m.e_offset = m.offset;
-    p_floats_ += m.rows * m.rank;
-    q_floats_ += m.cols * m.rank;
-    compressed_floats_ += m.rows * m.cols;
+  lay_out(reducer_.plan());
+}
+
+void PowerSgd::lay_out(const std::vector<GradientBucket>& plan) {
+  std::vector<Matrix> compressed = std::move(matrices_);  // in model order
+  matrices_.clear();
+  int64_t q_at = 0;
+  for (const GradientBucket& span : plan) {
+    Bucket bucket;
+    bucket.first_matrix = matrices_.size();
+    // The bucket's matrices, equal shapes next to each other (in order of first appearance), so a
+    // shape group is strided.
+    std::vector<std::pair<int64_t, Matrix>> keyed;
+    for (const Matrix& x : compressed) {
+      if (x.offset < span.begin || x.offset >= span.end) continue;
+      int64_t key = x.view;
+      for (const auto& [k, y] : keyed)
+        if (y.rows == x.rows && y.cols == x.cols && y.rank == x.rank) key = std::min(key, k);
+      keyed.push_back({key, x});
+    }
+    std::stable_sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    bucket.p_offset = p_floats_;
+    bucket.q_offset = q_at;
+    for (auto& [key, m] : keyed) {
+      m.p_offset = p_floats_;
+      m.q_offset = q_at;
+      m.e_offset = m.offset;
+      p_floats_ += m.rows * m.rank;
+      q_at += m.cols * m.rank;
+      q_floats_ += m.cols * m.rank;
+      compressed_floats_ += m.rows * m.cols;
+      matrices_.push_back(m);
+    }
+    bucket.end_matrix = matrices_.size();
+    bucket.p_count = p_floats_ - bucket.p_offset;
+    bucket.q_count = q_at - bucket.q_offset;
+    // The rest of the bucket is sent dense: the gaps between its matrices, in gradient order.
+    std::vector<Range> taken;
+    for (size_t i = bucket.first_matrix; i < bucket.end_matrix; ++i)
+      taken.push_back({matrices_[i].offset, matrices_[i].rows * matrices_[i].cols});
+    std::sort(taken.begin(), taken.end(), [](const Range& a, const Range& b) { return a.offset < b.offset; });
+    int64_t at = span.begin;
+    for (const Range& t : taken) {
+      if (t.offset > at) bucket.dense.push_back({at, t.offset - at});
+      at = t.offset + t.count;
+    }
+    if (span.end > at) bucket.dense.push_back({at, span.end - at});
+    for (const Range& r : bucket.dense) bucket.dense_count += r.count;
+    q_at += bucket.dense_count;
+    buckets_.push_back(std::move(bucket));
   }
 }
 
 std::string PowerSgd::describe() const {
   const int p = comm_.size();
   size_t shape_groups = 0;
-  for (size_t i = 0; i < matrices_.size(); ++i) {
-    const Matrix& m = matrices_[i];
-    const Matrix* prev = i ? &matrices_[i - 1] : nullptr;
-    shape_groups += !(prev && prev->rows == m.rows && prev->cols == m.cols && prev->rank == m.rank);
-  }
+  for (const Bucket& bucket : buckets_)
+    for (size_t i = bucket.first_matrix; i < bucket.end_matrix; ++i) {
+      const Matrix& m = matrices_[i];
+      const Matrix* prev = i > bucket.first_matrix ? &matrices_[i - 1] : nullptr;
+      shape_groups += !(prev && prev->rows == m.rows && prev->cols == m.cols && prev->rank == m.rank);
+    }
   const int64_t bytes = wire_bytes(wire_);
   std::ostringstream out;
   out << "powersgd: rank " << rank_ << "; " << matrices_.size() << " tensors compressed as rank-r factors ("
       << compressed_floats_ << " elements -> sum (n + m) r = " << p_floats_ + q_floats_ << " floats, " << shape_groups
-      << " shape groups), " << dense_floats_ << " elements of the others sent dense; per step ALLREDUCE_P of "
-      << p_floats_ << " floats and ALLREDUCE_Q of " << q_floats_ << " + " << dense_floats_ << " floats, on the wire as "
-      << wire_dtype_name(wire_) << " (" << bytes << " bytes each): " << floats_per_step() * bytes / 1e6
-      << " MB per rank (dense fp32: " << n_ * 4 / 1e6 << " MB, "
-      << static_cast<double>(n_ * 4) / std::max<int64_t>(1, floats_per_step() * bytes) << "x less); ring traffic per rank "
-      << 2.0 * (p - 1) / p * floats_per_step() * bytes / 1e6 << " MB at P = " << p << "; error feedback";
+      << " shape groups), " << dense_floats_ << " elements of the others sent dense; per step and bucket ("
+      << buckets_.size() << " bucket(s) in backward order"
+      << (overlap_ || (comm_.size() == 1 && requested_overlap_) ? ", exchanged during backward (sync.overlap)"
+                                                                 : ", exchanged after backward")
+      << ") one ALLREDUCE_P and one ALLREDUCE_Q, in all " << p_floats_ << " and " << q_floats_ << " + "
+      << dense_floats_ << " floats, on the wire as " << wire_dtype_name(wire_) << " (" << bytes
+      << " bytes each): " << floats_per_step() * bytes / 1e6 << " MB per rank (dense fp32: " << n_ * 4 / 1e6
+      << " MB, " << static_cast<double>(n_ * 4) / std::max<int64_t>(1, floats_per_step() * bytes)
+      << "x less); ring traffic per rank " << 2.0 * (p - 1) / p * floats_per_step() * bytes / 1e6 << " MB at P = " << p
+      << "; error feedback";
   return out.str();
 }
 
-void PowerSgd::start() {
-  p_.assign(p_floats_, 0.f);
-  q_.assign(q_floats_ + dense_floats_, 0.f);
-  for (const Matrix& m : matrices_) {
-    float* q = q_.data() + m.q_offset;
-    seeded_uniform(seed_, static_cast<uint64_t>(m.view), m.cols * m.rank, q);
+void PowerSgd::prepare() {
+  if (!started_) {
+    p_.assign(p_floats_, 0.f);
+    q_.assign(q_floats_ + dense_floats_, 0.f);
+    for (const Matrix& m : matrices_) seeded_uniform(seed_, static_cast<uint64_t>(m.view), m.cols * m.rank, q_.data() + m.q_offset);
+    started_ = true;
   }
-  started_ = true;
+  q_next_.resize(q_.size());
+  residual_ = error_feedback().residual();  // zeros at the first step (PowerSGD defers no clears)
+}
+
+bool PowerSgd::begin_step(SyncBuffers& b, int64_t step) {
+  if (!overlap_) return false;
+  prepare();
+  reducer_.begin(b.grads);
+  early_step_ = step;
+  return true;
+}
+
+void PowerSgd::gradients_ready(int64_t from) {
+  if (early_step_ >= 0) reducer_.ready(from);
+}
+
+int PowerSgd::finish_early_sends() {
+  if (early_step_ < 0) return -1;
+  const int nonfinite = reducer_.finish();
+  exchanged_step_ = early_step_;
+  return nonfinite;
+}
+
+void PowerSgd::exchange(size_t index, float* grads) {
+  const Bucket& bucket = buckets_[index];
+  const auto first = matrices_.begin() + static_cast<std::ptrdiff_t>(bucket.first_matrix);
+  const auto last = matrices_.begin() + static_cast<std::ptrdiff_t>(bucket.end_matrix);
+  float* p = p_.data();
+  float* q = q_next_.data();
+  // 1. acc = grad + e in the gradient (the rounding of ErrorFeedback::Step::materialize).
+  for (auto m = first; m != last; ++m) {
+    float* acc = grads + m->offset;
+    const float* e = residual_ + m->offset;
+    const int64_t count = m->rows * m->cols;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < count; ++i) acc[i] += e[i];
+  }
+  // 2. P = acc Q, the warm-start Q orthonormalized first (the hook does so too), in q_next_.
+  std::copy(q_.begin() + bucket.q_offset, q_.begin() + bucket.q_offset + bucket.q_count, q + bucket.q_offset);
+#pragma omp parallel for schedule(dynamic)
+  for (size_t i = bucket.first_matrix; i < bucket.end_matrix; ++i)
+    orthonormalize_columns(q + matrices_[i].q_offset, matrices_[i].cols, matrices_[i].rank);
+  for (auto m = first; m != last; ++m)
+    backend_.gemm(false, false, m->rows, m->rank, m->cols, 1.f, grads + m->offset, m->cols, q + m->q_offset, m->rank,
+                  0.f, p + m->p_offset, m->rank);
+  // 3. The bucket's P in one allreduce (through the wire format; fp16 divided by the world size first).
+  const float pre_scale = wire_pre_scale(wire_, comm_.size());
+  if (bucket.p_count > 0)
+    allreduce_sum_through_wire(comm_, p + bucket.p_offset, bucket.p_count, wire_, pre_scale, wire_scratch_,
+                               "ALLREDUCE_P");
+  // 4. Orthonormal columns (the sum's scale does not matter).
+#pragma omp parallel for schedule(dynamic)
+  for (size_t i = bucket.first_matrix; i < bucket.end_matrix; ++i)
+    orthonormalize_columns(p + matrices_[i].p_offset, matrices_[i].rows, matrices_[i].rank);
+  // 5. Q = acc^T P.
+  for (auto m = first; m != last; ++m)
+    backend_.gemm(true, false, m->cols, m->rank, m->rows, 1.f, grads + m->offset, m->cols, p + m->p_offset, m->rank,
+                  0.f, q + m->q_offset, m->rank);
+  // 6. The bucket's Q and its dense tensors in one allreduce, averaged.
+  float* dense = q + bucket.q_offset + bucket.q_count;
+  for (const Range& r : bucket.dense) {
+    backend_.copy(r.count, grads + r.offset, dense);
+    dense += r.count;
+  }
+  const int64_t total = bucket.q_count + bucket.dense_count;
+  if (total > 0) {
+    allreduce_sum_through_wire(comm_, q + bucket.q_offset, total, wire_, pre_scale, wire_scratch_, "ALLREDUCE_Q");
+    if (pre_scale == 1.f) scale(total, 1.f / static_cast<float>(comm_.size()), q + bucket.q_offset);
+  }
+}
+
+void PowerSgd::commit(float* grads, ErrorFeedback::Step& ef) {
+  // 7. grads = P Q^T (the averaged approximation), e = acc - P Q^T; dense tensors get their average.
+  ef.materialize(0, 0);  // forms acc (an empty range) even when no tensor is compressed
+  const float* p = p_.data();
+  const float* q = q_next_.data();
+  for (const Matrix& m : matrices_) {
+    const int64_t count = m.rows * m.cols;
+    ef.adopt(m.offset, grads + m.offset, count);
+    backend_.gemm(false, true, m.rows, m.cols, m.rank, 1.f, p + m.p_offset, m.rank, q + m.q_offset, m.rank, 0.f,
+                  grads + m.offset, m.cols);
+    ef.sent_approximately(m.offset, grads + m.offset, count);
+  }
+  for (const Bucket& bucket : buckets_) {
+    const float* dense = q + bucket.q_offset + bucket.q_count;
+    for (const Range& r : bucket.dense) {
+      backend_.copy(r.count, dense, grads + r.offset);
+      dense += r.count;
+    }
+  }
+  q_.swap(q_next_);  // the new warm start
 }
 
 SyncStats PowerSgd::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) {
   comm_.log().set_step(step, Phase::kCompressed);
-  if (!started_) start();
-  float* grads = b.grads;
-  float* p = p_.data();
-  float* q = q_.data();
-  // 1. acc = grad + e per compressed matrix, formed by error feedback in its residual (the
-  // gradient's layout: e + offset). The empty first range gives the buffer's start and forms acc
-  // even when no tensor is compressed.
-  float* e = ef.materialize(0, 0);
-  for (const Matrix& m : matrices_) ef.materialize(m.offset, m.rows * m.cols);
-  // 2. P = acc Q, Q orthonormalized first (the hook does so with the warm-started Q too).
-#pragma omp parallel for schedule(dynamic)
-  for (size_t i = 0; i < matrices_.size(); ++i) {
-    const Matrix& m = matrices_[i];
-    orthonormalize_columns(q + m.q_offset, m.cols, m.rank);
+  if (exchanged_step_ != step) {
+    prepare();
+    reducer_.run_all(b.grads);
   }
-  for (const Matrix& m : matrices_)
-    backend_.gemm(false, false, m.rows, m.rank, m.cols, 1.f, e + m.offset, m.cols, q + m.q_offset, m.rank, 0.f,
-                  p + m.p_offset, m.rank);
-  // 3. Every P in one allreduce (through the wire format; fp16 divided by the world size first).
-  const float pre_scale = wire_pre_scale(wire_, comm_.size());
-  if (p_floats_ > 0) allreduce_sum_through_wire(comm_, p, p_floats_, wire_, pre_scale, wire_scratch_, "ALLREDUCE_P");
-  // 4. Orthonormal columns (the sum's scale does not matter).
-#pragma omp parallel for schedule(dynamic)
-  for (size_t i = 0; i < matrices_.size(); ++i) {
-    const Matrix& m = matrices_[i];
-    orthonormalize_columns(p + m.p_offset, m.rows, m.rank);
-  }
-  // 5. Q = acc^T P.
-  for (const Matrix& m : matrices_)
-    backend_.gemm(true, false, m.cols, m.rank, m.rows, 1.f, e + m.offset, m.cols, p + m.p_offset, m.rank, 0.f,
-                  q + m.q_offset, m.rank);
-  // 6. Every Q and the dense tensors in one allreduce, averaged.
-  float* dense = q + q_floats_;
-  for (const Range& r : dense_) {
-    backend_.copy(r.count, grads + r.offset, dense);
-    dense += r.count;
-  }
-  const int64_t total = q_floats_ + dense_floats_;
-  if (total > 0) allreduce_sum_through_wire(comm_, q, total, wire_, pre_scale, wire_scratch_, "ALLREDUCE_Q");
-  if (pre_scale == 1.f) scale(total, 1.f / static_cast<float>(comm_.size()), q);
-  // 7. grads = P Q^T (the averaged approximation), e = acc - P Q^T; dense tensors get their average.
-  for (const Matrix& m : matrices_)
-    backend_.gemm(false, true, m.rows, m.cols, m.rank, 1.f, p + m.p_offset, m.rank, q + m.q_offset, m.rank, 0.f,
-                  grads + m.offset, m.cols);
-  for (const Matrix& m : matrices_) ef.sent_approximately(m.offset, grads + m.offset, m.rows * m.cols);
-  dense = q + q_floats_;
-  for (const Range& r : dense_) {
-    backend_.copy(r.count, dense, grads + r.offset);
-    dense += r.count;
-  }
+  early_step_ = exchanged_step_ = -1;
+  commit(b.grads, ef);
   ++steps_;
   return {Phase::kCompressed, static_cast<double>(floats_per_step()) / std::max<int64_t>(1, n_)};
 }
 
+std::vector<const PowerSgd::Matrix*> PowerSgd::in_model_order() const {
+  std::vector<const Matrix*> order;
+  for (const Matrix& m : matrices_) order.push_back(&m);
+  std::sort(order.begin(), order.end(), [](const Matrix* a, const Matrix* b) { return a->view < b->view; });
+  return order;
+}
+
 void PowerSgd::save_state(std::ostream& out) const {
-  write_sync_header(out, "powersgd", 2);
+  write_sync_header(out, "powersgd", 3);
   write_pod(out, n_);
   write_pod(out, rank_);
   write_pod(out, static_cast<int64_t>(matrices_.size()));
@@ -165,11 +273,13 @@ void PowerSgd::save_state(std::ostream& out) const {
   write_pod(out, steps_);
   write_pod(out, static_cast<uint8_t>(started_));
   if (!started_) return;
-  out.write(reinterpret_cast<const char*>(q_.data()), static_cast<std::streamsize>(q_floats_ * sizeof(float)));
+  for (const Matrix* m : in_model_order())
+    out.write(reinterpret_cast<const char*>(q_.data() + m->q_offset),
+              static_cast<std::streamsize>(m->cols * m->rank * sizeof(float)));
 }
 
 void PowerSgd::load_state(std::istream& in) {
-  read_sync_header(in, "powersgd", 2);
+  read_sync_header(in, "powersgd", 3);
   const auto n = read_pod<int64_t>(in);
   const auto rank = read_pod<int64_t>(in);
   const auto matrices = read_pod<int64_t>(in);
@@ -189,7 +299,9 @@ void PowerSgd::load_state(std::istream& in) {
     throw std::runtime_error("powersgd state compresses other tensors (saved with another sync.min_compression_rate?)");
   if (started) {
     std::vector<float> q(q_floats_ + dense_floats_, 0.f);
-    in.read(reinterpret_cast<char*>(q.data()), static_cast<std::streamsize>(q_floats_ * sizeof(float)));
+    for (const Matrix* m : in_model_order())
+      in.read(reinterpret_cast<char*>(q.data() + m->q_offset),
+              static_cast<std::streamsize>(m->cols * m->rank * sizeof(float)));
     if (!in) throw std::runtime_error("powersgd state: truncated");
     q_ = std::move(q);
     p_.assign(p_floats_, 0.f);

@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "comm/sync/bucket_reducer.h"
+#include "comm/sync/dense.h"
 #include "comm/sync/error_feedback_sync.h"
 #include "comm/wire_format.h"
 #include "models/backend.h"
@@ -9,27 +11,36 @@
 namespace trainer::comm {
 
 // PowerSGD (Vogels, Karimireddy & Jaggi, NeurIPS 2019), with the semantics of PyTorch's DDP
-// powerSGD_hook (use_error_feedback and warm_start on). Each parameter tensor is viewed as a matrix
-// M of shape[0] x (the rest), n x m (a 1-D tensor as n x 1); with r' = min(n, m, rank) it is
-// compressed when (n + m) r' * min_compression_rate < n m. The others (biases and batch norm at any
-// rate >= 1, tensors where rank-r' factors would not pay) form one dense buffer. One compressed step
-// on every rank:
-//   1. acc = grad + e per compressed matrix (ErrorFeedback::Step::materialize: e is
-//      ErrorFeedbackSync's residual, laid out like the gradient, acc formed in place)
+// powerSGD_hook (use_error_feedback and warm_start on), which runs per gradient bucket. Each
+// parameter tensor is viewed as a matrix M of shape[0] x (the rest), n x m (a 1-D tensor as n x 1);
+// with r' = min(n, m, rank) it is compressed when (n + m) r' * min_compression_rate < n m. The others
+// (biases and batch norm at any rate >= 1, tensors where rank-r' factors would not pay) are sent
+// dense. The tensors are grouped into the dense method's buckets (gradient_buckets.h: backward
+// order, sync.bucket_mb, the first sync.first_bucket_mb; a tensor is never cut), and each bucket is
+// exchanged on its own, as soon as backward has written it when sync.overlap is on (BucketReducer):
+//   1. acc = grad + e per compressed matrix, formed in the gradient buffer (e: ErrorFeedbackSync's
+//      residual, laid out like the gradient, only read here)
 //   2. P = acc Q (n x r'), Q the previous step's averaged Q (warm start), orthonormalized first
-//   3. one ALLREDUCE_P (sum) of every P
+//   3. one ALLREDUCE_P (sum) of the bucket's P
 //   4. orthonormalize each P's columns (low_rank.h: Gram-Schmidt; reorthogonalized for r' > 2)
 //   5. Q = acc^T P (m x r')
-//   6. one ALLREDUCE_Q of every Q followed by the dense buffer; both divided by P (the world size)
+//   6. one ALLREDUCE_Q of the bucket's Q followed by its dense tensors; both divided by P (the
+//      world size)
+// and once the step's verdict has come (no stop request, every gradient finite), for every bucket:
 //   7. grads = P Q^T (the same on every rank), reported as sent_approximately: e = acc - P Q^T;
-//      dense tensors get their average (never formed nor reported: their residual stays 0)
+//      dense tensors get their average (never formed nor reported: their residual stays 0); the
+//      new Q becomes the warm start.
+// Steps 1-6 leave the residual and the warm-start Q as they were (the new Q is written beside the
+// old one), so a step skipped after its buckets went out, for a NaN or a stop request, leaves no
+// trace, with overlap or without; both paths run the same arithmetic in the same order, so they
+// give the same bits. One bucket (bucket_mb <= 0) is the whole-gradient PowerSGD of the paper.
 // Q starts, at the first compressed step, from seeded_uniform(seed, tensor index): the same on
-// every rank without communication. Matrices of equal (n, m, r') are laid out back to back in the
-// P and Q buffers (fixed strides); acc and the output sit where the gradient has them, so a
-// device backend batches each group's products with per-matrix pointers (through Backend::gemm,
-// one call per matrix, on the CPU today).
-// Volume per rank and step: 4 (sum (n + m) r' + dense elements) bytes, each of the two allreduces
-// sending its buffer once (ring traffic 2(P-1)/P of that).
+// every rank without communication. Within a bucket, matrices of equal (n, m, r') are laid out back
+// to back in the P and Q buffers (fixed strides); acc and the output sit where the gradient has
+// them, so a device backend batches each group's products with per-matrix pointers (through
+// Backend::gemm, one call per matrix, on the CPU today).
+// Volume per rank and step: 4 (sum (n + m) r' + dense elements) bytes, each bucket's two
+// allreduces sending its share once (ring traffic 2(P-1)/P of that).
 // A 16-bit `wire` (comm/wire_format.h) sends both allreduces as bf16 or fp16, 2 bytes per element.
 // Unlike PyTorch's fp16_compress_wrapper around the hook, which runs the whole hook (products
 // included) on an fp16 bucket, the products and Gram-Schmidt stay fp32 here: only what crosses the
@@ -39,16 +50,25 @@ namespace trainer::comm {
 // Deviations from the hook: dense tensors keep no residual (the hook keeps acc - mean(acc) for
 // them, whose average over ranks is zero, so the outputs agree); a rank-deficient P gets zero
 // columns instead of a division by zero (low_rank.h); QR is Gram-Schmidt twice (same Q up to
-// column signs, which P Q^T does not see); Q's first values come from our seeded generator.
-// State (saved, per rank; format 2): Q, the seed, whether compression has started, the compressed
-// step count; then the residual (ErrorFeedbackSync). Format 1 (the residual of the compressed
-// matrices only, inside this state) is refused with the version in the message.
+// column signs, which P Q^T does not see); Q's first values come from our seeded generator; the
+// hook allreduces a bucket's dense tensors on their own, before P, where we append them to Q's
+// allreduce (one message fewer per bucket).
+// State (saved, per rank; format 3): the seed, whether compression has started, the compressed
+// step count, then each compressed tensor's Q in model order (independent of the buckets); then
+// the residual (ErrorFeedbackSync). Formats 1 and 2 (before buckets, whose sums differ) are refused
+// with the version in the message.
 class PowerSgd final : public ErrorFeedbackSync {
  public:
+  // bucket_mb <= 0: the whole gradient is one bucket. `buckets`: the first bucket's size and
+  // whether buckets go out during backward (the views are `views`).
   PowerSgd(Communicator& comm, const std::vector<models::ParamView>& views, int64_t n, int64_t rank,
-           double min_compression_rate, uint64_t seed, models::Backend& backend, WireDType wire = WireDType::kF32);
+           double min_compression_rate, uint64_t seed, models::Backend& backend, WireDType wire = WireDType::kF32,
+           double bucket_mb = 0, const DenseBuckets& buckets = {});
   std::string name() const override { return "powersgd"; }
   std::string describe() const override;
+  bool begin_step(SyncBuffers& b, int64_t step) override;
+  void gradients_ready(int64_t from) override;
+  int finish_early_sends() override;
 
   // One compressed tensor, and where its pieces live in the flat buffers.
   struct Matrix {
@@ -58,10 +78,20 @@ class PowerSgd final : public ErrorFeedbackSync {
     int64_t p_offset = 0, q_offset = 0;  // into p_, q_
     int64_t e_offset = 0;                // into residual(): the gradient's layout, so equal to offset
   };
-  // Consecutive matrices of one shape: strides rows*rank (P), cols*rank (Q).
+  // Elements [offset, offset + count) of the flat gradient.
   struct Range {
     int64_t offset = 0, count = 0;
   };
+  // One bucket's share of the buffers: its matrices are matrices()[first_matrix, end_matrix),
+  // sorted by shape; its P is p_[p_offset, + p_count); its Q is q_[q_offset, + q_count), followed
+  // there by its dense tensors' elements (dense_count), so that one allreduce sends both.
+  struct Bucket {
+    size_t first_matrix = 0, end_matrix = 0;
+    int64_t p_offset = 0, p_count = 0;
+    int64_t q_offset = 0, q_count = 0, dense_count = 0;
+    std::vector<Range> dense;  // adjacent tensors merged
+  };
+  const std::vector<Bucket>& buckets() const { return buckets_; }
   const std::vector<Matrix>& matrices() const { return matrices_; }
   // Floats sent per step: sum (n + m) r' over compressed matrices plus the dense elements.
   int64_t floats_per_step() const { return p_floats_ + q_floats_ + dense_floats_; }
@@ -74,23 +104,33 @@ class PowerSgd final : public ErrorFeedbackSync {
   SyncStats compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) override;
   void save_state(std::ostream& out) const override;
   void load_state(std::istream& in) override;
-  void start();  // first compressed step: zero residuals, seeded orthonormal Q
+  void lay_out(const std::vector<GradientBucket>& plan);  // matrices_ and buckets_ in bucket order
+  void prepare();  // before a step's first bucket: the seeded Q at the first step, the residual
+  void exchange(size_t bucket, float* grads);             // steps 1-6 of one bucket
+  void commit(float* grads, ErrorFeedback::Step& ef);     // step 7 of every bucket
+  std::vector<const Matrix*> in_model_order() const;      // the saved order of the Q factors
 
   Communicator& comm_;
   models::Backend& backend_;
   int64_t n_, rank_;
   uint64_t seed_;
-  // Sorted by shape, so each run of equal shapes has equal strides in P and Q.
-  std::vector<Matrix> matrices_;
-  std::vector<Range> dense_;       // the uncompressed tensors, adjacent ones merged
+  std::vector<Matrix> matrices_;  // by bucket, in each bucket by shape
+  std::vector<Bucket> buckets_;
   int64_t p_floats_ = 0, q_floats_ = 0, dense_floats_ = 0;
   int64_t compressed_floats_ = 0;  // elements of the compressed matrices
   bool started_ = false;
   int64_t steps_ = 0;              // compressed steps done
   std::vector<float> p_;           // all P
-  std::vector<float> q_;           // all Q, then the dense elements (one ALLREDUCE_Q)
+  std::vector<float> q_;           // the warm start: every bucket's Q (and room for its dense part)
+  std::vector<float> q_next_;      // this step's Q and dense part, q_'s layout
+  const float* residual_ = nullptr;  // this step's e (read only until the commit)
   WireDType wire_;
-  std::vector<uint16_t> wire_scratch_;  // the 16-bit copy of P, then of Q (grow-only)
+  bool requested_overlap_, overlap_;
+  int64_t early_step_ = -1;        // the step whose buckets went out during backward
+  int64_t exchanged_step_ = -1;    // the step whose buckets have all been exchanged
+  // A 16-bit wire's copy of P or Q (grow-only); one bucket at a time, on one thread at a time.
+  std::vector<uint16_t> wire_scratch_;
+  BucketReducer reducer_;          // last: its job reads the members above
 };
 
 }  // namespace trainer::comm

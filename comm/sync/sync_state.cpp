@@ -17,7 +17,7 @@ void write_sync_header(std::ostream& out, const std::string& method, uint32_t ve
   out.write(method.data(), static_cast<std::streamsize>(method.size()));
 }
 
-void read_sync_header(std::istream& in, const std::string& method, uint32_t version) {
+uint32_t read_sync_header(std::istream& in, const std::string& method, uint32_t version, uint32_t oldest) {
   const auto magic = read_pod<uint32_t>(in);
   const auto v = read_pod<uint32_t>(in);
   const auto len = read_pod<uint32_t>(in);
@@ -27,9 +27,13 @@ void read_sync_header(std::istream& in, const std::string& method, uint32_t vers
   if (!in) throw std::runtime_error("sync state: truncated");
   if (saved != method)
     throw std::runtime_error("sync state was saved by method '" + saved + "', this run uses '" + method + "'");
-  if (v != version)
+  if (oldest == 0) oldest = version;
+  if (v < oldest || v > version)
     throw std::runtime_error("sync state of '" + method + "' has format version " + std::to_string(v) +
-                             ", this build reads version " + std::to_string(version));
+                             ", this build reads " +
+                             (oldest == version ? "version " + std::to_string(version)
+                                                : "versions " + std::to_string(oldest) + " to " + std::to_string(version)));
+  return v;
 }
 
 }  // namespace trainer::comm

@@ -10,8 +10,9 @@
 namespace trainer::comm {
 
 void write_sync_header(std::ostream& out, const std::string& method, uint32_t version);
-// Throws std::runtime_error when the stream holds another method's state or another version.
-void read_sync_header(std::istream& in, const std::string& method, uint32_t version);
+// Returns the version read, one of [oldest, version] (oldest 0: only `version`); throws
+// std::runtime_error when the stream holds another method's state or another version.
+uint32_t read_sync_header(std::istream& in, const std::string& method, uint32_t version, uint32_t oldest = 0);
 
 template <class T>
 void write_pod(std::ostream& out, const T& value) {
