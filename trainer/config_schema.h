@@ -265,16 +265,19 @@ void visit_config(Cfg& c, Visitor& v) {
         "for async_ps synchronous rounds: the servers average every worker's gradient).",
         at_least(0));
   v.key("sync.bucket_mb", c.sync.bucket_mb,
-        "Dense allreduce bucket size in MB of fp32 gradient (PyTorch DDP's default is 25).", open_closed(0, 1e6));
+        "Bucket size in MB of fp32 gradient (PyTorch DDP's default is 25): the dense allreduce's, and the "
+        "groups of whole tensors powersgd exchanges its factors for (as DDP's powerSGD_hook does per bucket).",
+        open_closed(0, 1e6));
   v.key("sync.first_bucket_mb", c.sync.first_bucket_mb,
         "Size in MB of the first dense bucket, the one backward fills first (the last layers' gradients): "
         "small, so that communication starts early in backward (PyTorch DDP's first bucket is 1 MB too).",
         open_closed(0, 1e6));
   v.key("sync.overlap", c.sync.overlap,
-        "Dense buckets (sync.method = \"dense\" and every method's dense warmup) are allreduced on a "
-        "communication thread while backward still runs, each as soon as backward has written its last "
-        "gradient (PyTorch DDP, Horovod). The buckets and their order are the same either way, so the result "
-        "is bit-identical with false. The other methods select or factor the whole gradient and start after "
+        "Gradient buckets are exchanged on a communication thread while backward still runs, each as soon as "
+        "backward has written its last gradient (PyTorch DDP, Horovod): dense allreduce (sync.method = "
+        "\"dense\" and every method's dense warmup) and powersgd's per-bucket factors. The buckets and their "
+        "order are the same either way, so the result is bit-identical with false. The sparse methods select "
+        "over the whole gradient and local_sgd averages parameters after the optimizer: they start after "
         "backward. The image models report each layer's gradients as they are final; the speech models "
         "report them at the end of backward, so their buckets go out then. Needs runtime.device = \"cpu\".");
   v.key("sync.wire_dtype", c.sync.wire_dtype,

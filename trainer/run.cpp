@@ -24,17 +24,20 @@ std::string overlap_plan(const Config& config) {
   if (config.runtime.device != "cpu") return "off (host buffers only; runtime.device = \"" + config.runtime.device + "\")";
   const auto& images = models::image_model_names();
   const bool reports_layers = std::find(images.begin(), images.end(), config.model.arch) != images.end();
-  const std::string dense = reports_layers ? "dense buckets are sent during backward, each once its gradients are final"
-                                           : "dense buckets are sent on the communication thread when backward ends (" +
-                                                 config.model.arch + " does not report its gradients layer by layer yet)";
+  const std::string when = reports_layers ? "during backward, each once its gradients are final"
+                                          : "on the communication thread when backward ends (" + config.model.arch +
+                                                " does not report its gradients layer by layer yet)";
+  const std::string dense = "dense buckets are sent " + when;
   if (s.method == "dense") return dense;
-  const std::string whole = s.method == "powersgd"    ? "powersgd factors every matrix of the whole gradient"
-                            : s.method == "local_sgd" ? "local_sgd averages parameters after the optimizer step"
-                                                      : s.method + " selects over the whole gradient";
+  const std::string then = s.method == "powersgd"
+                               ? "powersgd's buckets (their P, Q and uncompressed tensors) are exchanged " + when
+                               : "none (" +
+                                     (s.method == "local_sgd" ? "local_sgd averages parameters after the optimizer step"
+                                                              : s.method + " selects over the whole gradient") +
+                                     ", so it starts after backward)";
   if (s.dense_warmup_steps > 0)
-    return "the first " + std::to_string(s.dense_warmup_steps) + " steps: " + dense + "; then none (" + whole +
-           ", so it starts after backward)";
-  return "none (" + whole + ", so it starts after backward)";
+    return "the first " + std::to_string(s.dense_warmup_steps) + " steps: " + dense + "; then " + then;
+  return then;
 }
 
 }  // namespace
