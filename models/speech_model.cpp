@@ -7,6 +7,16 @@
 
 namespace trainer::models {
 
+void SpeechModel::gradients_final_from(const std::string& prefix) {
+  if (!gradient_ready_) return;
+  for (const ParamView& v : parameters().views())
+    if (v.name == prefix || v.name.compare(0, prefix.size() + 1, prefix + ".") == 0) {
+      gradient_ready_(v.offset);
+      return;
+    }
+  throw std::logic_error("speech model: no tensor named " + prefix + ".*");
+}
+
 const std::vector<std::string>& speech_model_names() {
   static const std::vector<std::string> names{"deepspeech", "las"};
   return names;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,18 @@ class SpeechModel {
   virtual std::vector<std::vector<int32_t>> decode(const SpeechInput& input) = 0;
   // Multiply-add FLOPs of the last forward (2 per multiply-add).
   virtual double forward_flops() const { return 0; }
+  // For overlap with backward (sync.overlap): during backward(), `ready(from)` is called whenever
+  // the gradient entries [from, n) are final, as ImageClassifier does (models/model.h).
+  void set_gradient_ready(std::function<void(int64_t)> ready) { gradient_ready_ = std::move(ready); }
+
+ protected:
+  // Backward has finished every tensor from the first one named `prefix` (or `prefix`.*) to the
+  // end of the flat gradient. The models call it in reverse declaration order, right after the
+  // last write into those gradients.
+  void gradients_final_from(const std::string& prefix);
+
+ private:
+  std::function<void(int64_t)> gradient_ready_;
 };
 
 // The speech models by name at their default (an4) sizes: "deepspeech" and "las" (docs/architecture.md

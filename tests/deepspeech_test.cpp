@@ -156,6 +156,13 @@ TEST_CASE("deepspeech gradients of a tiny model against finite differences", "[d
   trainer::testing::check_model_gradients(model, b.input());
 }
 
+TEST_CASE("deepspeech reports each stage's gradients final as backward leaves it (overlap)", "[deepspeech]") {
+  DeepSpeech model(cpu_backend(), tiny(), 4);
+  Batch a(8, {12, 9}, {{1, 3}, {2}}, 5), b(8, {11, 12}, {{4}, {2, 1}}, 6);
+  // fc, its batch norm, the lookahead, 2 LSTMs and 1 sequence batch norm, 2 convolutions and 2 batch norms.
+  trainer::testing::check_gradient_reports(model, a.input(), b.input(), 10);
+}
+
 TEST_CASE("deepspeech: an utterance's outputs do not depend on the padding of its batch", "[deepspeech]") {
   // Evaluation mode (running statistics): the short utterance alone and beside a longer one.
   DeepSpeechOptions o = tiny();

@@ -34,6 +34,13 @@ TEST_CASE("las gradients of a tiny model against finite differences", "[las][gra
   trainer::testing::check_model_gradients(model, b.input(), 1e-2, 8);
 }
 
+TEST_CASE("las reports its gradients final as backward leaves each part (overlap)", "[las]") {
+  Las model(cpu_backend(), tiny_las_options(), 3);
+  SpeechTestBatch a(6, {17, 12, 9}, {{2, 5, 28}, {7}, {1, 9}}, 4), b(6, {16, 13, 9}, {{3, 3}, {8, 1}, {9}}, 5);
+  // The output layer, the speller, the attention, 2 pyramid layers and the first BLSTM.
+  trainer::testing::check_gradient_reports(model, a.input(), b.input(), 6);
+}
+
 TEST_CASE("las teacher forcing: the draws follow the batch seed", "[las]") {
   LasOptions o = tiny_las_options();
   o.teacher_forcing = 0.5;

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cifar_runs.h"
+#include "comm_log_reading.h"
 #include "comm/sync/gradient_buckets.h"
 #include "process.h"
 
@@ -112,16 +113,8 @@ TEST_CASE("sync.overlap: the same run with and without overlap is bit-identical"
       require_identical_states(on.path / "checkpoints/step_6", off.path / "checkpoints/step_6", P);
       require_identical_states(on.path / "checkpoints/step_12", off.path / "checkpoints/step_12", P);
       // The overlapped run's buckets did go out during backward; the other's after it.
-      int during = 0, after = 0;
-      for (const auto& [dir, count] : {std::pair<fs::path, int*>{on.path, &during}, {off.path, &after}}) {
-        std::ifstream log(dir / "comm/rank0.jsonl");
-        int64_t backward_end = 0;
-        for (std::string line; std::getline(log, line);) {
-          const auto rec = nlohmann::json::parse(line);
-          if (rec["op"] == "FORWARD_BACKWARD") backward_end = rec["t_end_us"].get<int64_t>();
-          if (rec["op"] == early_op && rec["t_start_us"].get<int64_t>() < backward_end) ++*count;
-        }
-      }
+      const int during = trainer::testing::messages_during_backward(on.path)[early_op];
+      const int after = trainer::testing::messages_during_backward(off.path)[early_op];
       CHECK(during > 0);
       CHECK(after == 0);
     }

@@ -54,6 +54,33 @@ inline models::LasOptions tiny_las_options() {
   return o;
 }
 
+// Overlap's contract (SpeechModel::set_gradient_ready): a report of `from` says the gradient
+// entries [from, n) are final, so they must hold then what they hold when backward returns. The
+// model first takes a step on `before` (so every gradient holds something else), then on `in` with
+// reports recorded. The reports must descend to 0, and there must be at least `min_reports` of
+// them (one report at the end would overlap nothing).
+inline void check_gradient_reports(models::SpeechModel& model, const models::SpeechInput& before,
+                                   const models::SpeechInput& in, size_t min_reports) {
+  models::ParameterStore& p = model.parameters();
+  const int64_t n = p.size();
+  model.forward(before, models::Mode::kTrain);
+  model.backward();
+  std::vector<std::pair<int64_t, std::vector<float>>> reports;
+  model.set_gradient_ready([&](int64_t from) { reports.emplace_back(from, std::vector<float>(p.grads() + from, p.grads() + n)); });
+  model.forward(in, models::Mode::kTrain);
+  model.backward();
+  model.set_gradient_ready(nullptr);
+  REQUIRE(reports.size() >= min_reports);
+  CHECK(reports.back().first == 0);
+  for (size_t r = 0; r < reports.size(); ++r) {
+    const auto& [from, seen] = reports[r];
+    INFO("report " << r << ": from " << from);
+    if (r > 0) CHECK(from < reports[r - 1].first);
+    const bool final_then = std::equal(seen.begin(), seen.end(), p.grads() + from);
+    CHECK(final_then);
+  }
+}
+
 class Adam {
  public:
   explicit Adam(double lr) : lr_(lr) {}

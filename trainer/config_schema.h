@@ -278,8 +278,8 @@ void visit_config(Cfg& c, Visitor& v) {
         "\"dense\" and every method's dense warmup) and powersgd's per-bucket factors. The buckets and their "
         "order are the same either way, so the result is bit-identical with false. The sparse methods select "
         "over the whole gradient and local_sgd averages parameters after the optimizer: they start after "
-        "backward. The image models report each layer's gradients as they are final; the speech models "
-        "report them at the end of backward, so their buckets go out then. Needs runtime.device = \"cpu\".");
+        "backward. Every model reports each layer's gradients as backward finishes them. Needs "
+        "runtime.device = \"cpu\".");
   v.key("sync.wire_dtype", c.sync.wire_dtype,
         "Number format of the dense gradient allreduces (sync.method = \"dense\" and every method's dense "
         "warmup) and of powersgd's P and Q factors: fp32, or bf16 or fp16 at 2 bytes per element instead of 4 "

@@ -22,11 +22,7 @@ std::string overlap_plan(const Config& config) {
   if (s.method == "async_ps") return "none (async_ps pushes the whole gradient after backward)";
   if (!s.overlap) return "off (sync.overlap = false: every message is sent after backward)";
   if (config.runtime.device != "cpu") return "off (host buffers only; runtime.device = \"" + config.runtime.device + "\")";
-  const auto& images = models::image_model_names();
-  const bool reports_layers = std::find(images.begin(), images.end(), config.model.arch) != images.end();
-  const std::string when = reports_layers ? "during backward, each once its gradients are final"
-                                          : "on the communication thread when backward ends (" + config.model.arch +
-                                                " does not report its gradients layer by layer yet)";
+  const std::string when = "during backward, each once its gradients are final";
   const std::string dense = "dense buckets are sent " + when;
   if (s.method == "dense") return dense;
   const std::string then = s.method == "powersgd"

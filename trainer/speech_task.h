@@ -19,6 +19,9 @@ class SpeechTask final : public Task {
   void seek(int64_t epoch, int64_t batch_in_epoch) override { loader_->seek(epoch, batch_in_epoch); }
   void load_batch() override { batch_ = loader_->next(); }
   StepResult forward_backward() override;
+  void set_gradient_ready(std::function<void(int64_t)> ready) override {
+    model_->set_gradient_ready(std::move(ready));
+  }
   nlohmann::json evaluate(comm::Communicator& comm) override;
   std::string describe_eval(const nlohmann::json& record) const override;
   bool classifies() const override { return false; }

@@ -37,10 +37,9 @@ class Task {
   virtual void load_batch() = 0;
   // Forward and backward on the loaded batch; the gradient lands in parameters().grads().
   virtual StepResult forward_backward() = 0;
-  // Called during backward with the offset from which the flat gradient is final (sync.overlap).
-  // A model that cannot tell (the speech models so far) never calls it: its whole gradient is
-  // final when forward_backward returns.
-  virtual void set_gradient_ready(std::function<void(int64_t)> ready) {}
+  // Called during backward with the offset from which the flat gradient is final (sync.overlap);
+  // every model reports its layers as backward finishes them.
+  virtual void set_gradient_ready(std::function<void(int64_t)> ready) = 0;
   // The whole held-out split, shared among the ranks; every rank returns the same record
   // ({"loss", "accuracy"} for images, {"loss", "cer", "wer"} for speech) ...
   virtual nlohmann::json evaluate(comm::Communicator& comm) = 0;

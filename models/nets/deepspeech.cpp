@@ -126,13 +126,23 @@ double DeepSpeech::forward(const SpeechInput& input, Mode mode) {
 
 void DeepSpeech::backward() {
   const int64_t steps = logits_.dim(0), N = logits_.dim(1);
+  // Each layer's gradients are final when its backward returns (reported for overlap, in reverse
+  // declaration order).
   const Tensor& dlogits = ctc_.backward();
   const Tensor& dfc = fc_->backward(Tensor{dlogits.data, {steps * N, opt_.classes}});
+  gradients_final_from("fc.0.module.1");
   const Tensor* d = &fc_bn_->backward(Tensor{dfc.data, {steps, N, opt_.hidden}});
+  gradients_final_from("fc.0.module.0");
   d = &lookahead_->backward(clip3_->backward(*d));
+  gradients_final_from("lookahead.0");
   for (int64_t k = opt_.rnn_layers - 1; k >= 0; --k) {
+    const std::string name = "rnns." + std::to_string(k);
     d = &rnn_[k]->backward(*d);
-    if (rnn_bn_[k]) d = &rnn_bn_[k]->backward(*d);
+    gradients_final_from(name + ".rnn");
+    if (rnn_bn_[k]) {
+      d = &rnn_bn_[k]->backward(*d);
+      gradients_final_from(name + ".batch_norm.module");
+    }
   }
   // Back into the conv stack's output image; each mask of the forward masks the gradient too.
   Tensor& image_grad = image_grad_.resize(image_shape_, image_layout_);
@@ -140,11 +150,15 @@ void DeepSpeech::backward() {
   backend_.mask_width(image_grad, frames_.data());
   const Tensor* g = &bn2_->backward(clip2_->backward(image_grad));
   backend_.mask_width(*g, frames_.data());
+  gradients_final_from("conv.seq_module.4");
   g = &conv2_->backward(*g);
+  gradients_final_from("conv.seq_module.3");
   backend_.mask_width(*g, frames_.data());
   g = &bn1_->backward(clip1_->backward(*g));
+  gradients_final_from("conv.seq_module.1");
   backend_.mask_width(*g, frames_.data());
   conv1_->backward(*g);  // the spectrogram's gradient is not needed
+  gradients_final_from("conv.seq_module.0");
 }
 
 std::vector<std::vector<int32_t>> DeepSpeech::decode(const SpeechInput& input) {

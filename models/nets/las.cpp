@@ -196,6 +196,7 @@ void Las::listener_backward() {
   backend_.gemm(true, false, A, C, N * Tl, 1.f, dkeys.data, A, w.values.view().data, C, 0.f,
                 params_.grad(key_.weight).data, C);
   backend_.sum_rows(N * Tl, A, dkeys.data, params_.grad(key_.bias).data);
+  gradients_final_from("attention.query");  // the key and the query (its gradient came first)
   backend_.gemm(false, false, N * Tl, C, A, 1.f, dkeys.data, A, params_.value(key_.weight).data, C, 1.f,
                 dvalues.data, C);
   // Back to time-major, then down the pyramid.
@@ -208,6 +209,7 @@ void Las::listener_backward() {
   resize_owned(w.pyramid_grad, P, w.backend);
   for (int64_t k = P - 1; k >= 0; --k) {
     const Tensor& dpairs = pblstm_[k]->backward(*grad);
+    gradients_final_from("listener.pblstm." + std::to_string(k));
     // The previous BLSTM's output had T_k frames; an odd last one was dropped (zero gradient).
     const int64_t steps = dpairs.dim(0);
     const int64_t below = k == 0 ? w.time_major.view().dim(0) : w.pyramid[k - 1].view().dim(0);
@@ -221,6 +223,7 @@ void Las::listener_backward() {
     grad = &dh;
   }
   blstm_->backward(*grad);  // the features' gradient is not needed
+  gradients_final_from("listener.blstm");
 }
 
 // ---- Speller -------------------------------------------------------------------------------
@@ -384,6 +387,9 @@ void Las::backward() {
   backend_.gemm(false, false, UN, SC, V, 1.f, dlogits, V, params_.value(output_.weight).data, SC, 0.f, dsc, SC);
   backend_.gemm(true, false, V, SC, UN, 1.f, dlogits, V, state_context, SC, 0.f, params_.grad(output_.weight).data, SC);
   backend_.sum_rows(UN, V, dlogits, params_.grad(output_.bias).data);
+  // Overlap: the output layer (declared last) is final; its bucket can go out during the steps
+  // back through time.
+  gradients_final_from("speller.output");
 
   // Back through time. Carried between steps: each cell's dh and dc, and the gradient of the
   // context the next step took as input.
@@ -471,6 +477,9 @@ void Las::backward() {
     backend_.sum_rows(UN, 4 * Hs, dg, params_.grad(cell.b_ih).data);
     backend_.copy(4 * Hs, params_.grad(cell.b_ih).data, params_.grad(cell.b_hh).data);
   }
+  // The embedding, the cells and the output are final; the query is too, but the key, declared
+  // between them, is written by listener_backward.
+  gradients_final_from("speller.embedding");
   // The attention's keys and values: per utterance, sums over steps as one GEMM each.
   float* dkeys = w.dkeys.resize({N, Tl, A}).data;
   float* dvalues = w.dvalues.resize({N, Tl, C}).data;
