@@ -25,6 +25,7 @@ BucketReducer::~BucketReducer() {
 }
 
 void BucketReducer::run_all(float* grads) {
+  std::fill(ready_us_.begin(), ready_us_.end(), -1);
   for (size_t b = 0; b < plan_.size(); ++b) job_(b, grads);
 }
 

@@ -44,6 +44,10 @@ class BucketReducer {
   BucketReducer& operator=(const BucketReducer&) = delete;
 
   const std::vector<GradientBucket>& plan() const { return plan_; }
+  // When bucket b was handed over during this step's backward (comm log clock), or -1 (not
+  // overlapped). The reducer gives it to the job's first message; a job with more (PowerSGD's Q)
+  // gives it to them too, so that the log and the what-if see them as part of the bucket.
+  int64_t ready_us(size_t b) const { return ready_us_[b]; }
 
   // Every bucket's job in plan order on this thread (no overlap).
   void run_all(float* grads);

@@ -216,6 +216,7 @@ void PowerSgd::exchange(size_t index, float* grads) {
   }
   const int64_t total = bucket.q_count + bucket.dense_count;
   if (total > 0) {
+    comm_.log().set_ready(reducer_.ready_us(index));  // part of the bucket, for the log's readers
     allreduce_sum_through_wire(comm_, q + bucket.q_offset, total, wire_, pre_scale, wire_scratch_, "ALLREDUCE_Q");
     if (pre_scale == 1.f) scale(total, 1.f / static_cast<float>(comm_.size()), q + bucket.q_offset);
   }
