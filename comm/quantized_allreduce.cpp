@@ -51,14 +51,18 @@ inline uint8_t e4m3_from(float x) {
 }
 
 // Exact: a normal code is a float with the exponent rebiased (7 -> 127) and the 3 mantissa bits on
-// top; a subnormal one is m 2^-9 (m < 8, exact in a float).
+// top; a subnormal one is m 2^-9 (m < 8, exact in a float). The choice is made with bit masks rather
+// than ternaries: GCC will not turn a ternary with a floating-point multiply in one arm into a select
+// (the multiply could trap, -ftrapping-math), and the loop would stay scalar, 5x slower.
 inline float e4m3_to(uint8_t q) {
-  const uint32_t sign = static_cast<uint32_t>(q & 0x80u) << 24;
-  const uint32_t exponent = (q >> 3) & 0xfu, mantissa = q & 0x7u;
-  const uint32_t normal = ((exponent + 120u) << 23) | (mantissa << 20);
-  const uint32_t subnormal = bits_of(static_cast<float>(mantissa) * 0x1p-9f);
-  const uint32_t magnitude = (q & 0x7fu) == 0x7fu ? 0x7fc00000u : (exponent ? normal : subnormal);
-  return float_of(sign | magnitude);
+  const uint32_t code = q, magnitude_code = code & 0x7fu;
+  const uint32_t sign = (code & 0x80u) << 24;
+  const uint32_t normal = (magnitude_code << 20) + (120u << 23);
+  const uint32_t subnormal = bits_of(static_cast<float>(static_cast<int32_t>(code & 0x7u)) * 0x1p-9f);
+  const uint32_t is_normal = 0u - static_cast<uint32_t>(magnitude_code >= 0x08u);
+  const uint32_t is_nan = 0u - static_cast<uint32_t>(magnitude_code == 0x7fu);
+  const uint32_t magnitude = (normal & is_normal) | (subnormal & ~is_normal);
+  return float_of(sign | (0x7fc00000u & is_nan) | (magnitude & ~is_nan));
 }
 
 // nearbyint rounds ties to even in the default rounding mode; NaN compares false both ways and is
