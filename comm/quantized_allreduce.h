@@ -49,7 +49,7 @@
 // on every rank (its scale travels as NaN; the owner's sum and the second scale stay NaN), so the
 // trainer's non-finite guard sees it and a NaN never silently vanishes. An fp32 sum that overflows
 // at the owner does the same to its block. bf16 keeps NaN and Inf per element instead (its
-// conversions do). fp32 is MPI's sum.
+// conversions do; a sum within half a bf16 step of FLT_MAX rounds to Inf there). fp32 is MPI's sum.
 //
 // Bit-identical on every rank: each element's result is decoded from the same bytes (its owner's
 // reduced chunk) by the same code. P = 1 runs the same path (the calls move nothing across the

@@ -290,3 +290,21 @@ TEST_CASE("Low-bit sums: n = 0 makes no call; a negative count is refused", "[qu
   CHECK_THROWS_AS(comm::allreduce_sum_quantized(comm, &x, -1, OuterDType::kFP8, scratch, "ALLREDUCE_OUTER"),
                   std::invalid_argument);
 }
+
+TEST_CASE("Low-bit sums: the same bytes when the communicator cuts messages into small pieces", "[quant][mpi]") {
+  // Messages over 2^30 bytes are cut into pieces (MPI's int counts); lowering the piece size runs
+  // those paths of the alltoall and the allgather on a small buffer.
+  comm::Communicator& comm = comm::world();
+  const int64_t n = 50021;
+  const auto all = all_inputs(comm.size(), n);
+  comm::QuantizedScratch scratch;
+  for (const OuterDType d : kLowBit) {
+    INFO(comm::outer_dtype_name(d));
+    std::vector<float> whole = all[comm.rank()], pieces = whole;
+    comm::allreduce_sum_quantized(comm, whole.data(), n, d, scratch, "ALLREDUCE_OUTER");
+    const int64_t previous = comm::set_message_piece_bytes(1000);
+    comm::allreduce_sum_quantized(comm, pieces.data(), n, d, scratch, "ALLREDUCE_OUTER");
+    comm::set_message_piece_bytes(previous);
+    CHECK(std::memcmp(whole.data(), pieces.data(), n * sizeof(float)) == 0);
+  }
+}
