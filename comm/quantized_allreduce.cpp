@@ -53,7 +53,8 @@ inline uint8_t e4m3_from(float x) {
 // Exact: a normal code is a float with the exponent rebiased (7 -> 127) and the 3 mantissa bits on
 // top; a subnormal one is m 2^-9 (m < 8, exact in a float). The choice is made with bit masks rather
 // than ternaries: GCC will not turn a ternary with a floating-point multiply in one arm into a select
-// (the multiply could trap, -ftrapping-math), and the loop would stay scalar, 5x slower.
+// (the multiply could trap, -ftrapping-math), and the loops stayed scalar: `trainer bench outer`'s fp8
+// work on this rank took 178 ms instead of 46 (27.5M floats, P = 2).
 inline float e4m3_to(uint8_t q) {
   const uint32_t code = q, magnitude_code = code & 0x7fu;
   const uint32_t sign = (code & 0x80u) << 24;
@@ -76,7 +77,8 @@ inline float bf16_to(uint16_t h) { return float_of(static_cast<uint32_t>(h) << 1
 
 float qmax_of(OuterDType dtype) { return dtype == OuterDType::kFP8 ? kFp8Max : kInt8Max; }
 
-// Blocks per thread pass: large buffers are converted by all threads, small ones by the caller.
+// From this many blocks (2^16 elements) a loop runs on all threads; below, on the caller's alone (as
+// in wire_format.cpp: small buffers are not worth a parallel region).
 constexpr int64_t kParallelFromBlocks = (int64_t(1) << 16) / kQuantBlock;
 
 // The block's largest |x| as float bits: for non-negative floats integer order is float order, and
