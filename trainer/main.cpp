@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "comm/bench_comm.h"
+#include "comm/bench_outer.h"
 #include "comm/calibrate.h"
 #include "comm/communicator.h"
 #include "comm/sync/sparse_bench.h"
@@ -60,7 +61,7 @@ Tool add_make_cifar(CLI::App& app) {
           }};
 }
 
-// `bench` and its `comm` and `sync` subcommands: the nested ones first (they are also `bench`).
+// `bench` and its `comm`, `outer` and `sync` subcommands: the nested ones first (they are also `bench`).
 std::vector<Tool> add_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Time a training step against PyTorch on this machine");
   auto bo = std::make_shared<trainer::app::BenchOptions>();
@@ -91,6 +92,15 @@ std::vector<Tool> add_bench(CLI::App& app) {
   comm->add_option("--steps", co->steps, "Timed steps");
   comm->add_option("--bucket-mb", co->bucket_mb, "Bucket size of the bucketed case");
 
+  auto* outer = bench->add_subcommand("outer", "The outer-gradient allreduce in fp32, bf16, fp8, int8 (under mpiexec)");
+  struct OuterOptions {
+    int64_t n = trainer::comm::kBenchCommDefaultN;
+    int steps = 10;
+  };
+  auto oo = std::make_shared<OuterOptions>();
+  outer->add_option("--n", oo->n, "Elements (default: the paper's LSTM, 27,569,568)");
+  outer->add_option("--steps", oo->steps, "Timed steps");
+
   auto* sync = bench->add_subcommand("sync", "Every sync method on synthetic gradients (under mpiexec)");
   auto so = std::make_shared<trainer::comm::SyncBenchOptions>();
   auto sync_no_torch = std::make_shared<bool>(false);
@@ -106,6 +116,11 @@ std::vector<Tool> add_bench(CLI::App& app) {
            [co] {
              trainer::comm::world();
              return trainer::comm::run_comm_bench(co->n, co->steps, co->bucket_mb);
+           }},
+          {outer,
+           [oo] {
+             trainer::comm::world();
+             return trainer::comm::run_outer_bench(oo->n, oo->steps);
            }},
           {sync,
            [so, sync_no_torch] {
