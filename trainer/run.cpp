@@ -30,6 +30,7 @@ std::string overlap_plan(const Config& config) {
   if (s.method == "dense") return dense;
   const std::string whole = s.method == "powersgd"    ? "powersgd factors every matrix of the whole gradient"
                             : s.method == "local_sgd" ? "local_sgd averages parameters after the optimizer step"
+                            : s.method == "diloco"    ? "diloco syncs parameters after the optimizer step"
                                                       : s.method + " selects over the whole gradient";
   if (s.dense_warmup_steps > 0)
     return "the first " + std::to_string(s.dense_warmup_steps) + " steps: " + dense + "; then none (" + whole +
