@@ -77,9 +77,13 @@ std::string Diloco::describe() const {
 
 SyncStats Diloco::reduce(SyncBuffers& b, int64_t step) {
   comm_.log().set_step(step, Phase::kCompressed);
-  // theta_outer starts as the parameters of the first step, the same on every rank (initialized
-  // from one seed, or the dense warmup's result).
-  if (outer_.empty()) outer_.assign(b.params, b.params + n_);
+  // theta_outer starts as rank 0's parameters of the first step. Every rank holds the same ones in
+  // a trainer run (one seed, or the dense warmup's result); the broadcast makes the invariant the
+  // method rests on (one theta_outer on every rank) hold whatever the caller did, at 4n bytes once.
+  if (outer_.empty()) {
+    outer_.assign(b.params, b.params + n_);
+    comm_.broadcast(outer_.data(), n_, DType::kF32, 0, "BROADCAST_OUTER");
+  }
   return {Phase::kCompressed, 0.0};
 }
 

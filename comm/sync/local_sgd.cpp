@@ -32,12 +32,14 @@ std::string LocalSgd::describe() const {
 
 SyncStats LocalSgd::reduce(SyncBuffers& b, int64_t step) {
   comm_.log().set_step(step, Phase::kCompressed);
-  // The first anchor: the parameters of the first step, the same on every rank (one seed, or the
-  // dense warmup's result).
+  // The first anchor: rank 0's parameters of the first step. Every rank holds the same ones in a
+  // trainer run (one seed, or the dense warmup's result); the broadcast makes the invariant the
+  // averaging rests on (one anchor on every rank) hold whatever the caller did, at 4n bytes once.
   if (anchor_.empty() && comm_.size() > 1) {
     anchor_ = models::DeviceBuffer(backend_, n_);
     change_ = models::DeviceBuffer(backend_, n_);
     backend_.copy(n_, b.params, anchor_.data());
+    comm_.broadcast(anchor_.data(), n_, DType::kF32, 0, "BROADCAST_ANCHOR");
   }
   return {Phase::kCompressed, 0.0};
 }
