@@ -228,6 +228,9 @@ def theoretical_words(run, phase):
         return 0, "one rank: nothing to send"
     if phase == "dense" or method in ("dense", "local_sgd"):
         return 2 * n * (p - 1) / p, "2n(P-1)/P"
+    if method == "diloco":  # one fragment of about n/F every H/F steps: n/H per step on average
+        h = run.cfg("sync", "period", 1)
+        return 2 * n * (p - 1) / p / h, "2n(P-1)/P / H (pseudo-gradients, on average per step)"
     if method == "oktopk":
         return 6 * k * (p - 1) / p, "<= 6k(P-1)/P"
     if method == "topka":

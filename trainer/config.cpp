@@ -395,6 +395,21 @@ void check_consistency(const Config& c, const Settings& settings, const std::str
     fail(origin({"runtime.device", "sync.wire_dtype"}),
          "sync.wire_dtype = \"" + c.sync.wire_dtype + "\" casts on the host and cannot run with runtime.device = \"" +
              c.runtime.device + "\" yet (fp32 can)");
+  if (c.sync.method == "diloco") {
+    const SyncConfig& d = c.sync;
+    if (d.fragments > d.period)
+      fail(origin({"sync.fragments", "sync.period"}),
+           "sync.fragments = " + std::to_string(d.fragments) + " must be at most sync.period = " +
+               std::to_string(d.period) + " (one fragment syncs every sync.period / sync.fragments steps)");
+    if (d.sync_delay >= d.period / d.fragments)
+      fail(origin({"sync.sync_delay", "sync.period", "sync.fragments"}),
+           "sync.sync_delay = " + std::to_string(d.sync_delay) + " must be below sync.period / sync.fragments = " +
+               std::to_string(d.period / d.fragments) +
+               " (a fragment's outer step must land before the next fragment is sent)");
+    if (d.outer_optimizer == "nesterov" && d.outer_momentum == 0)
+      fail(origin({"sync.outer_optimizer", "sync.outer_momentum"}),
+           "sync.outer_optimizer = \"nesterov\" needs sync.outer_momentum > 0 (or sync.outer_optimizer = \"sgd\")");
+  }
   if (c.sync.method == "async_ps" && c.train.skip_nonfinite_steps > 0)
     fail(origin({"train.skip_nonfinite_steps", "sync.method"}),
          "train.skip_nonfinite_steps applies to synchronous methods, not sync.method = \"async_ps\" (a worker "

@@ -27,6 +27,7 @@ inline const std::vector<std::string> kOptimizers = {"sgd", "adam", "adamw"};
 inline const std::vector<std::string> kSchedules = {"constant", "multistep", "cosine", "exponential"};
 inline const std::vector<std::string> kConvAlgorithms = {"auto", "direct", "winograd"};
 inline const std::vector<std::string> kStalenessLr = {"inverse", "none", "dc"};
+inline const std::vector<std::string> kOuterOptimizers = {"nesterov", "sgd"};
 inline const std::vector<std::string> kDevices = {"cpu", "cuda"};
 inline const std::vector<std::string> kCommunicators = {"auto", "nccl", "mpi"};
 
@@ -136,6 +137,12 @@ struct SyncConfig {
   double dc_lambda = 0.04;                // async_ps, staleness_lr = "dc"
   int64_t max_staleness = -1;             // async_ps: -1 unbounded, 0 synchronous
   bool deterministic = false;             // async_ps: serve workers in rank order
+  std::string outer_optimizer = "nesterov";  // diloco: kOuterOptimizers
+  double outer_lr = 0.7;                  // diloco
+  double outer_momentum = 0.9;            // diloco
+  int64_t fragments = 1;                  // diloco (Streaming DiLoCo): F
+  int64_t sync_delay = 0;                 // diloco (Streaming DiLoCo): tau
+  double mixing = 0.0;                    // diloco (Streaming DiLoCo): alpha
 };
 
 struct CommConfig {

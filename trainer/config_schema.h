@@ -251,7 +251,9 @@ void visit_config(Cfg& c, Visitor& v) {
   v.section("sync", "Data parallelism: how gradients (or parameters) are combined across processes.");
   v.key("sync.method", c.sync.method,
         "Gradient-sync method: dense (bucketed allreduce of the averaged gradient); local_sgd "
-        "(local steps, parameters averaged every sync.period steps); oktopk (Ok-Top-k sparse "
+        "(local steps, parameters averaged every sync.period steps); diloco (DiLoCo and Streaming "
+        "DiLoCo: local steps, and every sync.period steps the averaged parameter change steps the "
+        "shared parameters through an outer optimizer, optionally one fragment at a time); oktopk (Ok-Top-k sparse "
         "allreduce); topka (local top-k, allgather); gaussiank (normal-fit threshold, allgatherv); "
         "gtopk (tree of pairwise top-k merges, power-of-two process counts); powersgd (rank-r factors "
         "P Q^T of each weight matrix, PyTorch's powerSGD_hook); async_ps (asynchronous parameter "
@@ -290,7 +292,33 @@ void visit_config(Cfg& c, Visitor& v) {
         "65504 wherever the average does. Parameters and BN statistics (local_sgd's averaging), the sparse "
         "methods' selected values and async_ps always travel as fp32. Needs runtime.device = \"cpu\".",
         comm::wire_dtype_names());
-  v.key("sync.period", c.sync.period, "local_sgd: average parameters every N steps.", at_least(1));
+  v.key("sync.period", c.sync.period,
+        "local_sgd: average parameters every N steps. diloco: H, the inner steps between two syncs of "
+        "the model (of each fragment).",
+        at_least(1));
+  v.key("sync.outer_optimizer", c.sync.outer_optimizer,
+        "diloco: the outer optimizer that steps the shared parameters with the averaged pseudo-gradient "
+        "(shared - local parameters): nesterov (SGD with Nesterov momentum, the DiLoCo paper's choice) "
+        "or sgd (heavy-ball momentum sync.outer_momentum; none at 0). PyTorch's torch.optim.SGD "
+        "arithmetic; sgd at lr 1 without momentum is local_sgd, bit for bit.",
+        kOuterOptimizers);
+  v.key("sync.outer_lr", c.sync.outer_lr, "diloco: the outer optimizer's learning rate.", open_closed(0, 1e6));
+  v.key("sync.outer_momentum", c.sync.outer_momentum,
+        "diloco: the outer optimizer's momentum (nesterov needs it above 0).", closed_open(0, 1));
+  v.key("sync.fragments", c.sync.fragments,
+        "diloco: Streaming DiLoCo's F: the parameters are split into F fragments of whole tensors (model "
+        "order, about equal sizes) that sync in turn, one every sync.period / F steps, so each sync sends "
+        "1/F of the model (at most sync.period fragments, and at most the model's tensors).",
+        at_least(1));
+  v.key("sync.sync_delay", c.sync.sync_delay,
+        "diloco: Streaming DiLoCo's tau: a fragment's pseudo-gradient is taken and sent tau steps before "
+        "its outer step is applied (below sync.period / sync.fragments). The allreduce is blocking so far: "
+        "the values are Streaming DiLoCo's, the transfer does not yet overlap those steps.",
+        at_least(0));
+  v.key("sync.mixing", c.sync.mixing,
+        "diloco: Streaming DiLoCo's alpha: after its outer step a fragment's local parameters become "
+        "alpha x local + (1 - alpha) x the new shared ones (0: take the shared ones; 1: stay local).",
+        closed(0, 1));
   v.key("sync.density", c.sync.density,
         "oktopk, topka, gaussiank, gtopk: fraction of gradient entries selected per step, k = "
         "ceil(density * n).",

@@ -72,6 +72,12 @@ comm::SyncOptions sync_options(const Config& c) {
   o.staleness_lr = c.sync.staleness_lr;
   o.dc_lambda = c.sync.dc_lambda;
   o.deterministic = c.sync.deterministic;
+  o.outer_optimizer = c.sync.outer_optimizer;
+  o.outer_lr = c.sync.outer_lr;
+  o.outer_momentum = c.sync.outer_momentum;
+  o.fragments = c.sync.fragments;
+  o.sync_delay = c.sync.sync_delay;
+  o.mixing = c.sync.mixing;
   return o;
 }
 

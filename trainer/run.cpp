@@ -25,12 +25,12 @@ std::string overlap_plan(const Config& config) {
   const std::string when = "during backward, each once its gradients are final";
   const std::string dense = "dense buckets are sent " + when;
   if (s.method == "dense") return dense;
+  const std::string after_optimizer = s.method == "local_sgd" ? "local_sgd averages parameters after the optimizer step"
+                                      : s.method == "diloco"  ? "diloco syncs parameters after the optimizer step"
+                                                              : s.method + " selects over the whole gradient";
   const std::string then = s.method == "powersgd"
                                ? "powersgd's buckets (their P, Q and uncompressed tensors) are exchanged " + when
-                               : "none (" +
-                                     (s.method == "local_sgd" ? "local_sgd averages parameters after the optimizer step"
-                                                              : s.method + " selects over the whole gradient") +
-                                     ", so it starts after backward)";
+                               : "none (" + after_optimizer + ", so it starts after backward)";
   if (s.dense_warmup_steps > 0)
     return "the first " + std::to_string(s.dense_warmup_steps) + " steps: " + dense + "; then " + then;
   return then;

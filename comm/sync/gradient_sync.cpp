@@ -5,6 +5,7 @@
 
 #include "comm/sync/async_ps.h"
 #include "comm/sync/dense.h"
+#include "comm/sync/diloco.h"
 #include "comm/sync/gaussiank.h"
 #include "comm/sync/gtopk.h"
 #include "comm/sync/local_sgd.h"
@@ -64,6 +65,18 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
   const DenseBuckets buckets{o.first_bucket_mb, o.overlap, views};
   if (o.method == "dense") return std::make_unique<DenseSync>(comm, n, o.bucket_mb, backend, o.wire_dtype, buckets);
   if (o.method == "local_sgd") method = std::make_unique<LocalSgd>(comm, n, o.bucket_mb, o.period, backend);
+  if (o.method == "diloco") {
+    DilocoOptions d;
+    d.period = o.period;
+    d.fragments = o.fragments;
+    d.delay = o.sync_delay;
+    d.mixing = o.mixing;
+    d.outer_optimizer = o.outer_optimizer;
+    d.outer_lr = o.outer_lr;
+    d.outer_momentum = o.outer_momentum;
+    d.bucket_elements = bucket_elements(o.bucket_mb);
+    method = std::make_unique<Diloco>(comm, n, views, d);
+  }
   if (o.method == "oktopk") method = std::make_unique<OkTopk>(comm, n, o);
   if (o.method == "topka") method = std::make_unique<TopkA>(comm, n, o.density);
   if (o.method == "gaussiank") method = std::make_unique<GaussianK>(comm, n, o.density);

@@ -86,7 +86,7 @@ struct SyncOptions {
   std::string method = "dense";
   int64_t dense_warmup_steps = 0;
   double bucket_mb = 25.0;  // dense allreduce bucket size (PyTorch DDP's default)
-  int64_t period = 1;       // local SGD: average parameters every `period` steps
+  int64_t period = 1;       // local SGD: average parameters every `period` steps; diloco: H
   // The format dense gradient buckets (dense, every method's dense warmup) and PowerSGD's P and Q
   // factors travel in (comm/wire_format.h). Not parameters or BN statistics (local SGD's averaging
   // stays fp32), not the sparse methods' values, not async_ps.
@@ -103,6 +103,12 @@ struct SyncOptions {
   int64_t rank = 2;                     // powersgd: rank of the factors
   double min_compression_rate = 2.0;    // powersgd: compress when (n + m) r * rate < n m
   uint64_t seed = 0;                    // powersgd: the first Q's seed (the same on every rank)
+  std::string outer_optimizer = "nesterov";  // diloco (comm/sync/diloco.h): nesterov or sgd
+  double outer_lr = 0.7;                // diloco
+  double outer_momentum = 0.9;          // diloco
+  int64_t fragments = 1;                // diloco: Streaming DiLoCo's F
+  int64_t sync_delay = 0;               // diloco: tau
+  double mixing = 0.0;                  // diloco: alpha
   int64_t servers = 1;                  // async_ps: the last `servers` ranks serve
   int64_t max_staleness = -1;           // async_ps: -1 unbounded, 0 synchronous (comm/sync/async_ps_server.h)
   std::string staleness_lr = "inverse"; // async_ps: inverse, none or dc

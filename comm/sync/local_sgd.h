@@ -1,6 +1,7 @@
 #pragma once
 
 #include "comm/sync/gradient_sync.h"
+#include "models/device_buffer.h"
 
 namespace trainer::comm {
 
@@ -9,6 +10,13 @@ namespace trainer::comm {
 // running statistics with them, are averaged by allreduce (ALLREDUCE_PARAMS). Momentum buffers
 // stay local. Communication per rank drops by the factor `period` against dense.
 // The dense warmup (synchronous SGD) is the GradientSync wrapper's job.
+//
+// What goes on the wire is each rank's change since the last averaging, anchor - theta_r (the
+// anchor: the parameters every rank held then), and the new parameters are anchor - mean(anchor -
+// theta_r). That is the mean of the theta_r, computed as DiLoCo (diloco.h) computes its outer step,
+// so that DiLoCo with outer SGD at lr 1 and no momentum is local SGD bit for bit; averaging
+// theta_r directly rounds differently (fl(a - fl(a - b)) != b in general). The cost: the anchor,
+// n floats of memory and of saved state.
 class LocalSgd final : public GradientSync {
  public:
   // `backend`: where the buffers live (see DenseSync).
@@ -27,6 +35,8 @@ class LocalSgd final : public GradientSync {
   int64_t bucket_elements_;
   int64_t period_;
   models::Backend& backend_;
+  models::DeviceBuffer anchor_;  // empty until the first step (and with one rank, which never averages)
+  models::DeviceBuffer change_;  // anchor - theta, then its average
 };
 
 }  // namespace trainer::comm

@@ -9,8 +9,8 @@
 namespace trainer::comm {
 
 inline const std::vector<std::string>& sync_method_names() {
-  static const std::vector<std::string> names{"dense", "local_sgd", "oktopk", "topka", "gaussiank", "gtopk", "powersgd",
-                                                "async_ps"};
+  static const std::vector<std::string> names{"dense", "local_sgd", "diloco", "oktopk", "topka",
+                                                "gaussiank", "gtopk", "powersgd", "async_ps"};
   return names;
 }
 

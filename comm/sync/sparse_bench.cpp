@@ -323,7 +323,8 @@ int run_sync_bench(const SyncBenchOptions& o) {
     }
   for (const auto& m : o.methods) {
     const auto& names = sync_method_names();
-    if (std::find(names.begin(), names.end(), m) == names.end() || m == "local_sgd" || m == "async_ps") {
+    const bool parameter_method = m == "local_sgd" || m == "diloco" || m == "async_ps";
+    if (std::find(names.begin(), names.end(), m) == names.end() || parameter_method) {
       if (rank == 0) std::fprintf(stderr, "bench sync: unknown or unsupported method '%s'\n", m.c_str());
       return 2;
     }

@@ -1,0 +1,197 @@
+#include "comm/sync/diloco.h"
+
+#include <algorithm>
+#include <cmath>
+#include <istream>
+#include <sstream>
+#include <stdexcept>
+
+#include "comm/sync/dense.h"
+#include "comm/sync/sync_state.h"
+
+namespace trainer::comm {
+namespace {
+
+// torch.lerp(start, end, weight) in float, as ATen computes it: from the nearer end, so that
+// weight 0 gives start and weight 1 gives end exactly (torchft mixes with p.lerp_(local, alpha)).
+float lerp(float start, float end, float weight) {
+  return std::abs(weight) < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.f - weight);
+}
+
+std::unique_ptr<optim::Sgd> make_outer_optimizer(const DilocoOptions& o, int64_t size) {
+  optim::SgdOptions sgd;
+  sgd.momentum = o.outer_momentum;
+  sgd.nesterov = o.outer_optimizer == "nesterov";
+  return std::make_unique<optim::Sgd>(models::cpu_backend(), size, sgd);
+}
+
+double mb(int64_t floats) { return static_cast<double>(floats) * 4 / 1e6; }
+
+}  // namespace
+
+Diloco::Diloco(Communicator& comm, int64_t n, const std::vector<models::ParamView>* views, const DilocoOptions& o)
+    : comm_(comm),
+      n_(n),
+      options_(o),
+      fragments_(plan_fragments(n, views, o.fragments)),
+      schedule_(o.period, o.fragments, o.delay) {
+  if (!(o.mixing >= 0 && o.mixing <= 1))
+    throw std::invalid_argument("sync.mixing = " + std::to_string(o.mixing) + " must be in [0, 1]");
+  if (o.outer_optimizer != "nesterov" && o.outer_optimizer != "sgd")
+    throw std::invalid_argument("sync.outer_optimizer = \"" + o.outer_optimizer + "\": expected nesterov or sgd");
+  if (o.outer_optimizer == "nesterov" && !(o.outer_momentum > 0))
+    throw std::invalid_argument("sync.outer_optimizer = \"nesterov\" needs sync.outer_momentum > 0");
+  if (!(o.outer_lr > 0) || !(o.outer_momentum >= 0))
+    throw std::invalid_argument("sync.outer_lr must be > 0 and sync.outer_momentum >= 0");
+  int64_t largest = 0;
+  for (const Fragment& f : fragments_) {
+    outer_optimizers_.push_back(make_outer_optimizer(o, f.size()));
+    largest = std::max(largest, f.size());
+  }
+  pseudo_gradient_.resize(static_cast<size_t>(largest));
+}
+
+std::string Diloco::describe() const {
+  const int64_t H = options_.period, F = options_.fragments;
+  int64_t largest = 0;
+  std::ostringstream sizes;
+  for (const Fragment& f : fragments_) {
+    largest = std::max(largest, f.size());
+    sizes << (f.first_tensor ? ", " : "") << mb(f.size());
+  }
+  const int p = comm_.size();
+  std::ostringstream out;
+  out << "diloco: " << H << " inner steps per fragment sync round; the pseudo-gradient theta_outer - theta_local "
+      << "is averaged (ALLREDUCE_OUTER, fp32) and steps theta_outer with outer " << options_.outer_optimizer
+      << " (lr " << options_.outer_lr << ", momentum " << options_.outer_momentum << ")";
+  out << "\n  " << F << " fragment(s) of whole tensors (" << sizes.str() << " MB), one synced every " << H / F
+      << (F * (H / F) == H ? "" : "-" + std::to_string(H / F + 1)) << " step(s): at most " << mb(largest)
+      << " MB per sync (ring traffic per rank 2(P-1)/P x that = " << 2.0 * (p - 1) / p * mb(largest)
+      << " MB at P = " << p << "), " << mb(n_) / static_cast<double>(H) << " MB per step on average";
+  out << "\n  sync delay " << options_.delay << " step(s) (the outer step lands that many steps after the send), "
+      << "mixing " << options_.mixing << " (local share kept); batch-norm statistics averaged every " << H
+      << " steps (ALLREDUCE_BN_STATS); extra memory " << mb(n_ * (options_.outer_momentum > 0 ? 2 : 1) + largest)
+      << " MB (theta_outer" << (options_.outer_momentum > 0 ? ", outer momentum" : "") << ", one pseudo-gradient)";
+  return out.str();
+}
+
+SyncStats Diloco::reduce(SyncBuffers& b, int64_t step) {
+  comm_.log().set_step(step, Phase::kCompressed);
+  // theta_outer starts as rank 0's parameters of the first step. Every rank holds the same ones in
+  // a trainer run (one seed, or the dense warmup's result); the broadcast makes the invariant the
+  // method rests on (one theta_outer on every rank) hold whatever the caller did, at 4n bytes once.
+  if (outer_.empty()) {
+    outer_.assign(b.params, b.params + n_);
+    comm_.broadcast(outer_.data(), n_, DType::kF32, 0, "BROADCAST_OUTER");
+  }
+  return {Phase::kCompressed, 0.0};
+}
+
+void Diloco::after_step(SyncBuffers& b, int64_t) {
+  ++inner_steps_;
+  const int start = schedule_.starts_after(inner_steps_);
+  if (start >= 0) start_sync(b, start);
+  const int finish = schedule_.finishes_after(inner_steps_);
+  if (finish >= 0) finish_sync(b, finish);
+}
+
+void Diloco::start_sync(const SyncBuffers& b, int f) {
+  if (in_flight_ >= 0) throw std::logic_error("diloco: a fragment is still in flight");
+  const Fragment& fr = fragments_[static_cast<size_t>(f)];
+  float* delta = pseudo_gradient_.data();
+  for (int64_t i = 0; i < fr.size(); ++i) delta[i] = outer_[fr.begin + i] - b.params[fr.begin + i];
+  average_outer_gradient(delta, fr.size());
+  in_flight_ = f;
+}
+
+void Diloco::average_outer_gradient(float* data, int64_t count) {
+  allreduce_average(comm_, models::cpu_backend(), data, count, options_.bucket_elements, "ALLREDUCE_OUTER");
+}
+
+void Diloco::finish_sync(SyncBuffers& b, int f) {
+  if (in_flight_ != f) throw std::logic_error("diloco: the fragment to finish was not sent");
+  const Fragment& fr = fragments_[static_cast<size_t>(f)];
+  float* outer = outer_.data() + fr.begin;
+  outer_optimizers_[static_cast<size_t>(f)]->step(outer, pseudo_gradient_.data(), options_.outer_lr);
+  const float alpha = static_cast<float>(options_.mixing);
+  float* local = b.params + fr.begin;
+  for (int64_t i = 0; i < fr.size(); ++i) local[i] = lerp(outer[i], local[i], alpha);
+  in_flight_ = -1;
+  if (f + 1 == static_cast<int>(fragments_.size()) && b.n_state > 0)
+    allreduce_average(comm_, models::cpu_backend(), b.state, b.n_state, options_.bucket_elements,
+                      "ALLREDUCE_BN_STATS");
+}
+
+void Diloco::save(std::ostream& out) const {
+  write_sync_header(out, "diloco", 1);
+  write_pod(out, options_.period);
+  write_pod(out, options_.fragments);
+  write_pod(out, options_.delay);
+  write_pod(out, options_.outer_momentum);
+  write_pod(out, static_cast<uint8_t>(options_.outer_optimizer == "nesterov"));
+  write_pod(out, n_);
+  write_pod(out, inner_steps_);
+  write_pod(out, static_cast<uint8_t>(!outer_.empty()));
+  out.write(reinterpret_cast<const char*>(outer_.data()), static_cast<std::streamsize>(outer_.size() * sizeof(float)));
+  for (const auto& o : outer_optimizers_) o->save(out);
+  write_pod(out, static_cast<int32_t>(in_flight_));
+  if (in_flight_ >= 0)
+    out.write(reinterpret_cast<const char*>(pseudo_gradient_.data()),
+              static_cast<std::streamsize>(fragments_[static_cast<size_t>(in_flight_)].size() * sizeof(float)));
+}
+
+void Diloco::load(std::istream& in) {
+  read_sync_header(in, "diloco", 1);
+  const auto period = read_pod<int64_t>(in);
+  const auto fragments = read_pod<int64_t>(in);
+  const auto delay = read_pod<int64_t>(in);
+  const auto momentum = read_pod<double>(in);
+  const auto nesterov = read_pod<uint8_t>(in);
+  const auto n = read_pod<int64_t>(in);
+  if (!in) throw std::runtime_error("diloco state: truncated");
+  const auto mismatch = [](const char* key, const std::string& saved, const std::string& now) {
+    return std::runtime_error("diloco state was saved with " + std::string(key) + " = " + saved + ", this run has " +
+                              now + " (the schedule and the outer optimizer's state depend on it)");
+  };
+  if (period != options_.period)
+    throw mismatch("sync.period", std::to_string(period), std::to_string(options_.period));
+  if (fragments != options_.fragments)
+    throw mismatch("sync.fragments", std::to_string(fragments), std::to_string(options_.fragments));
+  if (delay != options_.delay)
+    throw mismatch("sync.sync_delay", std::to_string(delay), std::to_string(options_.delay));
+  if ((momentum > 0) != (options_.outer_momentum > 0))
+    throw mismatch("sync.outer_momentum", std::to_string(momentum), std::to_string(options_.outer_momentum));
+  if ((nesterov != 0) != (options_.outer_optimizer == "nesterov"))
+    throw mismatch("sync.outer_optimizer", nesterov ? "\"nesterov\"" : "\"sgd\"",
+                   "\"" + options_.outer_optimizer + "\"");
+  if (n != n_)
+    throw std::runtime_error("diloco state holds " + std::to_string(n) + " parameters, the model has " +
+                             std::to_string(n_));
+  // Everything into temporaries first: a damaged state leaves this object as it was.
+  const auto inner_steps = read_pod<int64_t>(in);
+  const auto has_outer = read_pod<uint8_t>(in);
+  std::vector<float> outer(has_outer ? static_cast<size_t>(n_) : 0);
+  in.read(reinterpret_cast<char*>(outer.data()), static_cast<std::streamsize>(outer.size() * sizeof(float)));
+  if (!in || inner_steps < 0) throw std::runtime_error("diloco state: truncated");
+  std::vector<std::unique_ptr<optim::Sgd>> optimizers;
+  for (const Fragment& f : fragments_) {
+    optimizers.push_back(make_outer_optimizer(options_, f.size()));
+    optimizers.back()->load(in);
+  }
+  const auto in_flight = read_pod<int32_t>(in);
+  if (!in || in_flight < -1 || in_flight >= static_cast<int32_t>(fragments_.size()))
+    throw std::runtime_error("diloco state: truncated or damaged (fragment in flight)");
+  std::vector<float> pseudo_gradient(pseudo_gradient_.size());
+  if (in_flight >= 0) {
+    in.read(reinterpret_cast<char*>(pseudo_gradient.data()),
+            static_cast<std::streamsize>(fragments_[static_cast<size_t>(in_flight)].size() * sizeof(float)));
+    if (!in) throw std::runtime_error("diloco state: truncated pseudo-gradient in flight");
+  }
+  inner_steps_ = inner_steps;
+  outer_ = std::move(outer);
+  outer_optimizers_ = std::move(optimizers);
+  in_flight_ = in_flight;
+  pseudo_gradient_ = std::move(pseudo_gradient);
+}
+
+}  // namespace trainer::comm

@@ -1,0 +1,97 @@
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/sync/fragments.h"
+#include "comm/sync/gradient_sync.h"
+#include "optim/sgd.h"
+
+namespace trainer::comm {
+
+// DiLoCo (Douillard et al. 2023, arXiv 2311.08105) and Streaming DiLoCo (Douillard et al. 2025,
+// arXiv 2501.18512), with the semantics of torchft's DiLoCo class (torchft/local_sgd.py:
+// sync_every, fragment_sync_delay, fragment_update_alpha), whose recorded values
+// tests/diloco_test.cpp reproduces.
+//
+// Every rank takes inner steps with the config's optimizer on its own data (its optimizer state
+// stays local). The ranks also hold theta_outer, the parameters as of the last sync, the same on
+// every rank. A sync of fragment f (fragments.h: F groups of whole tensors, taking turns every H/F
+// steps, each every H = sync.period steps):
+//   1. tau = sync.sync_delay steps before its turn: the pseudo-gradient delta = theta_outer -
+//      theta_local of the fragment, averaged over the ranks (ALLREDUCE_OUTER, fp32);
+//   2. at its turn: the outer optimizer (SGD with Nesterov or heavy-ball momentum, PyTorch's
+//      torch.optim.SGD; one per fragment, as torchft) steps theta_outer with the average;
+//   3. the fragment's local parameters become alpha x local + (1 - alpha) x theta_outer
+//      (alpha = sync.mixing; torch.lerp's arithmetic, so 0 and 1 are exact). The tau inner steps
+//      taken since step 1 count only through alpha (torchft likewise).
+// Batch-norm running statistics are averaged (ALLREDUCE_BN_STATS) with every sync of the last
+// fragment, i.e. every H steps, as local SGD averages them. Everything but the local parameters
+// is the same on every rank.
+//
+// One fragment, outer SGD at lr 1 without momentum, is local SGD, bit for bit (local_sgd.h
+// averages the change since its last averaging for that reason; tests/diloco_test.cpp).
+//
+// Communication: every H/F steps one fragment of ~4n/F bytes is allreduced, so the average per
+// step is 4n/H bytes whatever F, and the largest single sync F times smaller than DiLoCo's.
+// Memory: theta_outer (n floats), the outer momentum (n floats; none without momentum) and one
+// fragment's pseudo-gradient. The dense warmup is the factory's wrapper; the inner steps are
+// counted from this method's first step (steps the non-finite guard skipped do not count).
+//
+// The delay: the average is complete when step 1 returns (a blocking allreduce; the communicator
+// has no nonblocking collective yet), so tau moves the outer step as torchft's delay does, with
+// the same values, but the transfer does not yet overlap the tau steps. average_outer_gradient()
+// is the one place where the pseudo-gradient crosses the wire.
+//
+// Saved state: the schedule's keys (checked on load), the inner step count, theta_outer, each
+// fragment's outer optimizer, and a fragment in flight (its averaged pseudo-gradient), so a
+// checkpoint inside a delay resumes exactly.
+struct DilocoOptions {
+  int64_t period = 1;     // H: inner steps between two syncs of one fragment
+  int64_t fragments = 1;  // F
+  int64_t delay = 0;      // tau, below floor(H / F)
+  double mixing = 0.0;    // alpha in [0, 1]
+  std::string outer_optimizer = "nesterov";  // or "sgd" (heavy-ball momentum; none at momentum 0)
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+  int64_t bucket_elements = 1 << 22;  // allreduce pieces (sync.bucket_mb)
+};
+
+class Diloco final : public GradientSync {
+ public:
+  // `views`: the model's tensors (needed for F > 1). Throws std::invalid_argument naming the key
+  // for an impossible fragment count, delay, mixing or outer optimizer.
+  Diloco(Communicator& comm, int64_t n, const std::vector<models::ParamView>* views, const DilocoOptions& options);
+  std::string name() const override { return "diloco"; }
+  std::string describe() const override;
+  Phase phase(int64_t) const override { return Phase::kCompressed; }
+  SyncStats reduce(SyncBuffers& b, int64_t step) override;
+  void after_step(SyncBuffers& b, int64_t step) override;
+  void save(std::ostream& out) const override;
+  void load(std::istream& in) override;
+
+  // For tests: theta_outer (empty before the first step), the fragments and the inner steps taken.
+  const std::vector<float>& outer_parameters() const { return outer_; }
+  const std::vector<Fragment>& fragments() const { return fragments_; }
+  int64_t inner_steps() const { return inner_steps_; }
+
+ private:
+  void start_sync(const SyncBuffers& b, int f);  // step 1 above
+  void finish_sync(SyncBuffers& b, int f);       // steps 2 and 3, and the BN statistics
+  // The pseudo-gradient's allreduce-average over the ranks, in place (ALLREDUCE_OUTER).
+  void average_outer_gradient(float* data, int64_t count);
+
+  Communicator& comm_;
+  int64_t n_;
+  DilocoOptions options_;
+  std::vector<Fragment> fragments_;
+  FragmentSchedule schedule_;
+  std::vector<std::unique_ptr<optim::Sgd>> outer_optimizers_;  // one per fragment
+  std::vector<float> outer_;  // theta_outer; empty until the first step
+  int64_t inner_steps_ = 0;
+  int in_flight_ = -1;                 // the fragment whose average waits for its outer step
+  std::vector<float> pseudo_gradient_;  // its average (sized to the largest fragment)
+};
+
+}  // namespace trainer::comm
