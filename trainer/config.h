@@ -143,6 +143,7 @@ struct SyncConfig {
   int64_t fragments = 1;                  // diloco (Streaming DiLoCo): F
   int64_t sync_delay = 0;                 // diloco (Streaming DiLoCo): tau
   double mixing = 0.0;                    // diloco (Streaming DiLoCo): alpha
+  std::string outer_dtype = "fp32";       // diloco: comm::outer_dtype_names()
 };
 
 struct CommConfig {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/sync/method_names.h"
+#include "comm/quantized_allreduce.h"
 #include "comm/wire_format.h"
 #include "trainer/config.h"
 
@@ -319,6 +320,14 @@ void visit_config(Cfg& c, Visitor& v) {
         "diloco: Streaming DiLoCo's alpha: after its outer step a fragment's local parameters become "
         "alpha x local + (1 - alpha) x the new shared ones (0: take the shared ones; 1: stay local).",
         closed(0, 1));
+  v.key("sync.outer_dtype", c.sync.outer_dtype,
+        "diloco: the format the pseudo-gradients cross the wire in (comm/quantized_allreduce.h): fp32 (one "
+        "allreduce), or bf16 (2 bytes), fp8 (E4M3) or int8 (1 byte, plus one fp32 scale per block of 256), "
+        "summed in fp32 as torchft's quantized allreduce: each rank quantizes, the chunks are exchanged "
+        "all-to-all, each chunk's owner dequantizes and sums in fp32, quantizes the sum, and an allgather "
+        "brings every chunk back. Each element is rounded twice whatever the number of processes: about 7% of "
+        "its block's largest value for fp8, 0.8% for int8 and bf16 at worst.",
+        comm::outer_dtype_names());
   v.key("sync.density", c.sync.density,
         "oktopk, topka, gaussiank, gtopk: fraction of gradient entries selected per step, k = "
         "ceil(density * n).",

@@ -78,6 +78,7 @@ comm::SyncOptions sync_options(const Config& c) {
   o.fragments = c.sync.fragments;
   o.sync_delay = c.sync.sync_delay;
   o.mixing = c.sync.mixing;
+  o.outer_dtype = comm::parse_outer_dtype(c.sync.outer_dtype);
   return o;
 }
 

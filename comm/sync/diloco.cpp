@@ -60,14 +60,25 @@ std::string Diloco::describe() const {
     sizes << (f.first_tensor ? ", " : "") << mb(f.size());
   }
   const int p = comm_.size();
+  // What leaves a rank for one fragment's sync: a ring allreduce of fp32, or the low-bit sum's two calls.
+  auto wire = [&](int64_t elements) {
+    if (options_.outer_dtype == OuterDType::kF32) return 2.0 * (p - 1) / p * 4.0 * static_cast<double>(elements);
+    return static_cast<double>(quantized_volume(options_.outer_dtype, elements, p).bytes_sent);
+  };
+  double per_round = 0;
+  for (const Fragment& f : fragments_) per_round += wire(f.size());
   std::ostringstream out;
   out << "diloco: " << H << " inner steps per fragment sync round; the pseudo-gradient theta_outer - theta_local "
-      << "is averaged (ALLREDUCE_OUTER, fp32) and steps theta_outer with outer " << options_.outer_optimizer
-      << " (lr " << options_.outer_lr << ", momentum " << options_.outer_momentum << ")";
+      << "is averaged (ALLREDUCE_OUTER, on the wire as " << outer_dtype_name(options_.outer_dtype)
+      << ") and steps theta_outer with outer " << options_.outer_optimizer << " (lr " << options_.outer_lr
+      << ", momentum " << options_.outer_momentum << ")";
   out << "\n  " << F << " fragment(s) of whole tensors (" << sizes.str() << " MB), one synced every " << H / F
       << (F * (H / F) == H ? "" : "-" + std::to_string(H / F + 1)) << " step(s): at most " << mb(largest)
-      << " MB per sync (ring traffic per rank 2(P-1)/P x that = " << 2.0 * (p - 1) / p * mb(largest)
-      << " MB at P = " << p << "), " << mb(n_) / static_cast<double>(H) << " MB per step on average";
+      << " MB of fp32 per sync, " << wire(largest) / 1e6 << " MB sent per rank for it at P = " << p << " ("
+      << (options_.outer_dtype == OuterDType::kF32 ? "ring allreduce 2(P-1)/P x 4 bytes per element"
+                                                   : "alltoall and allgather of the quantized chunks")
+      << "), " << per_round / 1e6 / static_cast<double>(H) << " MB per step on average (dense fp32: "
+      << 2.0 * (p - 1) / p * mb(n_) << ")";
   out << "\n  sync delay " << options_.delay << " step(s) (the outer step lands that many steps after the send), "
       << "mixing " << options_.mixing << " (local share kept); batch-norm statistics averaged every " << H
       << " steps (ALLREDUCE_BN_STATS); extra memory " << mb(n_ * (options_.outer_momentum > 0 ? 2 : 1) + largest)
@@ -105,7 +116,12 @@ void Diloco::start_sync(const SyncBuffers& b, int f) {
 }
 
 void Diloco::average_outer_gradient(float* data, int64_t count) {
-  allreduce_average(comm_, models::cpu_backend(), data, count, options_.bucket_elements, "ALLREDUCE_OUTER");
+  if (options_.outer_dtype == OuterDType::kF32) {
+    allreduce_average(comm_, models::cpu_backend(), data, count, options_.bucket_elements, "ALLREDUCE_OUTER");
+    return;
+  }
+  allreduce_sum_quantized(comm_, data, count, options_.outer_dtype, quantized_, "ALLREDUCE_OUTER");
+  models::cpu_backend().scale(count, 1.f / static_cast<float>(comm_.size()), data);
 }
 
 void Diloco::finish_sync(SyncBuffers& b, int f) {

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/quantized_allreduce.h"
 #include "comm/sync/fragments.h"
 #include "comm/sync/gradient_sync.h"
 #include "optim/sgd.h"
@@ -20,7 +21,8 @@ namespace trainer::comm {
 // every rank. A sync of fragment f (fragments.h: F groups of whole tensors, taking turns every H/F
 // steps, each every H = sync.period steps):
 //   1. tau = sync.sync_delay steps before its turn: the pseudo-gradient delta = theta_outer -
-//      theta_local of the fragment, averaged over the ranks (ALLREDUCE_OUTER, fp32);
+//      theta_local of the fragment, averaged over the ranks (ALLREDUCE_OUTER, in fp32, or through
+//      the low-bit sum of comm/quantized_allreduce.h, sync.outer_dtype, then divided by P);
 //   2. at its turn: the outer optimizer (SGD with Nesterov or heavy-ball momentum, PyTorch's
 //      torch.optim.SGD; one per fragment, as torchft) steps theta_outer with the average;
 //   3. the fragment's local parameters become alpha x local + (1 - alpha) x theta_outer
@@ -56,6 +58,7 @@ struct DilocoOptions {
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
   int64_t bucket_elements = 1 << 22;  // allreduce pieces (sync.bucket_mb)
+  OuterDType outer_dtype = OuterDType::kF32;  // sync.outer_dtype (comm/quantized_allreduce.h)
 };
 
 class Diloco final : public GradientSync {
@@ -92,6 +95,7 @@ class Diloco final : public GradientSync {
   int64_t inner_steps_ = 0;
   int in_flight_ = -1;                 // the fragment whose average waits for its outer step
   std::vector<float> pseudo_gradient_;  // its average (sized to the largest fragment)
+  QuantizedScratch quantized_;          // a low-bit outer_dtype's buffers
 };
 
 }  // namespace trainer::comm

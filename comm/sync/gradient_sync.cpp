@@ -75,6 +75,7 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
     d.outer_lr = o.outer_lr;
     d.outer_momentum = o.outer_momentum;
     d.bucket_elements = bucket_elements(o.bucket_mb);
+    d.outer_dtype = o.outer_dtype;
     method = std::make_unique<Diloco>(comm, n, views, d);
   }
   if (o.method == "oktopk") method = std::make_unique<OkTopk>(comm, n, o);

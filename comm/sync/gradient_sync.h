@@ -29,6 +29,7 @@
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
 #include "comm/sync/method_names.h"
+#include "comm/quantized_allreduce.h"
 #include "comm/wire_format.h"
 #include "models/backend.h"
 #include "models/parameters.h"
@@ -109,6 +110,7 @@ struct SyncOptions {
   int64_t fragments = 1;                // diloco: Streaming DiLoCo's F
   int64_t sync_delay = 0;               // diloco: tau
   double mixing = 0.0;                  // diloco: alpha
+  OuterDType outer_dtype = OuterDType::kF32;  // diloco: the pseudo-gradients' wire format
   int64_t servers = 1;                  // async_ps: the last `servers` ranks serve
   int64_t max_staleness = -1;           // async_ps: -1 unbounded, 0 synchronous (comm/sync/async_ps_server.h)
   std::string staleness_lr = "inverse"; // async_ps: inverse, none or dc
