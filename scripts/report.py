@@ -380,6 +380,36 @@ def section_scaling(runs, trainer, latency, figs, calibration=None):
     return "".join(md)
 
 
+def section_restarts(run, figs):
+    """scripts/elastic's attempts, and the training loss on one wall clock across them."""
+    attempts = ra.elastic_attempts(run)
+    if not attempts:
+        return ""
+    md = ["## Restarts (scripts/elastic)\n\n",
+          f"{len(attempts)} attempt(s), world sizes {', '.join(str(a['ranks']) for a in attempts)}. Times from the "
+          "first attempt's start; steps lost: the failed attempt's last logged step minus the checkpoint step the "
+          "next one resumed from; restart: from the failure to the next attempt's first logged step.\n\n"]
+    rows = [[a["attempt"], a["ranks"], " ".join(a["hosts"]), num(a["start_s"], "{:.1f}"), num(a["end_s"], "{:.1f}"),
+             a["exit_status"], a["reason"], "-" if a.get("resumed_from_step") is None else a["resumed_from_step"],
+             "-" if a["last_step"] is None else a["last_step"], "-" if a["steps_lost"] is None else a["steps_lost"],
+             num(a["restart_s"], "{:.1f}") if a["restart_s"] is not None else "-"] for a in attempts]
+    md.append(table(["attempt", "ranks", "hosts", "start s", "end s", "exit", "why it ended", "resumed from step",
+                     "last step logged", "steps lost", "restart s"], rows))
+    plt = figs.plt
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    for a in attempts:
+        if a["records"]:
+            ax.plot([m["wall_s"] for m in a["records"]], [m["loss"] for m in a["records"]], lw=0.9, marker=".",
+                    label=f"attempt {a['attempt']} ({a['ranks']} ranks)")
+        if a["exit_status"] != 0:
+            ax.axvline(a["end_s"], color="red", ls="--", lw=0.8)
+    ax.set_xlabel("wall time since the first attempt, s (dashed: an attempt failed)")
+    ax.set_ylabel("training loss")
+    ax.legend(fontsize=8)
+    md.append("\n" + figs.save(fig, "restarts.png"))
+    return "".join(md)
+
+
 def section_seed(run, ops):
     md = ["## The published analyses' counts\n\n",
           "The Ok-Top-k communication analyses of DeepSpeech on AN4 (8 ranks, 2%, 128 dense warmup steps) state "
@@ -429,6 +459,7 @@ def main(argv):
     md.append(section_distributions(run, ops, figs) + "\n")
     if len(runs) > 1:
         md.append(section_compare(runs, figs) + "\n")
+    md.append(section_restarts(run, figs) + "\n")
     md.append(section_scaling(runs, args.trainer, args.latency, figs, args.calibration) + "\n")
     if args.seed_check:
         md.append(section_seed(run, ops) + "\n")

@@ -399,6 +399,34 @@ def hidden_share(run):
     return out
 
 
+def elastic_attempts(run):
+    """scripts/elastic's attempts (elastic/attempts.jsonl; [] without it), each with "records": its
+    training records, their "wall_s" on one clock from the first attempt's start. Each resume cuts
+    metrics.jsonl back to its checkpoint's step, so the record of step s is from the last attempt that
+    started below s (a fresh start at 0); time_s restarts with every attempt's processes."""
+    path = os.path.join(run.folder, "elastic", "attempts.jsonl")
+    if not os.path.isfile(path):
+        return []
+    attempts = _read_jsonl(path)
+    origin = attempts[0]["start"] if attempts else 0.0
+    for a in attempts:
+        a["from_step"] = a.get("resumed_from_step") or 0
+        a["records"] = []
+    for m in run.train:
+        owner = None
+        for a in attempts:
+            if a["from_step"] < m["step"]:
+                owner = a
+        if owner is not None:
+            owner["records"].append(dict(m, wall_s=owner["start"] - origin + m.get("time_s", 0.0)))
+    for a, after in zip(attempts, attempts[1:] + [None]):
+        a["start_s"], a["end_s"] = a["start"] - origin, a["end"] - origin
+        failed = a["exit_status"] != 0 and after is not None
+        a["steps_lost"] = (a["last_step"] or 0) - after["from_step"] if failed and a["last_step"] is not None else None
+        a["restart_s"] = (after["records"][0]["wall_s"] - a["end_s"]) if failed and after["records"] else None
+    return attempts
+
+
 def overall(run):
     steps = run.train[-1]["step"] if run.train else 0
     wall = run.summary.get("seconds") if run.summary else (run.metrics[-1]["time_s"] if run.metrics else None)
