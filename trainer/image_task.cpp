@@ -45,6 +45,7 @@ ImageTask::ImageTask(const Config& config, comm::Communicator& comm,
   model_ = build_model(config, backend);
   data::LoaderOptions lo;
   lo.batch_size = d.batch_size;
+  lo.global_batch = d.global_batch;
   lo.shuffle = true;
   lo.augment = d.augment;
   lo.drop_last = true;
