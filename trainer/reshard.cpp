@@ -4,13 +4,15 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "comm/sync/rank_mean.h"
+
 namespace trainer::app {
 namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
 // The saved ranks' flat arrays of one kind, merged: equal everywhere (taken as they are, bit for
-// bit), or the float64 mean in rank order (every new rank computes the same bits). `equal` says
+// bit), or their mean (comm/sync/rank_mean.h: every new rank computes the same bits). `equal` says
 // which it was.
 std::vector<float> merge_arrays(const std::vector<SavedRank>& saved, std::vector<float> SavedRank::*array, bool& equal) {
   const std::vector<float>& first = saved.front().*array;
@@ -18,13 +20,9 @@ std::vector<float> merge_arrays(const std::vector<SavedRank>& saved, std::vector
   for (const SavedRank& r : saved)
     equal = equal && std::memcmp((r.*array).data(), first.data(), first.size() * sizeof(float)) == 0;
   if (equal) return first;
-  std::vector<double> sum(first.size(), 0.0);
-  for (const SavedRank& r : saved)
-    for (size_t i = 0; i < sum.size(); ++i) sum[i] += (r.*array)[i];
-  std::vector<float> mean(first.size());
-  const double ranks = static_cast<double>(saved.size());
-  for (size_t i = 0; i < sum.size(); ++i) mean[i] = static_cast<float>(sum[i] / ranks);
-  return mean;
+  comm::RankMean mean(static_cast<int64_t>(first.size()));
+  for (const SavedRank& r : saved) mean.add((r.*array).data());
+  return mean.mean();
 }
 
 }  // namespace
@@ -96,14 +94,15 @@ std::string apply_resharded(const LoadedCheckpoint& ck, int world, models::Param
                             (global_batch % world == 0 ? str(share) + " per process)"
                                                        : str(share) + " or " + str(share + 1) +
                                                              " per process, gradients weighted by share)");
-  const std::string weights = params_equal ? "parameters and optimizer state equal on the " + p + " saved ranks, kept"
-                                           : "parameters: the mean of the " + p + " saved ranks' (they differed: " +
-                                                 sync.name() + " between averaging steps); optimizer state " +
-                                                 (optimizer_equal ? "equal, kept" : "saved rank 0's");
+  const std::string weights =
+      (params_equal ? "parameters equal on the " + p + " saved ranks, kept"
+                    : "parameters: the mean of the " + p + " saved ranks' (they differed: " + sync.name() +
+                          " between averaging steps)") +
+      (optimizer_equal ? "; optimizer state equal, kept" : "; optimizer state: saved rank 0's (each rank kept its own)");
   const std::string stats = buffers.size() == 0 ? ""
                             : buffers_equal     ? "; BN statistics equal, kept"
                                                 : "; BN statistics: the mean of the " + p + " saved ranks'";
-  return "re-sharded from " + p + " to " + str(world) + " processes: " + batch + "; " + weights + stats + "; " + sync_note;
+  return "re-sharded from " + p + " to " + str(world) + (world == 1 ? " process: " : " processes: ") + batch + "; " + weights + stats + "; " + sync_note;
 }
 
 }  // namespace trainer::app

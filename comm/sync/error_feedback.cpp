@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "comm/sync/rank_mean.h"
 #include "comm/sync/sync_state.h"
 
 namespace trainer::comm {
@@ -96,7 +97,7 @@ void ErrorFeedback::load(std::istream& in, const char* what) {
 
 void ErrorFeedback::load_mean(const std::vector<std::istream*>& saved, const char* what) {
   const std::string where(what);
-  std::vector<double> sum;
+  RankMean sum(n_);
   int present = 0;
   for (size_t r = 0; r < saved.size(); ++r) {
     std::istream& in = *saved[r];
@@ -111,8 +112,7 @@ void ErrorFeedback::load_mean(const std::vector<std::istream*>& saved, const cha
     std::vector<float> r32(n_);
     in.read(reinterpret_cast<char*>(r32.data()), static_cast<std::streamsize>(n_ * sizeof(float)));
     if (!in) throw std::runtime_error(where + " state of saved rank " + std::to_string(r) + ": residual truncated");
-    if (sum.empty()) sum.assign(n_, 0.0);
-    for (int64_t i = 0; i < n_; ++i) sum[i] += r32[i];
+    sum.add(r32.data());
   }
   if (present != 0 && present != static_cast<int>(saved.size()))
     throw std::runtime_error(where + ": " + std::to_string(present) + " of " + std::to_string(saved.size()) +
@@ -124,9 +124,7 @@ void ErrorFeedback::load_mean(const std::vector<std::istream*>& saved, const cha
     residual_.shrink_to_fit();
     return;
   }
-  const double ranks = static_cast<double>(saved.size());
-  residual_.resize(n_);
-  for (int64_t i = 0; i < n_; ++i) residual_[i] = static_cast<float>(sum[i] / ranks);
+  residual_ = sum.mean();
   pending_.assign((n_ + 15) / 16, 0);
 }
 

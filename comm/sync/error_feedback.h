@@ -50,12 +50,10 @@ class ErrorFeedback {
   void load(std::istream& in, const char* what);
   // Elastic resume: the residual becomes the mean of the residuals the P ranks of another world
   // size saved (each stream at its residual, as load() reads it). What the average update still
-  // owes, sum_r e_r / P, is so kept whatever the new number of ranks. The sum runs in float64 in
-  // rank order and is divided by P there, then rounded to float32 once, so every new rank gets the
-  // same bits and their mean differs from the old mean by that one rounding (half an ulp of
-  // float32; the float64 sum of P floats is exact unless their exponents span more than 29 -
-  // log2(P) binades, and then off by 2^-53 relative). Saved without a residual (the dense warmup)
-  // on every rank: none.
+  // owes, sum_r e_r / P, is so kept whatever the new number of ranks: every new rank gets the same
+  // bits, the exact mean rounded once to float32 (rank_mean.h states the bound), so the mean over
+  // the P' new ranks differs from the mean over the P old ones by that one rounding. Saved without
+  // a residual (the dense warmup) on every rank: none.
   void load_mean(const std::vector<std::istream*>& saved, const char* what);
 
   // One compressed step's access to the residual, in the order error feedback needs, for one
