@@ -244,6 +244,16 @@ TEST_CASE("A P = 4 checkpoint resumes on P = 3: uneven shares weighted to the me
   REQUIRE(resumed.exit_code == 0);
   CHECK_THAT(resumed.output, Contains("re-sharded from 4 to 3 processes: global batch 32 kept (10 or 11 per process"));
 
+  // Equal shares only, by the key: a clear error naming it.
+  TempDir even("elastic_even");
+  fs::create_directories(even.path / "checkpoints");
+  fs::copy(four.path / "checkpoints/step_6", even.path / "checkpoints/step_6", fs::copy_options::recursive);
+  Outcome refused = run_command(trainer::testing::small_cifar_command(
+      3, even.path, args + " --set train.elastic_batch=keep_global_even --resume latest"));
+  CHECK(refused.exit_code != 0);
+  CHECK_THAT(refused.output, Contains("train.elastic_batch") && Contains("3 processes do not divide") &&
+                                 Contains("global batch of 32"));
+
   // The same samples in every global batch, split 10/11/11.
   std::map<int64_t, std::multiset<int64_t>> by4, by3;
   std::map<int64_t, std::multiset<int64_t>> shares;

@@ -106,6 +106,7 @@ struct TrainConfig {
   int64_t keep_checkpoints = 2;
   int64_t eval_examples = 3;
   int64_t skip_nonfinite_steps = 0;  // 0: a NaN/Inf loss or gradient is an error
+  std::string elastic_batch = "keep_global";  // resume on another number of processes (trainer/reshard.h)
 };
 
 struct RuntimeConfig {

@@ -55,6 +55,10 @@ Config plan_resume(const Config& config, const std::string& which, comm::Communi
   if (g < world)
     throw std::runtime_error("the checkpoint's global batch of " + str(g) + " samples cannot be shared by " + str(world) +
                              " processes (at most " + str(g) + ")");
+  if (g % world != 0 && config.train.elastic_batch == "keep_global_even")
+    throw std::runtime_error("train.elastic_batch = \"keep_global_even\": " + str(world) +
+                             " processes do not divide the checkpoint's global batch of " + str(g) +
+                             " samples (keep_global shares it unevenly)");
   Config planned = config;
   planned.data.global_batch = g == config.data.batch_size * world ? 0 : g;
   return planned;

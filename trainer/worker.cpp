@@ -211,9 +211,11 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
 void Worker::resume(const LoadedCheckpoint& ck) {
   if (!ck.warning.empty()) say("warning: " + ck.warning);
   // run_training planned the global batch from the checkpoint it saw first; "latest" may have
-  // fallen back past a damaged one to a checkpoint of other steps.
+  // fallen back past a damaged one to a checkpoint of other steps. (Only where a global batch was
+  // kept or is to be: an exact resume, async_ps's included, has nothing to check.)
+  const bool elastic = ck.saved_world != world_.size() || ck.state.global_batch > 0 || config_.data.global_batch > 0;
   const int64_t saved_batch = ck.state.global_batch > 0 ? ck.state.global_batch : config_.data.batch_size * ck.saved_world;
-  if (saved_batch != global_batch(config_, training_.size()))
+  if (elastic && saved_batch != global_batch(config_, training_.size()))
     throw AgreedError("checkpoint " + ck.path + " holds steps of " + str(saved_batch) + " samples, but this run was set up for " +
                           str(global_batch(config_, training_.size())) + " from a newer checkpoint that is damaged; resume with --resume " + ck.path,
                       1);
