@@ -214,10 +214,11 @@ void Worker::resume(const LoadedCheckpoint& ck) {
   // fallen back past a damaged one to a checkpoint of other steps. (Only where a global batch was
   // kept or is to be: an exact resume, async_ps's included, has nothing to check.)
   const bool elastic = ck.saved_world != world_.size() || ck.state.global_batch > 0 || config_.data.global_batch > 0;
-  const int64_t saved_batch = ck.state.global_batch > 0 ? ck.state.global_batch : config_.data.batch_size * ck.saved_world;
-  if (elastic && saved_batch != global_batch(config_, training_.size()))
-    throw AgreedError("checkpoint " + ck.path + " holds steps of " + str(saved_batch) + " samples, but this run was set up for " +
-                          str(global_batch(config_, training_.size())) + " from a newer checkpoint that is damaged; resume with --resume " + ck.path,
+  const int64_t saved = ck.state.global_batch > 0 ? ck.state.global_batch : config_.data.batch_size * ck.saved_world;
+  const int64_t planned = global_batch(config_, training_.size());
+  if (elastic && saved != planned)
+    throw AgreedError("checkpoint " + ck.path + " holds steps of " + str(saved) + " samples, but this run was set up for " +
+                          str(planned) + " from a newer checkpoint that is damaged; resume with --resume " + ck.path,
                       1);
   std::string resharded;
   if (ck.saved.empty()) {
