@@ -95,11 +95,14 @@ ImageLoader::ImageLoader(const ImageSet& set, Normalization norm, LoaderOptions 
   for (int c = 0; c < kCifarChannels; ++c) {
     if (!(norm.std[c] > 0)) bad("normalization std of channel " + std::to_string(c) + " must be > 0");
   }
-  const int64_t global = opts_.batch_size * opts_.world;
+  if (opts_.global_batch < 0 || (opts_.global_batch > 0 && opts_.global_batch < opts_.world))
+    bad("global_batch " + std::to_string(opts_.global_batch) + " leaves a rank of " + std::to_string(opts_.world) +
+        " without samples");
+  const int64_t global = global_ = opts_.global_batch > 0 ? opts_.global_batch : opts_.batch_size * opts_.world;
   batches_per_epoch_ = opts_.drop_last ? set_.size() / global : (set_.size() + global - 1) / global;
   if (batches_per_epoch_ == 0) {
-    bad(std::to_string(set_.size()) + " images are fewer than one global batch (world " +
-        std::to_string(opts_.world) + " x batch_size " + std::to_string(opts_.batch_size) +
+    bad(std::to_string(set_.size()) + " images are fewer than one global batch (" + std::to_string(global) +
+        ": world " + std::to_string(opts_.world) + " x batch_size " + std::to_string(opts_.batch_size) +
         ") with drop_last");
   }
   // Normalization as a table: the per-pixel work is one lookup, and every path (padding included)
@@ -131,8 +134,8 @@ Batch ImageLoader::make_batch(int64_t sequence) {
   batch.epoch = sequence / batches_per_epoch_;
   batch.index = sequence % batches_per_epoch_;
   const int64_t n = set_.size(), world = opts_.world, rank = opts_.rank;
-  const int64_t start = batch.index * world * opts_.batch_size;
-  const int64_t g = std::min(world * opts_.batch_size, n - start);  // this global batch's samples
+  const int64_t start = batch.index * global_;
+  const int64_t g = std::min(global_, n - start);  // this global batch's samples
   const int64_t lo = start + rank * g / world, hi = start + (rank + 1) * g / world;
   batch.size = hi - lo;
   batch.images.resize(batch.size * kCifarImageBytes);

@@ -41,6 +41,11 @@ namespace trainer::data {
 
 struct LoaderOptions {
   int64_t batch_size = 128;  // per rank
+  // The global batch, when it is not world x batch_size: an elastic resume keeps the global batch
+  // of a run on another number of ranks (trainer/reshard.h), and where the new world does not
+  // divide it, rank r takes [r G / world, (r + 1) G / world) of every global batch of G, as it
+  // takes its share of a partial last batch; batch_size is then ignored. 0: world x batch_size.
+  int64_t global_batch = 0;
   bool shuffle = true;
   bool augment = false;
   bool drop_last = true;
@@ -78,6 +83,7 @@ class ImageLoader {
   ImageLoader& operator=(const ImageLoader&) = delete;
 
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
+  int64_t global_batch() const { return global_; }
   // The next call to next() returns batch batch_index of epoch `epoch` (checkpoint resume).
   // batch_index may equal batches_per_epoch(), meaning the first batch of the next epoch, so a
   // checkpoint can store (last.epoch, last.index + 1).
@@ -94,6 +100,7 @@ class ImageLoader {
   const ImageSet& set_;
   LoaderOptions opts_;
   float lut_[3][256];  // normalized value of each raw byte, per channel
+  int64_t global_ = 0;  // samples per global batch
   int64_t batches_per_epoch_ = 0;
 
   // Epoch orders, shared by the workers (a few epochs at most are live at a time).

@@ -50,11 +50,14 @@ SpeechLoader::SpeechLoader(const SpeechSet& set, SpeechLoaderOptions opts) : set
       bad("utterance '" + u.id + "': " + e.what());
     }
   }
-  const int64_t global = opts_.batch_size * opts_.world;
+  if (opts_.global_batch < 0 || (opts_.global_batch > 0 && opts_.global_batch < opts_.world))
+    bad("global_batch " + std::to_string(opts_.global_batch) + " leaves a rank of " + std::to_string(opts_.world) +
+        " without utterances");
+  const int64_t global = global_ = opts_.global_batch > 0 ? opts_.global_batch : opts_.batch_size * opts_.world;
   batches_per_epoch_ = opts_.drop_last ? n / global : (n + global - 1) / global;
   if (batches_per_epoch_ == 0) {
-    bad(std::to_string(n) + " utterances are fewer than one global batch (world " + std::to_string(opts_.world) +
-        " x batch_size " + std::to_string(opts_.batch_size) + ") with drop_last");
+    bad(std::to_string(n) + " utterances are fewer than one global batch (" + std::to_string(global) + ": world " +
+        std::to_string(opts_.world) + " x batch_size " + std::to_string(opts_.batch_size) + ") with drop_last");
   }
   by_length_.resize(n);
   for (int64_t i = 0; i < n; ++i) by_length_[i] = static_cast<int32_t>(i);
@@ -71,7 +74,7 @@ std::shared_ptr<const std::vector<int32_t>> SpeechLoader::order(int64_t epoch) {
   auto it = orders_.find(epoch);
   if (it != orders_.end()) return it->second;
 
-  const int64_t n = set_.size(), global = opts_.batch_size * opts_.world;
+  const int64_t n = set_.size(), global = global_;
   const uint64_t e = static_cast<uint64_t>(epoch);
   auto out = std::make_shared<std::vector<int32_t>>();
   if (!opts_.sort_by_length) {
@@ -119,8 +122,8 @@ SpeechBatch SpeechLoader::make_batch(int64_t sequence) {
   batch.feature_dim = set_.feature_dim;
   std::shared_ptr<const std::vector<int32_t>> perm = order(batch.epoch);
   const int64_t world = opts_.world, rank = opts_.rank, dim = set_.feature_dim;
-  const int64_t start = batch.index * world * opts_.batch_size;
-  const int64_t g = std::min<int64_t>(world * opts_.batch_size, static_cast<int64_t>(perm->size()) - start);
+  const int64_t start = batch.index * global_;
+  const int64_t g = std::min<int64_t>(global_, static_cast<int64_t>(perm->size()) - start);
   const int64_t lo = start + rank * g / world, hi = start + (rank + 1) * g / world;
 
   // Each utterance's features, augmented when asked (a copy only then).

@@ -59,6 +59,7 @@ struct SpeechBatch {
 
 struct SpeechLoaderOptions {
   int64_t batch_size = 20;  // per rank
+  int64_t global_batch = 0;  // as the image loader's (loader.h): 0 = world x batch_size
   bool shuffle = true;
   bool sort_by_length = true;  // bucketing
   bool drop_last = true;
@@ -92,6 +93,7 @@ class SpeechLoader {
 
   const SpeechSet& set_;
   SpeechLoaderOptions opts_;
+  int64_t global_ = 0;  // utterances per global batch
   int64_t batches_per_epoch_ = 0;
   std::vector<int32_t> by_length_;  // indices sorted by (frames, index)
 

@@ -6,7 +6,10 @@ trainer writes the standard format (trainer/checkpoint.h).
 
 Prints the metadata, then one line per tensor: name, dtype, shape, and a checksum (float64 sum of
 the values and CRC-32 of the raw bytes). When the file's folder has the trainer's manifest.json,
-also checks the file's size and CRC-32 against it. Exits 1 with one line on a malformed file.
+also checks the file's size and CRC-32 against it and prints the number of processes that wrote
+the checkpoint and its global batch (what an elastic resume on another number keeps). Also reads a
+rank<R>.state file (its metadata holds that rank's data position). Exits 1 with one line on a
+malformed file.
 """
 import json
 import os
@@ -69,7 +72,12 @@ def main():
     manifest_path = os.path.join(os.path.dirname(os.path.abspath(path)), "manifest.json")
     if os.path.exists(manifest_path):
         with open(manifest_path) as f:
-            entry = json.load(f).get("files", {}).get(os.path.basename(path))
+            manifest = json.load(f)
+        entry = manifest.get("files", {}).get(os.path.basename(path))
+        if "world_size" in manifest:
+            batch = manifest.get("global_batch", 0)
+            print(f"checkpoint: step {manifest.get('step')}, written by {manifest['world_size']} processes, global batch "
+                  f"{batch if batch else 'data.batch_size x processes'}")
         if entry is not None:
             crc = f"{zlib.crc32(raw):08x}"
             if entry["bytes"] != len(raw) or entry["crc32"] != crc:

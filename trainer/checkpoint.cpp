@@ -193,6 +193,7 @@ void write_rank_state(const fs::path& path, const CheckpointIdentity& id, const 
       {"step", std::to_string(state.step)},
       {"epoch", std::to_string(state.epoch)},
       {"batch_in_epoch", std::to_string(state.batch_in_epoch)},
+      {"global_batch", std::to_string(state.global_batch)},
       {"world_size", std::to_string(world)},
       {"rank", std::to_string(rank)},
       {"config_hash", hex(id.config_hash, 16)},
@@ -219,8 +220,8 @@ void write_model(const fs::path& path, const CheckpointIdentity& id, const model
 json file_entry(const FileSum& sum) { return json{{"bytes", sum.bytes}, {"crc32", hex(sum.crc, 8)}}; }
 
 void write_manifest(const fs::path& folder, const CheckpointIdentity& id, const models::ParameterStore& params,
-                    const models::ParameterStore& buffers, int64_t step, int world, const FileSum& model,
-                    const std::vector<int64_t>& rank_sums) {
+                    const models::ParameterStore& buffers, const TrainingState& state, int world,
+                    const FileSum& model, const std::vector<int64_t>& rank_sums) {
   json files = json::object();
   files[kModelFile] = file_entry(model);
   for (int r = 0; r < world; ++r)
@@ -228,8 +229,9 @@ void write_manifest(const fs::path& folder, const CheckpointIdentity& id, const 
         file_entry({static_cast<uint64_t>(rank_sums[2 * r]), static_cast<uint32_t>(rank_sums[2 * r + 1])});
   json m = {{"format", "trainer-checkpoint"},
             {"version", kVersion},
-            {"step", step},
+            {"step", state.step},
             {"world_size", world},
+            {"global_batch", state.global_batch},
             {"config_hash", hex(id.config_hash, 16)},
             {"arch", id.arch},
             {"params", layout_json(params)},
@@ -308,7 +310,7 @@ void save_checkpoint(const std::string& output_dir, const CheckpointIdentity& id
     // Every state file is renamed and fsync'd (the agreement above is the barrier): the manifest
     // makes the checkpoint exist, and only then may older ones go.
     together(comm, rank == 0, [&] {
-      write_manifest(folder, identity, params, buffers, state.step, world, model, sums);
+      write_manifest(folder, identity, params, buffers, state, world, model, sums);
       prune(root, state.step, keep);
     });
   } catch (const std::runtime_error&) {
@@ -328,12 +330,13 @@ void save_checkpoint(const std::string& output_dir, const CheckpointIdentity& id
 namespace {
 
 // One rank's view of a checkpoint, read and checked but not yet applied: the stores change only
-// once every rank has found its part valid.
+// once every rank has found its part valid. From another world size it holds every saved rank's file.
 struct Staged {
   std::string folder;
   std::string config_warning;
-  TrainingState state;
-  models::SafeTensorsFile file;
+  int saved_world = 0;
+  std::vector<models::SafeTensorsFile> files;  // this rank's; or every saved rank's, in rank order
+  std::vector<TrainingState> states;           // the same ranks' states
 };
 
 json read_manifest(const fs::path& path) {
@@ -411,6 +414,34 @@ std::string blob(const models::SafeTensorsFile& f, const std::string& name) {
   return std::string(t.bytes.begin(), t.bytes.begin() + length);
 }
 
+// One rank state file of a checkpoint (its CRC already checked against the manifest), checked
+// against the manifest's step and world and this model's layout.
+TrainingState read_rank_file(const fs::path& folder, int rank, int world, int64_t step, const models::ParameterStore& params,
+                             const models::ParameterStore& buffers, models::SafeTensorsFile& f) {
+  // The CRC matched, so a problem from here on means a file written by another program or version.
+  try {
+    f = models::read_safetensors((folder / state_file_name(rank)).string());
+  } catch (const std::exception& e) {
+    damaged(e.what());
+  }
+  const std::string inconsistent = "checkpoint file " + f.path + " does not belong to its manifest: ";
+  if (meta(f, "format") != "trainer-rank-state" || meta_int(f, "version") != kVersion)
+    damaged(inconsistent + "not a version " + std::to_string(kVersion) + " rank state");
+  if (meta_int(f, "rank") != rank || meta_int(f, "world_size") != world || meta_int(f, "step") != step)
+    damaged(inconsistent + "rank " + meta(f, "rank") + " of " + meta(f, "world_size") + " at step " + meta(f, "step"));
+  if (meta(f, "layout_crc32") != hex(layout_crc(params, buffers), 8)) damaged(inconsistent + "another model layout");
+  tensor(f, "params", "F32", params.size());
+  tensor(f, "buffers", "F32", buffers.size());
+  TrainingState state;
+  state.step = step;
+  state.epoch = meta_int(f, "epoch");
+  state.batch_in_epoch = meta_int(f, "batch_in_epoch");
+  state.global_batch = f.metadata.count("global_batch") ? meta_int(f, "global_batch") : 0;  // older checkpoints: 0
+  state.optimizer_state = blob(f, "optimizer_state");
+  state.sync_state = blob(f, "sync_state");
+  return state;
+}
+
 // Everything one rank checks before its part of a checkpoint may be applied; throws CheckpointError.
 Staged read_checkpoint(const fs::path& folder, const CheckpointIdentity& id, const models::ParameterStore& params,
                        const models::ParameterStore& buffers) {
@@ -423,14 +454,19 @@ Staged read_checkpoint(const fs::path& folder, const CheckpointIdentity& id, con
   if (!fs::exists(folder / kManifest, ec))
     damaged(where + " is incomplete: it has no " + kManifest + " (a save that did not finish)");
   const json m = read_manifest(folder / kManifest);
+  std::vector<int> ranks{rank};  // the state files this rank reads: its own, or all of another world's
+  int64_t step = 0;
   try {
     if (m.at("version").get<int64_t>() != kVersion)
       refused(where + " has format version " + m.at("version").dump() + "; this build reads version " +
               std::to_string(kVersion));
     const int64_t saved_world = m.at("world_size").get<int64_t>();
-    if (saved_world != world)
-      refused(where + " was written by " + std::to_string(saved_world) + " processes; this run has " +
-              std::to_string(world) + " (resume with the same number of processes)");
+    if (saved_world < 1 || saved_world > (int64_t{1} << 20)) damaged(where + ": manifest world_size " + m.at("world_size").dump());
+    s.saved_world = static_cast<int>(saved_world);
+    if (saved_world != world) {
+      ranks.resize(static_cast<size_t>(saved_world));
+      for (int r = 0; r < saved_world; ++r) ranks[r] = r;
+    }
     const std::string arch = m.at("arch").get<std::string>();
     for (const auto& [key, store, kind] : {std::make_tuple("params", &params, "parameter"),
                                            std::make_tuple("buffers", &buffers, "buffer")}) {
@@ -443,33 +479,23 @@ Staged read_checkpoint(const fs::path& folder, const CheckpointIdentity& id, con
                          ", this run " + hex(id.config_hash, 16) + "); resuming with this run's configuration";
 
     const json& files = m.at("files");
-    check_file(folder, files, state_file_name(rank));
+    for (int r : ranks) check_file(folder, files, state_file_name(r));
     if (rank == 0) check_file(folder, files, kModelFile);
-    s.state.step = m.at("step").get<int64_t>();
+    step = m.at("step").get<int64_t>();
   } catch (const json::exception& e) {
     damaged("checkpoint manifest " + (folder / kManifest).string() + " is corrupt: " + e.what());
   }
-
-  // The CRC matched, so a problem from here on means a file written by another program or version.
-  try {
-    s.file = models::read_safetensors((folder / state_file_name(rank)).string());
-  } catch (const std::exception& e) {
-    damaged(e.what());
-  }
-  const models::SafeTensorsFile& f = s.file;
-  const std::string inconsistent = "checkpoint file " + f.path + " does not belong to its manifest: ";
-  if (meta(f, "format") != "trainer-rank-state" || meta_int(f, "version") != kVersion)
-    damaged(inconsistent + "not a version " + std::to_string(kVersion) + " rank state");
-  if (meta_int(f, "rank") != rank || meta_int(f, "world_size") != world || meta_int(f, "step") != s.state.step)
-    damaged(inconsistent + "rank " + meta(f, "rank") + " of " + meta(f, "world_size") + " at step " + meta(f, "step"));
-  if (meta(f, "layout_crc32") != hex(layout_crc(params, buffers), 8)) damaged(inconsistent + "another model layout");
-  tensor(f, "params", "F32", params.size());
-  tensor(f, "buffers", "F32", buffers.size());
-  s.state.epoch = meta_int(f, "epoch");
-  s.state.batch_in_epoch = meta_int(f, "batch_in_epoch");
-  s.state.optimizer_state = blob(f, "optimizer_state");
-  s.state.sync_state = blob(f, "sync_state");
+  s.files.resize(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i)
+    s.states.push_back(read_rank_file(folder, ranks[i], s.saved_world, step, params, buffers, s.files[i]));
   return s;
+}
+
+std::vector<float> floats_of(const models::SafeTensorsFile& f, const char* name) {
+  const auto& bytes = f.at(name).bytes;  // sizes were checked by read_rank_file
+  std::vector<float> v(bytes.size() / sizeof(float));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+  return v;
 }
 
 std::string join(const std::vector<std::string>& lines) {
@@ -480,7 +506,7 @@ std::string join(const std::vector<std::string>& lines) {
 
 void apply(const models::SafeTensorsFile& f, const char* name, models::ParameterStore& store) {
   const auto& bytes = f.at(name).bytes;
-  store.copy_values_from_host(bytes.data(), bytes.size());  // sizes were checked by read_checkpoint
+  store.copy_values_from_host(bytes.data(), bytes.size());  // sizes were checked by read_rank_file
 }
 
 }  // namespace
@@ -530,17 +556,47 @@ LoadedCheckpoint load_checkpoint(const std::string& output_dir, const std::strin
       continue;
     }
 
-    apply(staged.file, "params", params);
-    apply(staged.file, "buffers", buffers);
     LoadedCheckpoint out;
     out.path = staged.folder;
-    out.state = std::move(staged.state);
+    out.saved_world = staged.saved_world;
+    out.state = staged.states.front();
+    if (staged.saved_world == identity.world_size) {
+      apply(staged.files.front(), "params", params);
+      apply(staged.files.front(), "buffers", buffers);
+    } else {
+      for (size_t r = 0; r < staged.files.size(); ++r)
+        out.saved.push_back({std::move(staged.states[r]), floats_of(staged.files[r], "params"),
+                             floats_of(staged.files[r], "buffers")});
+    }
     if (!skipped.empty()) skipped.back() += "; resuming from " + staged.folder + " instead";
     if (!staged.config_warning.empty()) skipped.push_back(staged.config_warning);
     out.warning = join(skipped);
     return out;
   }
   throw std::runtime_error("no valid checkpoint to resume from in " + root.string() + ": " + join(skipped));
+}
+
+std::optional<CheckpointSummary> peek_checkpoint(const std::string& output_dir, const std::string& which) {
+  std::vector<fs::path> candidates;
+  if (which == "latest") {
+    const fs::path root = fs::path(output_dir) / "checkpoints";
+    for (int64_t step : list_steps(root)) candidates.push_back(root / step_folder_name(step));
+  } else {
+    candidates.push_back(which);
+  }
+  for (const fs::path& folder : candidates) {
+    try {
+      const json m = read_manifest(folder / kManifest);
+      CheckpointSummary c;
+      c.path = folder.string();
+      c.step = m.at("step").get<int64_t>();
+      c.world_size = m.at("world_size").get<int>();
+      c.global_batch = m.contains("global_batch") ? m.at("global_batch").get<int64_t>() : 0;
+      return c;
+    } catch (const std::exception&) {  // damaged: load_checkpoint skips it too, or names it
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace trainer

@@ -10,21 +10,24 @@
 //   rank<R>.state      one per rank, also safetensors: that rank's full flat parameter and buffer
 //                      arrays (ranks differ between local-SGD averaging steps, and BN statistics are
 //                      per rank), the optimizer and sync-method state (opaque bytes), the step and
-//                      the loader position, and what it may only be resumed with (world size, rank,
-//                      model layout).
+//                      the loader position and the global batch, and what it belongs to (world
+//                      size, rank, model layout).
 //   manifest.json      written last, by rank 0, once every rank's state file is durable: step, world
 //                      size, config hash, model layout (tensor names and shapes), and each file's
 //                      size and CRC-32 (zlib's), plus a CRC-32 of the manifest itself. A folder
 //                      without a valid manifest is not a checkpoint.
 //
-// Every file is written to a temporary name, fsync'd, renamed and its folder fsync'd. Both
-// functions are collective: every rank of `comm` calls them with the same arguments, and an error
+// Every file is written to a temporary name, fsync'd, renamed and its folder fsync'd. A checkpoint
+// of P processes loads on P' != P too (an elastic resume): every rank then reads all P state files
+// and trainer/reshard.h merges them. Both functions are collective: every rank of `comm` calls them with the same arguments, and an error
 // on any rank makes every rank throw the same one-line std::runtime_error naming the file (no rank
 // is left waiting in a collective).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "models/parameters.h"
@@ -36,10 +39,12 @@ struct TrainingState {
   int64_t step = 0;                          // optimizer steps done
   int64_t epoch = 0, batch_in_epoch = 0;     // loader position of the NEXT batch
   std::string optimizer_state, sync_state;   // opaque bytes (Optimizer::save, GradientSync::save)
+  int64_t global_batch = 0;  // data.global_batch: 0 = data.batch_size x processes; else the global
+                             // batch an elastic resume kept (absent from older checkpoints: 0)
 };
 
 // Who is saving or loading. The model's identity is its layout (tensor names and shapes, from the
-// stores); a checkpoint of another layout or world size is refused.
+// stores); a checkpoint of another layout is refused.
 struct CheckpointIdentity {
   int world_size = 1;        // must be comm.size() (std::invalid_argument otherwise)
   int rank = 0;              // must be comm.rank()
@@ -56,18 +61,41 @@ void save_checkpoint(const std::string& output_dir, const CheckpointIdentity& id
                      const models::ParameterStore& params, const models::ParameterStore& buffers,
                      const TrainingState& state, comm::Communicator& comm, int keep);
 
+// One saved rank's part of a checkpoint, as written.
+struct SavedRank {
+  TrainingState state;
+  std::vector<float> params, buffers;  // its flat arrays
+};
+
 struct LoadedCheckpoint {
   std::string path;     // the folder loaded
   std::string warning;  // empty, or one line for rank 0 to print (fallback, config change)
-  TrainingState state;
+  TrainingState state;  // this rank's; from another world size, saved rank 0's
+  int saved_world = 0;  // the number of processes that wrote it
+  // Only from another world size: every saved rank's part, in rank order. The stores are then left
+  // as they were, for trainer/reshard.h to merge these into them.
+  std::vector<SavedRank> saved;
 };
+
+// What `--resume which` will load, read before the run is built (a run of another world size
+// shares the checkpoint's global batch, which the data loader needs first). Not collective: the
+// named folder, or for "latest" the newest one with a valid manifest (load_checkpoint also checks
+// the files, and may fall back further); nullopt when there is none.
+struct CheckpointSummary {
+  std::string path;
+  int64_t step = 0;
+  int world_size = 0;
+  int64_t global_batch = 0;  // TrainingState::global_batch
+};
+std::optional<CheckpointSummary> peek_checkpoint(const std::string& output_dir, const std::string& which);
 
 // which: "latest" or a checkpoint folder. "latest" takes the newest checkpoint under
 // <output_dir>/checkpoints that is complete and valid on every rank; a damaged newer one (no or a
 // corrupt manifest, a missing, truncated or modified file) is skipped and named in the warning.
-// Errors: nothing to load; a damaged explicit folder; another world size or another model (names,
-// shapes) -- these stop "latest" too, since every older checkpoint shares them. On success params
-// and buffers hold the saved values bit for bit; on error they are unchanged.
+// Errors: nothing to load; a damaged explicit folder; another model (names, shapes) -- this stops
+// "latest" too, since every older checkpoint shares it. On success params and buffers hold the saved
+// values bit for bit (same world size; another world size fills `saved` instead); on error they are
+// unchanged.
 LoadedCheckpoint load_checkpoint(const std::string& output_dir, const std::string& which,
                                  const CheckpointIdentity& identity, models::ParameterStore& params,
                                  models::ParameterStore& buffers, comm::Communicator& comm);

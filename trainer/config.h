@@ -66,6 +66,9 @@ struct DataConfig {
   int64_t synthetic_test_size = 2000;
   int64_t synthetic_seed = 1234;
   int64_t batch_size = 128;  // per process
+  // Not a key: the global batch an elastic resume keeps (trainer/reshard.h) where the new number of
+  // processes does not divide it (0: batch_size x processes). Shares then differ by one sample.
+  int64_t global_batch = 0;
   int64_t eval_batch_size = 500;
   bool augment = true;
   int64_t loader_threads = 2;
@@ -104,6 +107,7 @@ struct TrainConfig {
   int64_t keep_checkpoints = 2;
   int64_t eval_examples = 3;
   int64_t skip_nonfinite_steps = 0;  // 0: a NaN/Inf loss or gradient is an error
+  std::string elastic_batch = "keep_global";  // resume on another number of processes (trainer/reshard.h)
 };
 
 struct RuntimeConfig {

@@ -215,6 +215,14 @@ void visit_config(Cfg& c, Visitor& v) {
         "rank (no optimizer step, BN statistics restored), at most N steps in a row; 0 = such a step is an error "
         "(exit status 3).",
         at_least(0));
+  v.key("train.elastic_batch", c.train.elastic_batch,
+        "Resuming on another number of processes P' keeps the checkpoint's global batch G (and so the lr, "
+        "the schedule and what a step is). keep_global: G / P' samples per process; where P' does not "
+        "divide G, shares of floor or ceil(G / P'), each gradient weighted by its share so the step is "
+        "still the mean over G. keep_global_even: only where P' divides G (equal per-process batches, "
+        "e.g. for the same BN batch size on every process); otherwise the resume is refused. "
+        "data.batch_size applies to fresh runs and to resumes on the same P.",
+        Allowed({"keep_global", "keep_global_even"}));
   v.key("train.eval_examples", c.train.eval_examples,
         "an4: reference/hypothesis pairs shown with each evaluation.", closed(0, 100));
 

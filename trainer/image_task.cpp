@@ -1,6 +1,7 @@
 #include "trainer/image_task.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "data/synthetic_cifar.h"
@@ -45,6 +46,7 @@ ImageTask::ImageTask(const Config& config, comm::Communicator& comm,
   model_ = build_model(config, backend);
   data::LoaderOptions lo;
   lo.batch_size = d.batch_size;
+  lo.global_batch = d.global_batch;
   lo.shuffle = true;
   lo.augment = d.augment;
   lo.drop_last = true;
@@ -53,6 +55,17 @@ ImageTask::ImageTask(const Config& config, comm::Communicator& comm,
   lo.world = comm.size();
   lo.threads = static_cast<int>(d.loader_threads);
   loader_ = std::make_unique<data::ImageLoader>(train_set_, norm_, lo);
+  if (const char* folder = std::getenv("TRAINER_TEST_SAMPLE_LOG"))
+    sample_log_ = std::make_unique<std::ofstream>(std::string(folder) + "/rank" + std::to_string(comm.rank()) + ".samples",
+                                                  std::ios::app);
+}
+
+void ImageTask::load_batch() {
+  batch_ = loader_->next();
+  if (!sample_log_) return;
+  *sample_log_ << batch_.epoch << ' ' << batch_.index;
+  for (int64_t i : batch_.indices) *sample_log_ << ' ' << i;
+  *sample_log_ << std::endl;
 }
 
 StepResult ImageTask::forward_backward() {

@@ -1,6 +1,9 @@
 // Image classification on CIFAR-10-format data (ResNets, VGG-16).
 #pragma once
 
+#include <fstream>
+#include <memory>
+
 #include "data/cifar.h"
 #include "data/loader.h"
 #include "models/model.h"
@@ -18,7 +21,7 @@ class ImageTask final : public Task {
   int64_t train_examples() const override { return train_set_.size(); }
   int64_t steps_per_epoch() const override { return loader_->batches_per_epoch(); }
   void seek(int64_t epoch, int64_t batch_in_epoch) override { loader_->seek(epoch, batch_in_epoch); }
-  void load_batch() override { batch_ = loader_->next(); }
+  void load_batch() override;
   StepResult forward_backward() override;
   void set_gradient_ready(std::function<void(int64_t)> ready) override {
     model_->set_gradient_ready(std::move(ready));
@@ -37,6 +40,9 @@ class ImageTask final : public Task {
   std::unique_ptr<data::ImageLoader> loader_;
   data::Batch batch_;
   DeviceBatch device_batch_;  // batch_ where the model reads it (the host arrays on the CPU)
+  // Test hook: TRAINER_TEST_SAMPLE_LOG=FOLDER appends "epoch batch index..." per training batch to
+  // FOLDER/rank<R>.samples (the elastic-resume tests check which samples an epoch used).
+  std::unique_ptr<std::ofstream> sample_log_;
 };
 
 }  // namespace trainer::app

@@ -9,6 +9,7 @@
 #include "models/model.h"
 #include "trainer/experiment.h"
 #include "trainer/preemption.h"
+#include "trainer/reshard.h"
 #include "trainer/roles.h"
 #include "trainer/run_output.h"
 
@@ -59,8 +60,16 @@ void print_dry_run(const Config& config, comm::Communicator& comm) {
   std::printf("output: %s\n", output_dir(config).c_str());
 }
 
-RunSummary run_training(const Config& config, const RunOptions& options, comm::Communicator& comm) {
+RunSummary run_training(const Config& configured, const RunOptions& options, comm::Communicator& comm) {
   const auto run_start = std::chrono::steady_clock::now();
+  // A checkpoint of another number of processes keeps its global batch (trainer/reshard.h), which
+  // the data loader must know before it is built.
+  Config config;
+  try {
+    config = plan_resume(configured, options.resume, comm);
+  } catch (const std::runtime_error& e) {
+    throw AgreedError(e.what(), 1);  // every rank decided it from rank 0's look at the checkpoint
+  }
   // async_ps: the last sync.servers ranks are parameter servers (a bad count is the same error on
   // every rank).
   comm::PsLayout layout;

@@ -39,7 +39,7 @@ void write_run_info(const std::string& path, const Config& config, const models:
   const int64_t bucket = comm::bucket_elements(config.sync.bucket_mb);
   nlohmann::json views = nlohmann::json::array();
   for (const models::ParamView& v : params.views()) views.push_back({{"name", v.name}, {"shape", v.shape}});
-  const nlohmann::json info{{"world_size", world},
+  nlohmann::json info{{"world_size", world},
                             {"arch", config.model.arch},
                             {"method", config.sync.method},
                             {"n", n},
@@ -53,6 +53,8 @@ void write_run_info(const std::string& path, const Config& config, const models:
                             {"steps_per_epoch", steps_per_epoch},
                             {"first_step", first_step},
                             {"parameters", views}};
+  // An elastic resume's global batch, where batch_size x world_size is not it (trainer/reshard.h).
+  if (config.data.global_batch > 0) info["global_batch"] = config.data.global_batch;
   std::ofstream f(path);
   f << info.dump(1) << "\n";
   if (!f) throw std::runtime_error(path + ": write failed");

@@ -70,6 +70,7 @@ SpeechTask::SpeechTask(const Config& config, comm::Communicator& comm,
   model_ = build_model(config, backend);
   data::SpeechLoaderOptions lo;
   lo.batch_size = config.data.batch_size;
+  lo.global_batch = config.data.global_batch;
   lo.shuffle = true;
   lo.drop_last = true;
   lo.seed = static_cast<uint64_t>(config.experiment.seed);

@@ -13,11 +13,13 @@
 
 #include "comm/comm_summary.h"
 #include "optim/schedule.h"
+#include "trainer/agreed_error.h"
 #include "trainer/checkpoint_keeper.h"
 #include "trainer/experiment.h"
 #include "trainer/interval_metrics.h"
 #include "trainer/nonfinite_guard.h"
 #include "trainer/preemption.h"
+#include "trainer/reshard.h"
 #include "trainer/roles.h"
 #include "trainer/run_output.h"
 #include "trainer/step_clock.h"
@@ -105,6 +107,15 @@ class Worker {
   void say(const std::string& text) {
     if (lead_) progress_.line(text);
   }
+  // Uneven shares of the global batch (an elastic resume, trainer/reshard.h): the gradient entries
+  // from `from` on, final now, are weighted by share x ranks / G before any of them leaves, so that
+  // the average over ranks is the mean over the G samples.
+  void weight_gradient(int64_t from) {
+    if (gradient_weight_ == 1.0f || from >= weighted_from_) return;
+    e_.backend->scale(weighted_from_ - from, gradient_weight_, task_.parameters().grads() + from);
+    weighted_from_ = from;
+  }
+  void resume(const LoadedCheckpoint& ck);
 
   const Config& config_;
   const RunOptions& options_;
@@ -119,6 +130,8 @@ class Worker {
   const int64_t steps_per_epoch_, total_steps_;
   std::set<std::pair<int, int64_t>> inject_nan_;
   bool nan_due_ = false;
+  const float gradient_weight_;
+  int64_t weighted_from_ = 0;  // gradient entries [weighted_from_, n) are weighted this step
   std::unique_ptr<StepClock> clock_;
   UpdateRule update_;
   CheckpointKeeper keeper_;
@@ -152,6 +165,8 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
       steps_per_epoch_(task_.steps_per_epoch()),
       total_steps_(app::total_steps(config, steps_per_epoch_)),
       inject_nan_(nan_injections()),
+      gradient_weight_(static_cast<float>(static_cast<double>(batch_share(config, training.size(), training.rank())) *
+                                          training.size() / global_batch(config, training.size()))),
       clock_(&world == &training ? make_lockstep_clock(world, *e_.backend, task_.parameters())
                                  : make_granted_clock(rank_, training.size(), config.data.batch_size, *e_.backend,
                                                       task_.parameters())),
@@ -161,6 +176,7 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
       spans_(world.log(), config.comm.trace_first_step, config.comm.trace_steps) {
   task_.set_gradient_ready([this](int64_t from) {
     inject_nan_if_due(from);
+    weight_gradient(from);
     e_.sync->gradients_ready(from);
   });
   const std::string out = output_dir(config);
@@ -169,15 +185,7 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
   frame_.steps_per_epoch = steps_per_epoch_;
   frame_.classifies = task_.classifies();
   if (auto ck = keeper_.start(options.resume)) {
-    if (!ck->warning.empty()) say("warning: " + ck->warning);
-    std::istringstream opt_state(ck->state.optimizer_state), sync_state(ck->state.sync_state);
-    e_.optimizer->load(opt_state);
-    e_.sync->load(sync_state);
-    frame_.first_step = ck->state.step;
-    first_clock_ = ck->state.epoch * steps_per_epoch_ + ck->state.batch_in_epoch;
-    task_.seek(ck->state.epoch, ck->state.batch_in_epoch);
-    if (lead_) truncate_metrics(out + "/metrics.jsonl", frame_.first_step);
-    say("resumed from " + ck->path + " at step " + str(frame_.first_step));
+    resume(*ck);
   } else if (lead_) {
     std::ofstream(out + "/metrics.jsonl", std::ios::trunc);
   }
@@ -186,16 +194,47 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
     write_run_info(out + "/run.json", config, task_.parameters(), world.size(), total_steps_, steps_per_epoch_,
                    frame_.first_step);
   }
+  const std::string batch = config.data.global_batch > 0
+                                ? "global batch " + str(config.data.global_batch) + " over " + str(training.size())
+                                : "batch " + str(config.data.batch_size) + " x " + str(training.size());
   char line[512];
   std::snprintf(line, sizeof line,
-                "trainer: %s: %s (%lld parameters) on %lld training examples, steps %lld..%lld of batch %lld x %d "
+                "trainer: %s: %s (%lld parameters) on %lld training examples, steps %lld..%lld of %s "
                 "processes, %d threads each, sync %s; output in %s",
                 config.experiment.name.c_str(), config.model.arch.c_str(),
                 static_cast<long long>(task_.parameters().size()), static_cast<long long>(task_.train_examples()),
-                static_cast<long long>(frame_.first_step), static_cast<long long>(total_steps_),
-                static_cast<long long>(config.data.batch_size), training.size(), threads, config.sync.method.c_str(),
-                out.c_str());
+                static_cast<long long>(frame_.first_step), static_cast<long long>(total_steps_), batch.c_str(), threads,
+                config.sync.method.c_str(), out.c_str());
   say(line);
+}
+
+void Worker::resume(const LoadedCheckpoint& ck) {
+  if (!ck.warning.empty()) say("warning: " + ck.warning);
+  // run_training planned the global batch from the checkpoint it saw first; "latest" may have
+  // fallen back past a damaged one to a checkpoint of other steps. (Only where a global batch was
+  // kept or is to be: an exact resume, async_ps's included, has nothing to check.)
+  const bool elastic = ck.saved_world != world_.size() || ck.state.global_batch > 0 || config_.data.global_batch > 0;
+  const int64_t saved = ck.state.global_batch > 0 ? ck.state.global_batch : config_.data.batch_size * ck.saved_world;
+  const int64_t planned = global_batch(config_, training_.size());
+  if (elastic && saved != planned)
+    throw AgreedError("checkpoint " + ck.path + " holds steps of " + str(saved) + " samples, but this run was set up for " +
+                          str(planned) + " from a newer checkpoint that is damaged; resume with --resume " + ck.path,
+                      1);
+  std::string resharded;
+  if (ck.saved.empty()) {
+    std::istringstream opt_state(ck.state.optimizer_state), sync_state(ck.state.sync_state);
+    e_.optimizer->load(opt_state);
+    e_.sync->load(sync_state);
+  } else {
+    resharded = apply_resharded(ck, training_.size(), task_.parameters(), task_.buffers(), *e_.optimizer, *e_.sync,
+                                global_batch(config_, training_.size()));
+  }
+  frame_.first_step = ck.state.step;
+  first_clock_ = ck.state.epoch * steps_per_epoch_ + ck.state.batch_in_epoch;
+  task_.seek(ck.state.epoch, ck.state.batch_in_epoch);
+  if (lead_) truncate_metrics(output_dir(config_) + "/metrics.jsonl", frame_.first_step);
+  say("resumed from " + ck.path + " at step " + str(frame_.first_step));
+  if (!resharded.empty()) say(resharded);
 }
 
 RunSummary Worker::run() {
@@ -225,10 +264,12 @@ bool Worker::step(int64_t step) {
   world_.log().set_step(step, e_.sync->phase(step));
   guard_.before_forward();
   nan_due_ = inject_nan_.count({rank_, step}) > 0;
+  weighted_from_ = params.size();
   const bool early = e_.sync->begin_step(sync_buffers_, step);
   const int64_t backward_from_us = world_.log().now_us();
   const StepResult result = task_.forward_backward();
   inject_nan_if_due(0);
+  weight_gradient(0);
   world_.log().record_compute("FORWARD_BACKWARD", backward_from_us, world_.log().now_us());
   times.compute += ms_since(t0);
   spans_.mark("forward_backward");
@@ -312,6 +353,7 @@ void Worker::checkpoint(int64_t round, int64_t done, bool must_succeed) {
   state.step = round;
   state.epoch = done / steps_per_epoch_;  // this rank's loader position: its own steps
   state.batch_in_epoch = done % steps_per_epoch_;
+  state.global_batch = config_.data.global_batch;
   std::ostringstream opt_state, sync_state;
   e_.optimizer->save(opt_state);
   e_.sync->save(sync_state);
@@ -328,8 +370,8 @@ RunSummary Worker::finish() {
   const std::string out = output_dir(config_);
   summary_.steps = total_steps_;
   summary_.seconds = ms_since(frame_.run_start) / 1e3;
-  summary_.samples_per_s = static_cast<double>(total_steps_ - frame_.first_step) * config_.data.batch_size *
-                           trainers / std::max(ms_since(frame_.train_start) / 1e3, 1e-9);
+  summary_.samples_per_s = static_cast<double>(total_steps_ - frame_.first_step) * global_batch(config_, trainers) /
+                           std::max(ms_since(frame_.train_start) / 1e3, 1e-9);
   std::string summary_json;
   const std::string table = comm::comm_summary(world_, &summary_json);
   if (!lead_) return summary_;

@@ -74,6 +74,7 @@ class AsyncPsWorker final : public GradientSync {
   Phase phase(int64_t) const override { return Phase::kDense; }
   SyncStats reduce(SyncBuffers& b, int64_t step) override;
   bool applies_update() const override { return true; }
+  bool keeps_parameters_equal() const override { return false; }
   void save(std::ostream& out) const override;
   void load(std::istream& in) override;
 

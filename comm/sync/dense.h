@@ -39,6 +39,7 @@ class DenseSync final : public GradientSync {
   SyncStats reduce(SyncBuffers& b, int64_t step) override;
   void save(std::ostream& out) const override;
   void load(std::istream& in) override;
+  std::string load_resharded(const std::vector<std::string>& states) override { return load_replicated(states); }
   const std::vector<GradientBucket>& buckets() const { return reducer_.plan(); }
 
  private:

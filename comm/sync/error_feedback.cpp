@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "comm/sync/rank_mean.h"
 #include "comm/sync/sync_state.h"
 
 namespace trainer::comm {
@@ -92,6 +93,39 @@ void ErrorFeedback::load(std::istream& in, const char* what) {
   residual_ = std::move(r);
   pending_.assign((n_ + 15) / 16, 0);
   has_pending_ = false;
+}
+
+void ErrorFeedback::load_mean(const std::vector<std::istream*>& saved, const char* what) {
+  const std::string where(what);
+  RankMean sum(n_);
+  int present = 0;
+  for (size_t r = 0; r < saved.size(); ++r) {
+    std::istream& in = *saved[r];
+    const auto n = read_pod<int64_t>(in);
+    const auto has = read_pod<uint8_t>(in);
+    if (!in) throw std::runtime_error(where + " state of saved rank " + std::to_string(r) + ": truncated before the residual");
+    if (n != n_)
+      throw std::runtime_error(where + " state of saved rank " + std::to_string(r) + " holds a residual of " +
+                               std::to_string(n) + " entries, this model has " + std::to_string(n_));
+    if (!has) continue;
+    ++present;
+    std::vector<float> r32(n_);
+    in.read(reinterpret_cast<char*>(r32.data()), static_cast<std::streamsize>(n_ * sizeof(float)));
+    if (!in) throw std::runtime_error(where + " state of saved rank " + std::to_string(r) + ": residual truncated");
+    sum.add(r32.data());
+  }
+  if (present != 0 && present != static_cast<int>(saved.size()))
+    throw std::runtime_error(where + ": " + std::to_string(present) + " of " + std::to_string(saved.size()) +
+                             " saved ranks hold a residual (ranks in different phases)");
+  residual_.clear();
+  pending_.clear();
+  has_pending_ = false;
+  if (present == 0) {
+    residual_.shrink_to_fit();
+    return;
+  }
+  residual_ = sum.mean();
+  pending_.assign((n_ + 15) / 16, 0);
 }
 
 void ErrorFeedback::Step::require_formed(const char* call) const {

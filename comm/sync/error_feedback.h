@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <istream>
 #include <vector>
 
 #include "comm/sync/select.h"
@@ -47,6 +48,13 @@ class ErrorFeedback {
   void save(std::ostream& out) const;
   // Throws std::runtime_error (prefixed with `what`) when the saved size differs or data is short.
   void load(std::istream& in, const char* what);
+  // Elastic resume: the residual becomes the mean of the residuals the P ranks of another world
+  // size saved (each stream at its residual, as load() reads it). What the average update still
+  // owes, sum_r e_r / P, is so kept whatever the new number of ranks: every new rank gets the same
+  // bits, the exact mean rounded once to float32 (rank_mean.h states the bound), so the mean over
+  // the P' new ranks differs from the mean over the P old ones by that one rounding. Saved without
+  // a residual (the dense warmup) on every rank: none.
+  void load_mean(const std::vector<std::istream*>& saved, const char* what);
 
   // One compressed step's access to the residual, in the order error feedback needs, for one
   // compressor (ErrorFeedbackSync builds it around the step's gradient and checks the order):

@@ -16,6 +16,8 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <string>
+#include <vector>
 
 #include "comm/sync/error_feedback.h"
 #include "comm/sync/gradient_sync.h"
@@ -30,6 +32,9 @@ class ErrorFeedbackSync : public GradientSync {
   void save(std::ostream& out) const final;
   // All or nothing: on an error the compressor's state and the residual stay as they were.
   void load(std::istream& in) final;
+  // Elastic resume: the compressor's state by merge_state, the residual the mean of the saved ranks'
+  // (ErrorFeedback::load_mean). All or nothing, as load().
+  std::string load_resharded(const std::vector<std::string>& states) final;
 
   ErrorFeedback& error_feedback() { return ef_; }
   const ErrorFeedback& error_feedback() const { return ef_; }
@@ -42,6 +47,11 @@ class ErrorFeedbackSync : public GradientSync {
   // std::runtime_error naming what does not match.
   virtual void save_state(std::ostream& out) const = 0;
   virtual void load_state(std::istream& in) = 0;
+  // Elastic resume: reads the compressor's part of every saved rank's state (leaving each stream at
+  // its residual) and takes the merged state; returns what it did, in a few words. The default is
+  // for state every rank keeps equal (counters, PowerSGD's Q): each part is loaded in turn and
+  // must save back to rank 0's bytes. A method with a rank's own state (thresholds) overrides it.
+  virtual std::string merge_state(const std::vector<std::istream*>& saved);
 
  private:
   ErrorFeedback ef_;

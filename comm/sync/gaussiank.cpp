@@ -157,4 +157,22 @@ void GaussianK::load_state(std::istream& in) {
   threshold_ = threshold;
 }
 
+std::string GaussianK::merge_state(const std::vector<std::istream*>& saved) {
+  // The step counter is every rank's; the threshold a rank's own (fitted to its acc): the mean.
+  double threshold_sum = 0;
+  int64_t steps = 0;
+  for (size_t r = 0; r < saved.size(); ++r) {
+    read_sync_header(*saved[r], "gaussiank", 1);
+    const auto s = read_pod<int64_t>(*saved[r]);
+    const auto t = read_pod<float>(*saved[r]);
+    if (!*saved[r]) throw std::runtime_error("gaussiank state of saved rank " + std::to_string(r) + ": truncated");
+    if (r > 0 && s != steps) throw std::runtime_error("gaussiank state of saved rank " + std::to_string(r) + " is at another step");
+    steps = s;
+    threshold_sum += t;
+  }
+  steps_ = steps;
+  threshold_ = static_cast<float>(threshold_sum / static_cast<double>(saved.size()));
+  return "threshold: the mean of the saved ranks'";
+}
+
 }  // namespace trainer::comm

@@ -44,6 +44,10 @@ class WarmupSync final : public GradientSync {
   }
   void save(std::ostream& out) const override { method_->save(out); }
   void load(std::istream& in) override { method_->load(in); }
+  bool keeps_parameters_equal() const override { return method_->keeps_parameters_equal(); }
+  std::string load_resharded(const std::vector<std::string>& states) override {
+    return method_->load_resharded(states);
+  }
 
  private:
   std::unique_ptr<GradientSync> method_;
@@ -53,6 +57,36 @@ class WarmupSync final : public GradientSync {
 };
 
 }  // namespace
+
+std::string GradientSync::load_resharded(const std::vector<std::string>&) {
+  throw std::runtime_error("sync.method '" + name() + "' cannot resume on another number of processes yet " +
+                           "(resume with the number that wrote the checkpoint)");
+}
+
+std::string GradientSync::load_replicated(const std::vector<std::string>& states) {
+  if (states.empty()) throw std::runtime_error(name() + ": no saved state to resume from");
+  std::stringstream before;
+  save(before);
+  std::string first;
+  try {
+    for (size_t r = 0; r < states.size(); ++r) {
+      std::istringstream in(states[r]);
+      load(in);
+      std::ostringstream back;
+      save(back);
+      if (r == 0) first = back.str();
+      if (back.str() != first)
+        throw std::runtime_error(name() + " state of saved rank " + std::to_string(r) +
+                                 " differs from rank 0's, though the method keeps it equal on every rank");
+    }
+    std::istringstream in(states[0]);
+    load(in);
+  } catch (...) {
+    load(before);
+    throw;
+  }
+  return name() + " state: the same on the " + std::to_string(states.size()) + " saved ranks, kept";
+}
 
 std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communicator& comm, int64_t n,
                                                  const std::vector<models::ParamView>* views) {

@@ -78,9 +78,25 @@ class GradientSync {
   virtual void after_step(SyncBuffers& b, int64_t step) {}
   // True when reduce() also applies the update (the optimizer runs elsewhere: async_ps's servers).
   virtual bool applies_update() const { return false; }
+  // True when every rank holds the same parameters and optimizer state after every step (false:
+  // local SGD between averaging steps, async_ps's workers). An elastic resume checks it.
+  virtual bool keeps_parameters_equal() const { return true; }
   // Versioned binary state; load() throws std::runtime_error naming what does not match.
   virtual void save(std::ostream& out) const = 0;
   virtual void load(std::istream& in) = 0;
+  // Elastic resume (docs/architecture.md section 4, "Elastic resume"): this rank's state from the
+  // states the P ranks of a run on another number of ranks saved, in rank order. State the method
+  // keeps equal on every rank is checked and taken as it is; a rank's own state (error-feedback
+  // residuals, local thresholds) is merged so that what the average update still owes stays the
+  // same. Returns what was done, for the line the resumed run prints. All or nothing; throws
+  // std::runtime_error naming what does not match. The default refuses: a method resumes on
+  // another number of ranks only once it says how.
+  virtual std::string load_resharded(const std::vector<std::string>& states);
+
+ protected:
+  // load_resharded for a method whose whole state is the same on every rank: each saved state is
+  // loaded in turn (load() checks it) and must save back to the same bytes as rank 0's.
+  std::string load_replicated(const std::vector<std::string>& states);
 };
 
 struct SyncOptions {

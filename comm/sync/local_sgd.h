@@ -26,8 +26,10 @@ class LocalSgd final : public GradientSync {
   Phase phase(int64_t) const override { return Phase::kCompressed; }
   SyncStats reduce(SyncBuffers& b, int64_t step) override;
   void after_step(SyncBuffers& b, int64_t step) override;
+  bool keeps_parameters_equal() const override { return false; }
   void save(std::ostream& out) const override;
   void load(std::istream& in) override;
+  std::string load_resharded(const std::vector<std::string>& states) override { return load_replicated(states); }
 
  private:
   Communicator& comm_;

@@ -297,7 +297,8 @@ SyncStats OkTopk::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef
     reuse_local_threshold(ef.fused());
   t_local_ = nudge_threshold(t_local_, local_.size(), k_);
   // 2-3. Regions, split and reduce.
-  if (iteration_ % region_every_ == 0) repartition();
+  if (iteration_ % region_every_ == 0 || repartition_due_) repartition();
+  repartition_due_ = false;
   split_and_reduce();
   // 4. Global selection in this rank's region.
   select_global(iteration_ % global_every_ == 0);
@@ -318,29 +319,73 @@ void OkTopk::save_state(std::ostream& out) const {
             static_cast<std::streamsize>(bounds_.size() * sizeof(int64_t)));
 }
 
-void OkTopk::load_state(std::istream& in) {
+namespace {
+
+// One saved Ok-Top-k state as written by save_state, read without judging it against this run.
+struct SavedOkTopk {
+  int64_t n = 0, p = 0, iteration = 0;
+  float t_local = 0, t_global = 0;
+  std::vector<int64_t> bounds;
+};
+
+SavedOkTopk read_saved(std::istream& in) {
   read_sync_header(in, "oktopk", 1);
-  const auto n = read_pod<int64_t>(in);
-  const auto p = read_pod<int64_t>(in);
+  SavedOkTopk s;
+  s.n = read_pod<int64_t>(in);
+  s.p = read_pod<int64_t>(in);
+  if (!in || s.p < 1 || s.p > (int64_t{1} << 24)) throw std::runtime_error("oktopk state: truncated");
+  s.iteration = read_pod<int64_t>(in);
+  s.t_local = read_pod<float>(in);
+  s.t_global = read_pod<float>(in);
+  s.bounds.resize(s.p + 1);
+  in.read(reinterpret_cast<char*>(s.bounds.data()), static_cast<std::streamsize>(s.bounds.size() * sizeof(int64_t)));
   if (!in) throw std::runtime_error("oktopk state: truncated");
-  if (n != n_)
-    throw std::runtime_error("oktopk state is for " + std::to_string(n) + " gradient entries, this model has " +
-                             std::to_string(n_));
-  if (p != p_)
-    throw std::runtime_error("oktopk state was saved by a run of " + std::to_string(p) + " processes, this run has " +
-                             std::to_string(p_));
-  const auto iteration = read_pod<int64_t>(in);
-  const auto t_local = read_pod<float>(in);
-  const auto t_global = read_pod<float>(in);
-  std::vector<int64_t> bounds(p_ + 1);
-  in.read(reinterpret_cast<char*>(bounds.data()), static_cast<std::streamsize>(bounds.size() * sizeof(int64_t)));
-  if (!in) throw std::runtime_error("oktopk state: truncated");
-  if (bounds[0] != 0 || bounds[p_] != n_ || !std::is_sorted(bounds.begin(), bounds.end()))
+  if (s.bounds[0] != 0 || s.bounds[s.p] != s.n || !std::is_sorted(s.bounds.begin(), s.bounds.end()))
     throw std::runtime_error("oktopk state: region bounds are not a partition of the gradient");
-  iteration_ = iteration;
-  t_local_ = t_local;
-  t_global_ = t_global;
-  bounds_ = std::move(bounds);
+  return s;
+}
+
+}  // namespace
+
+void OkTopk::load_state(std::istream& in) {
+  SavedOkTopk s = read_saved(in);
+  if (s.n != n_)
+    throw std::runtime_error("oktopk state is for " + std::to_string(s.n) + " gradient entries, this model has " +
+                             std::to_string(n_));
+  if (s.p != p_)
+    throw std::runtime_error("oktopk state was saved by a run of " + std::to_string(s.p) + " processes, this run has " +
+                             std::to_string(p_));
+  iteration_ = s.iteration;
+  t_local_ = s.t_local;
+  t_global_ = s.t_global;
+  bounds_ = std::move(s.bounds);
+  repartition_due_ = false;
+}
+
+std::string OkTopk::merge_state(const std::vector<std::istream*>& saved) {
+  // Every rank steps the same counter and agrees on t_global (it is chosen from the global counts)
+  // and on the bounds; t_local is a rank's own, nudged by its own count.
+  double t_local_sum = 0;
+  SavedOkTopk first;
+  for (size_t r = 0; r < saved.size(); ++r) {
+    SavedOkTopk s = read_saved(*saved[r]);
+    if (s.n != n_)
+      throw std::runtime_error("oktopk state is for " + std::to_string(s.n) + " gradient entries, this model has " +
+                               std::to_string(n_));
+    if (s.p != static_cast<int64_t>(saved.size()) || (r > 0 && s.iteration != first.iteration))
+      throw std::runtime_error("oktopk state of saved rank " + std::to_string(r) + " (of " + std::to_string(s.p) +
+                               " processes, step " + std::to_string(s.iteration) + ") does not match rank 0's");
+    t_local_sum += s.t_local;
+    if (r == 0) first = std::move(s);
+  }
+  iteration_ = first.iteration;
+  t_local_ = static_cast<float>(t_local_sum / static_cast<double>(saved.size()));
+  t_global_ = first.t_global;
+  // The P' regions are even until the next compressed step recomputes them from the selections.
+  for (int j = 0; j <= p_; ++j) bounds_[j] = n_ * j / p_;
+  repartition_due_ = true;
+  return "local threshold: the mean of the saved ranks'; global threshold kept; region bounds recomputed at "
+         "the next compressed step";
 }
 
 }  // namespace trainer::comm

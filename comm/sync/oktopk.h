@@ -47,7 +47,10 @@ namespace trainer::comm {
 // Volume per rank and step: about 2k(P-1)/P words in step 3, at most that again to balance, and
 // 2k/P words of its own allgatherv block (receiving 2k(P-1)/P): within the 6k(P-1)/P bound.
 // State (saved): both thresholds, the region bounds and the step counter; the residual is
-// ErrorFeedbackSync's (step 1 forms acc with its fused source, step 6 reports the clears).
+// ErrorFeedbackSync's (step 1 forms acc with its fused source, step 6 reports the clears). On
+// another number of ranks (merge_state): t_local the mean of the saved ranks', t_global and the
+// counter kept, and the bounds recomputed at the next compressed step (a flag not saved: that step
+// comes before the next checkpoint can be written).
 class OkTopk final : public ErrorFeedbackSync {
  public:
   OkTopk(Communicator& comm, int64_t n, const SyncOptions& options);
@@ -66,6 +69,7 @@ class OkTopk final : public ErrorFeedbackSync {
   SyncStats compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) override;
   void save_state(std::ostream& out) const override;
   void load_state(std::istream& in) override;
+  std::string merge_state(const std::vector<std::istream*>& saved) override;
   void reuse_local_threshold(const SelectSource& acc);
   void repartition();
   void split_and_reduce();
@@ -83,6 +87,7 @@ class OkTopk final : public ErrorFeedbackSync {
   int64_t iteration_ = 0;  // compressed steps done
   float t_local_ = 0.f, t_global_ = 0.f;
   std::vector<int64_t> bounds_;  // P + 1 region starts; bounds_[P] = n
+  bool repartition_due_ = false;  // after an elastic resume: the bounds are not from this run's selections
 
   // Per-step buffers, reused (they only grow).
   SelectScratch scratch_;
