@@ -71,8 +71,13 @@ class Diloco final : public GradientSync {
   Phase phase(int64_t) const override { return Phase::kCompressed; }
   SyncStats reduce(SyncBuffers& b, int64_t step) override;
   void after_step(SyncBuffers& b, int64_t step) override;
+  // The local parameters differ between syncs; everything this method keeps (theta_outer, the outer
+  // momentum, the schedule, a fragment in flight) is the same on every rank, so a resume on another
+  // number of processes keeps it and takes the mean of the saved ranks' local parameters.
+  bool keeps_parameters_equal() const override { return false; }
   void save(std::ostream& out) const override;
   void load(std::istream& in) override;
+  std::string load_resharded(const std::vector<std::string>& states) override { return load_replicated(states); }
 
   // For tests: theta_outer (empty before the first step), the fragments and the inner steps taken.
   const std::vector<float>& outer_parameters() const { return outer_; }
