@@ -619,21 +619,25 @@ TEST_CASE("A delayed fragment's allreduce runs during the next steps, with the b
 
 TEST_CASE("Overlapped and inline transfers give the same bits, a fragment in flight at the end included",
           "[diloco][mpi]") {
-  comm::SyncOptions o = diloco_options(4, 2, 1, 0.5);
-  o.overlap = false;
-  Trainee inline_(o);
-  o.overlap = true;
-  Trainee overlapped(o);
-  CHECK_FALSE(dynamic_cast<const comm::Diloco&>(*inline_.sync).overlapped());
-  CHECK(dynamic_cast<const comm::Diloco&>(*overlapped.sync).overlapped());
-  // Fragment 1 goes out after inner step 11 and is in flight when the runs stop.
-  inline_.run_to(11);
-  overlapped.run_to(11);
-  CHECK(same_bits(inline_.state(), overlapped.state()));
-  std::stringstream a, b;
-  inline_.save(a);
-  overlapped.save(b);  // waits for the transfer
-  CHECK(a.str() == b.str());
+  for (const auto dtype : {comm::OuterDType::kF32, comm::OuterDType::kInt8}) {  // the low-bit sum's calls too
+    INFO(comm::outer_dtype_name(dtype));
+    comm::SyncOptions o = diloco_options(4, 2, 1, 0.5);
+    o.outer_dtype = dtype;
+    o.overlap = false;
+    Trainee inline_(o);
+    o.overlap = true;
+    Trainee overlapped(o);
+    CHECK_FALSE(dynamic_cast<const comm::Diloco&>(*inline_.sync).overlapped());
+    CHECK(dynamic_cast<const comm::Diloco&>(*overlapped.sync).overlapped());
+    // Fragment 1 goes out after inner step 11 and is in flight when the runs stop.
+    inline_.run_to(11);
+    overlapped.run_to(11);
+    CHECK(same_bits(inline_.state(), overlapped.state()));
+    std::stringstream a, b;
+    inline_.save(a);
+    overlapped.save(b);  // waits for the transfer
+    CHECK(a.str() == b.str());
+  }
 }
 
 TEST_CASE("An error on the transfer's thread comes back on the training thread", "[diloco][mpi]") {
