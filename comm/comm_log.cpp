@@ -96,6 +96,15 @@ void CommLog::set_step(int64_t step, Phase phase) {
   if (pending_.size() >= kBatchRecords) write_pending();
 }
 
+void CommLog::replay(const std::vector<DeferredCall>& calls, int64_t step, Phase phase) {
+  const int64_t step_now = step_;
+  const Phase phase_now = phase_;
+  set_step(step, phase);
+  for (const DeferredCall& c : calls)
+    record(c.op, c.kind, c.size_bytes, c.bytes, c.bytes_recv, c.peer, c.t_start_us, c.t_end_us, c.every_rank);
+  set_step(step_now, phase_now);
+}
+
 int64_t CommLog::now_us() const { return (steady_ns() - t0_ns_) / 1000; }
 
 void CommLog::record_enabled(const char* op, OpKind kind, int64_t size_bytes, int64_t bytes, int64_t bytes_recv,

@@ -18,7 +18,9 @@
 // Calls in the trace window (CommLogOptions::trace_*) are also kept in memory for the Chrome trace.
 //
 // Single-threaded, like MPI_THREAD_SERIALIZED: only the thread communicating at the moment records
-// (the training thread, or during an overlapped backward the BucketReducer's thread).
+// (the training thread, or during an overlapped backward the BucketReducer's thread). A thread that
+// communicates while the training thread does too (diloco's outer transfer, comm/sync/outer_transfer.h)
+// defers its records instead (CommLog::Deferral) and the training thread replays them later.
 #pragma once
 
 #include <cstdint>
@@ -57,6 +59,16 @@ struct CommLogOptions {
   bool append = false;         // keep what the file holds (a resumed run); otherwise truncate
   int64_t trace_first_step = 0;  // keep the calls of steps [trace_first_step, trace_last_step] ...
   int64_t trace_last_step = -1;  // ... in memory for the Chrome trace (-1: none)
+};
+
+// A call as record() received it on a thread that defers its records (CommLog::Deferral).
+struct DeferredCall {
+  const char* op = "";
+  OpKind kind = OpKind::kOther;
+  int64_t size_bytes = 0, bytes = 0, bytes_recv = 0;
+  int peer = -1;
+  int64_t t_start_us = 0, t_end_us = 0;
+  bool every_rank = true;
 };
 
 // One collective call as the wait analysis needs it (times on this rank's log clock).
@@ -117,8 +129,9 @@ class CommLog {
   void open(const CommLogOptions& options, int rank, int world_size);
   // The step and phase the following records belong to (GradientSync sets them every step).
   void set_step(int64_t step, Phase phase);
-  // True when calls should be timed: the log is enabled (and not paused).
-  bool active() const { return active_; }
+  // True when calls should be timed: the log is enabled (and not paused); on a deferring thread,
+  // what it was when the Deferral was made.
+  bool active() const { return deferred_ ? deferred_active_ : active_; }
   int64_t now_us() const;
 
   // One call. `size_bytes` is the call's data size S as nccl-tests counts it (allreduce: the
@@ -128,6 +141,11 @@ class CommLog {
   // a sub-communicator, which the wait split leaves out: it matches collectives across all ranks).
   void record(const char* op, OpKind kind, int64_t size_bytes, int64_t bytes, int64_t bytes_recv, int peer,
               int64_t t_start_us, int64_t t_end_us, bool every_rank = true) {
+    if (deferred_) {
+      deferred_->push_back(
+          DeferredCall{op, kind, size_bytes, bytes, bytes_recv, peer, t_start_us, t_end_us, every_rank});
+      return;
+    }
     sent_ += bytes;
     received_ += bytes_recv;
     if (active_) record_enabled(op, kind, size_bytes, bytes, bytes_recv, peer, t_start_us, t_end_us, every_rank);
@@ -173,6 +191,27 @@ class CommLog {
     int64_t sent_, received_;
   };
 
+  // A thread that makes calls while another thread records (or calls) too must leave the log alone:
+  // while a Deferral lives on a thread, every record() made on that thread (into any log) is appended
+  // to `into` and changes nothing else, and active() there answers `active` (the log's state, read by
+  // the thread that made the Deferral's owner start the work: the deferring thread reads nothing of
+  // the log's but its clock, which only open() changes). The owner hands the list to replay() on the
+  // recording thread once the work is done, at a point every rank reaches in the same order, so that
+  // the collectives keep one order on every rank (the wait analysis matches them by position).
+  class Deferral {
+   public:
+    Deferral(std::vector<DeferredCall>& into, bool active) {
+      deferred_ = &into;
+      deferred_active_ = active;
+    }
+    ~Deferral() { deferred_ = nullptr; }
+    Deferral(const Deferral&) = delete;
+    Deferral& operator=(const Deferral&) = delete;
+  };
+  // Records deferred calls as made during `step` in `phase` (with their own times, and their bytes in
+  // the totals from now on); the current step and phase stay what they were.
+  void replay(const std::vector<DeferredCall>& calls, int64_t step, Phase phase);
+
   // Collectives recorded while enabled, in call order (the same order on every rank).
   const std::vector<CollectiveCall>& collectives() const { return collectives_; }
   // Sets the wait of every collective (same length as collectives()): adds them to the per-op and
@@ -200,6 +239,9 @@ class CommLog {
                       int64_t t_start_us, int64_t t_end_us, bool every_rank);
   void write_pending();
   void close();
+
+  static inline thread_local std::vector<DeferredCall>* deferred_ = nullptr;  // this thread's Deferral
+  static inline thread_local bool deferred_active_ = false;
 
   CommLogOptions options_;
   bool active_ = false;     // enabled and not paused

@@ -95,15 +95,28 @@ class Communicator {
   // Completes all, logging each at the moment it completed (not when the last one did).
   virtual void wait_all(std::vector<Request>& requests) = 0;
 
+  // True when two threads may call at the same time, each on its own communicator of this job (one
+  // split from the other): MPI_THREAD_MULTIPLE. Never on one communicator from two threads at once.
+  // A method that keeps a transfer running on a thread of its own across training steps (diloco's
+  // delayed outer allreduce, comm/sync/outer_transfer.h) asks; false: it communicates inline.
+  virtual bool concurrent_calls() const { return false; }
+
   // Ends every rank of the job now (after this rank printed its error): no rank is left waiting
   // in a collective for a peer that will never arrive. Writes out this rank's log first.
   [[noreturn]] virtual void abort(int exit_code) = 0;
 };
 
-// MPI_COMM_WORLD. Initializes MPI on first use (MPI_THREAD_FUNNELED: only the thread that first
-// called world() communicates; works without mpiexec as a world of one) and finalizes it at exit.
-// The log is created disabled; the trainer configures it.
+// MPI_COMM_WORLD. Initializes MPI on first use and finalizes it at exit; works without mpiexec as a
+// world of one. Thread level MPI_THREAD_SERIALIZED (one thread communicates at a time: the training
+// thread, or the dense buckets' communication thread while the training thread waits), or
+// MPI_THREAD_MULTIPLE after request_concurrent_calls() or with TRAINER_MPI_THREAD=multiple
+// (concurrent_calls() then says true). The log is created disabled; the trainer configures it.
 Communicator& world();
+
+// Asks world() for MPI_THREAD_MULTIPLE: the run has a thread that communicates while the training
+// thread does too (diloco with sync.sync_delay > 0). Only before world()'s first call: MPI's level
+// is fixed at MPI_Init. Not the default because Open MPI then takes a lock around every call.
+void request_concurrent_calls();
 
 // Messages are cut into pieces of at most this many bytes (default and maximum 2^30) because MPI
 // counts are int. Tests lower it to run the piece paths on small buffers; all ranks must use the

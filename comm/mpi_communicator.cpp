@@ -108,6 +108,11 @@ MPI_Op mpi_op(ReduceOp op) {
 // under INT_MAX elements of any type, and under the 2 GiB byte limit some transports still have.
 // A 27.5M-float gradient (110 MB) is one piece.
 int64_t g_piece_bytes = int64_t(1) << 30;
+
+// request_concurrent_calls() before MPI_Init, and the level MPI provided (the same for every
+// communicator of the process).
+bool g_want_multiple = false;
+int g_thread_level = MPI_THREAD_SINGLE;
 int64_t piece_elems(DType t) { return std::max<int64_t>(1, g_piece_bytes / dtype_size(t)); }
 
 char* at(void* p, int64_t byte_offset) { return static_cast<char*>(p) + byte_offset; }
@@ -134,9 +139,11 @@ class MpiCommunicator final : public Communicator {
     MPI_Initialized(&initialized);
     if (!initialized) {
       // SERIALIZED: dense buckets overlapped with backward are reduced on a communication thread
-      // while the training thread makes no MPI call (comm/sync/bucket_reducer.h). MULTIPLE (for
-      // measuring its cost: TRAINER_MPI_THREAD=multiple) would let both call at once; Open MPI then
-      // takes a lock around every call.
+      // while the training thread makes no MPI call (comm/sync/bucket_reducer.h). MULTIPLE lets two
+      // threads call at once (on different communicators): diloco's delayed outer allreduce runs on
+      // its own thread during the next steps (comm/sync/outer_transfer.h), so the trainer asks for it
+      // in such runs (request_concurrent_calls); TRAINER_MPI_THREAD=multiple asks for it always (for
+      // measuring its cost: Open MPI then takes a lock around every call).
       // Over TCP, one connection per pair of ranks reached half of an emulated 1 Gbit/s link both ways
       // (ResNet-18's 44.7 MB allreduce at P = 2: 700 ms, where gloo took 374 ms); four connections
       // per pair reach the link (395 ms). Open MPI reads its parameters at MPI_Init, also from this
@@ -149,13 +156,17 @@ class MpiCommunicator final : public Communicator {
       // a poll finds nothing gives the core back: 640 ms, and the step 974 -> 736 ms.
       setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
       const char* level = std::getenv("TRAINER_MPI_THREAD");
-      const int wanted = level && std::string(level) == "multiple" ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED;
+      const bool multiple = g_want_multiple || (level && std::string(level) == "multiple");
+      const int wanted = multiple ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED;
       int provided = 0;
       MPI_Init_thread(nullptr, nullptr, wanted, &provided);
+      g_thread_level = provided;
       if (provided < MPI_THREAD_SERIALIZED)
         throw std::runtime_error("MPI provides thread level " + std::to_string(provided) +
                                  ", below MPI_THREAD_SERIALIZED, which sync.overlap needs");
       owns_mpi_ = true;
+    } else {
+      MPI_Query_thread(&g_thread_level);
     }
     comm_ = MPI_COMM_WORLD;
     init_sizes();
@@ -183,6 +194,7 @@ class MpiCommunicator final : public Communicator {
   int local_size() const override { return local_size_; }
   int local_rank() const override { return local_rank_; }
   CommLog& log() override { return *log_; }
+  bool concurrent_calls() const override { return g_thread_level == MPI_THREAD_MULTIPLE; }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
     MPI_Comm sub = MPI_COMM_NULL;
@@ -449,6 +461,8 @@ int64_t set_message_piece_bytes(int64_t bytes) {
   g_piece_bytes = std::clamp<int64_t>(bytes, 1, int64_t(1) << 30);
   return previous;
 }
+
+void request_concurrent_calls() { g_want_multiple = true; }
 
 Communicator& world() {
   // Constructed on first use, destroyed (log written, MPI finalized) at exit.

@@ -77,3 +77,27 @@ TEST_CASE("Streaming DiLoCo in the trainer resumes bit-identically inside a dela
     CHECK(outer == expected);
   }
 }
+
+TEST_CASE("A step skipped for a NaN inside a delay: the overlapped transfer gives the inline run's bits",
+          "[mpi][nonfinite][diloco]") {
+  const int P = 2;
+  // As above; fragment 1 goes out in step 4 (k = 3) and would land in step 5, which rank 1's NaN
+  // skips on every rank (k stays 3): the transfer keeps running through the skipped step and lands
+  // after step 6 (k = 4). sync.overlap = false runs it inline, blocking step 4.
+  const std::string args =
+      "--set sync.method=diloco --set sync.dense_warmup_steps=2 --set sync.period=4 --set sync.fragments=2"
+      " --set sync.sync_delay=1 --set sync.mixing=0.5 --set train.max_steps=10 --set train.checkpoint_every=0"
+      " --set train.skip_nonfinite_steps=1";
+  TempDir overlapped("diloco_nan_overlap"), inline_("diloco_nan_inline");
+  Outcome a = run_command("env TRAINER_TEST_INJECT_NAN=1:5 " +
+                          trainer::testing::small_cifar_command(P, overlapped.path, args + " --set sync.overlap=true"));
+  INFO(a.output);
+  REQUIRE(a.exit_code == 0);
+  Outcome b = run_command("env TRAINER_TEST_INJECT_NAN=1:5 " +
+                          trainer::testing::small_cifar_command(P, inline_.path, args + " --set sync.overlap=false"));
+  INFO(b.output);
+  REQUIRE(b.exit_code == 0);
+  CHECK_THAT(a.output, Contains("skipped"));
+  trainer::testing::require_identical_states(overlapped.path / "checkpoints/step_10",
+                                             inline_.path / "checkpoints/step_10", P);
+}

@@ -289,8 +289,10 @@ void visit_config(Cfg& c, Visitor& v) {
         "\"dense\" and every method's dense warmup) and powersgd's per-bucket factors. The buckets and their "
         "order are the same either way, so the result is bit-identical with false. The sparse methods select "
         "over the whole gradient and local_sgd averages parameters after the optimizer: they start after "
-        "backward. Every model reports each layer's gradients as backward finishes them. Needs "
-        "runtime.device = \"cpu\".");
+        "backward. Every model reports each layer's gradients as backward finishes them. diloco with "
+        "sync.sync_delay > 0: each fragment's pseudo-gradient allreduce runs on a communication thread "
+        "during the sync_delay steps after its send (MPI_THREAD_MULTIPLE is then requested; same values as "
+        "false, which blocks the send step). Needs runtime.device = \"cpu\".");
   v.key("sync.wire_dtype", c.sync.wire_dtype,
         "Number format of the dense gradient allreduces (sync.method = \"dense\" and every method's dense "
         "warmup) and of powersgd's P and Q factors: fp32, or bf16 or fp16 at 2 bytes per element instead of 4 "
@@ -321,8 +323,8 @@ void visit_config(Cfg& c, Visitor& v) {
         at_least(1));
   v.key("sync.sync_delay", c.sync.sync_delay,
         "diloco: Streaming DiLoCo's tau: a fragment's pseudo-gradient is taken and sent tau steps before "
-        "its outer step is applied (below sync.period / sync.fragments). The allreduce is blocking so far: "
-        "the values are Streaming DiLoCo's, the transfer does not yet overlap those steps.",
+        "its outer step is applied (below sync.period / sync.fragments); its allreduce runs during those "
+        "steps on a communication thread (sync.overlap).",
         at_least(0));
   v.key("sync.mixing", c.sync.mixing,
         "diloco: Streaming DiLoCo's alpha: after its outer step a fragment's local parameters become "

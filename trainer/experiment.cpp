@@ -49,6 +49,10 @@ models::Backend& device_backend(const Config& config, int local_rank) {
   throw std::invalid_argument("runtime.device = \"" + device + "\": expected cpu or cuda");
 }
 
+bool needs_concurrent_calls(const Config& c) {
+  return c.sync.method == "diloco" && c.sync.sync_delay > 0 && c.sync.overlap;
+}
+
 comm::SyncOptions sync_options(const Config& c) {
   comm::SyncOptions o;
   o.method = c.sync.method;

@@ -46,6 +46,10 @@ Experiment build_experiment(const Config& config, comm::Communicator& world, com
 int64_t total_steps(const Config& config, int64_t steps_per_epoch);
 
 comm::SyncOptions sync_options(const Config& config);
+// Whether the run has a thread that communicates while the training thread does too (diloco with a
+// sync delay, overlapped: comm/sync/outer_transfer.h), so MPI must allow concurrent calls
+// (comm::request_concurrent_calls, before comm::world()).
+bool needs_concurrent_calls(const Config& config);
 optim::ScheduleOptions schedule_options(const OptimConfig& o);
 optim::OptimizerOptions optimizer_options(const Config& config);
 

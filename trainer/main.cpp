@@ -28,6 +28,7 @@
 #include "data/synthetic_cifar.h"
 #include "trainer/bench.h"
 #include "trainer/config.h"
+#include "trainer/experiment.h"
 #include "trainer/preemption.h"
 #include "trainer/report.h"
 #include "trainer/run.h"
@@ -197,12 +198,18 @@ Tool add_calibrate(CLI::App& app) {
 // (MPI_Abort), so no rank is left waiting in a collective.
 int train(const std::string& config_path, const std::vector<std::string>& overrides, bool dry_run,
           trainer::app::RunOptions run_options, const std::string& inject_failure) {
-  trainer::comm::Communicator& comm = trainer::comm::world();
+  // The config first: it decides MPI's thread level, which MPI_Init (in world()) fixes.
   trainer::Config config;
+  std::string config_error;
   try {
     config = trainer::load_config(config_path, overrides);
-  } catch (const std::exception& e) {  // every rank reads the same file: one message is enough
-    if (comm.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
+  } catch (const std::exception& e) {
+    config_error = e.what();
+  }
+  if (config_error.empty() && trainer::app::needs_concurrent_calls(config)) trainer::comm::request_concurrent_calls();
+  trainer::comm::Communicator& comm = trainer::comm::world();
+  if (!config_error.empty()) {  // every rank reads the same file: one message is enough
+    if (comm.rank() == 0) std::fprintf(stderr, "error: %s\n", config_error.c_str());
     return 1;
   }
   try {

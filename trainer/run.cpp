@@ -29,9 +29,12 @@ std::string overlap_plan(const Config& config) {
   const std::string after_optimizer = s.method == "local_sgd" ? "local_sgd averages parameters after the optimizer step"
                                       : s.method == "diloco"  ? "diloco syncs parameters after the optimizer step"
                                                               : s.method + " selects over the whole gradient";
-  const std::string then = s.method == "powersgd"
-                               ? "powersgd's buckets (their P, Q and uncompressed tensors) are exchanged " + when
-                               : "none (" + after_optimizer + ", so it starts after backward)";
+  std::string then = s.method == "powersgd"
+                         ? "powersgd's buckets (their P, Q and uncompressed tensors) are exchanged " + when
+                         : "none (" + after_optimizer + ", so it starts after backward)";
+  if (s.method == "diloco" && s.sync_delay > 0)
+    then = "none during backward; each diloco fragment's allreduce runs on a communication thread during the " +
+           std::to_string(s.sync_delay) + " step(s) after its send";
   if (s.dense_warmup_steps > 0)
     return "the first " + std::to_string(s.dense_warmup_steps) + " steps: " + dense + "; then " + then;
   return then;

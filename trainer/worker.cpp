@@ -96,6 +96,12 @@ class Worker {
   void evaluate(int64_t round, int64_t epoch);
   void checkpoint(int64_t round, int64_t done, bool must_succeed);
   RunSummary finish();
+  // A transfer the sync method keeps running across steps is completed and logged, then the comm log
+  // is finished (the run's end, or a stop).
+  void end_comm_log() {
+    e_.sync->complete_in_flight();
+    finish_comm_log(config_, world_, spans_.spans());
+  }
   // Test hook: the NaN TRAINER_TEST_INJECT_NAN asks for goes into the last tensor's local gradient
   // once it is final (during backward: before an overlapped bucket takes it away).
   void inject_nan_if_due(int64_t final_from) {
@@ -314,7 +320,7 @@ bool Worker::round_duties(int64_t done, const StepPosition& at, int stop_signal)
     checkpoint(round, done, finished || stop_signal);
   summary_.steps = done;
   if (stop_signal && !finished) {
-    finish_comm_log(config_, world_, spans_.spans());
+    end_comm_log();
     say("stopped by " + std::string(signal_name(stop_signal)) + " after step " + str(done) + " of " +
         str(total_steps_) + "; checkpoint " + keeper_.last() + "; continue with the same command and --resume latest");
     summary_.stop_signal = stop_signal;
@@ -322,7 +328,7 @@ bool Worker::round_duties(int64_t done, const StepPosition& at, int stop_signal)
     return false;
   }
   if (round > 0 && round == options_.stop_after) {
-    finish_comm_log(config_, world_, spans_.spans());
+    end_comm_log();
     say("stopping after step " + str(round) + " (--stop-after)");
     stopped_early_ = true;
     return false;
@@ -365,7 +371,7 @@ void Worker::checkpoint(int64_t round, int64_t done, bool must_succeed) {
 
 RunSummary Worker::finish() {
   if (lead_) progress_.finish();
-  finish_comm_log(config_, world_, spans_.spans());
+  end_comm_log();
   const int trainers = training_.size();
   const std::string out = output_dir(config_);
   summary_.steps = total_steps_;

@@ -34,7 +34,8 @@ Diloco::Diloco(Communicator& comm, int64_t n, const std::vector<models::ParamVie
       n_(n),
       options_(o),
       fragments_(plan_fragments(n, views, o.fragments)),
-      schedule_(o.period, o.fragments, o.delay) {
+      schedule_(o.period, o.fragments, o.delay),
+      transfer_(std::make_unique<OuterTransfer>(comm, o.outer_dtype, o.bucket_elements, o.overlap && o.delay > 0)) {
   if (!(o.mixing >= 0 && o.mixing <= 1))
     throw std::invalid_argument("sync.mixing = " + std::to_string(o.mixing) + " must be in [0, 1]");
   if (o.outer_optimizer != "nesterov" && o.outer_optimizer != "sgd")
@@ -79,7 +80,13 @@ std::string Diloco::describe() const {
                                                    : "alltoall and allgather of the quantized chunks")
       << "), " << per_round / 1e6 / static_cast<double>(H) << " MB per step on average (dense fp32: "
       << 2.0 * (p - 1) / p * mb(n_) << ")";
-  out << "\n  sync delay " << options_.delay << " step(s) (the outer step lands that many steps after the send), "
+  const std::string transfer =
+      options_.delay == 0         ? ""
+      : transfer_->overlapped()   ? ", the transfer runs on a communication thread during them"
+      : !options_.overlap         ? ", the transfer blocks at the send (sync.overlap = false)"
+                                  : ", the transfer blocks at the send (MPI gives no MPI_THREAD_MULTIPLE)";
+  out << "\n  sync delay " << options_.delay << " step(s) (the outer step lands that many steps after the send"
+      << transfer << "), "
       << "mixing " << options_.mixing << " (local share kept); batch-norm statistics averaged every " << H
       << " steps (ALLREDUCE_BN_STATS); extra memory " << mb(n_ * (options_.outer_momentum > 0 ? 2 : 1) + largest)
       << " MB (theta_outer" << (options_.outer_momentum > 0 ? ", outer momentum" : "") << ", one pseudo-gradient)";
@@ -95,37 +102,30 @@ SyncStats Diloco::reduce(SyncBuffers& b, int64_t step) {
     outer_.assign(b.params, b.params + n_);
     comm_.broadcast(outer_.data(), n_, DType::kF32, 0, "BROADCAST_OUTER");
   }
+  transfer_->prepare();  // collective the first time (a resumed run's first step too)
   return {Phase::kCompressed, 0.0};
 }
 
-void Diloco::after_step(SyncBuffers& b, int64_t) {
+void Diloco::after_step(SyncBuffers& b, int64_t step) {
   ++inner_steps_;
   const int start = schedule_.starts_after(inner_steps_);
-  if (start >= 0) start_sync(b, start);
+  if (start >= 0) start_sync(b, start, step);
   const int finish = schedule_.finishes_after(inner_steps_);
   if (finish >= 0) finish_sync(b, finish);
 }
 
-void Diloco::start_sync(const SyncBuffers& b, int f) {
+void Diloco::start_sync(const SyncBuffers& b, int f, int64_t step) {
   if (in_flight_ >= 0) throw std::logic_error("diloco: a fragment is still in flight");
   const Fragment& fr = fragments_[static_cast<size_t>(f)];
   float* delta = pseudo_gradient_.data();
   for (int64_t i = 0; i < fr.size(); ++i) delta[i] = outer_[fr.begin + i] - b.params[fr.begin + i];
-  average_outer_gradient(delta, fr.size());
+  transfer_->start(delta, fr.size(), step, Phase::kCompressed);  // overlapped: runs during the next steps
   in_flight_ = f;
-}
-
-void Diloco::average_outer_gradient(float* data, int64_t count) {
-  if (options_.outer_dtype == OuterDType::kF32) {
-    allreduce_average(comm_, models::cpu_backend(), data, count, options_.bucket_elements, "ALLREDUCE_OUTER");
-    return;
-  }
-  allreduce_sum_quantized(comm_, data, count, options_.outer_dtype, quantized_, "ALLREDUCE_OUTER");
-  models::cpu_backend().scale(count, 1.f / static_cast<float>(comm_.size()), data);
 }
 
 void Diloco::finish_sync(SyncBuffers& b, int f) {
   if (in_flight_ != f) throw std::logic_error("diloco: the fragment to finish was not sent");
+  transfer_->wait();
   const Fragment& fr = fragments_[static_cast<size_t>(f)];
   float* outer = outer_.data() + fr.begin;
   outer_optimizers_[static_cast<size_t>(f)]->step(outer, pseudo_gradient_.data(), options_.outer_lr);
@@ -139,6 +139,7 @@ void Diloco::finish_sync(SyncBuffers& b, int f) {
 }
 
 void Diloco::save(std::ostream& out) const {
+  transfer_->wait();  // a fragment in flight is saved as its finished average
   write_sync_header(out, "diloco", 1);
   write_pod(out, options_.period);
   write_pod(out, options_.fragments);
@@ -157,6 +158,7 @@ void Diloco::save(std::ostream& out) const {
 }
 
 void Diloco::load(std::istream& in) {
+  transfer_->wait();  // it writes pseudo_gradient_, which the loaded state replaces
   read_sync_header(in, "diloco", 1);
   const auto period = read_pod<int64_t>(in);
   const auto fragments = read_pod<int64_t>(in);

@@ -7,6 +7,7 @@
 #include "comm/quantized_allreduce.h"
 #include "comm/sync/fragments.h"
 #include "comm/sync/gradient_sync.h"
+#include "comm/sync/outer_transfer.h"
 #include "optim/sgd.h"
 
 namespace trainer::comm {
@@ -41,10 +42,22 @@ namespace trainer::comm {
 // fragment's pseudo-gradient. The dense warmup is the factory's wrapper; the inner steps are
 // counted from this method's first step (steps the non-finite guard skipped do not count).
 //
-// The delay: the average is complete when step 1 returns (a blocking allreduce; the communicator
-// has no nonblocking collective yet), so tau moves the outer step as torchft's delay does, with
-// the same values, but the transfer does not yet overlap the tau steps. average_outer_gradient()
-// is the one place where the pseudo-gradient crosses the wire.
+// The delay: with tau > 0 the pseudo-gradient's allreduce starts at step 1 and runs on a
+// communication thread of its own while the next tau inner steps compute (outer_transfer.h: its
+// own communicator, MPI_THREAD_MULTIPLE, the comm log's records deferred); step 2 waits for it. The
+// same calls on the same data, so the same values as a blocking allreduce at step 1 (torchft's
+// recorded ones: tests/diloco_test.cpp runs them overlapped). Inline instead with sync.overlap =
+// false, or when MPI gives no MPI_THREAD_MULTIPLE; with tau = 0 there is nothing to overlap.
+// The pseudo-gradient buffer belongs to the transfer until step 2: nothing else touches it.
+//
+// A transfer in flight, at the points that need its result before the schedule does: save() (a
+// checkpoint) and complete_in_flight() (the end of the run, a stop) wait for it to finish, so the
+// checkpoint holds the averaged pseudo-gradient exactly as before and resumes bit for bit; the run's
+// end finishes it on every rank (its bytes are in the comm log) and drops its outer step, as the
+// blocking version did (it is in the last checkpoint, for a resume with more steps). A step the
+// non-finite guard skips leaves the transfer running (its inner step does not count, so the outer
+// step moves one step later, as before). An error on the thread comes back from step 2 (or from
+// whatever waits) on the training thread.
 //
 // Saved state: the schedule's keys (checked on load), the inner step count, theta_outer, each
 // fragment's outer optimizer, and a fragment in flight (its averaged pseudo-gradient), so a
@@ -59,6 +72,7 @@ struct DilocoOptions {
   double outer_momentum = 0.9;
   int64_t bucket_elements = 1 << 22;  // allreduce pieces (sync.bucket_mb)
   OuterDType outer_dtype = OuterDType::kF32;  // sync.outer_dtype (comm/quantized_allreduce.h)
+  bool overlap = true;  // sync.overlap: a delayed fragment's transfer runs during the tau steps
 };
 
 class Diloco final : public GradientSync {
@@ -75,6 +89,7 @@ class Diloco final : public GradientSync {
   // momentum, the schedule, a fragment in flight) is the same on every rank, so a resume on another
   // number of processes keeps it and takes the mean of the saved ranks' local parameters.
   bool keeps_parameters_equal() const override { return false; }
+  void complete_in_flight() override { transfer_->wait(); }
   void save(std::ostream& out) const override;
   void load(std::istream& in) override;
   std::string load_resharded(const std::vector<std::string>& states) override { return load_replicated(states); }
@@ -83,12 +98,12 @@ class Diloco final : public GradientSync {
   const std::vector<float>& outer_parameters() const { return outer_; }
   const std::vector<Fragment>& fragments() const { return fragments_; }
   int64_t inner_steps() const { return inner_steps_; }
+  // Whether a delayed fragment's transfer runs during the steps after its send (outer_transfer.h).
+  bool overlapped() const { return transfer_->overlapped(); }
 
  private:
-  void start_sync(const SyncBuffers& b, int f);  // step 1 above
-  void finish_sync(SyncBuffers& b, int f);       // steps 2 and 3, and the BN statistics
-  // The pseudo-gradient's allreduce-average over the ranks, in place (ALLREDUCE_OUTER).
-  void average_outer_gradient(float* data, int64_t count);
+  void start_sync(const SyncBuffers& b, int f, int64_t step);  // step 1 above
+  void finish_sync(SyncBuffers& b, int f);                     // steps 2 and 3, and the BN statistics
 
   Communicator& comm_;
   int64_t n_;
@@ -100,7 +115,10 @@ class Diloco final : public GradientSync {
   int64_t inner_steps_ = 0;
   int in_flight_ = -1;                 // the fragment whose average waits for its outer step
   std::vector<float> pseudo_gradient_;  // its average (sized to the largest fragment)
-  QuantizedScratch quantized_;          // a low-bit outer_dtype's buffers
+  // The pseudo-gradient's trip over the wire (ALLREDUCE_OUTER). Declared last: destroyed first, so a
+  // transfer still in flight ends before the buffer it writes goes. Behind a pointer because save()
+  // (const) waits for it.
+  std::unique_ptr<OuterTransfer> transfer_;
 };
 
 }  // namespace trainer::comm

@@ -42,6 +42,7 @@ class WarmupSync final : public GradientSync {
   void after_step(SyncBuffers& b, int64_t step) override {
     if (step >= warmup_steps_) method_->after_step(b, step);
   }
+  void complete_in_flight() override { method_->complete_in_flight(); }
   void save(std::ostream& out) const override { method_->save(out); }
   void load(std::istream& in) override { method_->load(in); }
   bool keeps_parameters_equal() const override { return method_->keeps_parameters_equal(); }
@@ -110,6 +111,7 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
     d.outer_momentum = o.outer_momentum;
     d.bucket_elements = bucket_elements(o.bucket_mb);
     d.outer_dtype = o.outer_dtype;
+    d.overlap = o.overlap;
     method = std::make_unique<Diloco>(comm, n, views, d);
   }
   if (o.method == "oktopk") method = std::make_unique<OkTopk>(comm, n, o);

@@ -15,6 +15,9 @@
 //                        local SGD between averaging steps)
 //   optimizer step
 //   after_step(params)   after the optimizer: local SGD averages parameters here
+// and, once, before the comm log is finished (the run's end, a stop), complete_in_flight(): a method
+// that keeps a transfer running across steps (diloco's delayed fragment) waits for it there, so no
+// call is left running and every call is in the log. save() waits for such a transfer too.
 // except for a method whose applies_update() is true (async_ps): its reduce() sends the gradient
 // to where the optimizer runs (the parameter servers) and returns with the new parameters, and the
 // trainer runs no optimizer step of its own.
@@ -76,6 +79,7 @@ class GradientSync {
   virtual int finish_early_sends() { return -1; }
   virtual SyncStats reduce(SyncBuffers& b, int64_t step) = 0;
   virtual void after_step(SyncBuffers& b, int64_t step) {}
+  virtual void complete_in_flight() {}
   // True when reduce() also applies the update (the optimizer runs elsewhere: async_ps's servers).
   virtual bool applies_update() const { return false; }
   // True when every rank holds the same parameters and optimizer state after every step (false:
