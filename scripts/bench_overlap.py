@@ -12,7 +12,7 @@ Rows, one network and rank count at a time, each a real run of --warmup + --step
                                        Debian's 1.13 (/usr/bin/python3): same model, batch, bucket
                                        size and threads
   (d) dense, bf16 on the wire, overlap
-  (e) powersgd rank 2 (its factors go out after backward)
+  (e) powersgd rank 2 (per bucket, its factors exchanged during backward)
   (f) oktopk, density 0.01
 
 Per row: step time (median over the timed steps: metrics.jsonl's data + compute + sync + optimizer
