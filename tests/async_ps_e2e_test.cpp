@@ -193,20 +193,25 @@ TEST_CASE("async_ps: DC-ASGD's compensation acts through dc_lambda, and is none 
   CHECK(max_parameter_difference(none.path / "checkpoints/step_6", dc.path / "checkpoints/step_6") > 0.0);
 }
 
-TEST_CASE("async_ps: momentum_correction runs the servers' SGD at max(0, momentum - (1 - 1/W))",
+TEST_CASE("async_ps: momentum_correction runs the servers' SGD at max(0, momentum - (1 - 1/W)), and _and_lr keeps lr / (1 - momentum)",
           "[mpi][async_ps]") {
   // 2 workers: 1 - 1/W = 0.5, so momentum 0.5 corrected is plain SGD, bit for bit (deterministic
   // push order). Without the correction the same run differs (momentum 0.5 acts from the second
-  // update on).
+  // update on). momentum_and_lr also doubles the lr, (1 - 0) / (1 - 0.5): plain SGD at lr 0.2
+  // (the schedule is linear in the base lr, and doubling is exact in floating point).
   const std::string base = kAsync + " --set sync.deterministic=true --set sync.staleness_lr=none --set train.max_steps=6";
-  TempDir corrected("mc_on"), plain("mc_plain");
-  Outcome a = run_command(small_cifar_command(3, corrected.path, base + " --set optim.momentum=0.5 --set sync.momentum_correction=true"));
-  INFO(a.output);
-  REQUIRE(a.exit_code == 0);
-  Outcome b = run_command(small_cifar_command(3, plain.path, base + " --set optim.momentum=0"));
-  INFO(b.output);
-  REQUIRE(b.exit_code == 0);
+  TempDir corrected("mc_on"), plain("mc_plain"), both("mc_lr"), plain_lr("mc_plain_lr");
+  for (const auto& [dir, extra] : std::vector<std::pair<const TempDir*, std::string>>{
+           {&corrected, " --set optim.momentum=0.5 --set sync.momentum_correction=momentum"},
+           {&plain, " --set optim.momentum=0"},
+           {&both, " --set optim.momentum=0.5 --set sync.momentum_correction=momentum_and_lr"},
+           {&plain_lr, " --set optim.momentum=0 --set optim.lr=0.2"}}) {
+    Outcome o = run_command(small_cifar_command(3, dir->path, base + extra));
+    INFO(o.output);
+    REQUIRE(o.exit_code == 0);
+  }
   CHECK(max_parameter_difference(corrected.path / "checkpoints/step_6", plain.path / "checkpoints/step_6") == 0.0);
+  CHECK(max_parameter_difference(both.path / "checkpoints/step_6", plain_lr.path / "checkpoints/step_6") == 0.0);
 }
 
 TEST_CASE("async_ps: gap-aware damping changes the updates and resumes bit for bit", "[mpi][async_ps][resume]") {

@@ -410,10 +410,10 @@ void check_consistency(const Config& c, const Settings& settings, const std::str
       fail(origin({"sync.outer_optimizer", "sync.outer_momentum"}),
            "sync.outer_optimizer = \"nesterov\" needs sync.outer_momentum > 0 (or sync.outer_optimizer = \"sgd\")");
   }
-  if (c.sync.momentum_correction && c.optim.name != "sgd")
+  if (c.sync.momentum_correction != "none" && c.optim.name != "sgd")
     fail(origin({"sync.momentum_correction", "optim.name"}),
-         "sync.momentum_correction = true lowers SGD's momentum and applies to optim.name = \"sgd\" only, not \"" +
-             c.optim.name + "\"");
+         "sync.momentum_correction = \"" + c.sync.momentum_correction +
+             "\" lowers SGD's momentum and applies to optim.name = \"sgd\" only, not \"" + c.optim.name + "\"");
   if (c.sync.method == "async_ps" && c.train.skip_nonfinite_steps > 0)
     fail(origin({"train.skip_nonfinite_steps", "sync.method"}),
          "train.skip_nonfinite_steps applies to synchronous methods, not sync.method = \"async_ps\" (a worker "

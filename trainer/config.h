@@ -27,6 +27,7 @@ inline const std::vector<std::string> kOptimizers = {"sgd", "adam", "adamw"};
 inline const std::vector<std::string> kSchedules = {"constant", "multistep", "cosine", "exponential"};
 inline const std::vector<std::string> kConvAlgorithms = {"auto", "direct", "winograd"};
 inline const std::vector<std::string> kStalenessLr = {"inverse", "none", "dc", "gap"};
+inline const std::vector<std::string> kMomentumCorrections = {"none", "momentum", "momentum_and_lr"};
 inline const std::vector<std::string> kOuterOptimizers = {"nesterov", "sgd"};
 inline const std::vector<std::string> kDevices = {"cpu", "cuda"};
 inline const std::vector<std::string> kCommunicators = {"auto", "nccl", "mpi"};
@@ -135,7 +136,7 @@ struct SyncConfig {
   int64_t servers = 1;                    // async_ps: the last `servers` ranks
   std::string staleness_lr = "inverse";   // async_ps: kStalenessLr
   double dc_lambda = 0.04;                // async_ps, staleness_lr = "dc"
-  bool momentum_correction = false;       // async_ps: lower the servers' momentum by 1 - 1/W
+  std::string momentum_correction = "none";  // async_ps: kMomentumCorrections
   int64_t max_staleness = -1;             // async_ps: -1 unbounded, 0 synchronous
   bool deterministic = false;             // async_ps: serve workers in rank order
   std::string outer_optimizer = "nesterov";  // diloco: kOuterOptimizers

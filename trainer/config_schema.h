@@ -373,8 +373,12 @@ void visit_config(Cfg& c, Visitor& v) {
         closed(0, 1e6));
   v.key("sync.momentum_correction", c.sync.momentum_correction,
         "async_ps: asynchrony acts as extra momentum of about 1 - 1/W with W workers (Mitliagkas et al. "
-        "2016), so the servers run SGD at momentum max(0, optim.momentum - (1 - 1/W)) instead of "
-        "optim.momentum (every update they make, synchronous rounds included). optim.name = sgd only.");
+        "2016). none: the servers run optim.momentum; momentum: they run SGD at momentum mu_e = "
+        "max(0, optim.momentum - (1 - 1/W)); momentum_and_lr: that, and every update's lr times "
+        "(1 - mu_e) / (1 - optim.momentum), so the steady-state step of a gradient, lr / (1 - "
+        "momentum), stays the recipe's. Every update the servers make, synchronous rounds included; "
+        "optim.name = sgd only.",
+        kMomentumCorrections);
   v.key("sync.max_staleness", c.sync.max_staleness,
         "async_ps: stale synchronous parallel bound s: a worker more than s steps ahead of the slowest "
         "waits (-1 = no bound). s = 0 is synchronous: the server averages each round's gradients "

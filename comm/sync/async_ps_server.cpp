@@ -40,10 +40,13 @@ ParameterServer::ParameterServer(const PsServerOptions& options, Communicator& w
   std::tie(s0_, s1_) = PsLayout::shard(buffers.size(), layout_.servers, me_);
   params_ = params.values() + p0_;
   state_ = buffers.values() + s0_;
-  if (options.sync.momentum_correction) {
+  if (options.sync.momentum_correction != "none") {
     // Asynchrony's implicit momentum comes on top of the optimizer's (staleness_remedies.h).
-    options_.optimizer.momentum = corrected_momentum(options.optimizer.momentum, layout_.workers);
+    const double mu = options.optimizer.momentum;
+    options_.optimizer.momentum = corrected_momentum(mu, layout_.workers);
     if (options_.optimizer.momentum == 0) options_.optimizer.nesterov = false;
+    if (options.sync.momentum_correction == "momentum_and_lr")
+      lr_factor_ = (1.0 - options_.optimizer.momentum) / (1.0 - mu);  // optim.momentum < 1 (schema)
   }
   optimizer_ = optim::make_optimizer(backend, options_.optimizer, p1_ - p0_);
   if (options.sync.staleness_lr == "gap") {
@@ -95,6 +98,7 @@ void ParameterServer::apply(float* grad, double lr, int w_for_dc) {
     gap_->damp(grad, params_, sent_[w_for_dc].data(), wd);
     std::copy(params_, params_ + (p1_ - p0_), before_.begin());
   }
+  lr *= lr_factor_;
   optimizer_->step(params_, grad, lr);
   if (gap_ && w_for_dc >= 0) gap_->observe(before_.data(), params_, lr);
   last_lr_ = lr;

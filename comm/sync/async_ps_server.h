@@ -110,6 +110,7 @@ class ParameterServer {
   int64_t end_ = 0;   // the global step the run ends at
   int64_t meet_ = 0;  // the next meet (global step); valid once the plan is known
   double last_lr_ = 0;
+  double lr_factor_ = 1;  // momentum_correction = "momentum_and_lr": keeps lr / (1 - momentum)
   std::vector<int64_t> clock_;  // per worker: steps pushed
   std::vector<bool> waiting_;   // per worker: pushed, reply held
   std::vector<int64_t> tau_;    // per worker: staleness of its last push
