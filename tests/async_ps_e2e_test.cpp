@@ -212,6 +212,16 @@ TEST_CASE("async_ps: momentum_correction runs the servers' SGD at max(0, momentu
   }
   CHECK(max_parameter_difference(corrected.path / "checkpoints/step_6", plain.path / "checkpoints/step_6") == 0.0);
   CHECK(max_parameter_difference(both.path / "checkpoints/step_6", plain_lr.path / "checkpoints/step_6") == 0.0);
+  // max_staleness = 0 is synchronous: no implicit momentum to correct for.
+  TempDir sync_on("mc_sync_on"), sync_off("mc_sync_off");
+  const std::string sync = base + " --set sync.max_staleness=0 --set optim.momentum=0.5";
+  for (const auto& [dir, extra] : std::vector<std::pair<const TempDir*, std::string>>{
+           {&sync_on, " --set sync.momentum_correction=momentum"}, {&sync_off, ""}}) {
+    Outcome o = run_command(small_cifar_command(3, dir->path, sync + extra));
+    INFO(o.output);
+    REQUIRE(o.exit_code == 0);
+  }
+  CHECK(max_parameter_difference(sync_on.path / "checkpoints/step_6", sync_off.path / "checkpoints/step_6") == 0.0);
 }
 
 TEST_CASE("async_ps: gap-aware damping changes the updates and resumes bit for bit", "[mpi][async_ps][resume]") {

@@ -40,8 +40,9 @@ ParameterServer::ParameterServer(const PsServerOptions& options, Communicator& w
   std::tie(s0_, s1_) = PsLayout::shard(buffers.size(), layout_.servers, me_);
   params_ = params.values() + p0_;
   state_ = buffers.values() + s0_;
-  if (options.sync.momentum_correction != "none") {
-    // Asynchrony's implicit momentum comes on top of the optimizer's (staleness_remedies.h).
+  if (options.sync.momentum_correction != "none" && options.sync.max_staleness != 0) {
+    // Asynchrony's implicit momentum comes on top of the optimizer's (staleness_remedies.h); with
+    // max_staleness = 0 there is no asynchrony, and the servers run dense SGD's momentum.
     const double mu = options.optimizer.momentum;
     options_.optimizer.momentum = corrected_momentum(mu, layout_.workers);
     if (options_.optimizer.momentum == 0) options_.optimizer.nesterov = false;
