@@ -216,7 +216,8 @@ TEST_CASE("async_ps: momentum_correction runs the servers' SGD at max(0, momentu
   TempDir sync_on("mc_sync_on"), sync_off("mc_sync_off");
   const std::string sync = base + " --set sync.max_staleness=0 --set optim.momentum=0.5";
   for (const auto& [dir, extra] : std::vector<std::pair<const TempDir*, std::string>>{
-           {&sync_on, " --set sync.momentum_correction=momentum"}, {&sync_off, ""}}) {
+           {&sync_on, " --set sync.momentum_correction=momentum"},
+           {&sync_off, " --set sync.momentum_correction=none"}}) {
     Outcome o = run_command(small_cifar_command(3, dir->path, sync + extra));
     INFO(o.output);
     REQUIRE(o.exit_code == 0);

@@ -172,6 +172,8 @@ TEST_CASE("optimizer choice: sgd, adam, adamw with betas and eps", "[config]") {
         "\"sgd\" only, not \"adam\"");
   CHECK(error_of("[sync]\nmethod = \"async_ps\"\nmomentum_correction = \"momentum_and_lr\"\nstaleness_lr = \"gap\"\n")
             .empty());
+  // The default correction is skipped with adam, not an error.
+  CHECK(error_of("[optim]\nname = \"adam\"\n[sync]\nmethod = \"async_ps\"\n").empty());
 }
 
 TEST_CASE("overrides are typed and beat the file in order", "[config]") {

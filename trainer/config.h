@@ -134,9 +134,9 @@ struct SyncConfig {
   int64_t rank = 2;
   double min_compression_rate = 2.0;
   int64_t servers = 1;                    // async_ps: the last `servers` ranks
-  std::string staleness_lr = "inverse";   // async_ps: kStalenessLr
+  std::string staleness_lr = "none";      // async_ps: kStalenessLr
   double dc_lambda = 0.04;                // async_ps, staleness_lr = "dc"
-  std::string momentum_correction = "none";  // async_ps: kMomentumCorrections
+  std::string momentum_correction = "momentum";  // async_ps: kMomentumCorrections
   int64_t max_staleness = -1;             // async_ps: -1 unbounded, 0 synchronous
   bool deterministic = false;             // async_ps: serve workers in rank order
   std::string outer_optimizer = "nesterov";  // diloco: kOuterOptimizers

@@ -377,8 +377,8 @@ void visit_config(Cfg& c, Visitor& v) {
         "max(0, optim.momentum - (1 - 1/W)); momentum_and_lr: that, and every update's lr times "
         "(1 - mu_e) / (1 - optim.momentum), so the steady-state step of a gradient, lr / (1 - "
         "momentum), stays the recipe's. Every update the servers make, synchronous rounds (the dense "
-        "warmup) included, except with sync.max_staleness = 0 (no asynchrony: no correction); "
-        "optim.name = sgd only.",
+        "warmup) included, except with sync.max_staleness = 0 (no asynchrony: no correction). "
+        "SGD only: the default is skipped with adam and adamw, and setting it with them is an error.",
         kMomentumCorrections);
   v.key("sync.max_staleness", c.sync.max_staleness,
         "async_ps: stale synchronous parallel bound s: a worker more than s steps ahead of the slowest "
