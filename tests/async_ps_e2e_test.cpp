@@ -193,13 +193,15 @@ TEST_CASE("async_ps: DC-ASGD's compensation acts through dc_lambda, and is none 
   CHECK(max_parameter_difference(none.path / "checkpoints/step_6", dc.path / "checkpoints/step_6") > 0.0);
 }
 
-TEST_CASE("async_ps: momentum_correction runs the servers' SGD at max(0, momentum - (1 - 1/W)), and _and_lr keeps lr / (1 - momentum)",
+TEST_CASE("async_ps: momentum_correction runs the servers' SGD at max(0, momentum - (1 - 1/W)), and "
+          "momentum_and_lr keeps lr / (1 - momentum)",
           "[mpi][async_ps]") {
   // 2 workers: 1 - 1/W = 0.5, so momentum 0.5 corrected is plain SGD, bit for bit (deterministic
   // push order). Without the correction the same run differs (momentum 0.5 acts from the second
   // update on). momentum_and_lr also doubles the lr, (1 - 0) / (1 - 0.5): plain SGD at lr 0.2
   // (the schedule is linear in the base lr, and doubling is exact in floating point).
-  const std::string base = kAsync + " --set sync.deterministic=true --set sync.staleness_lr=none --set train.max_steps=6";
+  const std::string base =
+      kAsync + " --set sync.deterministic=true --set sync.staleness_lr=none --set train.max_steps=6";
   TempDir corrected("mc_on"), plain("mc_plain"), both("mc_lr"), plain_lr("mc_plain_lr");
   for (const auto& [dir, extra] : std::vector<std::pair<const TempDir*, std::string>>{
            {&corrected, " --set optim.momentum=0.5 --set sync.momentum_correction=momentum"},
@@ -229,7 +231,8 @@ TEST_CASE("async_ps: gap-aware damping changes the updates and resumes bit for b
   // Deterministic, 2 workers, no bound: every push after the first of a round is stale, so the gap
   // is not zero. The servers' running average of the steps is part of the checkpoint: a run resumed
   // from step 4 ends with the same bits as one run through.
-  const std::string base = kAsync + " --set sync.deterministic=true --set train.max_steps=8 --set train.checkpoint_every=4";
+  const std::string base =
+      kAsync + " --set sync.deterministic=true --set train.max_steps=8 --set train.checkpoint_every=4";
   TempDir ref("gap_ref"), part("gap_part"), none("gap_none");
   Outcome r = run_command(small_cifar_command(3, ref.path, base + " --set sync.staleness_lr=gap"));
   INFO(r.output);
@@ -241,7 +244,8 @@ TEST_CASE("async_ps: gap-aware damping changes the updates and resumes bit for b
   Outcome first = run_command(small_cifar_command(3, part.path, base + " --set sync.staleness_lr=gap --stop-after 4"));
   INFO(first.output);
   REQUIRE(first.exit_code == 0);
-  Outcome second = run_command(small_cifar_command(3, part.path, base + " --set sync.staleness_lr=gap --resume latest"));
+  Outcome second =
+      run_command(small_cifar_command(3, part.path, base + " --set sync.staleness_lr=gap --resume latest"));
   INFO(second.output);
   REQUIRE(second.exit_code == 0);
   trainer::testing::require_identical_states(ref.path / "checkpoints/step_8", part.path / "checkpoints/step_8", 3);

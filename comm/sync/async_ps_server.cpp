@@ -40,7 +40,8 @@ ParameterServer::ParameterServer(const PsServerOptions& options, Communicator& w
   std::tie(s0_, s1_) = PsLayout::shard(buffers.size(), layout_.servers, me_);
   params_ = params.values() + p0_;
   state_ = buffers.values() + s0_;
-  if (options.sync.momentum_correction != "none" && options.sync.max_staleness != 0 && options.optimizer.name == "sgd") {
+  const bool asynchronous = options.sync.max_staleness != 0;
+  if (options.sync.momentum_correction != "none" && asynchronous && options.optimizer.name == "sgd") {
     // Asynchrony's implicit momentum comes on top of the optimizer's (staleness_remedies.h); with
     // max_staleness = 0 there is no asynchrony, and the servers run dense SGD's momentum.
     const double mu = options.optimizer.momentum;

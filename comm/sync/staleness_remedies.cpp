@@ -56,7 +56,8 @@ void GapAwareDamping::load(std::istream& in) {
                              std::to_string(mean_square_.size()));
   updates_ = read_pod<int64_t>(in);
   max_lr_ = read_pod<double>(in);
-  in.read(reinterpret_cast<char*>(mean_square_.data()), static_cast<std::streamsize>(mean_square_.size() * sizeof(float)));
+  in.read(reinterpret_cast<char*>(mean_square_.data()),
+          static_cast<std::streamsize>(mean_square_.size() * sizeof(float)));
   if (!in) throw std::runtime_error("async_ps gap-aware state: truncated");
 }
 
