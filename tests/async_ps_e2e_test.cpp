@@ -193,6 +193,64 @@ TEST_CASE("async_ps: DC-ASGD's compensation acts through dc_lambda, and is none 
   CHECK(max_parameter_difference(none.path / "checkpoints/step_6", dc.path / "checkpoints/step_6") > 0.0);
 }
 
+TEST_CASE("async_ps: momentum_correction runs the servers' SGD at max(0, momentum - (1 - 1/W)), and "
+          "momentum_and_lr keeps lr / (1 - momentum)",
+          "[mpi][async_ps]") {
+  // 2 workers: 1 - 1/W = 0.5, so momentum 0.5 corrected is plain SGD, bit for bit (deterministic
+  // push order). Without the correction the same run differs (momentum 0.5 acts from the second
+  // update on). momentum_and_lr also doubles the lr, (1 - 0) / (1 - 0.5): plain SGD at lr 0.2
+  // (the schedule is linear in the base lr, and doubling is exact in floating point).
+  const std::string base =
+      kAsync + " --set sync.deterministic=true --set sync.staleness_lr=none --set train.max_steps=6";
+  TempDir corrected("mc_on"), plain("mc_plain"), both("mc_lr"), plain_lr("mc_plain_lr");
+  for (const auto& [dir, extra] : std::vector<std::pair<const TempDir*, std::string>>{
+           {&corrected, " --set optim.momentum=0.5 --set sync.momentum_correction=momentum"},
+           {&plain, " --set optim.momentum=0"},
+           {&both, " --set optim.momentum=0.5 --set sync.momentum_correction=momentum_and_lr"},
+           {&plain_lr, " --set optim.momentum=0 --set optim.lr=0.2"}}) {
+    Outcome o = run_command(small_cifar_command(3, dir->path, base + extra));
+    INFO(o.output);
+    REQUIRE(o.exit_code == 0);
+  }
+  CHECK(max_parameter_difference(corrected.path / "checkpoints/step_6", plain.path / "checkpoints/step_6") == 0.0);
+  CHECK(max_parameter_difference(both.path / "checkpoints/step_6", plain_lr.path / "checkpoints/step_6") == 0.0);
+  // max_staleness = 0 is synchronous: no implicit momentum to correct for.
+  TempDir sync_on("mc_sync_on"), sync_off("mc_sync_off");
+  const std::string sync = base + " --set sync.max_staleness=0 --set optim.momentum=0.5";
+  for (const auto& [dir, extra] : std::vector<std::pair<const TempDir*, std::string>>{
+           {&sync_on, " --set sync.momentum_correction=momentum"},
+           {&sync_off, " --set sync.momentum_correction=none"}}) {
+    Outcome o = run_command(small_cifar_command(3, dir->path, sync + extra));
+    INFO(o.output);
+    REQUIRE(o.exit_code == 0);
+  }
+  CHECK(max_parameter_difference(sync_on.path / "checkpoints/step_6", sync_off.path / "checkpoints/step_6") == 0.0);
+}
+
+TEST_CASE("async_ps: gap-aware damping changes the updates and resumes bit for bit", "[mpi][async_ps][resume]") {
+  // Deterministic, 2 workers, no bound: every push after the first of a round is stale, so the gap
+  // is not zero. The servers' running average of the steps is part of the checkpoint: a run resumed
+  // from step 4 ends with the same bits as one run through.
+  const std::string base =
+      kAsync + " --set sync.deterministic=true --set train.max_steps=8 --set train.checkpoint_every=4";
+  TempDir ref("gap_ref"), part("gap_part"), none("gap_none");
+  Outcome r = run_command(small_cifar_command(3, ref.path, base + " --set sync.staleness_lr=gap"));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  Outcome n = run_command(small_cifar_command(3, none.path, base + " --set sync.staleness_lr=none"));
+  INFO(n.output);
+  REQUIRE(n.exit_code == 0);
+  CHECK(max_parameter_difference(ref.path / "checkpoints/step_8", none.path / "checkpoints/step_8") > 0.0);
+  Outcome first = run_command(small_cifar_command(3, part.path, base + " --set sync.staleness_lr=gap --stop-after 4"));
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  Outcome second =
+      run_command(small_cifar_command(3, part.path, base + " --set sync.staleness_lr=gap --resume latest"));
+  INFO(second.output);
+  REQUIRE(second.exit_code == 0);
+  trainer::testing::require_identical_states(ref.path / "checkpoints/step_8", part.path / "checkpoints/step_8", 3);
+}
+
 namespace {
 
 // Pushes per worker in the server's (world rank `server`) comm log, and the widest gap between two

@@ -26,7 +26,8 @@ inline const std::vector<std::string> kSpeechFeatures = {"spectrogram", "logmel"
 inline const std::vector<std::string> kOptimizers = {"sgd", "adam", "adamw"};
 inline const std::vector<std::string> kSchedules = {"constant", "multistep", "cosine", "exponential"};
 inline const std::vector<std::string> kConvAlgorithms = {"auto", "direct", "winograd"};
-inline const std::vector<std::string> kStalenessLr = {"inverse", "none", "dc"};
+inline const std::vector<std::string> kStalenessLr = {"inverse", "none", "dc", "gap"};
+inline const std::vector<std::string> kMomentumCorrections = {"none", "momentum", "momentum_and_lr"};
 inline const std::vector<std::string> kOuterOptimizers = {"nesterov", "sgd"};
 inline const std::vector<std::string> kDevices = {"cpu", "cuda"};
 inline const std::vector<std::string> kCommunicators = {"auto", "nccl", "mpi"};
@@ -137,8 +138,9 @@ struct SyncConfig {
   int64_t rank = 2;
   double min_compression_rate = 2.0;
   int64_t servers = 1;                    // async_ps: the last `servers` ranks
-  std::string staleness_lr = "inverse";   // async_ps: inverse, none or dc
+  std::string staleness_lr = "none";      // async_ps: kStalenessLr
   double dc_lambda = 0.04;                // async_ps, staleness_lr = "dc"
+  std::string momentum_correction = "momentum";  // async_ps: kMomentumCorrections
   int64_t max_staleness = -1;             // async_ps: -1 unbounded, 0 synchronous
   bool deterministic = false;             // async_ps: serve workers in rank order
   std::string outer_optimizer = "nesterov";  // diloco: kOuterOptimizers

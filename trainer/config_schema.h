@@ -373,10 +373,23 @@ void visit_config(Cfg& c, Visitor& v) {
   v.key("sync.staleness_lr", c.sync.staleness_lr,
         "async_ps: how a server treats a gradient computed tau versions ago. A push is 1/W of a "
         "synchronous step (lr / W with W workers); then inverse (lr / W / (1 + tau)), none (lr / W), "
-        "or dc (DC-ASGD: g + dc_lambda g*g*(w_now - w_pulled) at lr / W).",
+        "dc (DC-ASGD: g + dc_lambda g*g*(w_now - w_pulled) at lr / W), or gap (gap-aware damping, "
+        "Barkai et al. 2020: each element of the gradient, and its weight decay, divided by 1 + "
+        "|w_now - w_pulled| / C, C = the largest push lr times the RMS of the updates' direction "
+        "(running average, decay 0.999), i.e. by 1 + how many average pushes the weight moved since "
+        "the worker pulled it; at lr / W).",
         kStalenessLr);
   v.key("sync.dc_lambda", c.sync.dc_lambda, "async_ps, staleness_lr = \"dc\": the compensation strength lambda.",
         closed(0, 1e6));
+  v.key("sync.momentum_correction", c.sync.momentum_correction,
+        "async_ps: asynchrony acts as extra momentum of about 1 - 1/W with W workers (Mitliagkas et al. "
+        "2016). none: the servers run optim.momentum; momentum: they run SGD at momentum mu_e = "
+        "max(0, optim.momentum - (1 - 1/W)); momentum_and_lr: that, and every update's lr times "
+        "(1 - mu_e) / (1 - optim.momentum), so the steady-state step of a gradient, lr / (1 - "
+        "momentum), stays the recipe's. Every update the servers make, synchronous rounds (the dense "
+        "warmup) included, except with sync.max_staleness = 0 (no asynchrony: no correction). "
+        "SGD only: the default is skipped with adam and adamw, and setting it with them is an error.",
+        kMomentumCorrections);
   v.key("sync.max_staleness", c.sync.max_staleness,
         "async_ps: stale synchronous parallel bound s: a worker more than s steps ahead of the slowest "
         "waits (-1 = no bound). s = 0 is synchronous: the server averages each round's gradients "

@@ -75,6 +75,7 @@ comm::SyncOptions sync_options(const Config& c) {
   o.max_staleness = c.sync.max_staleness;
   o.staleness_lr = c.sync.staleness_lr;
   o.dc_lambda = c.sync.dc_lambda;
+  o.momentum_correction = c.sync.momentum_correction;
   o.deterministic = c.sync.deterministic;
   o.outer_optimizer = c.sync.outer_optimizer;
   o.outer_lr = c.sync.outer_lr;

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "comm/sync/staleness_remedies.h"
 #include "comm/sync/sync_state.h"
 
 namespace trainer::comm {
@@ -39,7 +40,21 @@ ParameterServer::ParameterServer(const PsServerOptions& options, Communicator& w
   std::tie(s0_, s1_) = PsLayout::shard(buffers.size(), layout_.servers, me_);
   params_ = params.values() + p0_;
   state_ = buffers.values() + s0_;
-  optimizer_ = optim::make_optimizer(backend, options.optimizer, p1_ - p0_);
+  const bool asynchronous = options.sync.max_staleness != 0;
+  if (options.sync.momentum_correction != "none" && asynchronous && options.optimizer.name == "sgd") {
+    // Asynchrony's implicit momentum comes on top of the optimizer's (staleness_remedies.h); with
+    // max_staleness = 0 there is no asynchrony, and the servers run dense SGD's momentum.
+    const double mu = options.optimizer.momentum;
+    options_.optimizer.momentum = corrected_momentum(mu, layout_.workers);
+    if (options_.optimizer.momentum == 0) options_.optimizer.nesterov = false;
+    if (options.sync.momentum_correction == "momentum_and_lr")
+      lr_factor_ = (1.0 - options_.optimizer.momentum) / (1.0 - mu);  // optim.momentum < 1 (schema)
+  }
+  optimizer_ = optim::make_optimizer(backend, options_.optimizer, p1_ - p0_);
+  if (options.sync.staleness_lr == "gap") {
+    gap_ = std::make_unique<GapAwareDamping>(p1_ - p0_);
+    before_.resize(static_cast<size_t>(p1_ - p0_));
+  }
   schedule_ = options.schedule;
   const size_t W = static_cast<size_t>(layout_.workers);
   clock_.assign(W, 0);
@@ -74,10 +89,20 @@ bool ParameterServer::may_grant(int w) const {
 }
 
 void ParameterServer::apply(float* grad, double lr, int w_for_dc) {
-  // grad is grad_ or sum_grad_, both this server's scratch: DC-ASGD changes it in place.
+  // grad is grad_ or sum_grad_, both this server's scratch: DC-ASGD and gap-aware damping change it
+  // in place. w_for_dc < 0: a synchronous step's mean, which nothing stale went into.
   if (w_for_dc >= 0 && options_.sync.staleness_lr == "dc")
     delay_compensate(grad, params_, sent_[w_for_dc].data(), static_cast<float>(options_.sync.dc_lambda), p1_ - p0_);
+  if (gap_ && w_for_dc >= 0) {
+    // Coupled weight decay is part of the gradient the optimizer forms, so it is damped too.
+    const bool coupled = options_.optimizer.name != "adamw" && !options_.optimizer.decoupled_weight_decay;
+    const float wd = coupled ? static_cast<float>(options_.optimizer.weight_decay) : 0.f;
+    gap_->damp(grad, params_, sent_[w_for_dc].data(), wd);
+    std::copy(params_, params_ + (p1_ - p0_), before_.begin());
+  }
+  lr *= lr_factor_;
   optimizer_->step(params_, grad, lr);
+  if (gap_ && w_for_dc >= 0) gap_->observe(before_.data(), params_, lr);
   last_lr_ = lr;
   ++version_;
 }
@@ -158,7 +183,8 @@ int64_t ParameterServer::serve(int64_t first_step, int64_t stop_after,
   // Every worker holds the server's shard now: the initial weights (checked identical) or the
   // checkpoint's (a checkpoint is a meet every worker has pulled).
   sent_state_.assign(W, std::vector<float>(state_, state_ + (s1_ - s0_)));
-  if (options_.sync.staleness_lr == "dc") sent_.assign(W, std::vector<float>(params_, params_ + (p1_ - p0_)));
+  if (options_.sync.staleness_lr == "dc" || gap_)
+    sent_.assign(W, std::vector<float>(params_, params_ + (p1_ - p0_)));
   end_ = stop_after > 0 ? stop_after : INT64_MAX;
   if (total_steps_ > 0) {  // resumed: the plan is known
     end_ = std::min(end_, total_steps_);
@@ -227,16 +253,18 @@ int64_t ParameterServer::serve(int64_t first_step, int64_t stop_after,
 
 void ParameterServer::save(std::ostream& optimizer_out, std::ostream& state_out) const {
   optimizer_->save(optimizer_out);
-  write_sync_header(state_out, "async_ps_server", 2);
+  write_sync_header(state_out, "async_ps_server", 3);
   for (int64_t v : {static_cast<int64_t>(layout_.workers), static_cast<int64_t>(layout_.servers), version_, pushes_,
                     total_steps_, steps_per_epoch_, static_cast<int64_t>(next_)})
     write_pod(state_out, v);
   for (int64_t c : clock_) write_pod(state_out, c);  // workers' clocks differ at a meet
+  write_pod(state_out, static_cast<uint8_t>(gap_ ? 1 : 0));  // version 3: the gap-aware running average
+  if (gap_) gap_->save(state_out);
 }
 
 void ParameterServer::load(std::istream& optimizer_in, std::istream& state_in) {
   optimizer_->load(optimizer_in);
-  read_sync_header(state_in, "async_ps_server", 2);
+  const uint32_t format = read_sync_header(state_in, "async_ps_server", 3, 2);
   int64_t v[7];
   for (int64_t& x : v) x = read_pod<int64_t>(state_in);
   if (!state_in) throw std::runtime_error("async_ps server state: truncated");
@@ -251,6 +279,11 @@ void ParameterServer::load(std::istream& optimizer_in, std::istream& state_in) {
   next_ = static_cast<int>(v[6]);
   for (int64_t& c : clock_) c = read_pod<int64_t>(state_in);
   if (!state_in || next_ < 0 || next_ >= layout_.workers) throw std::runtime_error("async_ps server state: truncated");
+  const bool has_gap = format >= 3 && read_pod<uint8_t>(state_in) != 0;
+  if (has_gap != static_cast<bool>(gap_))
+    throw std::runtime_error(std::string("async_ps server state was saved ") + (has_gap ? "with" : "without") +
+                             " sync.staleness_lr = \"gap\", this run has it " + (gap_ ? "on" : "off"));
+  if (gap_) gap_->load(state_in);
 }
 
 }  // namespace trainer::comm

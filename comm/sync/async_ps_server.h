@@ -6,8 +6,10 @@
 // Staleness: the server's version counts its optimizer steps; a push computed on version v and
 // arriving at version V has tau = V - v. One push is applied as 1/W of a synchronous step, at lr / W
 // (W pushes at tau = 0 move the weights as far as one dense step of their mean), and
-// sync.staleness_lr decides what tau does: inverse (lr / W / (1 + tau)), none, or dc (DC-ASGD: g +
-// lambda g*g*(w_now - w_pulled), with w_pulled the shard this worker was last sent). The lr schedule
+// sync.staleness_lr decides what tau does: inverse (lr / W / (1 + tau)), none, dc (DC-ASGD: g +
+// lambda g*g*(w_now - w_pulled), with w_pulled the shard this worker was last sent) or gap
+// (gap-aware damping, staleness_remedies.h). sync.momentum_correction lowers the optimizer's momentum
+// by asynchrony's implicit momentum (staleness_remedies.h). The lr schedule
 // runs on pushes / W (one "step" is one push per worker, as in the synchronous methods).
 //
 // The run's length is a budget of pushes, not a step count per worker: the run's T steps are
@@ -42,6 +44,7 @@
 
 #include "comm/communicator.h"
 #include "comm/sync/async_ps.h"
+#include "comm/sync/staleness_remedies.h"
 #include "models/parameters.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
@@ -107,11 +110,14 @@ class ParameterServer {
   int64_t end_ = 0;   // the global step the run ends at
   int64_t meet_ = 0;  // the next meet (global step); valid once the plan is known
   double last_lr_ = 0;
+  double lr_factor_ = 1;  // momentum_correction = "momentum_and_lr": keeps lr / (1 - momentum)
   std::vector<int64_t> clock_;  // per worker: steps pushed
   std::vector<bool> waiting_;   // per worker: pushed, reply held
   std::vector<int64_t> tau_;    // per worker: staleness of its last push
   std::vector<float> grad_, state_in_, sum_grad_, sum_state_;  // one push; a synchronous step's sums
-  std::vector<std::vector<float>> sent_;        // dc: per worker, the parameter shard it was last sent
+  std::vector<std::vector<float>> sent_;        // dc, gap: per worker, the parameter shard it was last sent
+  std::unique_ptr<GapAwareDamping> gap_;        // staleness_lr = "gap"
+  std::vector<float> before_;                   // gap: the shard before an update (its step is observed)
   std::vector<std::vector<float>> sent_state_;  // per worker, the BN-statistics shard it was last sent
   std::vector<int64_t> reply_headers_;  // per worker: its reply's header, valid until the send completes
   int next_ = 0;  // deterministic: the worker whose push is taken next

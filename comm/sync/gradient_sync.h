@@ -133,8 +133,9 @@ struct SyncOptions {
   OuterDType outer_dtype = OuterDType::kF32;  // diloco: the pseudo-gradients' wire format
   int64_t servers = 1;                  // async_ps: the last `servers` ranks serve
   int64_t max_staleness = -1;           // async_ps: -1 unbounded, 0 synchronous (comm/sync/async_ps_server.h)
-  std::string staleness_lr = "inverse"; // async_ps: inverse, none or dc
+  std::string staleness_lr = "none";    // async_ps: inverse, none, dc or gap
   double dc_lambda = 0.04;              // async_ps, staleness_lr = "dc"
+  std::string momentum_correction = "momentum";  // async_ps: none, momentum, momentum_and_lr (staleness_remedies.h)
   bool deterministic = false;           // async_ps: serve workers in rank order
   int64_t total_steps = 0;              // async_ps: the run's steps (the servers' schedule and end)
   int64_t steps_per_epoch = 0;          // async_ps: for the servers' lr schedule
