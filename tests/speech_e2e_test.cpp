@@ -145,6 +145,23 @@ TEST_CASE("LAS with overlap: buckets leave during backward, and the run equals t
   CHECK(early["ALLREDUCE_P"] >= 2);
 }
 
+TEST_CASE("A speech model compressed after a short dense warmup gets one note at the start", "[e2e][speech]") {
+  const std::string args = "--set data.root=" + corpus(40, 10) +
+                           " --set data.batch_size=4 --set train.max_steps=2 --set train.eval_every_steps=1000"
+                           " --set train.eval_at_start=false --set runtime.threads=1 --set sync.method=powersgd";
+  TempDir a("las_note_short"), b("las_note_long");
+  const Outcome short_warmup = run_command(trainer_command(
+      2, "quickstart_an4.toml", args + " --set sync.dense_warmup_steps=0 --set experiment.output_dir=" + a.path.string()));
+  INFO(short_warmup.output);
+  REQUIRE(short_warmup.exit_code == 0);
+  CHECK_THAT(short_warmup.output, Contains("note: powersgd after 0 dense steps (sync.dense_warmup_steps) of 2"));
+  const Outcome long_warmup = run_command(trainer_command(
+      2, "quickstart_an4.toml", args + " --set sync.dense_warmup_steps=1 --set experiment.output_dir=" + b.path.string()));
+  INFO(long_warmup.output);
+  REQUIRE(long_warmup.exit_code == 0);
+  CHECK_THAT(long_warmup.output, !Contains("note:"));
+}
+
 TEST_CASE("The main job: the AN4 quickstart on 4 ranks lowers the test CER far below its start", "[e2e][speech][slow]") {
   // As scripts/quickstart.sh runs it (800 + 100 synthesized utterances), but for where its data
   // and outputs go. Measured: CER 3.16 at the start, 0.29 after 1250 steps.

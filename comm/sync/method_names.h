@@ -14,6 +14,11 @@ inline const std::vector<std::string>& sync_method_names() {
   return names;
 }
 
+// The methods that send a compressed gradient and keep the rest in an error-feedback residual.
+inline bool compresses_gradient(const std::string& method) {
+  return method == "oktopk" || method == "topka" || method == "gaussiank" || method == "gtopk" || method == "powersgd";
+}
+
 // The methods that take their buffers in device memory (runtime.device = "cuda"): their arithmetic
 // runs on the buffers' backend and their communicator moves device memory (SyncOptions::backend).
 // The others compute on host buffers.
