@@ -144,11 +144,14 @@ class MpiCommunicator final : public Communicator {
       // its own thread during the next steps (comm/sync/outer_transfer.h), so the trainer asks for it
       // in such runs (request_concurrent_calls); TRAINER_MPI_THREAD=multiple asks for it always (for
       // measuring its cost: Open MPI then takes a lock around every call).
-      // Over TCP, one connection per pair of ranks reached half of an emulated 1 Gbit/s link both ways
-      // (ResNet-18's 44.7 MB allreduce at P = 2: 700 ms, where gloo took 374 ms); four connections
-      // per pair reach the link (395 ms). Open MPI reads its parameters at MPI_Init, also from this
-      // process's environment; a user's own setting wins.
-      setenv("OMPI_MCA_btl_tcp_links", "4", /*overwrite=*/0);
+      // Not set here: OMPI_MCA_btl_tcp_links. Over TCP one connection per pair of ranks reached half
+      // of an emulated 1 Gbit/s link both ways (ResNet-18's 44.7 MB allreduce at P = 2: 700 ms,
+      // where gloo took 374 ms) and four reached it (395 ms), but with four links Open MPI 4.1.4
+      // hung for good: LAS at P = 4 under scripts/netem, at the first Ok-Top-k step after 250 dense
+      // ones, two ranks in an allgatherv round with each other (each having opened a connection to
+      // the other at once, for a link not used before), both waiting, nothing on the wire; the
+      // others already in the next step (Open MPI's multi-link connection bugs, e.g. its issues
+      // 4795 and 8498). A user may still set it, at that risk.
       // Open MPI's blocking calls spin on its progress loop. The communication thread of an
       // overlapped step (comm/sync/bucket_reducer.h) waits in them while backward computes, and
       // where no core is spare (runtime.threads defaults to cores / ranks) its spinning took the
