@@ -8,23 +8,12 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "comm/float_bits.h"
 #include "comm/wire_format.h"
 
 namespace trainer::comm {
 
 namespace {
-
-inline uint32_t bits_of(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
-
-inline float float_of(uint32_t b) {
-  float x;
-  std::memcpy(&x, &b, sizeof x);
-  return x;
-}
 
 constexpr float kFp8Max = 448.f;   // E4M3's largest finite value, 1.75 * 2^8
 constexpr float kInt8Max = 127.f;  // symmetric int8

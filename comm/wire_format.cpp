@@ -8,21 +8,11 @@
 #include <immintrin.h>
 #endif
 
+#include "comm/float_bits.h"
+
 namespace trainer::comm {
 
 namespace {
-
-inline uint32_t bits_of(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
-
-inline float float_of(uint32_t b) {
-  float x;
-  std::memcpy(&x, &b, sizeof x);
-  return x;
-}
 
 // Branch free so that the array loop vectorizes. Dropping the low 16 bits rounds to nearest even
 // by adding 0x7fff plus the lowest kept bit; a carry out of the significand moves into the exponent,
