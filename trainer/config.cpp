@@ -410,11 +410,8 @@ void check_consistency(const Config& c, const Settings& settings, const std::str
       fail(origin({"sync.outer_optimizer", "sync.outer_momentum"}),
            "sync.outer_optimizer = \"nesterov\" needs sync.outer_momentum > 0 (or sync.outer_optimizer = \"sgd\")");
   }
-  // The default correction applies to SGD and is skipped for adam; asking for it with adam is an error.
-  if (c.sync.momentum_correction != "none" && c.optim.name != "sgd" && settings.count("sync.momentum_correction"))
-    fail(origin({"sync.momentum_correction", "optim.name"}),
-         "sync.momentum_correction = \"" + c.sync.momentum_correction +
-             "\" lowers SGD's momentum and applies to optim.name = \"sgd\" only, not \"" + c.optim.name + "\"");
+  // sync.momentum_correction applies to SGD and is skipped for adam and adamw, set or not: an error
+  // only when set would make the written config.toml (which holds every key) fail to load again.
   if (c.sync.method == "async_ps" && c.train.skip_nonfinite_steps > 0)
     fail(origin({"train.skip_nonfinite_steps", "sync.method"}),
          "train.skip_nonfinite_steps applies to synchronous methods, not sync.method = \"async_ps\" (a worker "

@@ -390,7 +390,7 @@ void visit_config(Cfg& c, Visitor& v) {
         "(1 - mu_e) / (1 - optim.momentum), so the steady-state step of a gradient, lr / (1 - "
         "momentum), stays the recipe's. Every update the servers make, synchronous rounds (the dense "
         "warmup) included, except with sync.max_staleness = 0 (no asynchrony: no correction). "
-        "SGD only: the default is skipped with adam and adamw, and setting it with them is an error.",
+        "SGD only: with adam and adamw it does not apply (they have no momentum to lower).",
         kMomentumCorrections);
   v.key("sync.max_staleness", c.sync.max_staleness,
         "async_ps: stale synchronous parallel bound s: a worker more than s steps ahead of the slowest "
