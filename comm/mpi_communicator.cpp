@@ -17,6 +17,7 @@
 
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
+#include "comm/open_mpi_defaults.h"
 #include "comm/wire_format.h"
 
 namespace trainer::comm {
@@ -144,20 +145,7 @@ class MpiCommunicator final : public Communicator {
       // its own thread during the next steps (comm/sync/outer_transfer.h), so the trainer asks for it
       // in such runs (request_concurrent_calls); TRAINER_MPI_THREAD=multiple asks for it always (for
       // measuring its cost: Open MPI then takes a lock around every call).
-      // Not set here: OMPI_MCA_btl_tcp_links. Over TCP one connection per pair of ranks reached half
-      // of an emulated 1 Gbit/s link both ways (ResNet-18's 44.7 MB allreduce at P = 2: 700 ms,
-      // where gloo took 374 ms) and four reached it (395 ms), but with four links Open MPI 4.1.4
-      // hung for good: LAS at P = 4 under scripts/netem, at the first Ok-Top-k step after 250 dense
-      // ones, two ranks in an allgatherv round with each other (each having opened a connection to
-      // the other at once, for a link not used before), both waiting, nothing on the wire; the
-      // others already in the next step (Open MPI's multi-link connection bugs, e.g. its issues
-      // 4795 and 8498). A user may still set it, at that risk.
-      // Open MPI's blocking calls spin on its progress loop. The communication thread of an
-      // overlapped step (comm/sync/bucket_reducer.h) waits in them while backward computes, and
-      // where no core is spare (runtime.threads defaults to cores / ranks) its spinning took the
-      // compute threads' time: ResNet-18 at P = 2 on 1 Gbit/s, backward 576 -> 864 ms. Yielding when
-      // a poll finds nothing gives the core back: 640 ms, and the step 974 -> 736 ms.
-      setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
+      set_open_mpi_defaults();
       const char* level = std::getenv("TRAINER_MPI_THREAD");
       const bool multiple = g_want_multiple || (level && std::string(level) == "multiple");
       const int wanted = multiple ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED;
