@@ -4,6 +4,7 @@
 // out of order; a failed load leaves a method exactly as it was.
 #include "comm/sync/error_feedback_sync.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -165,5 +166,37 @@ TEST_CASE("A failed load leaves the method as it was", "[error_feedback][mpi]") 
   for (int s = 3; s < 6; ++s) {
     const auto want = step(*straight, s), got = step(*failed, s);
     CHECK(std::memcmp(want.data(), got.data(), n * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("Without error feedback a step's output depends on its own gradient alone", "[error_feedback][mpi]") {
+  Communicator& comm = comm::world();
+  const int64_t n = 20011;
+  auto run = [&](const std::string& method, bool feedback, int first, int last) {
+    comm::SyncOptions o;
+    o.method = method;
+    o.density = 0.01;
+    o.error_feedback = feedback;
+    auto sync = comm::make_gradient_sync(o, comm, n);
+    std::vector<float> g;
+    for (int s = first; s <= last; ++s) {
+      g = gradient(s, comm.rank(), n);
+      comm::SyncBuffers b{nullptr, g.data(), n};
+      sync->reduce(b, s);
+      comm::ErrorFeedback& ef = dynamic_cast<comm::ErrorFeedbackSync&>(*sync).error_feedback();
+      if (!feedback) {
+        const float* r = ef.residual();
+        CHECK(std::all_of(r, r + n, [](float v) { return v == 0.f; }));
+      }
+    }
+    return g;
+  };
+  for (const std::string method : {"topka", "gaussiank"}) {
+    INFO(method);
+    // Three steps without error feedback end where one step on the third gradient alone does; with
+    // it, the residual of the first two changes the third output.
+    const auto alone = run(method, false, 2, 2);
+    CHECK(std::memcmp(run(method, false, 0, 2).data(), alone.data(), n * sizeof(float)) == 0);
+    CHECK(std::memcmp(run(method, true, 0, 2).data(), alone.data(), n * sizeof(float)) != 0);
   }
 }

@@ -137,6 +137,7 @@ struct SyncConfig {
   bool balance = true;
   int64_t rank = 2;
   double min_compression_rate = 2.0;
+  bool error_feedback = true;
   int64_t servers = 1;                    // async_ps: the last `servers` ranks
   std::string staleness_lr = "none";      // async_ps: kStalenessLr
   double dc_lambda = 0.04;                // async_ps, staleness_lr = "dc"

@@ -367,6 +367,10 @@ void visit_config(Cfg& c, Visitor& v) {
         "powersgd: a tensor (viewed as shape[0] x the rest) is compressed when (n + m) r times this is "
         "below n m; the others (and 1-D tensors) are averaged densely in the same allreduce.",
         closed(0, 1e6));
+  v.key("sync.error_feedback", c.sync.error_feedback,
+        "oktopk, topka, gaussiank, gtopk, powersgd: keep what a step did not send in a residual that "
+        "the next step adds back (error feedback). false is the ablation without it: what was not "
+        "sent is dropped. Other methods keep no residual and ignore it.");
   v.key("sync.servers", c.sync.servers,
         "async_ps: parameter servers, the last N ranks; each owns a contiguous shard of the flat "
         "parameters and BN statistics and runs the optimizer and lr schedule on it (must be below the "

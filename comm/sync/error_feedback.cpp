@@ -34,6 +34,13 @@ float* ErrorFeedback::residual() {
   return r;
 }
 
+void ErrorFeedback::clear_all() {
+  if (!allocated()) return;
+  std::fill(residual_.begin(), residual_.end(), 0.f);
+  if (has_pending_) std::fill(pending_.begin(), pending_.end(), uint16_t{0});
+  has_pending_ = false;
+}
+
 SelectSource ErrorFeedback::accumulate(const float* grad) {
   float* r = storage();
   SelectSource source{grad, r, has_pending_ ? pending_.data() : nullptr};

@@ -44,6 +44,9 @@ class ErrorFeedback {
   // The deferred-clear flags themselves (one bit per entry, 16 per word), for a pass that decides
   // what to clear (write_sparse_output); flags set there are applied like clear()'s.
   uint16_t* clear_flags();
+  // Sets the whole residual to zero (pending clears dropped): what a step leaves behind when the
+  // method runs without error feedback (sync.error_feedback = false).
+  void clear_all();
 
   void save(std::ostream& out) const;
   // Throws std::runtime_error (prefixed with `what`) when the saved size differs or data is short.

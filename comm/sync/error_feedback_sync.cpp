@@ -13,6 +13,7 @@ SyncStats ErrorFeedbackSync::reduce(SyncBuffers& b, int64_t step) {
   ErrorFeedback::Step feedback(ef_, b.grads);
   const SyncStats stats = compress(b, step, feedback);
   if (!feedback.formed()) throw std::logic_error(name() + ": a compressed step that never formed acc = grad + residual");
+  if (!keep_residual_) ef_.clear_all();
   return stats;
 }
 

@@ -36,6 +36,11 @@ class ErrorFeedbackSync : public GradientSync {
   // (ErrorFeedback::load_mean). All or nothing, as load().
   std::string load_resharded(const std::vector<std::string>& states) final;
 
+  // false: the ablation without error feedback (sync.error_feedback): each step still forms
+  // acc = grad + residual, but the residual is cleared after it, so it is always zero: what was not
+  // sent is dropped. The residual stays in the checkpoint format (zeros).
+  void set_keep_residual(bool keep) { keep_residual_ = keep; }
+
   ErrorFeedback& error_feedback() { return ef_; }
   const ErrorFeedback& error_feedback() const { return ef_; }
 
@@ -55,6 +60,7 @@ class ErrorFeedbackSync : public GradientSync {
 
  private:
   ErrorFeedback ef_;
+  bool keep_residual_ = true;
 };
 
 }  // namespace trainer::comm

@@ -123,6 +123,7 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
     method = std::make_unique<PowerSgd>(comm, *views, n, o.rank, o.min_compression_rate, o.seed, models::cpu_backend(),
                                         o.wire_dtype, o.bucket_mb, buckets);
   }
+  if (auto* compressor = dynamic_cast<ErrorFeedbackSync*>(method.get())) compressor->set_keep_residual(o.error_feedback);
   if (!method) {
     std::string list;
     for (const auto& name : sync_method_names()) list += (list.empty() ? "" : ", ") + name;

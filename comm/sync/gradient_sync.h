@@ -123,6 +123,7 @@ struct SyncOptions {
   bool balance = true;                  // oktopk: even out the final allgatherv blocks
   int64_t rank = 2;                     // powersgd: rank of the factors
   double min_compression_rate = 2.0;    // powersgd: compress when (n + m) r * rate < n m
+  bool error_feedback = true;           // compressing methods: false drops what was not sent
   uint64_t seed = 0;                    // powersgd: the first Q's seed (the same on every rank)
   std::string outer_optimizer = "nesterov";  // diloco (comm/sync/diloco.h): nesterov or sgd
   double outer_lr = 0.7;                // diloco
