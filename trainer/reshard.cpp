@@ -198,6 +198,7 @@ Resharded apply_ps_worker_resharded(const LoadedCheckpoint& ck, const comm::PsLa
              batch_note(global_batch, layout.workers, "worker") +
              "; the servers' shards of the parameters, BN statistics and optimizer state" +
              (ps.state.gap ? " and gap-aware averages" : "") + " joined and cut for " + str(layout.servers) +
+             (layout.servers == 1 ? " server" : " servers") +
              "; every worker's clock (" + str(*slowest) + (*slowest == *fastest ? "" : " to " + str(*fastest)) +
              " steps at the checkpoint) restarted at the global step " + str(step) + ", its data position with it; " +
              sync_note;
