@@ -21,9 +21,9 @@
 // Every file is written to a temporary name, fsync'd, renamed and its folder fsync'd. A checkpoint
 // of P processes loads on P' != P too (an elastic resume; for async_ps also on another number of
 // servers, which the manifest records as "servers"): every rank then reads all P state files and
-// trainer/reshard.h merges them. Both functions are collective: every rank of `comm` calls them with the same arguments, and an error
-// on any rank makes every rank throw the same one-line std::runtime_error naming the file (no rank
-// is left waiting in a collective).
+// trainer/reshard.h merges them. Both functions are collective: every rank of `comm` calls them
+// with the same arguments, and an error on any rank makes every rank throw the same one-line
+// std::runtime_error naming the file (no rank is left waiting in a collective).
 #pragma once
 
 #include <cstdint>

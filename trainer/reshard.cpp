@@ -107,7 +107,8 @@ Config plan_resume(const Config& config, const std::string& which, comm::Communi
     throw std::runtime_error("sync.method 'async_ps': the checkpoint was written by " + str(saved_world) +
                              " processes and does not record how many were servers (an older checkpoint); resume "
                              "it with " + str(saved_world) + " processes");
-  const int64_t trainers = world - servers, saved_trainers = saved_world - (saved_servers < 0 ? servers : saved_servers);
+  const int64_t trainers = world - servers;
+  const int64_t saved_trainers = saved_world - (saved_servers < 0 ? servers : saved_servers);
   if (trainers < 1) return config;  // no worker: PsLayout::make's error names sync.servers (run.cpp)
   const std::string unit = ps ? (trainers == 1 ? " worker" : " workers") : " processes";
   // The global batch the checkpoint's steps were made of: one an earlier elastic resume kept, or
@@ -196,8 +197,9 @@ Resharded apply_ps_worker_resharded(const LoadedCheckpoint& ck, const comm::PsLa
              " processes (" + str(ps.workers) + " workers and " + str(ps.servers) + " to " + str(layout.workers) +
              " and " + str(layout.servers) + (layout.servers == 1 ? " server): " : " servers): ") +
              batch_note(global_batch, layout.workers, "worker") +
-             "; the servers' shards of the parameters, BN statistics and optimizer state" +
-             (ps.state.gap ? " and gap-aware averages" : "") + " joined and cut for " + str(layout.servers) +
+             "; the servers' shards of the parameters, BN statistics" +
+             (ps.state.gap ? ", optimizer state and gap-aware averages" : " and optimizer state") +
+             " joined and cut for " + str(layout.servers) +
              (layout.servers == 1 ? " server" : " servers") +
              "; every worker's clock (" + str(*slowest) + (*slowest == *fastest ? "" : " to " + str(*fastest)) +
              " steps at the checkpoint) restarted at the global step " + str(step) + ", its data position with it; " +

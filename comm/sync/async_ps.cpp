@@ -168,7 +168,8 @@ std::string AsyncPsWorker::load_resharded(const std::vector<std::string>& states
   }
   if (version < 0) throw std::runtime_error("async_ps: no saved worker state to resume from");
   pulled_version_.assign(static_cast<size_t>(options_.servers), version);
-  return "every worker holds the checkpoint's parameters (version " + std::to_string(version) + "), nothing was in flight";
+  return "every worker holds the checkpoint's parameters (version " + std::to_string(version) +
+         "), nothing was in flight";
 }
 
 }  // namespace trainer::comm

@@ -311,7 +311,8 @@ void ParameterServer::load_resharded(const std::vector<std::string>& optimizer_s
     // The saved optimizer as that server ran it (its momentum depends on the saved number of
     // workers), only to read its per-element state.
     const auto [begin, end] = PsLayout::shard(n_, saved_servers, s);
-    auto optimizer = optim::make_optimizer(backend_, server_optimizer(options_, saved[s].state.workers).first, end - begin);
+    const optim::OptimizerOptions as_saved = server_optimizer(options_, saved[s].state.workers).first;
+    auto optimizer = optim::make_optimizer(backend_, as_saved, end - begin);
     optimizer->load(optimizer_state);
     saved[s].optimizer = optimizer->element_state();
     saved[s].optimizer_steps = optimizer->step_count();
