@@ -98,4 +98,17 @@ void Adam::load(std::istream& in) {
   steps_ = steps;
 }
 
+std::vector<std::vector<float>> Adam::element_state() const { return {exp_avg(), exp_avg_sq()}; }
+
+void Adam::set_element_state(const std::vector<std::vector<float>>& state, int64_t steps) {
+  if (state.size() != 2 || static_cast<int64_t>(state[0].size()) != n_ ||
+      static_cast<int64_t>(state[1].size()) != n_ || steps < 0)
+    throw std::invalid_argument("Adam state: " + std::to_string(state.size()) + " per-element arrays for " +
+                                std::to_string(n_) + " parameters, expected 2 of " + std::to_string(n_) +
+                                " (exp_avg, exp_avg_sq)");
+  models::copy_to_device(backend_, state[0].data(), n_, m_.data());
+  models::copy_to_device(backend_, state[1].data(), n_, v_.data());
+  steps_ = steps;
+}
+
 }  // namespace trainer::optim

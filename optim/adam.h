@@ -58,6 +58,8 @@ class Adam final : public Optimizer {
   // lengths, truncated stream), leaving this object unchanged on error.
   void save(std::ostream& out) const override;
   void load(std::istream& in) override;
+  std::vector<std::vector<float>> element_state() const override;
+  void set_element_state(const std::vector<std::vector<float>>& state, int64_t steps) override;
 
  private:
   std::vector<float> host_copy(const models::DeviceBuffer& b) const;

@@ -35,6 +35,14 @@ class Optimizer {
   virtual void save(std::ostream& out) const = 0;
   virtual void load(std::istream& in) = 0;
 
+  // The state kept per parameter element, as host arrays of size() floats each (SGD: the momentum
+  // buffer, none without momentum; Adam: exp_avg, exp_avg_sq), and its replacement with a step
+  // count: for cutting and joining an async_ps server's optimizer by parameter ranges when the
+  // servers are re-sharded (comm/sync/async_ps_state.h). set_element_state throws
+  // std::invalid_argument (leaving the optimizer unchanged) when the count or a size differs.
+  virtual std::vector<std::vector<float>> element_state() const = 0;
+  virtual void set_element_state(const std::vector<std::vector<float>>& state, int64_t steps) = 0;
+
   // "sgd", "adam" or "adamw": the optim.name that builds this optimizer.
   virtual std::string name() const = 0;
   virtual int64_t size() const = 0;

@@ -80,4 +80,20 @@ void Sgd::load(std::istream& in) {
   steps_ = steps;
 }
 
+std::vector<std::vector<float>> Sgd::element_state() const {
+  if (momentum_buffer_.empty()) return {};
+  return {momentum_buffer()};
+}
+
+void Sgd::set_element_state(const std::vector<std::vector<float>>& state, int64_t steps) {
+  const size_t arrays = momentum_buffer_.empty() ? 0 : 1;
+  if (state.size() != arrays || (arrays == 1 && static_cast<int64_t>(state[0].size()) != n_) || steps < 0)
+    throw std::invalid_argument("SGD state: " + std::to_string(state.size()) + " per-element arrays for " +
+                                std::to_string(n_) + " parameters, expected " + std::to_string(arrays) +
+                                (arrays ? " of " + std::to_string(n_) : std::string()) + " (momentum " +
+                                (arrays ? "on" : "off") + ")");
+  if (arrays) models::copy_to_device(backend_, state[0].data(), n_, momentum_buffer_.data());
+  steps_ = steps;
+}
+
 }  // namespace trainer::optim

@@ -57,6 +57,8 @@ class Sgd final : public Optimizer {
   // unchanged on error.
   void save(std::ostream& out) const override;
   void load(std::istream& in) override;
+  std::vector<std::vector<float>> element_state() const override;
+  void set_element_state(const std::vector<std::vector<float>>& state, int64_t steps) override;
 
  private:
   models::Backend& backend_;

@@ -339,3 +339,95 @@ TEST_CASE("Residual mean over ranks: the exact mean rounded once, the same bits 
   CHECK_FALSE(merge({none.str(), none.str()}).allocated());
   CHECK_THROWS_WITH(merge({saved[0], none.str()}), Contains("1 of 2 saved ranks hold a residual"));
 }
+
+TEST_CASE("async_ps resumes on 5 and then 3 processes: servers re-split, workers restart at the global step",
+          "[mpi][elastic][async_ps]") {
+  // 4 processes (3 workers, 1 server: a global batch of 24) to the checkpoint at 4; on 5 (3 workers,
+  // 2 servers) to 8; on 3 (2 workers of 12 samples, 1 server) to 12. Deterministic round robin: the
+  // workers' clocks are equal at every checkpoint, so the data position is exact. From 4 to 8 only
+  // the servers changed, and every update is element-wise: the run must match one that never
+  // stopped, bit for bit, which holds only if the re-split shards carry the parameters, BN
+  // statistics and momentum exactly and the new servers continue the same push order and versions.
+  const std::string sync = " --set sync.method=async_ps --set sync.deterministic=true --set sync.max_staleness=-1" +
+                           std::string(" --set train.max_steps=12 --set train.checkpoint_every=4") +
+                           " --set train.keep_checkpoints=10 --set train.log_every_steps=2";
+  TempDir ref("ps_elastic_ref"), run("ps_elastic"), samples("ps_elastic_samples");
+  const auto cmd = [&](int p, int servers, const std::string& extra) {
+    return sample_logged(samples.path, trainer::testing::small_cifar_command(
+                                           p, run.path, sync + " --set sync.servers=" + std::to_string(servers) + extra));
+  };
+  Outcome whole = run_command(trainer::testing::small_cifar_command(4, ref.path, sync + " --stop-after 8"));
+  INFO(whole.output);
+  REQUIRE(whole.exit_code == 0);
+  Outcome first = run_command(cmd(4, 1, " --stop-after 4"));
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  Outcome second = run_command(cmd(5, 2, " --stop-after 8 --resume latest"));
+  INFO(second.output);
+  REQUIRE(second.exit_code == 0);
+  CHECK_THAT(second.output, Contains("re-sharded from 4 to 5 processes (3 workers and 1 to 3 and 2 servers): global "
+                                     "batch 24 kept (8 per worker)") &&
+                                Contains("joined and cut for 2 servers; every worker's clock (4 steps at the checkpoint) "
+                                         "restarted at the global step 4"));
+  Outcome third = run_command(cmd(3, 1, " --resume latest"));
+  INFO(third.output);
+  REQUIRE(third.exit_code == 0);
+  CHECK_THAT(third.output, Contains("re-sharded from 5 to 3 processes (3 workers and 2 to 2 and 1 server): global "
+                                    "batch 24 kept (12 per worker)"));
+
+  // 1 -> 2 servers changed no bit: worker 0's parameters and BN statistics at step 8.
+  const auto worker0 = trainer::testing::rank_states(run.path / "checkpoints/step_8", 1);
+  const auto reference = trainer::testing::rank_states(ref.path / "checkpoints/step_8", 1);
+  for (const char* t : {"rank0.state/params", "rank0.state/buffers"}) {
+    INFO(t);
+    const bool identical = worker0.at(t) == reference.at(t);
+    CHECK(identical);
+  }
+
+  // The data position: global batches 0..11 of the epoch, each whole, no sample twice.
+  std::vector<int> used(kImages, 0);
+  std::map<int64_t, int64_t> batch_sizes;
+  for (const LoggedBatch& b : logged_batches(samples.path)) {
+    CHECK(b.epoch == 0);
+    batch_sizes[b.batch] += static_cast<int64_t>(b.indices.size());
+    for (int64_t i : b.indices) ++used.at(i);
+  }
+  CHECK(std::count(used.begin(), used.end(), 1) == 12 * 24);
+  CHECK(std::count(used.begin(), used.end(), 0) == kImages - 12 * 24);
+  CHECK(batch_sizes.size() == 12);
+  for (const auto& [batch, size] : batch_sizes) CHECK(size == 24);
+
+  // Training goes on at 2 workers of 12: the loss after the change near the loss before it.
+  const auto l = losses(run.path);
+  REQUIRE(l.size() == 6);
+  for (const auto& [step, loss] : l) CHECK(std::isfinite(loss));
+  CHECK(std::fabs(mean_loss(l, 8, 12) - mean_loss(l, 4, 8)) < 0.3);
+}
+
+TEST_CASE("async_ps with a straggler: after a resume on more workers every worker starts at the global step",
+          "[mpi][elastic][async_ps]") {
+  // Worker 0 at a quarter of worker 1's pace: at the checkpoint of global step 4 (8 pushes) their own
+  // clocks differ, e.g. 2 and 6. On 4 processes (3 workers) every worker takes global batch 4 next.
+  const std::string sync = " --set sync.method=async_ps --set sync.servers=1 --set train.max_steps=6" +
+                           std::string(" --set train.checkpoint_every=4 --set runtime.slowdown.rank=0") +
+                           " --set runtime.slowdown.factor=4";
+  TempDir run("ps_straggler"), samples("ps_straggler_samples");
+  Outcome first = run_command(trainer::testing::small_cifar_command(3, run.path, sync + " --stop-after 4"));
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  Outcome second =
+      run_command(sample_logged(samples.path, trainer::testing::small_cifar_command(4, run.path, sync + " --resume latest")));
+  INFO(second.output);
+  REQUIRE(second.exit_code == 0);
+  CHECK_THAT(second.output, Contains("re-sharded from 3 to 4 processes (2 workers and 1 to 3 and 1 server): global batch "
+                                     "16 kept (5 or 6 per worker, gradients weighted by share)") &&
+                                Contains("restarted at the global step 4"));
+  for (const auto& f : fs::directory_iterator(samples.path)) {
+    std::ifstream in(f.path());
+    int64_t epoch = -1, batch = -1;
+    in >> epoch >> batch;
+    INFO(f.path().filename().string());
+    CHECK(epoch == 0);
+    CHECK(batch == 4);
+  }
+}

@@ -237,6 +237,7 @@ void write_manifest(const fs::path& folder, const CheckpointIdentity& id, const 
             {"params", layout_json(params)},
             {"buffers", layout_json(buffers)},
             {"files", std::move(files)}};
+  if (id.servers > 0) m["servers"] = id.servers;  // absent: no servers (or written before the key)
   m["manifest_crc32"] = hex(crc32_of(m.dump(1)), 8);
   write_text_atomic(folder / kManifest, m.dump(1) + "\n");
 }
@@ -334,7 +335,7 @@ namespace {
 struct Staged {
   std::string folder;
   std::string config_warning;
-  int saved_world = 0;
+  int saved_world = 0, saved_servers = -1;
   std::vector<models::SafeTensorsFile> files;  // this rank's; or every saved rank's, in rank order
   std::vector<TrainingState> states;           // the same ranks' states
 };
@@ -463,7 +464,8 @@ Staged read_checkpoint(const fs::path& folder, const CheckpointIdentity& id, con
     const int64_t saved_world = m.at("world_size").get<int64_t>();
     if (saved_world < 1 || saved_world > (int64_t{1} << 20)) damaged(where + ": manifest world_size " + m.at("world_size").dump());
     s.saved_world = static_cast<int>(saved_world);
-    if (saved_world != world) {
+    s.saved_servers = m.contains("servers") ? m.at("servers").get<int>() : id.servers > 0 ? -1 : 0;
+    if (saved_world != world || (id.servers > 0 && s.saved_servers >= 0 && s.saved_servers != id.servers)) {
       ranks.resize(static_cast<size_t>(saved_world));
       for (int r = 0; r < saved_world; ++r) ranks[r] = r;
     }
@@ -559,8 +561,9 @@ LoadedCheckpoint load_checkpoint(const std::string& output_dir, const std::strin
     LoadedCheckpoint out;
     out.path = staged.folder;
     out.saved_world = staged.saved_world;
+    out.saved_servers = staged.saved_servers;
     out.state = staged.states.front();
-    if (staged.saved_world == identity.world_size) {
+    if (staged.files.size() == 1 && staged.saved_world == identity.world_size) {
       apply(staged.files.front(), "params", params);
       apply(staged.files.front(), "buffers", buffers);
     } else {
@@ -592,6 +595,7 @@ std::optional<CheckpointSummary> peek_checkpoint(const std::string& output_dir, 
       c.step = m.at("step").get<int64_t>();
       c.world_size = m.at("world_size").get<int>();
       c.global_batch = m.contains("global_batch") ? m.at("global_batch").get<int64_t>() : 0;
+      c.servers = m.contains("servers") ? m.at("servers").get<int>() : -1;
       return c;
     } catch (const std::exception&) {  // damaged: load_checkpoint skips it too, or names it
     }

@@ -13,15 +13,17 @@
 //                      the loader position and the global batch, and what it belongs to (world
 //                      size, rank, model layout).
 //   manifest.json      written last, by rank 0, once every rank's state file is durable: step, world
-//                      size, config hash, model layout (tensor names and shapes), and each file's
-//                      size and CRC-32 (zlib's), plus a CRC-32 of the manifest itself. A folder
-//                      without a valid manifest is not a checkpoint.
+//                      size (and async_ps's number of servers), config hash, model layout (tensor
+//                      names and shapes), and each file's size and CRC-32 (zlib's), plus a CRC-32
+//                      of the manifest itself. A folder without a valid manifest is not a
+//                      checkpoint.
 //
 // Every file is written to a temporary name, fsync'd, renamed and its folder fsync'd. A checkpoint
-// of P processes loads on P' != P too (an elastic resume): every rank then reads all P state files
-// and trainer/reshard.h merges them. Both functions are collective: every rank of `comm` calls them with the same arguments, and an error
-// on any rank makes every rank throw the same one-line std::runtime_error naming the file (no rank
-// is left waiting in a collective).
+// of P processes loads on P' != P too (an elastic resume; for async_ps also on another number of
+// servers, which the manifest records as "servers"): every rank then reads all P state files and
+// trainer/reshard.h merges them. Both functions are collective: every rank of `comm` calls them
+// with the same arguments, and an error on any rank makes every rank throw the same one-line
+// std::runtime_error naming the file (no rank is left waiting in a collective).
 #pragma once
 
 #include <cstdint>
@@ -50,6 +52,8 @@ struct CheckpointIdentity {
   int rank = 0;              // must be comm.rank()
   uint64_t config_hash = 0;  // config_hash(config): a mismatch is a warning (e.g. a new log cadence)
   std::string arch;          // for messages only
+  int servers = 0;           // async_ps: the last `servers` ranks are parameter servers (0: none);
+                             // a checkpoint of another number is re-sharded like one of another world size
 };
 
 // Writes checkpoints/step_<state.step>/ (replacing an unfinished or older folder of that step), then
@@ -72,8 +76,9 @@ struct LoadedCheckpoint {
   std::string warning;  // empty, or one line for rank 0 to print (fallback, config change)
   TrainingState state;  // this rank's; from another world size, saved rank 0's
   int saved_world = 0;  // the number of processes that wrote it
-  // Only from another world size: every saved rank's part, in rank order. The stores are then left
-  // as they were, for trainer/reshard.h to merge these into them.
+  int saved_servers = -1;  // of those, async_ps's servers (0: none; -1: not recorded, an older checkpoint)
+  // Only from another world size (or number of servers): every saved rank's part, in rank order.
+  // The stores are then left as they were, for trainer/reshard.h to merge these into them.
   std::vector<SavedRank> saved;
 };
 
@@ -86,6 +91,7 @@ struct CheckpointSummary {
   int64_t step = 0;
   int world_size = 0;
   int64_t global_batch = 0;  // TrainingState::global_batch
+  int servers = -1;          // LoadedCheckpoint::saved_servers
 };
 std::optional<CheckpointSummary> peek_checkpoint(const std::string& output_dir, const std::string& which);
 

@@ -28,7 +28,8 @@ void check_identical(const models::ParameterStore& params, comm::Communicator& c
 CheckpointKeeper::CheckpointKeeper(const Config& config, models::ParameterStore& params,
                                    models::ParameterStore& buffers, comm::Communicator& comm)
     : out_(output_dir(config)),
-      identity_{comm.size(), comm.rank(), config_hash(config), config.model.arch},
+      identity_{comm.size(), comm.rank(), config_hash(config), config.model.arch,
+                config.sync.method == "async_ps" ? static_cast<int>(config.sync.servers) : 0},
       keep_(static_cast<int>(config.train.keep_checkpoints)),
       params_(params),
       buffers_(buffers),

@@ -221,7 +221,8 @@ void visit_config(Cfg& c, Visitor& v) {
         "divide G, shares of floor or ceil(G / P'), each gradient weighted by its share so the step is "
         "still the mean over G. keep_global_even: only where P' divides G (equal per-process batches, "
         "e.g. for the same BN batch size on every process); otherwise the resume is refused. "
-        "data.batch_size applies to fresh runs and to resumes on the same P.",
+        "data.batch_size applies to fresh runs and to resumes on the same P. With async_ps, P' counts the "
+        "workers (processes - sync.servers).",
         Allowed({"keep_global", "keep_global_even"}));
   v.key("train.eval_examples", c.train.eval_examples,
         "an4: reference/hypothesis pairs shown with each evaluation.", closed(0, 100));
@@ -374,7 +375,9 @@ void visit_config(Cfg& c, Visitor& v) {
   v.key("sync.servers", c.sync.servers,
         "async_ps: parameter servers, the last N ranks; each owns a contiguous shard of the flat "
         "parameters and BN statistics and runs the optimizer and lr schedule on it (must be below the "
-        "number of processes).",
+        "number of processes). A fixed count, resumes included: a checkpoint of another number of "
+        "processes or servers has its servers' shards (with their optimizer state) joined and cut for "
+        "this many, and the workers restart at the global step.",
         closed(1, 1 << 20));
   v.key("sync.staleness_lr", c.sync.staleness_lr,
         "async_ps: how a server treats a gradient computed tau versions ago. A push is 1/W of a "

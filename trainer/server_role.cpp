@@ -3,6 +3,7 @@
 #include "comm/sync/async_ps_server.h"
 #include "trainer/checkpoint_keeper.h"
 #include "trainer/experiment.h"
+#include "trainer/reshard.h"
 #include "trainer/roles.h"
 #include "trainer/task.h"
 
@@ -22,8 +23,12 @@ bool run_server(const Config& config, const RunOptions& options, comm::Communica
   CheckpointKeeper keeper(config, *model.params, *model.buffers, world);
   int64_t first_step = 0;
   if (auto ck = keeper.start(options.resume)) {
-    std::istringstream opt_state(ck->state.optimizer_state), sync_state(ck->state.sync_state);
-    server.load(opt_state, sync_state);
+    if (ck->saved.empty()) {
+      std::istringstream opt_state(ck->state.optimizer_state), sync_state(ck->state.sync_state);
+      server.load(opt_state, sync_state);
+    } else {  // another number of processes or servers (trainer/reshard.h)
+      apply_ps_server_resharded(*ck, server, *model.params, *model.buffers);
+    }
     first_step = ck->state.step;
   }
   // The same checkpoint calls as the workers': a failed periodic one is a warning (rank 0, a
@@ -34,6 +39,7 @@ bool run_server(const Config& config, const RunOptions& options, comm::Communica
     state.step = step;
     state.epoch = step / steps_per_epoch;
     state.batch_in_epoch = step % steps_per_epoch;
+    state.global_batch = config.data.global_batch;  // as the workers record it
     std::ostringstream opt_state, sync_state;
     server.save(opt_state, sync_state);
     state.optimizer_state = opt_state.str();

@@ -240,28 +240,33 @@ void Worker::resume(const LoadedCheckpoint& ck) {
   // run_training planned the global batch from the checkpoint it saw first; "latest" may have
   // fallen back past a damaged one to a checkpoint of other steps. (Only where a global batch was
   // kept or is to be: an exact resume, async_ps's included, has nothing to check.)
-  const bool elastic = ck.saved_world != world_.size() || ck.state.global_batch > 0 || config_.data.global_batch > 0;
-  const int64_t saved = ck.state.global_batch > 0 ? ck.state.global_batch : config_.data.batch_size * ck.saved_world;
+  const bool elastic = !ck.saved.empty() || ck.state.global_batch > 0 || config_.data.global_batch > 0;
+  const int64_t saved_trainers = ck.saved_world - std::max(ck.saved_servers, 0);  // async_ps: its workers
+  const int64_t saved = ck.state.global_batch > 0 ? ck.state.global_batch : config_.data.batch_size * saved_trainers;
   const int64_t planned = global_batch(config_, training_.size());
   if (elastic && saved != planned)
     throw AgreedError("checkpoint " + ck.path + " holds steps of " + str(saved) + " samples, but this run was set up for " +
                           str(planned) + " from a newer checkpoint that is damaged; resume with --resume " + ck.path,
                       1);
-  std::string resharded;
+  Resharded resharded{"", ck.state.epoch, ck.state.batch_in_epoch};
   if (ck.saved.empty()) {
     std::istringstream opt_state(ck.state.optimizer_state), sync_state(ck.state.sync_state);
     e_.optimizer->load(opt_state);
     e_.sync->load(sync_state);
+  } else if (config_.sync.method == "async_ps") {
+    resharded = apply_ps_worker_resharded(ck, comm::PsLayout::make(world_.size(), config_.sync.servers),
+                                          task_.parameters(), task_.buffers(), *e_.optimizer, *e_.sync,
+                                          global_batch(config_, training_.size()));
   } else {
     resharded = apply_resharded(ck, training_.size(), task_.parameters(), task_.buffers(), *e_.optimizer, *e_.sync,
                                 global_batch(config_, training_.size()));
   }
   frame_.first_step = ck.state.step;
-  first_clock_ = ck.state.epoch * steps_per_epoch_ + ck.state.batch_in_epoch;
-  task_.seek(ck.state.epoch, ck.state.batch_in_epoch);
+  first_clock_ = resharded.epoch * steps_per_epoch_ + resharded.batch_in_epoch;
+  task_.seek(resharded.epoch, resharded.batch_in_epoch);
   if (lead_) truncate_metrics(output_dir(config_) + "/metrics.jsonl", frame_.first_step);
   say("resumed from " + ck.path + " at step " + str(frame_.first_step));
-  if (!resharded.empty()) say(resharded);
+  if (!resharded.note.empty()) say(resharded.note);
 }
 
 RunSummary Worker::run() {

@@ -129,17 +129,47 @@ void AsyncPsWorker::save(std::ostream& out) const {
   for (int64_t v : versions) write_pod(out, v);
 }
 
-void AsyncPsWorker::load(std::istream& in) {
+namespace {
+
+// A worker's saved state: the version of each server's shard it pulled.
+std::vector<int64_t> read_pulled_versions(std::istream& in) {
   read_sync_header(in, "async_ps", 1);
   const auto count = read_pod<int64_t>(in);
   if (!in || count < 0 || count > (1 << 20)) throw std::runtime_error("async_ps worker state: truncated");
   std::vector<int64_t> versions(static_cast<size_t>(count));
   for (int64_t& v : versions) v = read_pod<int64_t>(in);
   if (!in) throw std::runtime_error("async_ps worker state: truncated");
-  if (count != options_.servers)
-    throw std::runtime_error("async_ps state was saved with sync.servers = " + std::to_string(count) +
+  return versions;
+}
+
+}  // namespace
+
+void AsyncPsWorker::load(std::istream& in) {
+  std::vector<int64_t> versions = read_pulled_versions(in);
+  if (static_cast<int64_t>(versions.size()) != options_.servers)
+    throw std::runtime_error("async_ps state was saved with sync.servers = " + std::to_string(versions.size()) +
                              ", this run has " + std::to_string(options_.servers));
   pulled_version_ = std::move(versions);
+}
+
+std::string AsyncPsWorker::load_resharded(const std::vector<std::string>& states) {
+  // A checkpoint is a meet: every worker pulled every server's shard there, and every server had
+  // applied every push, so all hold one version. The new servers carry it on (async_ps_state.h).
+  int64_t version = -1;
+  for (size_t w = 0; w < states.size(); ++w) {
+    std::istringstream in(states[w]);
+    for (int64_t v : read_pulled_versions(in)) {
+      if (version >= 0 && v != version)
+        throw std::runtime_error("async_ps: saved worker " + std::to_string(w) + " pulled version " +
+                                 std::to_string(v) + ", another " + std::to_string(version) +
+                                 " (not a checkpoint at a meet)");
+      version = v;
+    }
+  }
+  if (version < 0) throw std::runtime_error("async_ps: no saved worker state to resume from");
+  pulled_version_.assign(static_cast<size_t>(options_.servers), version);
+  return "every worker holds the checkpoint's parameters (version " + std::to_string(version) +
+         "), nothing was in flight";
 }
 
 }  // namespace trainer::comm

@@ -77,6 +77,9 @@ class AsyncPsWorker final : public GradientSync {
   bool keeps_parameters_equal() const override { return false; }
   void save(std::ostream& out) const override;
   void load(std::istream& in) override;
+  // Elastic resume (trainer/reshard.h): `states` are the saved workers' only (the servers' state is
+  // comm/sync/async_ps_state.h's); each of this run's servers is at the version they all pulled.
+  std::string load_resharded(const std::vector<std::string>& states) override;
 
  private:
   Communicator& world_;

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "comm/sync/async_ps_state.h"
 #include "comm/sync/staleness_remedies.h"
 #include "comm/sync/sync_state.h"
 
@@ -30,27 +31,36 @@ void delay_compensate(float* g, const float* w_now, const float* w_pulled, float
   for (int64_t i = 0; i < n; ++i) g[i] += lambda * g[i] * g[i] * (w_now[i] - w_pulled[i]);
 }
 
+// The servers' optimizer with W workers and the lr factor: sync.momentum_correction lowers SGD's
+// momentum by asynchrony's implicit momentum (staleness_remedies.h); with max_staleness = 0 there is
+// no asynchrony, and the servers run dense SGD's momentum.
+std::pair<optim::OptimizerOptions, double> server_optimizer(const PsServerOptions& options, int workers) {
+  optim::OptimizerOptions o = options.optimizer;
+  double lr_factor = 1;
+  if (options.sync.momentum_correction != "none" && options.sync.max_staleness != 0 && o.name == "sgd") {
+    const double mu = options.optimizer.momentum;
+    o.momentum = corrected_momentum(mu, workers);
+    if (o.momentum == 0) o.nesterov = false;
+    if (options.sync.momentum_correction == "momentum_and_lr")
+      lr_factor = (1.0 - o.momentum) / (1.0 - mu);  // keeps lr / (1 - momentum); optim.momentum < 1 (schema)
+  }
+  return {o, lr_factor};
+}
+
 }  // namespace
 
 ParameterServer::ParameterServer(const PsServerOptions& options, Communicator& world, models::Backend& backend,
                                  models::ParameterStore& params, models::ParameterStore& buffers)
     : options_(options), world_(world), backend_(backend), layout_(PsLayout::make(world.size(), options.sync.servers)) {
   me_ = world.rank() - layout_.workers;
+  n_ = params.size();
   std::tie(p0_, p1_) = PsLayout::shard(params.size(), layout_.servers, me_);
   std::tie(s0_, s1_) = PsLayout::shard(buffers.size(), layout_.servers, me_);
   params_ = params.values() + p0_;
   state_ = buffers.values() + s0_;
-  const bool asynchronous = options.sync.max_staleness != 0;
-  if (options.sync.momentum_correction != "none" && asynchronous && options.optimizer.name == "sgd") {
-    // Asynchrony's implicit momentum comes on top of the optimizer's (staleness_remedies.h); with
-    // max_staleness = 0 there is no asynchrony, and the servers run dense SGD's momentum.
-    const double mu = options.optimizer.momentum;
-    options_.optimizer.momentum = corrected_momentum(mu, layout_.workers);
-    if (options_.optimizer.momentum == 0) options_.optimizer.nesterov = false;
-    if (options.sync.momentum_correction == "momentum_and_lr")
-      lr_factor_ = (1.0 - options_.optimizer.momentum) / (1.0 - mu);  // optim.momentum < 1 (schema)
-  }
-  optimizer_ = optim::make_optimizer(backend, options_.optimizer, p1_ - p0_);
+  optim::OptimizerOptions optimizer;
+  std::tie(optimizer, lr_factor_) = server_optimizer(options, layout_.workers);
+  optimizer_ = optim::make_optimizer(backend, optimizer, p1_ - p0_);
   if (options.sync.staleness_lr == "gap") {
     gap_ = std::make_unique<GapAwareDamping>(p1_ - p0_);
     before_.resize(static_cast<size_t>(p1_ - p0_));
@@ -253,37 +263,68 @@ int64_t ParameterServer::serve(int64_t first_step, int64_t stop_after,
 
 void ParameterServer::save(std::ostream& optimizer_out, std::ostream& state_out) const {
   optimizer_->save(optimizer_out);
-  write_sync_header(state_out, "async_ps_server", 3);
-  for (int64_t v : {static_cast<int64_t>(layout_.workers), static_cast<int64_t>(layout_.servers), version_, pushes_,
-                    total_steps_, steps_per_epoch_, static_cast<int64_t>(next_)})
-    write_pod(state_out, v);
-  for (int64_t c : clock_) write_pod(state_out, c);  // workers' clocks differ at a meet
-  write_pod(state_out, static_cast<uint8_t>(gap_ ? 1 : 0));  // version 3: the gap-aware running average
-  if (gap_) gap_->save(state_out);
+  PsServerState state;
+  state.workers = layout_.workers;
+  state.servers = layout_.servers;
+  state.version = version_;
+  state.pushes = pushes_;
+  state.total_steps = total_steps_;
+  state.steps_per_epoch = steps_per_epoch_;
+  state.next = next_;
+  state.clocks = clock_;
+  if (gap_) state.gap = *gap_;
+  state.write(state_out);
 }
 
 void ParameterServer::load(std::istream& optimizer_in, std::istream& state_in) {
   optimizer_->load(optimizer_in);
-  const uint32_t format = read_sync_header(state_in, "async_ps_server", 3, 2);
-  int64_t v[7];
-  for (int64_t& x : v) x = read_pod<int64_t>(state_in);
-  if (!state_in) throw std::runtime_error("async_ps server state: truncated");
-  if (v[0] != layout_.workers || v[1] != layout_.servers)
-    throw std::runtime_error("async_ps state was saved with " + std::to_string(v[0]) + " workers and " +
-                             std::to_string(v[1]) + " servers (sync.servers), this run has " +
+  use_state(PsServerState::read(state_in));
+}
+
+void ParameterServer::use_state(PsServerState state) {
+  if (state.workers != layout_.workers || state.servers != layout_.servers)
+    throw std::runtime_error("async_ps state was saved with " + std::to_string(state.workers) + " workers and " +
+                             std::to_string(state.servers) + " servers (sync.servers), this run has " +
                              std::to_string(layout_.workers) + " and " + std::to_string(layout_.servers));
-  version_ = v[2];
-  pushes_ = v[3];
-  total_steps_ = v[4];
-  steps_per_epoch_ = v[5];
-  next_ = static_cast<int>(v[6]);
-  for (int64_t& c : clock_) c = read_pod<int64_t>(state_in);
-  if (!state_in || next_ < 0 || next_ >= layout_.workers) throw std::runtime_error("async_ps server state: truncated");
-  const bool has_gap = format >= 3 && read_pod<uint8_t>(state_in) != 0;
-  if (has_gap != static_cast<bool>(gap_))
-    throw std::runtime_error(std::string("async_ps server state was saved ") + (has_gap ? "with" : "without") +
+  if (state.gap.has_value() != static_cast<bool>(gap_))
+    throw std::runtime_error(std::string("async_ps server state was saved ") + (state.gap ? "with" : "without") +
                              " sync.staleness_lr = \"gap\", this run has it " + (gap_ ? "on" : "off"));
-  if (gap_) gap_->load(state_in);
+  if (gap_ && state.gap->size() != p1_ - p0_)
+    throw std::runtime_error("async_ps gap-aware state: " + std::to_string(state.gap->size()) +
+                             " elements, this shard has " + std::to_string(p1_ - p0_));
+  version_ = state.version;
+  pushes_ = state.pushes;
+  total_steps_ = state.total_steps;
+  steps_per_epoch_ = state.steps_per_epoch;
+  next_ = static_cast<int>(state.next);
+  clock_ = std::move(state.clocks);
+  if (gap_) *gap_ = std::move(*state.gap);
+}
+
+void ParameterServer::load_resharded(const std::vector<std::string>& optimizer_states,
+                                     const std::vector<std::string>& server_states, int64_t step) {
+  const int saved_servers = static_cast<int>(server_states.size());
+  std::vector<PsServerPart> saved(server_states.size());
+  for (int s = 0; s < saved_servers; ++s) {
+    std::istringstream state(server_states[s]), optimizer_state(optimizer_states[s]);
+    saved[s].state = PsServerState::read(state);
+    // The saved optimizer as that server ran it (its momentum depends on the saved number of
+    // workers), only to read its per-element state.
+    const auto [begin, end] = PsLayout::shard(n_, saved_servers, s);
+    const optim::OptimizerOptions as_saved = server_optimizer(options_, saved[s].state.workers).first;
+    auto optimizer = optim::make_optimizer(backend_, as_saved, end - begin);
+    optimizer->load(optimizer_state);
+    saved[s].optimizer = optimizer->element_state();
+    saved[s].optimizer_steps = optimizer->step_count();
+  }
+  PsServerPart mine = split_ps_servers(join_ps_servers(saved), n_, layout_, me_, step);
+  // SGD's corrected momentum depends on the number of workers and may be 0 on one side only: no
+  // buffer to keep (it is dropped), or none saved (a zero buffer: the next update's buffer is then
+  // that push's gradient, as a first step's would be).
+  const size_t arrays = optimizer_->element_state().size();
+  if (mine.optimizer.size() != arrays) mine.optimizer.assign(arrays, std::vector<float>(p1_ - p0_, 0.f));
+  optimizer_->set_element_state(mine.optimizer, mine.optimizer_steps);
+  use_state(std::move(mine.state));
 }
 
 }  // namespace trainer::comm

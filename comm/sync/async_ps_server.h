@@ -40,10 +40,12 @@
 #include <functional>
 #include <iosfwd>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "comm/sync/async_ps.h"
+#include "comm/sync/async_ps_state.h"
 #include "comm/sync/staleness_remedies.h"
 #include "models/parameters.h"
 #include "optim/optimizer.h"
@@ -77,10 +79,17 @@ class ParameterServer {
   // Optimizer state and the server's own (versions, pushes, schedule plan), for checkpoints.
   void save(std::ostream& optimizer_out, std::ostream& state_out) const;
   void load(std::istream& optimizer_in, std::istream& state_in);
+  // Elastic resume from a checkpoint of another layout (comm/sync/async_ps_state.h): the saved
+  // servers' optimizer and server states, in server order, joined and cut for this server, every
+  // worker's clock at the checkpoint's global step `step`. The stores must already hold the joined
+  // parameters and BN statistics. Throws std::runtime_error naming what does not match.
+  void load_resharded(const std::vector<std::string>& optimizer_states, const std::vector<std::string>& server_states,
+                      int64_t step);
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int64_t total_steps() const { return total_steps_; }
 
  private:
+  void use_state(PsServerState state);  // a loaded state, checked against this server's layout
   bool synchronous(int64_t step) const;
   // The first meet after global step `step`: the next step when it is synchronous, else the next
   // checkpoint, evaluation (or epoch end) or final step.
@@ -97,6 +106,7 @@ class ParameterServer {
   models::Backend& backend_;
   PsLayout layout_;
   int me_ = 0;                       // this server's index, 0..S-1
+  int64_t n_ = 0;                    // the model's parameters
   int64_t p0_ = 0, p1_ = 0;          // its parameter shard
   int64_t s0_ = 0, s1_ = 0;          // its BN-statistics shard
   float* params_;                    // shard start

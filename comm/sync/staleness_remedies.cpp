@@ -50,15 +50,46 @@ void GapAwareDamping::save(std::ostream& out) const {
 }
 
 void GapAwareDamping::load(std::istream& in) {
+  GapAwareDamping saved = read(in);
+  if (saved.mean_square_.size() != mean_square_.size())
+    throw std::runtime_error("async_ps gap-aware state: " + std::to_string(saved.mean_square_.size()) +
+                             " elements, this shard has " + std::to_string(mean_square_.size()));
+  *this = std::move(saved);
+}
+
+GapAwareDamping GapAwareDamping::read(std::istream& in) {
   const auto n = read_pod<int64_t>(in);
-  if (!in || n != static_cast<int64_t>(mean_square_.size()))
-    throw std::runtime_error("async_ps gap-aware state: " + std::to_string(n) + " elements, this shard has " +
-                             std::to_string(mean_square_.size()));
-  updates_ = read_pod<int64_t>(in);
-  max_lr_ = read_pod<double>(in);
-  in.read(reinterpret_cast<char*>(mean_square_.data()),
-          static_cast<std::streamsize>(mean_square_.size() * sizeof(float)));
+  if (!in || n < 0 || n > (int64_t{1} << 40)) throw std::runtime_error("async_ps gap-aware state: truncated");
+  GapAwareDamping g(0);
+  g.updates_ = read_pod<int64_t>(in);
+  g.max_lr_ = read_pod<double>(in);
+  g.mean_square_.resize(static_cast<size_t>(n));
+  in.read(reinterpret_cast<char*>(g.mean_square_.data()), static_cast<std::streamsize>(n * sizeof(float)));
   if (!in) throw std::runtime_error("async_ps gap-aware state: truncated");
+  return g;
+}
+
+GapAwareDamping GapAwareDamping::slice(int64_t begin, int64_t end) const {
+  GapAwareDamping g(0);
+  g.mean_square_.assign(mean_square_.begin() + begin, mean_square_.begin() + end);
+  g.updates_ = updates_;
+  g.max_lr_ = max_lr_;
+  return g;
+}
+
+GapAwareDamping GapAwareDamping::join(const std::vector<GapAwareDamping>& parts) {
+  GapAwareDamping g(0);
+  for (size_t s = 0; s < parts.size(); ++s) {
+    const GapAwareDamping& p = parts[s];
+    if (s > 0 && (p.updates_ != g.updates_ || p.max_lr_ != g.max_lr_))
+      throw std::runtime_error("async_ps gap-aware state of server " + std::to_string(s) + " has seen " +
+                               std::to_string(p.updates_) + " updates, server 0's " + std::to_string(g.updates_) +
+                               " (or another largest lr)");
+    g.updates_ = p.updates_;
+    g.max_lr_ = p.max_lr_;
+    g.mean_square_.insert(g.mean_square_.end(), p.mean_square_.begin(), p.mean_square_.end());
+  }
+  return g;
 }
 
 }  // namespace trainer::comm

@@ -47,8 +47,17 @@ class GapAwareDamping {
   void observe(const float* before, const float* after, double lr);
 
   int64_t updates() const { return updates_; }
+  int64_t size() const { return static_cast<int64_t>(mean_square_.size()); }
   void save(std::ostream& out) const;
   void load(std::istream& in);  // throws std::runtime_error on a size mismatch or truncation
+  static GapAwareDamping read(std::istream& in);  // a saved state of any size (throws on truncation)
+
+  // Re-sharding the servers (comm/sync/async_ps_state.h): the state of elements [begin, end), and
+  // the states of consecutive element ranges joined in order. Every part has seen the same updates
+  // (each server observes every update), so the count and the largest lr are the same in all:
+  // join throws std::runtime_error naming the part where they differ.
+  GapAwareDamping slice(int64_t begin, int64_t end) const;
+  static GapAwareDamping join(const std::vector<GapAwareDamping>& parts);
 
  private:
   std::vector<float> mean_square_;  // per element: running average of (step / lr)^2, not yet bias-corrected
