@@ -14,19 +14,21 @@ namespace {
 // TCP (scripts/netem, Open MPI 4.1.4) it chose badly for gradient-sized messages: a 44.7 MB
 // allreduce at P = 2 on 1 Gbit/s took 750 ms (ring; about half the link) where recursive doubling
 // took 400; at P = 4 it took 1,150 ms where the ring took 620-640 (the link's bound for a ring is
-// 536). At 25 MB: P = 2 430 -> 232 ms, P = 4 631 -> 364 ms. At 1 MB and below the choices were
-// within a few percent of each other, so small messages (step agreements, thresholds) keep Open
-// MPI's own decision. The rules file (Open MPI's format 1): collective 2 (allreduce); for
-// communicators of 2 ranks recursive doubling (3) from 1 MiB, for 3 and more the ring (4) from 1 MiB;
-// algorithm 0 means "Open MPI's fixed decision". Both algorithms give every rank the same sum (the
-// pairwise add is commutative in IEEE arithmetic; the ring's allgather copies one result), so
-// results stay identical across ranks and across runs of one world size.
+// 536). At 25 MB: P = 2 430 -> 232 ms, P = 4 631 -> 364 ms; at 1 MB and P = 4 on 100 Mbit/s the
+// ring took 176 ms against 236. Where the choices were within a few percent of each other (P = 2 at
+// 1 MB and below) or the ring lost (P = 4, 64 kB on 1 Gbit/s: 29 against 19 ms: its 2 (P - 1)
+// rounds of latency), Open MPI keeps its own decision. The rules file (Open MPI's format 1):
+// collective 2 (allreduce); communicators of 2 ranks: recursive doubling (3) from 1 MiB; of 3 and
+// more: the ring (4) from 512 KiB; algorithm 0 means "Open MPI's fixed decision". Both algorithms
+// give every rank the same sum (the pairwise add is commutative in IEEE arithmetic; the ring's
+// allgather copies one result), so results stay identical across ranks and across runs of one
+// world size.
 constexpr const char* kAllreduceRules =
     "1\n"
     "2\n"
     "2\n"
     "2\n2\n0 0 0 0\n1048576 3 0 0\n"
-    "3\n2\n0 0 0 0\n1048576 4 0 0\n";
+    "3\n2\n0 0 0 0\n524288 4 0 0\n";
 
 // The rules must reach Open MPI as a file name. An anonymous in-memory file of this process
 // (/proc/self/fd/N, read by this process's MPI_Init) leaves nothing on disk to clean up or race on.
