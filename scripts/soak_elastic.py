@@ -6,8 +6,9 @@ Events, drawn up front from --seed: SIGKILL of one rank (mpiexec ends the others
 whole job (mpiexec and every rank; the launcher lives on, as it would on another node), SIGTERM to
 one rank (the job checkpoints and exits 143), one or two slots taken out of the hostfile, and the
 slots given back. A slot change is followed by a failure (the restart after it is what it changes),
-so the plan ends on a failure; every kind occurs at least once. Each failure comes at a random time
-after the current attempt logged its first step; a slot change at a random moment before it. The
+so the plan ends on a failure; every kind occurs at least once. Each failure comes a random number of
+steps after the current attempt logged its first (soak_run says how many); a slot change at a random
+step before it. The
 launcher restarts the job after every failure with --resume latest, on min(--ranks, the hostfile's
 slots) ranks, re-sharding the checkpoint when that number changed.
 
@@ -131,17 +132,16 @@ def mpiexec_pid(launcher_pid):
     return None
 
 
-def wait(launcher, seconds, until=None, poll=0.2):
-    """Sleeps `seconds` (None: no limit) or until `until()` is true; returns False when the launcher
-    ended first."""
-    deadline = None if seconds is None else time.monotonic() + seconds
-    while deadline is None or time.monotonic() < deadline:
-        if until is not None and until():
+def wait(launcher, seconds, until, poll=0.2):
+    """Polls until `until()` is true (True), the launcher ends or `seconds` pass (False)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if until():
             return True
         if launcher.poll() is not None:
             return False
         time.sleep(poll)
-    return until is None
+    return False
 
 
 def write_slots(hostfile, slots):
@@ -261,9 +261,17 @@ def launcher_command(a, data, run, hostfile, events):
             trainer_args(a, data, run, settings(a, a.train_seed)))
 
 
-def soak_run(a, rng, plan, data, run, hostfile, ref_seconds):
+def new_steps(run, seen):
+    """Steps the attempt running now has logged: the training records not in `seen`."""
+    return [step for step, _ in training_records(run) - seen]
+
+
+def soak_run(a, rng, plan, data, run, hostfile):
     """The job under the launcher with the plan's events; returns (failure records, slot records,
-    launcher exit status)."""
+    launcher exit status). Event times are drawn in steps, so a loaded machine does not move them past
+    the end of the run: each failure comes a random number of steps after its attempt's first (mean:
+    0.7 of the run over the failures + 1, so the last attempt trains too; never after the second-last
+    step), at a random moment within that step; a slot change at a random step before it."""
     failures, slot_changes = [], []
     slots = a.ranks
     write_slots(hostfile, slots)
@@ -274,31 +282,31 @@ def soak_run(a, rng, plan, data, run, hostfile, ref_seconds):
             pending = None
         else:
             pending = event
-    mean_delay = 0.8 * ref_seconds / (len(segments) + 1)  # the last attempt trains about a fifth of the run
+    mean_steps = 0.7 * a.steps / (len(segments) + 1)
     with open(os.path.join(a.out, "soak.log"), "w") as log:
         launcher = subprocess.Popen(launcher_command(a, data, run, hostfile, plan), stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         t0 = time.time()
         try:
             seen = set()
-            first_step = lambda: training_records(run) - seen  # noqa: E731
-            running = wait(launcher, 600, first_step)
+            reached = lambda step: lambda: max(new_steps(run, seen), default=-1) >= step  # noqa: E731
+            running = wait(launcher, 600, lambda: new_steps(run, seen))
             for slot_change, failure in segments:
                 if not running:
                     break
-                delay = rng.uniform(0.25, 1.75) * mean_delay
+                first = min(new_steps(run, seen))
+                target = min(first + max(1, round(rng.uniform(0.25, 1.75) * mean_steps)), a.steps - 2)
                 if slot_change:
-                    part = rng.uniform(0.1, 0.9)
-                    if not wait(launcher, part * delay):
+                    if not wait(launcher, 1800, reached(first + round(rng.uniform(0.1, 0.9) * (target - first)))):
                         break
                     slots = slot_change["slots"]
                     write_slots(hostfile, slots)
                     slot_changes.append({"kind": slot_change["kind"], "slots": slots, "fired": time.time()})
                     print(f"soak: {time.time() - t0:6.1f} s  {slot_change['kind']}: the hostfile has {slots}",
                           flush=True)
-                    delay -= part * delay
-                if not wait(launcher, delay):
+                if not wait(launcher, 1800, reached(target)):
                     break
+                time.sleep(rng.uniform(0.0, 0.3))
                 ended = len(attempts(run))
                 record = {"fired": time.time(), "attempt": ended + 1}
                 record["kind"], record["rank"] = fire(failure["kind"], rng, run, launcher.pid)
@@ -309,14 +317,15 @@ def soak_run(a, rng, plan, data, run, hostfile, ref_seconds):
                 newest = complete_checkpoints(run)
                 record.update(newest_checkpoint=newest[-1] if newest else None, slots=slots)
                 seen = training_records(run)
-                running = wait(launcher, 600, first_step)
+                running = wait(launcher, 600, lambda: new_steps(run, seen))
                 record["next_first_step"] = time.time() if running else None
                 failures.append(record)
                 print(f"soak: {record['fired'] - t0:6.1f} s  {record['kind']}"
                       f"{'' if record['rank'] is None else ' of rank ' + str(record['rank'])} in attempt "
-                      f"{record['attempt']}; newest complete checkpoint {record['newest_checkpoint']}; next step "
-                      f"logged after {(record['next_first_step'] or time.time()) - record['fired']:.1f} s", flush=True)
-            status = launcher.wait(timeout=max(1800, 4 * ref_seconds))
+                      f"{record['attempt']} (at step {rows[-1]['last_step']}); newest complete checkpoint "
+                      f"{record['newest_checkpoint']}; a step logged again after "
+                      f"{(record['next_first_step'] or time.time()) - record['fired']:.1f} s", flush=True)
+            status = launcher.wait(timeout=3600)
         finally:
             if launcher.poll() is None:
                 os.killpg(launcher.pid, signal.SIGKILL)
@@ -348,7 +357,7 @@ def main(a):
         print(f"soak: uninterrupted run, seed {seed}: {seconds:.0f} s, test accuracy {100 * accuracy:.2f}%", flush=True)
 
     t0 = time.time()
-    failures, slot_changes, status = soak_run(a, rng, plan, data, run, hostfile, refs[0]["seconds"])
+    failures, slot_changes, status = soak_run(a, rng, plan, data, run, hostfile)
     soak_seconds = time.time() - t0
     fig = figures(attempts(run), failures, a.checkpoint_every, a.ranks, a.steps)
     if status != 0:
@@ -369,7 +378,11 @@ def main(a):
     with open(os.path.join(run, "elastic", "soak.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(table(fig))
-    print(json.dumps({k: v for k, v in result.items() if k not in ("failures", "plan")}, indent=1))
+    print(f"attempts {fig['attempts']}, world sizes {', '.join(map(str, fig['world_sizes']))} ({resharded} re-sharded); "
+          f"steps lost: at most {fig['steps_lost_max']}, {fig['steps_lost_total']} in all; time to restart: median "
+          f"{fig['restart_s_median'] or 0:.1f} s, at most {fig['restart_s_max'] or 0:.1f} s; soak run {soak_seconds:.0f} s")
+    for r in refs:
+        print(f"uninterrupted, seed {r['seed']}: test accuracy {100 * r['accuracy']:.2f}% ({r['seconds']:.0f} s)")
     if not a.keep:  # the logs and soak.json stay; the data and checkpoints go
         shutil.rmtree(data, ignore_errors=True)
         for folder in [run] + [os.path.join(a.out, f"uninterrupted_seed{r['seed']}") for r in refs]:
