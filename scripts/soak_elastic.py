@@ -1,6 +1,6 @@
 """The elastic soak (`scripts/soak --elastic`, issue 20 part 3): one training job run by scripts/elastic
 on a hostfile of slots on this machine, hit by random events while it trains, against two
-uninterrupted runs of the same job.
+uninterrupted runs of the same job (or more: --uninterrupted).
 
 Events, drawn up front from --seed: SIGKILL of one rank (mpiexec ends the others), SIGKILL of the
 whole job (mpiexec and every rank; the launcher lives on, as it would on another node), SIGTERM to
@@ -19,9 +19,10 @@ on as many ranks as the hostfile offered, and the last attempt finished every st
 Measured: attempts, their world sizes, steps lost, time to restart (from the event to the first step
 the next attempt logged, seen by polling metrics.jsonl), and the final test accuracy against two
 uninterrupted runs at the same global batch. "Run-to-run spread": the same configuration with
-experiment.seed s and s + 1 (another initialization and data order; a run with the same seed repeats
-bit for bit, so that is the only spread there is); the elastic run uses seed s, and its accuracy is
-called within the spread when it differs from seed s's by no more than the two seeds differ.
+experiment.seed s, s + 1, ... (--uninterrupted runs, default 2: another initialization and data
+order; a run with the same seed repeats bit for bit, so that is the only spread there is), the
+largest accuracy minus the smallest; the elastic run uses seed s, and its accuracy is called within
+the spread when it differs from seed s's by no more than that.
 """
 import json
 import os
@@ -215,9 +216,14 @@ def figures(attempt_rows, failures, checkpoint_every, ranks, steps):
             "restart_s_max": restarts[-1] if restarts else None, "problems": problems}
 
 
-def accuracy_verdict(elastic, same_seed, other_seed):
-    spread = abs(same_seed - other_seed)
-    return {"elastic": elastic, "uninterrupted_same_seed": same_seed, "uninterrupted_next_seed": other_seed,
+def accuracy_verdict(elastic, uninterrupted):
+    """The elastic run's final test accuracy against the uninterrupted runs' (the first with the same
+    experiment.seed); spread: the largest minus the smallest of the uninterrupted runs."""
+    same_seed = uninterrupted[0]
+    spread = max(uninterrupted) - min(uninterrupted)
+    mean = sum(uninterrupted) / len(uninterrupted)
+    std = (sum((x - mean) ** 2 for x in uninterrupted) / (len(uninterrupted) - 1)) ** 0.5
+    return {"elastic": elastic, "uninterrupted": uninterrupted, "uninterrupted_mean": mean, "uninterrupted_std": std,
             "spread": spread, "difference": elastic - same_seed, "within_spread": abs(elastic - same_seed) <= spread}
 
 
@@ -351,7 +357,7 @@ def main(a):
           f"{a.warmup} dense steps, checkpoint every {a.checkpoint_every}; events: "
           f"{', '.join(e['kind'] + (' -> ' + str(e['slots']) if 'slots' in e else '') for e in plan)}", flush=True)
     refs = []
-    for seed in (a.train_seed, a.train_seed + 1):
+    for seed in range(a.train_seed, a.train_seed + a.uninterrupted):
         seconds, accuracy = uninterrupted(a, data, os.path.join(a.out, f"uninterrupted_seed{seed}"), seed)
         refs.append({"seed": seed, "seconds": round(seconds, 1), "accuracy": accuracy})
         print(f"soak: uninterrupted run, seed {seed}: {seconds:.0f} s, test accuracy {100 * accuracy:.2f}%", flush=True)
@@ -367,7 +373,7 @@ def main(a):
         fig["problems"].append(f"{fired} of {len(plan)} events fired: the run finished first")
     accuracy = None
     if os.path.isfile(os.path.join(run, "summary.json")):
-        accuracy = accuracy_verdict(final_accuracy(run), refs[0]["accuracy"], refs[1]["accuracy"])
+        accuracy = accuracy_verdict(final_accuracy(run), [r["accuracy"] for r in refs])
     resharded = sum(1 for k in range(2, fig["attempts"] + 1) if "re-sharded from" in read_text(
         os.path.join(run, "elastic", f"attempt-{k}.log")))
     result = {"mode": "elastic", "sync": a.sync, "ranks": a.ranks, "steps": a.steps, "batch_per_rank": a.batch,
@@ -391,8 +397,8 @@ def main(a):
         print("soak: FAILED:\n  " + "\n  ".join(fig["problems"]))
         return 1
     verdict = "" if accuracy is None else (
-        f"; test accuracy {100 * accuracy['elastic']:.2f}% against {100 * accuracy['uninterrupted_same_seed']:.2f}% "
-        f"uninterrupted (seed spread {100 * accuracy['spread']:.2f} points: "
+        f"; test accuracy {100 * accuracy['elastic']:.2f}% against {100 * accuracy['uninterrupted'][0]:.2f}% "
+        f"uninterrupted (spread over {len(refs)} seeds {100 * accuracy['spread']:.2f} points: "
         f"{'within' if accuracy['within_spread'] else 'OUTSIDE'} it)")
     print(f"soak: OK: {fig['attempts']} attempts on {', '.join(map(str, fig['world_sizes']))} ranks, each resumed "
           f"from the newest complete checkpoint, at most {fig['steps_lost_max']} steps lost{verdict}; "

@@ -122,11 +122,16 @@ class FiguresTest(unittest.TestCase):
         self.assertIn("attempt 4 logged no step", problems(lambda a, f: f[2].update(next_first_step=None)))
 
     def test_accuracy_verdict(self):
-        v = se.accuracy_verdict(0.905, 0.91, 0.90)
+        v = se.accuracy_verdict(0.905, [0.91, 0.90])
         self.assertAlmostEqual(v["spread"], 0.01)
+        self.assertAlmostEqual(v["difference"], -0.005)
         self.assertTrue(v["within_spread"])
-        self.assertFalse(se.accuracy_verdict(0.89, 0.91, 0.90)["within_spread"])
-
+        self.assertFalse(se.accuracy_verdict(0.89, [0.91, 0.90])["within_spread"])
+        v = se.accuracy_verdict(0.93, [0.92, 0.87, 0.90, 0.91])  # the first is the same seed's
+        self.assertAlmostEqual(v["spread"], 0.05)
+        self.assertAlmostEqual(v["uninterrupted_mean"], 0.90)
+        self.assertAlmostEqual(v["uninterrupted_std"], (0.0014 / 3) ** 0.5)  # deviations .02 -.03 0 .01
+        self.assertTrue(v["within_spread"])
 
 if __name__ == "__main__":
     unittest.main()
