@@ -331,7 +331,10 @@ def soak_run(a, rng, plan, data, run, hostfile):
                       f"{record['attempt']} (at step {rows[-1]['last_step']}); newest complete checkpoint "
                       f"{record['newest_checkpoint']}; a step logged again after "
                       f"{(record['next_first_step'] or time.time()) - record['fired']:.1f} s", flush=True)
-            status = launcher.wait(timeout=3600)
+            try:
+                status = launcher.wait(timeout=3600)
+            except subprocess.TimeoutExpired:
+                status = "still running after an hour (killed)"
         finally:
             if launcher.poll() is None:
                 os.killpg(launcher.pid, signal.SIGKILL)
