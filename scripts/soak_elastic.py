@@ -8,16 +8,15 @@ one rank (the job checkpoints and exits 143), one or two slots taken out of the 
 slots given back. A slot change is followed by a failure (the restart after it is what it changes),
 so the plan ends on a failure; every kind occurs at least once. Each failure comes a random number of
 steps after the current attempt logged its first (soak_run says how many); a slot change at a random
-step before it. The
-launcher restarts the job after every failure with --resume latest, on min(--ranks, the hostfile's
-slots) ranks, re-sharding the checkpoint when that number changed.
+step before it. The launcher restarts the job after every failure with --resume latest, on
+min(--ranks, the hostfile's slots) ranks, re-sharding the checkpoint when that number changed.
 
 Checked ("nothing lost"): every attempt after a failure resumed from the newest complete checkpoint
 there was when the failed attempt ended (seen by the soak between the two attempts), lost at most
 train.checkpoint_every steps (last step the failed attempt logged minus the step resumed from), ran
 on as many ranks as the hostfile offered, and the last attempt finished every step.
 Measured: attempts, their world sizes, steps lost, time to restart (from the event to the first step
-the next attempt logged, seen by polling metrics.jsonl), and the final test accuracy against two
+the next attempt logged, seen by polling metrics.jsonl), and the final test accuracy against the
 uninterrupted runs at the same global batch. "Run-to-run spread": the same configuration with
 experiment.seed s, s + 1, ... (--uninterrupted runs, default 2: another initialization and data
 order; a run with the same seed repeats bit for bit, so that is the only spread there is), the
@@ -387,9 +386,10 @@ def main(a):
     with open(os.path.join(run, "elastic", "soak.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(table(fig))
-    print(f"attempts {fig['attempts']}, world sizes {', '.join(map(str, fig['world_sizes']))} ({resharded} re-sharded); "
-          f"steps lost: at most {fig['steps_lost_max']}, {fig['steps_lost_total']} in all; time to restart: median "
-          f"{fig['restart_s_median'] or 0:.1f} s, at most {fig['restart_s_max'] or 0:.1f} s; soak run {soak_seconds:.0f} s")
+    print(f"attempts {fig['attempts']}, world sizes {', '.join(map(str, fig['world_sizes']))} ({resharded} "
+          f"re-sharded); steps lost: at most {fig['steps_lost_max']}, {fig['steps_lost_total']} in all; time to "
+          f"restart: median {fig['restart_s_median'] or 0:.1f} s, at most {fig['restart_s_max'] or 0:.1f} s; soak run "
+          f"{soak_seconds:.0f} s")
     for r in refs:
         print(f"uninterrupted, seed {r['seed']}: test accuracy {100 * r['accuracy']:.2f}% ({r['seconds']:.0f} s)")
     if not a.keep:  # the logs and soak.json stay; the data and checkpoints go
