@@ -67,6 +67,22 @@ std::vector<LoggedBatch> logged_batches(const fs::path& folder) {
   return all;
 }
 
+// What the sample logs say of epoch 0: how often each of `images` samples was used, and how many
+// samples each global batch had (over all ranks). A batch of another epoch fails the test.
+struct EpochUse {
+  std::vector<int> used;
+  std::map<int64_t, int64_t> batch_sizes;
+};
+EpochUse epoch_zero_use(const fs::path& folder, int images) {
+  EpochUse use{std::vector<int>(images, 0), {}};
+  for (const LoggedBatch& b : logged_batches(folder)) {
+    CHECK(b.epoch == 0);
+    use.batch_sizes[b.batch] += static_cast<int64_t>(b.indices.size());
+    for (int64_t i : b.indices) ++use.used.at(i);
+  }
+  return use;
+}
+
 // Training loss by step from metrics.jsonl.
 std::map<int64_t, double> losses(const fs::path& run) {
   std::map<int64_t, double> out;
@@ -178,13 +194,7 @@ TEST_CASE("Elastic resume P = 4 -> 2 -> 4 through one epoch, every method", "[mp
       CHECK_THAT(third.output, Contains("re-sharded from 2 to 4 processes: global batch 32 kept (8 per process)"));
 
       // The data position: every sample of the epoch exactly once, each global batch whole.
-      std::vector<int> used(kImages, 0);
-      std::map<int64_t, int64_t> batch_sizes;
-      for (const LoggedBatch& b : logged_batches(samples.path)) {
-        CHECK(b.epoch == 0);
-        batch_sizes[b.batch] += static_cast<int64_t>(b.indices.size());
-        for (int64_t i : b.indices) ++used.at(i);
-      }
+      const auto [used, batch_sizes] = epoch_zero_use(samples.path, kImages);
       CHECK(std::count(used.begin(), used.end(), 1) == kImages);
       CHECK(batch_sizes.size() == kEpochSteps);
       for (const auto& [batch, size] : batch_sizes) CHECK(size == 32);
@@ -385,13 +395,7 @@ TEST_CASE("async_ps resumes on 5 and then 3 processes: servers re-split, workers
   }
 
   // The data position: global batches 0..11 of the epoch, each whole, no sample twice.
-  std::vector<int> used(kImages, 0);
-  std::map<int64_t, int64_t> batch_sizes;
-  for (const LoggedBatch& b : logged_batches(samples.path)) {
-    CHECK(b.epoch == 0);
-    batch_sizes[b.batch] += static_cast<int64_t>(b.indices.size());
-    for (int64_t i : b.indices) ++used.at(i);
-  }
+  const auto [used, batch_sizes] = epoch_zero_use(samples.path, kImages);
   CHECK(std::count(used.begin(), used.end(), 1) == 12 * 24);
   CHECK(std::count(used.begin(), used.end(), 0) == kImages - 12 * 24);
   CHECK(batch_sizes.size() == 12);
