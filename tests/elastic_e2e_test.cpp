@@ -199,13 +199,16 @@ TEST_CASE("Elastic resume P = 4 -> 2 -> 4 through one epoch, every method", "[mp
       CHECK(batch_sizes.size() == kEpochSteps);
       for (const auto& [batch, size] : batch_sizes) CHECK(size == 32);
 
-      // Training goes on: the loss of the steps after each resume is near that of the steps before
-      // (a step's loss varies by about 0.2 between batches here).
+      // Training goes on: the loss of the steps after each resume is near that of the steps before.
+      // A step's loss varies by about 0.2 between batches here, and the means of these 6- and
+      // 8-step windows moved by 0.30 when only the allreduce's rounding changed (Open MPI's ring
+      // instead of its default algorithm for local_sgd's averaging): 0.5 is far below what a
+      // diverging resume gives (a loss of 5 and more, or NaN) and above that noise.
       const auto l = losses(run.path);
       REQUIRE(l.size() == kEpochSteps / 2);
       for (const auto& [step, loss] : l) CHECK(std::isfinite(loss));
-      CHECK(std::fabs(mean_loss(l, 6, 12) - mean_loss(l, 0, 6)) < 0.3);
-      CHECK(std::fabs(mean_loss(l, 12, 20) - mean_loss(l, 6, 12)) < 0.3);
+      CHECK(std::fabs(mean_loss(l, 6, 12) - mean_loss(l, 0, 6)) < 0.5);
+      CHECK(std::fabs(mean_loss(l, 12, 20) - mean_loss(l, 6, 12)) < 0.5);
 
       const fs::path step6 = run.path / "checkpoints/step_6";
       if (method == "local_sgd" || method == "diloco")
