@@ -317,7 +317,8 @@ void visit_config(Cfg& c, Visitor& v) {
   v.key("sync.outer_lr", c.sync.outer_lr, "diloco: the outer optimizer's learning rate.", open_closed(0, 1e6));
   v.key("sync.outer_momentum", c.sync.outer_momentum,
         "diloco: the outer optimizer's momentum (nesterov needs it above 0). 0.9 is the DiLoCo paper's (AdamW "
-        "inner steps); with SGD-momentum inner steps 0.5 measured far better on ResNet-20 (BENCHMARKS.md).",
+        "inner steps); with SGD-momentum inner steps 0.5 measured far better on ResNet-20 and on LAS "
+        "(BENCHMARKS.md), and such runs print a note at the start.",
         closed_open(0, 1));
   v.key("sync.fragments", c.sync.fragments,
         "diloco: Streaming DiLoCo's F: the parameters are split into F fragments of whole tensors (model "

@@ -13,8 +13,6 @@
 #include <thread>
 
 #include "comm/comm_summary.h"
-#include "comm/sync/method_names.h"
-#include "models/speech_model.h"
 #include "optim/schedule.h"
 #include "trainer/agreed_error.h"
 #include "trainer/checkpoint_keeper.h"
@@ -25,6 +23,7 @@
 #include "trainer/reshard.h"
 #include "trainer/roles.h"
 #include "trainer/run_output.h"
+#include "trainer/start_notes.h"
 #include "trainer/step_clock.h"
 #include "trainer/trace_spans.h"
 #include "trainer/update_rule.h"
@@ -77,23 +76,6 @@ void release_free_heap() {
 void slow_down(const Config& config, int rank, double step_ms) {
   if (rank != config.runtime.slowdown_rank || config.runtime.slowdown_factor <= 1) return;
   std::this_thread::sleep_for(std::chrono::duration<double, std::milli>((config.runtime.slowdown_factor - 1) * step_ms));
-}
-
-// A speech model compressed after a short dense warmup ended 10 to 20 CER points behind dense on
-// the LAS quickstart; a fifth of the run dense, or PowerSGD at rank 8 instead of 2, closed most of
-// it (BENCHMARKS.md, "Methods that sync rarely, on speech"). A user who switches a speech config
-// from dense to a compressing method hears of it once, at the start. Empty when it does not apply.
-std::string short_warmup_note(const Config& config, int64_t total_steps) {
-  const auto& speech = models::speech_model_names();
-  const bool is_speech = std::find(speech.begin(), speech.end(), config.model.arch) != speech.end();
-  const int64_t warmup = config.sync.dense_warmup_steps;
-  const bool high_rank = config.sync.method == "powersgd" && config.sync.rank >= 8;
-  if (!is_speech || !comm::compresses_gradient(config.sync.method) || high_rank || warmup * 10 >= total_steps)
-    return "";
-  return "note: " + config.sync.method + " after " + str(warmup) + " dense steps (sync.dense_warmup_steps) of " +
-         str(total_steps) + ": on the LAS quickstart, compressed runs this short of dense ended 10 to 20 CER " +
-         "points behind dense's 16.8% (Ok-Top-k 1% 36.8%, PowerSGD rank 2 38.6%); a fifth of the run dense " +
-         "gave 27.1% and 26.4%, PowerSGD at rank 8 19.7% (BENCHMARKS.md)";
 }
 
 const char* signal_name(int signal) {
@@ -232,7 +214,7 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
                 static_cast<long long>(frame_.first_step), static_cast<long long>(total_steps_), batch.c_str(), threads,
                 config.sync.method.c_str(), out.c_str());
   say(line);
-  if (const std::string note = short_warmup_note(config, total_steps_); !note.empty()) say(note);
+  for (const std::string& note : start_notes(config, total_steps_)) say(note);
 }
 
 void Worker::resume(const LoadedCheckpoint& ck) {

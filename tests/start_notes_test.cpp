@@ -1,0 +1,60 @@
+// The notes a run prints at its start (trainer/start_notes.h): each appears exactly where its
+// measured cost applies, and nowhere else.
+#include "trainer/start_notes.h"
+
+#include <catch2/catch.hpp>
+
+using namespace trainer;
+using Catch::Matchers::Contains;
+
+namespace {
+
+Config diloco_over_sgd_momentum() {
+  Config c;
+  c.model.arch = "resnet20";
+  c.sync.method = "diloco";
+  c.sync.outer_momentum = 0.9;
+  c.optim.name = "sgd";
+  c.optim.momentum = 0.9;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("DiLoCo's outer momentum 0.9 over SGD momentum 0.9 gets one note, other settings none", "[config]") {
+  Config c = diloco_over_sgd_momentum();
+  auto notes = app::start_notes(c, 1000);
+  REQUIRE(notes.size() == 1);
+  CHECK_THAT(notes[0], Contains("note: diloco with outer momentum 0.9") && Contains("over SGD momentum 0.9"));
+
+  c.sync.outer_momentum = 0.5;
+  CHECK(app::start_notes(c, 1000).empty());
+  c = diloco_over_sgd_momentum();
+  c.optim.name = "adamw";  // the paper's inner optimizer
+  CHECK(app::start_notes(c, 1000).empty());
+  c = diloco_over_sgd_momentum();
+  c.optim.momentum = 0.0;
+  CHECK(app::start_notes(c, 1000).empty());
+  c = diloco_over_sgd_momentum();
+  c.sync.method = "local_sgd";
+  CHECK(app::start_notes(c, 1000).empty());
+}
+
+TEST_CASE("A speech model compressed after a dense warmup under a tenth of the run gets one note", "[config]") {
+  Config c;
+  c.model.arch = "las";
+  c.sync.method = "oktopk";
+  c.sync.dense_warmup_steps = 50;
+  auto notes = app::start_notes(c, 1250);
+  REQUIRE(notes.size() == 1);
+  CHECK_THAT(notes[0], Contains("note: oktopk after 50 dense steps (sync.dense_warmup_steps) of 1250"));
+  c.sync.dense_warmup_steps = 125;  // a tenth
+  CHECK(app::start_notes(c, 1250).empty());
+  c.sync.dense_warmup_steps = 50;
+  c.model.arch = "resnet20";
+  CHECK(app::start_notes(c, 1250).empty());
+  c.model.arch = "las";
+  c.sync.method = "powersgd";
+  c.sync.rank = 8;
+  CHECK(app::start_notes(c, 1250).empty());
+}
