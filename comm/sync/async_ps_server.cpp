@@ -195,7 +195,8 @@ int64_t ParameterServer::serve(int64_t first_step, int64_t stop_after,
   sent_state_.assign(W, std::vector<float>(state_, state_ + (s1_ - s0_)));
   if (options_.sync.staleness_lr == "dc" || gap_)
     sent_.assign(W, std::vector<float>(params_, params_ + (p1_ - p0_)));
-  end_ = stop_after > 0 ? stop_after : INT64_MAX;
+  // A stop at or before the first step never comes (as for the workers): the run goes to its end.
+  end_ = stop_after > first_step ? stop_after : INT64_MAX;
   if (total_steps_ > 0) {  // resumed: the plan is known
     end_ = std::min(end_, total_steps_);
     meet_ = next_meet(first_step);
