@@ -1,6 +1,7 @@
 #include "trainer/start_notes.h"
 
 #include <algorithm>
+#include <sstream>
 
 #include "comm/sync/method_names.h"
 #include "models/speech_model.h"
@@ -9,10 +10,9 @@ namespace trainer::app {
 namespace {
 
 std::string str(double v) {
-  std::string s = std::to_string(v);
-  s.erase(s.find_last_not_of('0') + 1);
-  if (!s.empty() && s.back() == '.') s.pop_back();
-  return s;
+  std::ostringstream s;
+  s << v;  // 0.9, not to_string's 0.900000
+  return s.str();
 }
 
 // A speech model compressed after a short dense warmup ended 10 to 20 CER points behind dense on
