@@ -45,6 +45,7 @@ def parse_args():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="compute threads per rank")
     ap.add_argument("--bucket-mb", type=float, default=25.0)
+    ap.add_argument("--first-bucket-mb", type=float, default=1.0, help="the first bucket backward fills")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--rows", default="a,b,c,d,e,f", help="which rows (c runs both PyTorch versions)")
@@ -76,7 +77,7 @@ def ours(args, name, settings):
         args.trainer, "--config", os.path.join(ROOT, "configs", "quickstart_cifar.toml"),
         "--set", f"model.arch={args.model}", "--set", f"data.batch_size={args.batch}",
         "--set", f"runtime.threads={args.threads}", "--set", "data.loader_threads=1",
-        "--set", f"sync.bucket_mb={args.bucket_mb}",
+        "--set", f"sync.bucket_mb={args.bucket_mb}", "--set", f"sync.first_bucket_mb={args.first_bucket_mb}",
         "--set", f"train.max_steps={args.warmup + args.steps}", "--set", "train.log_every_steps=1",
         "--set", "train.eval_every_steps=100000", "--set", "train.eval_at_start=false",
         "--set", "train.checkpoint_every=0", "--set", f"experiment.output_dir={out}"]
@@ -104,7 +105,7 @@ def ddp(args, python, name):
                                 "--batch", str(args.batch), "--threads", str(args.threads),
                                 # PyTorch's MB are MiB, ours 10^6 bytes: the same byte caps.
                                 "--bucket-mb", f"{args.bucket_mb * MB_IN_MIB:.6f}",
-                                "--first-bucket-mb", f"{1.0 * MB_IN_MIB:.6f}", "--steps", str(args.steps),
+                                "--first-bucket-mb", f"{args.first_bucket_mb * MB_IN_MIB:.6f}", "--steps", str(args.steps),
                                 "--warmup", str(args.warmup), "--network", args.bandwidth], name)
     line = next(l for l in reversed(out.splitlines()) if l.startswith("{"))
     r = json.loads(line)
@@ -139,7 +140,7 @@ def main():
     cpu = subprocess.run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"], stdout=subprocess.PIPE,
                          text=True).stdout.strip()
     print(f"\n{args.model}, P = {args.ranks}, {args.bandwidth} (delay {args.delay}), batch {args.batch} per rank, "
-          f"{args.threads} thread(s) per rank, {args.bucket_mb:g} MB buckets; {cpu}\n")
+          f"{args.threads} thread(s) per rank, {args.bucket_mb:g} MB buckets (first {args.first_bucket_mb:g}); {cpu}\n")
     print("| row | framework | step ms | compute ms | comm ms | hidden | hidden (comm log) |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for r in results:

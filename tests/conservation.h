@@ -18,9 +18,12 @@ namespace trainer::testing {
 // gradients are correlated as real ones are.
 inline std::vector<float> correlated_gradient(int64_t n, uint64_t shared_seed, uint64_t own_seed) {
   std::mt19937_64 shared(shared_seed), own(own_seed);
-  std::normal_distribution<float> normal;
+  // One distribution per engine: libstdc++'s normal_distribution draws its values in pairs and
+  // keeps the second for the next call, so a distribution shared by the two engines handed the
+  // shared engine's values out as the rank's own ones (every rank's gradient was the same).
+  std::normal_distribution<float> shared_normal, own_normal;
   std::vector<float> g(static_cast<size_t>(n));
-  for (auto& x : g) x = 0.5f * normal(shared) + normal(own);
+  for (auto& x : g) x = 0.5f * shared_normal(shared) + own_normal(own);
   return g;
 }
 
