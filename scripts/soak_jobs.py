@@ -40,8 +40,11 @@ def trainer_args(a, data, out, overrides=None):
     return args
 
 
-def rank_pids(out):
-    """pid by rank of the trainer processes writing to `out` (from /proc: command line, environment)."""
+def trainer_rank_pids(trainer, out):
+    """pid by rank of the processes of the binary `trainer` (the path they were started with) writing
+    to `out`, from /proc: the command line names both, the environment holds mpiexec's rank. The exact
+    path, not its basename: mpiexec hands argv[0] on as it was given, and the same name in another
+    build (another worktree's build/trainer) is another program."""
     pids = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -53,12 +56,17 @@ def rank_pids(out):
                 env = f.read().split(b"\0")
         except OSError:
             continue
-        if not cmd or cmd[0] != TRAINER.encode() or f"experiment.output_dir={out}".encode() not in cmd:
+        if not cmd or cmd[0] != os.fsencode(trainer) or f"experiment.output_dir={out}".encode() not in cmd:
             continue
         for e in env:
             if e.startswith(b"OMPI_COMM_WORLD_RANK="):
                 pids[int(e.split(b"=")[1])] = int(name)
     return pids
+
+
+def rank_pids(out):
+    """pid by rank of this checkout's trainer processes writing to `out`."""
+    return trainer_rank_pids(TRAINER, out)
 
 
 def kill_leftovers(out):

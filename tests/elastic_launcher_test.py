@@ -18,6 +18,9 @@ SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ELASTIC = os.path.join(SOURCE, "scripts", "elastic")
 TRAINER = os.environ.get("TRAINER_BINARY", os.path.join(SOURCE, "build", "trainer"))
 
+sys.path.insert(0, os.path.join(SOURCE, "scripts"))
+from soak_jobs import trainer_rank_pids  # noqa: E402
+
 
 def trainer_command(out, *extra):
     sets = ["data.batch_size=8", "train.max_steps=36", "train.checkpoint_every=4", "train.log_every_steps=1",
@@ -44,29 +47,13 @@ def last_step(out):
         return 0
 
 
-def trainer_ranks(out):
-    """PIDs of the trainer processes of the run in `out` (not mpiexec's)."""
-    pids = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        if args and os.path.basename(args[0].decode()) == os.path.basename(TRAINER) and \
-                f"experiment.output_dir={out}".encode() in args:
-            pids.append(int(pid))
-    return pids
-
-
 def kill_one_rank_after(out, step, attempts_before, timeout=120):
     """Waits until attempt attempts_before + 1 has logged `step`, then SIGKILLs one of its ranks."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if attempts(out, quiet=True) == attempts_before and last_step(out) >= step and trainer_ranks(out):
-            os.kill(trainer_ranks(out)[-1], signal.SIGKILL)
+        if attempts(out, quiet=True) == attempts_before and last_step(out) >= step and \
+                (pids := trainer_rank_pids(TRAINER, out)):
+            os.kill(pids[max(pids)], signal.SIGKILL)
             return
         time.sleep(0.2)
     raise AssertionError(f"step {step} was never reached")
