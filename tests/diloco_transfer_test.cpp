@@ -1,9 +1,11 @@
 // Streaming DiLoCo's delayed transfers on their own thread (comm/sync/outer_transfer.h), under
-// mpiexec (P = 2 and 3; torchft's values at P = 2 only): a delayed fragment's allreduce really runs during the steps after its send (it can
-// only finish after rank 0's send step returned: the other ranks join it only then), with torchft's
-// values (tests/fixtures/torchft_diloco.json); the same bits as the inline transfer; and an error on
-// its thread comes back on the training thread. MPI_THREAD_MULTIPLE, as the trainer asks for it in
-// such runs.
+// mpiexec (P = 2 and 3; torchft's values at P = 2 only):
+//   - a delayed fragment's allreduce really runs during the steps after its send (it can only finish
+//     after rank 0's send step returned: the other ranks join it only then), with torchft's values
+//     (tests/fixtures/torchft_diloco.json);
+//   - the same bits as the inline transfer (fp32 and int8 outer gradients);
+//   - an error on its thread comes back on the training thread.
+// MPI_THREAD_MULTIPLE, as the trainer asks for it in such runs.
 #include <catch2/catch.hpp>
 
 #include <chrono>
