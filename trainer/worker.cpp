@@ -284,7 +284,7 @@ bool Worker::step(int64_t step) {
   const StepResult result = task_.forward_backward();
   inject_nan_if_due(0);
   weight_gradient(0);
-  world_.log().record_compute("FORWARD_BACKWARD", backward_from_us, world_.log().now_us());
+  const int64_t backward_to_us = world_.log().now_us();
   times.compute += ms_since(t0);
   spans_.mark("forward_backward");
   slow_down(config_, rank_, ms_since(step_start));
@@ -293,6 +293,10 @@ bool Worker::step(int64_t step) {
   // other ranks' weights or residuals: of the local gradient as it is, or as its buckets went out.
   t0 = Clock::now();
   const int sent_check = early ? e_.sync->finish_early_sends() : kNotSentYet;
+  // Recorded only now: until finish_early_sends returns, the communication thread may be recording
+  // its last buckets, and the log takes one recording thread at a time (comm/comm_log.h). Readers
+  // place the span by its times, not by its line.
+  world_.log().record_compute("FORWARD_BACKWARD", backward_from_us, backward_to_us);
   const StepVerdict verdict = clock_->verdict(step, stop_signal_received(), result.loss, sent_check);
   times.sync += ms_since(t0);
   const double lr = optim::learning_rate(e_.schedule, step, steps_per_epoch_, total_steps_);
