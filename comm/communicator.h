@@ -123,4 +123,15 @@ void request_concurrent_calls();
 // same value. Returns the previous one.
 int64_t set_message_piece_bytes(int64_t bytes);
 
+// Communicators of two ranks allreduce buffers of at least min_bytes as one exchange of messages of
+// at most piece_bytes, all posted at once (comm/pair_allreduce.h says why); smaller buffers and larger
+// communicators use MPI_Allreduce.
+struct PairExchangeSizes {
+  int64_t min_bytes = int64_t(1) << 20;      // where a TCP message stops being eager (open_mpi_defaults)
+  int64_t piece_bytes = int64_t(512) << 10;  // half the eager limit: room for Open MPI's header
+};
+// Tests lower both to run the exchange on small buffers; all ranks must use the same values.
+// Returns the previous sizes.
+PairExchangeSizes set_pair_exchange_sizes(PairExchangeSizes sizes);
+
 }  // namespace trainer::comm

@@ -18,6 +18,7 @@
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
 #include "comm/open_mpi_defaults.h"
+#include "comm/pair_allreduce.h"
 #include "comm/wire_format.h"
 
 namespace trainer::comm {
@@ -169,6 +170,7 @@ class MpiCommunicator final : public Communicator {
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
+    if (pair_comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&pair_comm_);
     if (owns_comm_) {
       if (!finalized) MPI_Comm_free(&comm_);
       return;
@@ -355,6 +357,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_size(node, &local_size_);
     MPI_Comm_rank(node, &local_rank_);
     MPI_Comm_free(&node);
+    if (size_ == 2 && !user_tunes_allreduce()) MPI_Comm_dup(comm_, &pair_comm_);
   }
 
   int64_t start() const { return log_->active() ? log_->now_us() : 0; }
@@ -363,6 +366,10 @@ class MpiCommunicator final : public Communicator {
   }
 
   void raw_allreduce(void* buffer, int64_t count, DType type, ReduceOp op) {
+    if (pair_comm_ != MPI_COMM_NULL && count * dtype_size(type) >= pair_exchange_sizes().min_bytes) {
+      pair_allreduce(pair_comm_, rank_, buffer, count, type, op, pair_scratch_);
+      return;
+    }
     const int64_t piece = piece_elems(type), es = dtype_size(type);
     for (int64_t off = 0; off < count; off += piece) {
       const int c = static_cast<int>(std::min(piece, count - off));
@@ -430,6 +437,10 @@ class MpiCommunicator final : public Communicator {
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  // Two ranks: large allreduces are our own exchange (comm/pair_allreduce.h), on a duplicate of
+  // comm_ so its messages never meet the point-to-point traffic of comm_.
+  MPI_Comm pair_comm_ = MPI_COMM_NULL;
+  PairScratch pair_scratch_;
   bool owns_comm_ = false;  // a split communicator (freed at destruction), not MPI_COMM_WORLD
   int rank_ = 0, size_ = 1, local_size_ = 1, local_rank_ = 0;
   bool owns_mpi_ = false;

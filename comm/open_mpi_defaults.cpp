@@ -30,12 +30,15 @@ constexpr const char* kAllreduceRules =
     "2\n2\n0 0 0 0\n1048576 3 0 0\n"
     "3\n2\n0 0 0 0\n524288 4 0 0\n";
 
+bool g_user_tunes_allreduce = false;
+
 // The rules must reach Open MPI as a file name. An anonymous in-memory file of this process
 // (/proc/self/fd/N, read by this process's MPI_Init) leaves nothing on disk to clean up or race on.
 void set_allreduce_rules() {
-  if (std::getenv("OMPI_MCA_coll_tuned_use_dynamic_rules") || std::getenv("OMPI_MCA_coll_tuned_dynamic_rules_filename") ||
-      std::getenv("OMPI_MCA_coll_tuned_allreduce_algorithm"))
-    return;  // the user tunes Open MPI's collectives
+  g_user_tunes_allreduce = std::getenv("OMPI_MCA_coll_tuned_use_dynamic_rules") ||
+                           std::getenv("OMPI_MCA_coll_tuned_dynamic_rules_filename") ||
+                           std::getenv("OMPI_MCA_coll_tuned_allreduce_algorithm");
+  if (g_user_tunes_allreduce) return;  // the user tunes Open MPI's collectives
   const int fd = memfd_create("trainer-allreduce-rules", 0);
   if (fd < 0) return;  // no rules: Open MPI's own decision (slower, still correct)
   const std::string rules = kAllreduceRules;
@@ -48,6 +51,8 @@ void set_allreduce_rules() {
 }
 
 }  // namespace
+
+bool user_tunes_allreduce() { return g_user_tunes_allreduce; }
 
 void set_open_mpi_defaults() {
   // Open MPI's blocking calls spin on its progress loop. The communication thread of an overlapped
