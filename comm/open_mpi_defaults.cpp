@@ -22,7 +22,9 @@ namespace {
 // more: the ring (4) from 512 KiB; algorithm 0 means "Open MPI's fixed decision". Both algorithms
 // give every rank the same sum (the pairwise add is commutative in IEEE arithmetic; the ring's
 // allgather copies one result), so results stay identical across ranks and across runs of one
-// world size.
+// world size. The trainer's own allreduces of 1 MiB and more at P = 2 do not reach Open MPI
+// (comm/pair_allreduce.h): the P = 2 rule serves bare MPI_Allreduce calls (`trainer bench comm`'s
+// reference).
 constexpr const char* kAllreduceRules =
     "1\n"
     "2\n"
