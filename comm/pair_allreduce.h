@@ -14,6 +14,9 @@
 // exchange was also faster on the idle links (44.7 MB: 1 Gbit/s 385 against 425 ms, 10 Gbit/s 80
 // against 95, shared memory 49 against 70).
 //
+// The cost is memory: Open MPI keeps an eager fragment (1 MiB) per piece in flight for reuse, about
+// 50 MB per rank for a 44.7 MB buffer in one call (peak RSS 161 against 109 MB).
+//
 // Results are those of MPI's sum at P = 2 bit for bit: each element is one add of the two ranks'
 // values (IEEE addition is commutative; the 16-bit formats widen both, add in fp32, round once).
 // max and min take the lower rank's value on ties and NaN, the same on both ranks.
