@@ -366,14 +366,14 @@ class MpiCommunicator final : public Communicator {
   }
 
   void raw_allreduce(void* buffer, int64_t count, DType type, ReduceOp op) {
-    if (pair_comm_ != MPI_COMM_NULL && count * dtype_size(type) >= pair_exchange_sizes().min_bytes) {
-      pair_allreduce(pair_comm_, rank_, buffer, count, type, op, pair_scratch_);
+    const int64_t piece = piece_elems(type), es = dtype_size(type);
+    const MPI_Op reduce = is_sixteen_bit_float(type) ? sixteen_bit_op(type, op) : mpi_op(op);
+    if (pair_comm_ != MPI_COMM_NULL && count * es >= pair_exchange_sizes().min_bytes) {
+      pair_allreduce(pair_comm_, rank_, buffer, count, mpi_type(type), es, reduce, pair_scratch_);
       return;
     }
-    const int64_t piece = piece_elems(type), es = dtype_size(type);
     for (int64_t off = 0; off < count; off += piece) {
       const int c = static_cast<int>(std::min(piece, count - off));
-      const MPI_Op reduce = is_sixteen_bit_float(type) ? sixteen_bit_op(type, op) : mpi_op(op);
       MPI_Allreduce(MPI_IN_PLACE, at(buffer, off * es), c, mpi_type(type), reduce, comm_);
     }
   }

@@ -17,9 +17,9 @@
 // The cost is memory: Open MPI keeps an eager fragment (1 MiB) per piece in flight for reuse, about
 // 50 MB per rank for a 44.7 MB buffer in one call (peak RSS 161 against 109 MB).
 //
-// Results are those of MPI's sum at P = 2 bit for bit: each element is one add of the two ranks'
-// values (IEEE addition is commutative; the 16-bit formats widen both, add in fp32, round once).
-// max and min take the lower rank's value on ties and NaN, the same on both ranks.
+// Results are MPI's at P = 2 bit for bit: each rank applies MPI's own operation (MPI_Reduce_local,
+// the 16-bit formats' user operations included) to the peer's values and its own, as recursive
+// doubling does. A sum is the same on both ranks (IEEE addition is commutative).
 #pragma once
 
 #define OMPI_SKIP_MPICXX 1
@@ -42,9 +42,9 @@ struct PairScratch {
   std::vector<MPI_Request> requests;
 };
 
-// buffer := combine(this rank's buffer, the peer's), on both ranks. `comm` holds the two ranks and
-// carries no other point-to-point traffic (a duplicate of the caller's communicator).
-void pair_allreduce(MPI_Comm comm, int rank, void* buffer, int64_t count, DType type, ReduceOp op,
-                    PairScratch& scratch);
+// buffer := op(the peer's buffer, this rank's), on both ranks; `type` is `type_bytes` wide. `comm`
+// holds the two ranks and carries no other point-to-point traffic (a duplicate of the caller's).
+void pair_allreduce(MPI_Comm comm, int rank, void* buffer, int64_t count, MPI_Datatype type, int64_t type_bytes,
+                    MPI_Op op, PairScratch& scratch);
 
 }  // namespace trainer::comm
