@@ -138,6 +138,7 @@ struct SyncConfig {
   int64_t rank = 2;
   double min_compression_rate = 2.0;
   bool error_feedback = true;
+  std::string keep_dense;                 // comma-separated globs of tensor names
   int64_t servers = 1;                    // async_ps: the last `servers` ranks
   std::string staleness_lr = "none";      // async_ps: kStalenessLr
   double dc_lambda = 0.04;                // async_ps, staleness_lr = "dc"

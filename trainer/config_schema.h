@@ -376,6 +376,11 @@ void visit_config(Cfg& c, Visitor& v) {
         "oktopk, topka, gaussiank, gtopk, powersgd: keep what a step did not send in a residual that "
         "the next step adds back (error feedback). false is the ablation without it: what was not "
         "sent is dropped. Other methods keep no residual and ignore it.");
+  v.key("sync.keep_dense", c.sync.keep_dense,
+        "oktopk, topka, gaussiank, gtopk, powersgd: parameter tensors left uncompressed and averaged "
+        "exactly every step, as a comma-separated list of shell globs on their names (\"speller.*,"
+        "attention.*\"; each must match a tensor). The sparse methods then select over the other "
+        "entries only. Empty: every tensor the method can compress is compressed.");
   v.key("sync.servers", c.sync.servers,
         "async_ps: parameter servers, the last N ranks; each owns a contiguous shard of the flat "
         "parameters and BN statistics and runs the optimizer and lr schedule on it (must be below the "

@@ -71,6 +71,7 @@ comm::SyncOptions sync_options(const Config& c) {
   o.rank = c.sync.rank;
   o.min_compression_rate = c.sync.min_compression_rate;
   o.error_feedback = c.sync.error_feedback;
+  o.keep_dense = c.sync.keep_dense;
   o.seed = static_cast<uint64_t>(c.experiment.seed);
   o.servers = c.sync.servers;
   o.max_staleness = c.sync.max_staleness;

@@ -8,6 +8,7 @@
 #include "comm/sync/diloco.h"
 #include "comm/sync/gaussiank.h"
 #include "comm/sync/gtopk.h"
+#include "comm/sync/keep_dense.h"
 #include "comm/sync/local_sgd.h"
 #include "comm/sync/oktopk.h"
 #include "comm/sync/powersgd.h"
@@ -95,6 +96,15 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
   if (backend.name() != models::cpu_backend().name() && !takes_device_buffers(o.method))
     throw std::invalid_argument("sync.method '" + o.method + "' computes on host buffers and cannot run with " +
                                 "runtime.device = \"" + backend.name() + "\" yet (dense and local_sgd can)");
+  // sync.keep_dense (keep_dense.h): the tensors it names, per view; empty when unset.
+  std::vector<bool> kept;
+  if (!o.keep_dense.empty()) {
+    if (!compresses_gradient(o.method))
+      throw std::invalid_argument("sync.keep_dense applies to the compressing methods (oktopk, topka, gaussiank, "
+                                  "gtopk, powersgd), not to '" + o.method + "'");
+    if (!views) throw std::invalid_argument("sync.keep_dense needs the model's tensor names");
+    kept = match_keep_dense(o.keep_dense, *views);
+  }
   std::unique_ptr<GradientSync> method;
   if (o.method == "async_ps") return std::make_unique<AsyncPsWorker>(comm, o, n);
   const DenseBuckets buckets{o.first_bucket_mb, o.overlap, views};
@@ -114,16 +124,25 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
     d.overlap = o.overlap;
     method = std::make_unique<Diloco>(comm, n, views, d);
   }
-  if (o.method == "oktopk") method = std::make_unique<OkTopk>(comm, n, o);
-  if (o.method == "topka") method = std::make_unique<TopkA>(comm, n, o.density);
-  if (o.method == "gaussiank") method = std::make_unique<GaussianK>(comm, n, o.density);
-  if (o.method == "gtopk") method = std::make_unique<GTopk>(comm, n, o.density);
+  auto sparse = [&](int64_t count) -> std::unique_ptr<GradientSync> {
+    std::unique_ptr<ErrorFeedbackSync> m;
+    if (o.method == "oktopk") m = std::make_unique<OkTopk>(comm, count, o);
+    if (o.method == "topka") m = std::make_unique<TopkA>(comm, count, o.density);
+    if (o.method == "gaussiank") m = std::make_unique<GaussianK>(comm, count, o.density);
+    if (o.method == "gtopk") m = std::make_unique<GTopk>(comm, count, o.density);
+    if (m) m->set_keep_residual(o.error_feedback);
+    return m;
+  };
+  if (o.method == "oktopk" || o.method == "topka" || o.method == "gaussiank" || o.method == "gtopk")
+    method = kept.empty() ? sparse(n)
+                          : std::make_unique<KeepDenseSync>(comm, *views, kept, sparse, o.bucket_mb, o.wire_dtype);
   if (o.method == "powersgd") {
     if (!views) throw std::invalid_argument("sync.method 'powersgd' needs the model's tensor shapes");
-    method = std::make_unique<PowerSgd>(comm, *views, n, o.rank, o.min_compression_rate, o.seed, models::cpu_backend(),
-                                        o.wire_dtype, o.bucket_mb, buckets);
+    auto powersgd = std::make_unique<PowerSgd>(comm, *views, n, o.rank, o.min_compression_rate, o.seed,
+                                               models::cpu_backend(), o.wire_dtype, o.bucket_mb, buckets, kept);
+    powersgd->set_keep_residual(o.error_feedback);
+    method = std::move(powersgd);
   }
-  if (auto* compressor = dynamic_cast<ErrorFeedbackSync*>(method.get())) compressor->set_keep_residual(o.error_feedback);
   if (!method) {
     std::string list;
     for (const auto& name : sync_method_names()) list += (list.empty() ? "" : ", ") + name;

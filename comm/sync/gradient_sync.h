@@ -124,6 +124,7 @@ struct SyncOptions {
   int64_t rank = 2;                     // powersgd: rank of the factors
   double min_compression_rate = 2.0;    // powersgd: compress when (n + m) r * rate < n m
   bool error_feedback = true;           // compressing methods: false drops what was not sent
+  std::string keep_dense;               // compressing methods: tensors averaged exactly (keep_dense.h)
   uint64_t seed = 0;                    // powersgd: the first Q's seed (the same on every rank)
   std::string outer_optimizer = "nesterov";  // diloco (comm/sync/diloco.h): nesterov or sgd
   double outer_lr = 0.7;                // diloco

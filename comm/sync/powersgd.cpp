@@ -34,7 +34,7 @@ std::vector<GradientBucket> plan_buckets(int64_t n, const std::vector<models::Pa
 
 PowerSgd::PowerSgd(Communicator& comm, const std::vector<models::ParamView>& views, int64_t n, int64_t rank,
                    double min_compression_rate, uint64_t seed, models::Backend& backend, WireDType wire,
-                   double bucket_mb, const DenseBuckets& buckets)
+                   double bucket_mb, const DenseBuckets& buckets, const std::vector<bool>& keep_dense)
     : ErrorFeedbackSync(n),
       comm_(comm),
       backend_(backend),
@@ -47,6 +47,8 @@ PowerSgd::PowerSgd(Communicator& comm, const std::vector<models::ParamView>& vie
       reducer_(comm, plan_buckets(n, views, bucket_mb, buckets.first_bucket_mb),
                [this](size_t bucket, float* grads) { exchange(bucket, grads); }, &views) {
   if (rank < 1) throw std::invalid_argument("powersgd: sync.rank must be at least 1");
+  if (!keep_dense.empty() && keep_dense.size() != views.size())
+    throw std::invalid_argument("powersgd: one keep_dense flag per tensor expected");
   int64_t covered = 0;
   for (size_t v = 0; v < views.size(); ++v) {
     const models::ParamView& view = views[v];
@@ -58,7 +60,8 @@ PowerSgd::PowerSgd(Communicator& comm, const std::vector<models::ParamView>& vie
     const int64_t rows = view.shape.empty() ? 1 : view.shape[0], cols = numel / rows;
     const int64_t r = std::min({rows, cols, rank});
     // The hook's test, in doubles (exact for every size a model has).
-    if (static_cast<double>(rows + cols) * r * min_compression_rate < static_cast<double>(rows) * cols)
+    const bool kept = !keep_dense.empty() && keep_dense[v];
+    if (!kept && static_cast<double>(rows + cols) * r * min_compression_rate < static_cast<double>(rows) * cols)
       matrices_.push_back({static_cast<int64_t>(v), view.offset, rows, cols, r});
     else
       dense_floats_ += numel;
@@ -297,7 +300,7 @@ void PowerSgd::load_state(std::istream& in) {
     throw std::runtime_error("powersgd state was saved with sync.rank = " + std::to_string(rank) + ", this run has " +
                              std::to_string(rank_));
   if (matrices != static_cast<int64_t>(matrices_.size()) || compressed_floats != compressed_floats_ || q_floats != q_floats_)
-    throw std::runtime_error("powersgd state compresses other tensors (saved with another sync.min_compression_rate?)");
+    throw std::runtime_error("powersgd state compresses other tensors (saved with another sync.min_compression_rate or sync.keep_dense?)");
   if (started) {
     std::vector<float> q(q_floats_ + dense_floats_, 0.f);
     for (const Matrix* m : in_model_order())

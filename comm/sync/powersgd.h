@@ -13,9 +13,9 @@ namespace trainer::comm {
 // PowerSGD (Vogels, Karimireddy & Jaggi, NeurIPS 2019), with the semantics of PyTorch's DDP
 // powerSGD_hook (use_error_feedback and warm_start on), which runs per gradient bucket. Each
 // parameter tensor is viewed as a matrix M of shape[0] x (the rest), n x m (a 1-D tensor as n x 1);
-// with r' = min(n, m, rank) it is compressed when (n + m) r' * min_compression_rate < n m. The others
-// (biases and batch norm at any rate >= 1, tensors where rank-r' factors would not pay) are sent
-// dense. The tensors are grouped into the dense method's buckets (gradient_buckets.h: backward
+// with r' = min(n, m, rank) it is compressed when (n + m) r' * min_compression_rate < n m and it is
+// not one the user kept dense (sync.keep_dense, keep_dense.h). The others (biases and batch norm at
+// any rate >= 1, tensors where rank-r' factors would not pay, the kept ones) are sent dense. The tensors are grouped into the dense method's buckets (gradient_buckets.h: backward
 // order, sync.bucket_mb, the first sync.first_bucket_mb; a tensor is never cut), and each bucket is
 // exchanged on its own, as soon as backward has written it when sync.overlap is on (BucketReducer):
 //   1. acc = grad + e per compressed matrix, formed in the gradient buffer (e: ErrorFeedbackSync's
@@ -60,10 +60,11 @@ namespace trainer::comm {
 class PowerSgd final : public ErrorFeedbackSync {
  public:
   // bucket_mb <= 0: the whole gradient is one bucket. `buckets`: the first bucket's size and
-  // whether buckets go out during backward (the views are `views`).
+  // whether buckets go out during backward (the views are `views`). `keep_dense`: empty, or per view
+  // whether it is sent dense whatever its shape (match_keep_dense).
   PowerSgd(Communicator& comm, const std::vector<models::ParamView>& views, int64_t n, int64_t rank,
            double min_compression_rate, uint64_t seed, models::Backend& backend, WireDType wire = WireDType::kF32,
-           double bucket_mb = 0, const DenseBuckets& buckets = {});
+           double bucket_mb = 0, const DenseBuckets& buckets = {}, const std::vector<bool>& keep_dense = {});
   std::string name() const override { return "powersgd"; }
   std::string describe() const override;
   bool begin_step(SyncBuffers& b, int64_t step) override;

@@ -1,0 +1,105 @@
+#include "comm/sync/keep_dense.h"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace trainer::comm {
+namespace {
+
+std::vector<std::string> split_patterns(const std::string& patterns) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= patterns.size()) {
+    const size_t comma = std::min(patterns.find(',', at), patterns.size());
+    std::string p = patterns.substr(at, comma - at);
+    p.erase(0, p.find_first_not_of(" \t"));
+    p.erase(p.find_last_not_of(" \t") + 1);
+    if (!p.empty()) out.push_back(p);
+    at = comma + 1;
+  }
+  return out;
+}
+
+KeepDenseSync::Split split_gradient(const std::vector<models::ParamView>& views, const std::vector<bool>& kept) {
+  if (kept.size() != views.size()) throw std::invalid_argument("sync.keep_dense: one flag per tensor expected");
+  KeepDenseSync::Split s;
+  for (size_t v = 0; v < views.size(); ++v) {
+    const int64_t numel = views[v].numel();
+    if (numel == 0) continue;
+    auto& ranges = kept[v] ? s.kept : s.compressed;
+    (kept[v] ? s.kept_count : s.compressed_count) += numel;
+    if (!ranges.empty() && ranges.back().offset + ranges.back().count == views[v].offset)
+      ranges.back().count += numel;
+    else
+      ranges.push_back({views[v].offset, numel});
+  }
+  if (s.kept_count == 0) throw std::invalid_argument("sync.keep_dense keeps no tensor with entries");
+  if (s.compressed_count == 0)
+    throw std::invalid_argument("sync.keep_dense keeps every tensor dense: nothing is left to compress "
+                                "(sync.method = \"dense\" is that run)");
+  return s;
+}
+
+void gather(const std::vector<KeepDenseSync::Range>& ranges, const float* from, float* to) {
+  for (const auto& r : ranges) to = std::copy(from + r.offset, from + r.offset + r.count, to);
+}
+
+void scatter(const std::vector<KeepDenseSync::Range>& ranges, const float* from, float* to) {
+  for (const auto& r : ranges) {
+    std::copy(from, from + r.count, to + r.offset);
+    from += r.count;
+  }
+}
+
+}  // namespace
+
+std::vector<bool> match_keep_dense(const std::string& patterns, const std::vector<models::ParamView>& views) {
+  std::vector<bool> kept(views.size(), false);
+  for (const std::string& pattern : split_patterns(patterns)) {
+    bool any = false;
+    for (size_t v = 0; v < views.size(); ++v)
+      if (fnmatch(pattern.c_str(), views[v].name.c_str(), 0) == 0) kept[v] = any = true;
+    if (!any)
+      throw std::invalid_argument("sync.keep_dense: '" + pattern + "' matches no parameter tensor of the model" +
+                                  (views.empty() ? std::string() : " (names look like '" + views.front().name + "')"));
+  }
+  return kept;
+}
+
+KeepDenseSync::KeepDenseSync(Communicator& comm, const std::vector<models::ParamView>& views,
+                             const std::vector<bool>& kept,
+                             const std::function<std::unique_ptr<GradientSync>(int64_t)>& make_method,
+                             double bucket_mb, WireDType wire)
+    : split_(split_gradient(views, kept)),
+      method_(make_method(split_.compressed_count)),
+      dense_(comm, split_.kept_count, bucket_mb, models::cpu_backend(), wire),
+      kept_values_(split_.kept_count),
+      compressed_values_(split_.compressed_count) {}
+
+std::string KeepDenseSync::describe() const {
+  return method_->describe() + " (over the " + std::to_string(split_.compressed_count) +
+         " entries not kept dense)\ntensors kept dense (sync.keep_dense): " + std::to_string(split_.kept_count) +
+         " entries, averaged after backward every step: " + dense_.describe();
+}
+
+SyncStats KeepDenseSync::reduce(SyncBuffers& b, int64_t step) {
+  const int64_t n = split_.kept_count + split_.compressed_count;
+  if (b.n != n) throw std::logic_error("KeepDenseSync: the gradient's size changed");
+  gather(split_.compressed, b.grads, compressed_values_.data());
+  SyncBuffers compressed{nullptr, compressed_values_.data(), split_.compressed_count};
+  SyncStats stats = method_->reduce(compressed, step);
+  scatter(split_.compressed, compressed_values_.data(), b.grads);
+
+  gather(split_.kept, b.grads, kept_values_.data());
+  SyncBuffers kept{nullptr, kept_values_.data(), split_.kept_count};
+  dense_.reduce(kept, step);
+  scatter(split_.kept, kept_values_.data(), b.grads);
+
+  stats.density = (stats.density * static_cast<double>(split_.compressed_count) + static_cast<double>(split_.kept_count)) /
+                  static_cast<double>(n);
+  return stats;
+}
+
+}  // namespace trainer::comm
