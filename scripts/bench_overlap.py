@@ -44,7 +44,7 @@ def parse_args():
     ap.add_argument("--delay", default="0ms", help="scripts/netem --delay (one way; kernels without the netem qdisc: 0 only)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="compute threads per rank")
-    ap.add_argument("--bucket-mb", type=float, default=25.0)
+    ap.add_argument("--bucket-mb", type=float, default=8.0, help="ours and DDP's (the trainer's default)")
     ap.add_argument("--first-bucket-mb", type=float, default=1.0, help="the first bucket backward fills")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=4)

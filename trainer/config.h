@@ -124,7 +124,7 @@ struct RuntimeConfig {
 struct SyncConfig {
   std::string method = "dense";
   int64_t dense_warmup_steps = 0;
-  double bucket_mb = 25.0;
+  double bucket_mb = 8.0;
   double first_bucket_mb = 1.0;
   bool overlap = true;
   std::string wire_dtype = "fp32";  // comm::wire_dtype_names()

@@ -277,11 +277,13 @@ void visit_config(Cfg& c, Visitor& v) {
         "for async_ps synchronous rounds: the servers average every worker's gradient).",
         at_least(0));
   v.key("sync.bucket_mb", c.sync.bucket_mb,
-        "Bucket size in MB of fp32 gradient (PyTorch DDP's default is 25): the dense allreduce's, and the "
-        "groups of whole tensors powersgd exchanges its factors for (as DDP's powerSGD_hook does per bucket). A "
-        "model whose whole gradient is a few MB overlaps better with buckets of a quarter MB (ResNet-20 at P = 4 "
-        "on 100 Mbit/s: 260 -> 218 ms per step with this and sync.first_bucket_mb at 0.25); a large one worse "
-        "with small ones (ResNet-18 at P = 2 on 1 Gbit/s: 4 MB buckets 1,076 ms against 708 at 25).",
+        "Bucket size in MB of fp32 gradient: the dense allreduce's, and the groups of whole tensors powersgd "
+        "exchanges its factors for (as DDP's powerSGD_hook does per bucket). 8, not PyTorch DDP's 25: the last "
+        "bucket only goes out when backward ends, and smaller buckets leave less there (ResNet-18 overlapped on "
+        "1 Gbit/s: 682-692 ms per step against 749-751 with 25 at P = 2, 1,484-1,506 against 1,552-1,574 at "
+        "P = 4; the same at 100 Mbit/s, where the link is busy all step anyway). A model whose whole gradient "
+        "is a few MB overlaps better with buckets of a quarter MB (ResNet-20 at P = 4 on 100 Mbit/s: 260 -> "
+        "218 ms per step with this and sync.first_bucket_mb at 0.25).",
         open_closed(0, 1e6));
   v.key("sync.first_bucket_mb", c.sync.first_bucket_mb,
         "Size in MB of the first dense bucket, the one backward fills first (the last layers' gradients): "

@@ -106,7 +106,7 @@ class GradientSync {
 struct SyncOptions {
   std::string method = "dense";
   int64_t dense_warmup_steps = 0;
-  double bucket_mb = 25.0;  // dense allreduce bucket size (PyTorch DDP's default)
+  double bucket_mb = 8.0;   // dense allreduce bucket size (DDP's is 25; config_schema.h says why 8)
   int64_t period = 1;       // local SGD: average parameters every `period` steps; diloco: H
   // The format dense gradient buckets (dense, every method's dense warmup) and PowerSGD's P and Q
   // factors travel in (comm/wire_format.h). Not parameters or BN statistics (local SGD's averaging
