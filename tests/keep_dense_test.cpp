@@ -1,5 +1,5 @@
 // sync.keep_dense (comm/sync/keep_dense.h), under mpiexec at 2 and 3 ranks: the kept tensors come
-// out as the exact average (the dense method's bits) and the rest as the same method run alone on
+// out as the exact average (allreduce_average's bits, as dense sync) and the rest as the same method run alone on
 // the remaining entries, bit for bit, for each sparse method; PowerSGD sends a kept matrix dense
 // (its bytes and its exact average); the state resumes; bad patterns and methods are clear errors.
 #include "comm/sync/keep_dense.h"
@@ -79,16 +79,15 @@ TEST_CASE("Tensors kept dense are the exact average; the rest is the method alon
     CAPTURE(method);
     auto with_keep = comm::make_gradient_sync(options(method, "dec.*"), comm, n, &v);
     auto alone = comm::make_gradient_sync(options(method, ""), comm, n - n_kept, nullptr);
-    comm::DenseSync exact(comm, n_kept, 25.0, models::cpu_backend());
     CHECK(with_keep->describe().find("kept dense") != std::string::npos);
     for (int64_t step = 0; step < 4; ++step) {
       std::vector<float> g = gradient(step, comm.rank(), n);
       std::vector<float> rest = part(g, v, false, kept), dec = part(g, v, true, kept);
       comm::SyncBuffers b{nullptr, g.data(), n, nullptr, 0, &v};
       const comm::SyncStats stats = with_keep->reduce(b, step);
-      comm::SyncBuffers rb{nullptr, rest.data(), n - n_kept}, db{nullptr, dec.data(), n_kept};
+      comm::SyncBuffers rb{nullptr, rest.data(), n - n_kept};
       alone->reduce(rb, step);
-      exact.reduce(db, step);
+      comm::allreduce_average(comm, models::cpu_backend(), dec.data(), n_kept, comm::bucket_elements(8.0), "TEST");
       CHECK(part(g, v, false, kept) == rest);
       CHECK(part(g, v, true, kept) == dec);
       CHECK(stats.phase == comm::Phase::kCompressed);
@@ -125,9 +124,7 @@ TEST_CASE("PowerSGD sends a kept matrix dense: its exact average, and its entrie
   std::vector<float> dec(g.begin() + v[2].offset, g.begin() + v[2].offset + v[2].numel());
   comm::SyncBuffers b{nullptr, g.data(), n, nullptr, 0, &v};
   keep->reduce(b, 0);
-  comm::DenseSync exact(comm, v[2].numel(), 25.0, models::cpu_backend());
-  comm::SyncBuffers db{nullptr, dec.data(), v[2].numel()};
-  exact.reduce(db, 0);
+  comm::allreduce_average(comm, models::cpu_backend(), dec.data(), v[2].numel(), comm::bucket_elements(8.0), "TEST");
   CHECK(std::memcmp(g.data() + v[2].offset, dec.data(), dec.size() * sizeof(float)) == 0);
 }
 

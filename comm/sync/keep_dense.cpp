@@ -72,16 +72,19 @@ KeepDenseSync::KeepDenseSync(Communicator& comm, const std::vector<models::Param
                              const std::vector<bool>& kept,
                              const std::function<std::unique_ptr<GradientSync>(int64_t)>& make_method,
                              double bucket_mb, WireDType wire)
-    : split_(split_gradient(views, kept)),
+    : comm_(comm),
+      split_(split_gradient(views, kept)),
       method_(make_method(split_.compressed_count)),
-      dense_(comm, split_.kept_count, bucket_mb, models::cpu_backend(), wire),
+      bucket_elements_(bucket_elements(bucket_mb)),
+      wire_(wire),
       kept_values_(split_.kept_count),
       compressed_values_(split_.compressed_count) {}
 
 std::string KeepDenseSync::describe() const {
   return method_->describe() + " (over the " + std::to_string(split_.compressed_count) +
          " entries not kept dense)\ntensors kept dense (sync.keep_dense): " + std::to_string(split_.kept_count) +
-         " entries, averaged after backward every step: " + dense_.describe();
+         " entries, averaged every step after the method by ALLREDUCE_DENSE in buckets of " +
+         std::to_string(bucket_elements_) + " floats, on the wire as " + wire_dtype_name(wire_);
 }
 
 SyncStats KeepDenseSync::reduce(SyncBuffers& b, int64_t step) {
@@ -93,8 +96,8 @@ SyncStats KeepDenseSync::reduce(SyncBuffers& b, int64_t step) {
   scatter(split_.compressed, compressed_values_.data(), b.grads);
 
   gather(split_.kept, b.grads, kept_values_.data());
-  SyncBuffers kept{nullptr, kept_values_.data(), split_.kept_count};
-  dense_.reduce(kept, step);
+  allreduce_average(comm_, models::cpu_backend(), kept_values_.data(), split_.kept_count, bucket_elements_,
+                    "ALLREDUCE_DENSE", wire_);
   scatter(split_.kept, kept_values_.data(), b.grads);
 
   stats.density = (stats.density * static_cast<double>(split_.compressed_count) + static_cast<double>(split_.kept_count)) /

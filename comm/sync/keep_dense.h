@@ -7,8 +7,8 @@
 // dense, in the same allreduce as Q). The whole-gradient sparse methods (oktopk, topka, gaussiank,
 // gtopk) select over one flat vector, so KeepDenseSync runs such a method on the gradient with the
 // kept tensors cut out (its k, thresholds and residual are over the remaining entries only) and
-// allreduces the kept tensors with the dense method beside it. Both see the same bits on every rank,
-// so the output is the same on every rank, as without the option.
+// then averages the kept tensors as dense sync does (allreduce_average, ALLREDUCE_DENSE in the comm
+// log, within the step's compressed phase). The output is the same on every rank, as without it.
 #pragma once
 
 #include <cstdint>
@@ -58,9 +58,11 @@ class KeepDenseSync final : public GradientSync {
   const GradientSync& method() const { return *method_; }
 
  private:
-  Split split_;  // first: the members below are sized from it
+  Communicator& comm_;
+  Split split_;  // before the members sized from it
   std::unique_ptr<GradientSync> method_;
-  DenseSync dense_;
+  int64_t bucket_elements_;
+  WireDType wire_;
   std::vector<float> kept_values_, compressed_values_;  // the two parts, gathered
 };
 
