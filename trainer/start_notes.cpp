@@ -16,8 +16,9 @@ std::string str(double v) {
 }
 
 // A speech model compressed after a short dense warmup ended 10 to 20 CER points behind dense on
-// the LAS quickstart; a fifth of the run dense, or PowerSGD at rank 8 instead of 2, closed most of
-// it (BENCHMARKS.md, "Methods that sync rarely, on speech").
+// the LAS quickstart; a fifth of the run dense, with PowerSGD at rank 8 instead of 2 or with the
+// decoder kept dense, closed nearly all of it (BENCHMARKS.md, "Methods that sync rarely, on speech"
+// and "Which of LAS's tensors").
 std::string short_warmup_note(const Config& config, int64_t total_steps) {
   const auto& speech = models::speech_model_names();
   const bool is_speech = std::find(speech.begin(), speech.end(), config.model.arch) != speech.end();
@@ -29,7 +30,8 @@ std::string short_warmup_note(const Config& config, int64_t total_steps) {
          " dense steps (sync.dense_warmup_steps) of " + std::to_string(total_steps) +
          ": on the LAS quickstart, compressed runs this short of dense ended 10 to 20 CER points behind dense's "
          "16.8% (Ok-Top-k 1% 36.8%, PowerSGD rank 2 38.6%); a fifth of the run dense gave 27.1% and 26.4%, "
-         "PowerSGD at rank 8 19.7% (BENCHMARKS.md)";
+         "and with it PowerSGD at rank 8 17.5%, or rank 2 with the decoder kept dense (sync.keep_dense) 18.5% "
+         "(BENCHMARKS.md)";
 }
 
 // DiLoCo's outer momentum 0.9 is the paper's, for AdamW inner steps. On top of SGD with momentum
