@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "comm/sync/dense.h"
+
 namespace trainer::comm {
 namespace {
 
