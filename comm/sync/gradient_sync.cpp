@@ -133,7 +133,8 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
     if (m) m->set_keep_residual(o.error_feedback);
     return m;
   };
-  if (o.method == "oktopk" || o.method == "topka" || o.method == "gaussiank" || o.method == "gtopk")
+  // The whole-gradient sparse methods: every compressing method but powersgd (method_names.h).
+  if (compresses_gradient(o.method) && o.method != "powersgd")
     method = kept.empty() ? sparse(n)
                           : std::make_unique<KeepDenseSync>(comm, *views, kept, sparse, o.bucket_mb, o.wire_dtype);
   if (o.method == "powersgd") {

@@ -15,8 +15,9 @@ namespace trainer::comm {
 // parameter tensor is viewed as a matrix M of shape[0] x (the rest), n x m (a 1-D tensor as n x 1);
 // with r' = min(n, m, rank) it is compressed when (n + m) r' * min_compression_rate < n m and it is
 // not one the user kept dense (sync.keep_dense, keep_dense.h). The others (biases and batch norm at
-// any rate >= 1, tensors where rank-r' factors would not pay, the kept ones) are sent dense. The tensors are grouped into the dense method's buckets (gradient_buckets.h: backward
-// order, sync.bucket_mb, the first sync.first_bucket_mb; a tensor is never cut), and each bucket is
+// any rate >= 1, tensors where rank-r' factors would not pay, the kept ones) are sent dense. The
+// tensors are grouped into the dense method's buckets (gradient_buckets.h: backward order,
+// sync.bucket_mb, the first sync.first_bucket_mb; a tensor is never cut), and each bucket is
 // exchanged on its own, as soon as backward has written it when sync.overlap is on (BucketReducer):
 //   1. acc = grad + e per compressed matrix, formed in the gradient buffer (e: ErrorFeedbackSync's
 //      residual, laid out like the gradient, only read here)
