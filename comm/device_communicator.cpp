@@ -14,7 +14,7 @@ namespace trainer::comm {
 SyncCommunicator make_sync_communicator(const std::string& choice, Communicator& world, models::DeviceMemory& memory) {
   if (choice != "auto" && choice != "nccl" && choice != "mpi")
     throw std::invalid_argument("runtime.communicator = \"" + choice + "\": expected auto, nccl or mpi");
-  if (memory.name() == "cpu") {
+  if (memory.is_host()) {
     if (choice == "nccl")
       throw std::invalid_argument("runtime.communicator = \"nccl\" needs device buffers (runtime.device = \"cuda\")");
     return {nullptr, "mpi (host buffers)"};
@@ -22,8 +22,9 @@ SyncCommunicator make_sync_communicator(const std::string& choice, Communicator&
   HostAllocator staging = aligned_host_allocator();
   std::string kind = "host staging", why = "runtime.communicator = \"mpi\"";
 #ifdef TRAINER_HAS_CUDA
-  // Pinned memory is CUDA's to give, and only worth it for CUDA's copies.
-  if (memory.name() == "cuda") {
+  // Pinned memory is CUDA's to give, and only worth it for CUDA's copies (in this build, device
+  // memory is CUDA's).
+  if (!memory.is_host()) {
     staging = pinned_host_allocator();
     kind = "pinned host staging";
   }

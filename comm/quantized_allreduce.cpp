@@ -195,15 +195,6 @@ void allreduce_chunks(Communicator& comm, float* data, int64_t n, QuantizedScrat
 
 }  // namespace
 
-OuterDType parse_outer_dtype(const std::string& name) {
-  const auto& names = outer_dtype_names();
-  for (size_t i = 0; i < names.size(); ++i)
-    if (names[i] == name) return static_cast<OuterDType>(i);
-  std::string list;
-  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
-  throw std::invalid_argument("unknown sync.outer_dtype '" + name + "' (available: " + list + ")");
-}
-
 std::string outer_dtype_name(OuterDType dtype) { return outer_dtype_names().at(static_cast<size_t>(dtype)); }
 
 int64_t outer_element_bytes(OuterDType dtype) {

@@ -64,6 +64,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -74,13 +75,20 @@ namespace trainer::comm {
 enum class OuterDType { kF32, kBF16, kFP8, kInt8 };
 
 // The names sync.outer_dtype accepts, in enum order: the one list the config's choices, parsing and
-// the error message read. Header-only, because the config library does not link the comm one.
+// the error message read. Header-only, so that the config fuzzer needs no comm library.
 inline const std::vector<std::string>& outer_dtype_names() {
   static const std::vector<std::string> names{"fp32", "bf16", "fp8", "int8"};
   return names;
 }
 // Throws std::invalid_argument naming the accepted names.
-OuterDType parse_outer_dtype(const std::string& name);
+inline OuterDType parse_outer_dtype(const std::string& name) {
+  const auto& names = outer_dtype_names();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name) return static_cast<OuterDType>(i);
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("unknown sync.outer_dtype '" + name + "' (available: " + list + ")");
+}
 std::string outer_dtype_name(OuterDType dtype);
 
 // Elements per scale.

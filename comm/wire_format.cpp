@@ -119,15 +119,6 @@ void widen_fp16(const uint16_t* in, int64_t count, float* out) {
 
 }  // namespace
 
-WireDType parse_wire_dtype(const std::string& name) {
-  const auto& names = wire_dtype_names();
-  for (size_t i = 0; i < names.size(); ++i)
-    if (names[i] == name) return static_cast<WireDType>(i);
-  std::string list;
-  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
-  throw std::invalid_argument("unknown sync.wire_dtype '" + name + "' (available: " + list + ")");
-}
-
 std::string wire_dtype_name(WireDType wire) { return wire_dtype_names().at(static_cast<size_t>(wire)); }
 
 int64_t wire_bytes(WireDType wire) { return wire == WireDType::kF32 ? 4 : 2; }

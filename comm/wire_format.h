@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -30,13 +31,20 @@ namespace trainer::comm {
 enum class WireDType { kF32, kBF16, kF16 };
 
 // The names sync.wire_dtype accepts, in enum order: the one list the config's choices, parsing and
-// the error message read. Header-only, because the config library does not link the comm one.
+// the error message read. Header-only, so that the config fuzzer needs no comm library.
 inline const std::vector<std::string>& wire_dtype_names() {
   static const std::vector<std::string> names{"fp32", "bf16", "fp16"};
   return names;
 }
 // Throws std::invalid_argument naming the accepted names.
-WireDType parse_wire_dtype(const std::string& name);
+inline WireDType parse_wire_dtype(const std::string& name) {
+  const auto& names = wire_dtype_names();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name) return static_cast<WireDType>(i);
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("unknown sync.wire_dtype '" + name + "' (available: " + list + ")");
+}
 std::string wire_dtype_name(WireDType wire);
 // Bytes one element takes on the wire: 4, 2, 2.
 int64_t wire_bytes(WireDType wire);

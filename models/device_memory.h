@@ -18,6 +18,11 @@ class DeviceMemory {
   virtual ~DeviceMemory() = default;
   // "cpu" or "cuda": the runtime.device value that selects this device.
   virtual std::string name() const = 0;
+  // True when this memory is the host's: its pointers can be read and written by host code, passed
+  // to MPI as they are, and every call has finished when it returns. Code that must treat device
+  // memory differently asks this, never the name. A memory is a device's unless it says otherwise
+  // (the tests' counting memories stand in for devices).
+  virtual bool is_host() const { return false; }
   // `bytes` of device memory, 64-byte aligned (at least). Throws std::bad_alloc when there is none.
   virtual void* allocate(size_t bytes) = 0;
   virtual void free(void* p) = 0;

@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/sync/gradient_buckets.h"
-#include "comm/sync/method_names.h"
+#include "comm/sync/gradient_sync.h"
 #include "trainer/task.h"
 #include "cifar_runs.h"
 #include "process.h"

@@ -1,5 +1,6 @@
 #include "trainer/checkpoint_keeper.h"
 
+#include "comm/sync/registry.h"
 #include "trainer/agreed_error.h"
 
 namespace trainer::app {
@@ -29,7 +30,7 @@ CheckpointKeeper::CheckpointKeeper(const Config& config, models::ParameterStore&
                                    models::ParameterStore& buffers, comm::Communicator& comm)
     : out_(output_dir(config)),
       identity_{comm.size(), comm.rank(), config_hash(config), config.model.arch,
-                config.sync.method == "async_ps" ? static_cast<int>(config.sync.servers) : 0},
+                comm::sync_method(config.sync.method).can.applies_update ? static_cast<int>(config.sync.servers) : 0},
       keep_(static_cast<int>(config.train.keep_checkpoints)),
       params_(params),
       buffers_(buffers),

@@ -19,8 +19,10 @@
 #include <tuple>
 #include <toml++/toml.h>
 
+#include "comm/sync/registry.h"
 #include "trainer/config.h"
 #include "trainer/config_schema.h"
+#include "trainer/config_sync.h"
 
 namespace trainer {
 
@@ -362,9 +364,9 @@ void apply_override(const std::string& arg, size_t order, Settings& settings,
 // Rules that involve more than one key, or more than a range.
 void check_consistency(const Config& c, const Settings& settings, const std::string& default_origin) {
   // Blame the source that set one of these keys last (a --set beats the file).
-  const auto origin = [&](std::initializer_list<const char*> paths) {
+  const auto origin = [&](const std::vector<std::string>& paths) {
     const Setting* last = nullptr;
-    for (const char* p : paths) {
+    for (const std::string& p : paths) {
       const auto it = settings.find(p);
       if (it != settings.end() && (!last || it->second.order >= last->order)) last = &it->second;
     }
@@ -387,35 +389,27 @@ void check_consistency(const Config& c, const Settings& settings, const std::str
   if (c.runtime.communicator == "nccl" && c.runtime.device != "cuda")
     fail(origin({"runtime.communicator", "runtime.device"}),
          "runtime.communicator = \"nccl\" needs runtime.device = \"cuda\" (the CPU uses MPI)");
-  if (c.runtime.device != "cpu" && !comm::takes_device_buffers(c.sync.method))
+  // The method's own rules and capabilities (comm/sync/registry.h); sync.method is one of the
+  // table's names by now (its choices).
+  const comm::SyncMethod& method = comm::sync_method(c.sync.method);
+  if (c.runtime.device != "cpu" && !method.can.device_buffers)
     fail(origin({"runtime.device", "sync.method"}),
          "sync.method = \"" + c.sync.method + "\" computes on host buffers and cannot run with runtime.device = \"" +
-             c.runtime.device + "\" yet (dense and local_sgd can)");
+             c.runtime.device + "\" yet (" + comm::sync_methods_that(&comm::SyncCapabilities::device_buffers) +
+             " can)");
+  if (method.check)
+    for (const comm::SyncOptionProblem& problem : method.check(sync_options(c)))
+      fail(origin(problem.keys), problem.message);
   if (c.runtime.device != "cpu" && c.sync.wire_dtype != "fp32")
     fail(origin({"runtime.device", "sync.wire_dtype"}),
          "sync.wire_dtype = \"" + c.sync.wire_dtype + "\" casts on the host and cannot run with runtime.device = \"" +
              c.runtime.device + "\" yet (fp32 can)");
-  if (c.sync.method == "diloco") {
-    const SyncConfig& d = c.sync;
-    if (d.fragments > d.period)
-      fail(origin({"sync.fragments", "sync.period"}),
-           "sync.fragments = " + std::to_string(d.fragments) + " must be at most sync.period = " +
-               std::to_string(d.period) + " (one fragment syncs every sync.period / sync.fragments steps)");
-    if (d.sync_delay >= d.period / d.fragments)
-      fail(origin({"sync.sync_delay", "sync.period", "sync.fragments"}),
-           "sync.sync_delay = " + std::to_string(d.sync_delay) + " must be below sync.period / sync.fragments = " +
-               std::to_string(d.period / d.fragments) +
-               " (a fragment's outer step must land before the next fragment is sent)");
-    if (d.outer_optimizer == "nesterov" && d.outer_momentum == 0)
-      fail(origin({"sync.outer_optimizer", "sync.outer_momentum"}),
-           "sync.outer_optimizer = \"nesterov\" needs sync.outer_momentum > 0 (or sync.outer_optimizer = \"sgd\")");
-  }
   // sync.momentum_correction applies to SGD and is skipped for adam and adamw, set or not: an error
   // only when set would make the written config.toml (which holds every key) fail to load again.
-  if (c.sync.method == "async_ps" && c.train.skip_nonfinite_steps > 0)
+  if (method.can.applies_update && c.train.skip_nonfinite_steps > 0)
     fail(origin({"train.skip_nonfinite_steps", "sync.method"}),
-         "train.skip_nonfinite_steps applies to synchronous methods, not sync.method = \"async_ps\" (a worker "
-         "cannot skip a step the server may already have applied)");
+         "train.skip_nonfinite_steps applies to synchronous methods, not sync.method = \"" + c.sync.method +
+             "\" (a worker cannot skip a step the server may already have applied)");
 }
 
 }  // namespace

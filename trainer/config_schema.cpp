@@ -11,6 +11,18 @@
 
 namespace trainer::config_schema {
 
+const char* sync_method_doc() {
+  static const std::string doc = [] {
+    std::string text = "Gradient-sync method: ";
+    const auto& methods = comm::sync_methods();
+    for (size_t i = 0; i < methods.size(); ++i) text += (i ? "; " : "") + methods[i].name + " (" + methods[i].doc + ")";
+    return text + ". The compressing methods (" + comm::sync_methods_that(&comm::SyncCapabilities::compresses) +
+           ") keep what they do not send in an error-feedback residual: the sparse ones send about sync.density of "
+           "the entries, powersgd (n + m) r per n x m matrix.";
+  }();
+  return doc.c_str();
+}
+
 namespace {
 
 // Records what visit_config() says about each key, reading defaults from a default Config. It also

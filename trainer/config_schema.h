@@ -16,7 +16,7 @@
 #include <variant>
 #include <vector>
 
-#include "comm/sync/method_names.h"
+#include "comm/sync/registry.h"
 #include "comm/quantized_allreduce.h"
 #include "comm/wire_format.h"
 #include "trainer/config.h"
@@ -64,6 +64,9 @@ constexpr Type type_of() {
     return Type::kFloatArray;
   }
 }
+
+// sync.method's documentation: each method's own line from the method table (comm/sync/registry.h).
+const char* sync_method_doc();
 
 template <class Cfg, class Visitor>
 void visit_config(Cfg& c, Visitor& v) {
@@ -239,8 +242,10 @@ void visit_config(Cfg& c, Visitor& v) {
   v.key("runtime.deterministic", c.runtime.deterministic,
         "CPU ops are deterministic for a fixed thread count and world size either way (repeated and "
         "resumed runs are bit-identical); true also pins convolutions to the direct algorithm, so "
-        "results do not depend on which kernels this CPU offers (and, on CUDA, picks deterministic "
-        "cuDNN algorithms).");
+        "results do not depend on which kernels this CPU offers. On CUDA, true keeps convolutions to "
+        "cuDNN's deterministic algorithms (a run repeats bit for bit on the same GPU, and only then is a "
+        "resume bit-exact there); false, as PyTorch's cudnn.deterministic, takes the fastest, whose "
+        "weight-gradient sums use atomics and vary in their last bits from run to run.");
   v.key("runtime.conv_algorithm", c.runtime.conv_algorithm,
         "Convolution algorithm on CPU: auto (Winograd F(4,3) for 3x3 stride-1 layers from 32 "
         "channels where oneDNN creates a Winograd kernel, which it has only on AVX-512 and where "
@@ -259,19 +264,7 @@ void visit_config(Cfg& c, Visitor& v) {
         "The straggler's slowdown factor F (1 = none).", closed(1, 1000));
 
   v.section("sync", "Data parallelism: how gradients (or parameters) are combined across processes.");
-  v.key("sync.method", c.sync.method,
-        "Gradient-sync method: dense (bucketed allreduce of the averaged gradient); local_sgd "
-        "(local steps, parameters averaged every sync.period steps); diloco (DiLoCo and Streaming "
-        "DiLoCo: local steps, and every sync.period steps the averaged parameter change steps the "
-        "shared parameters through an outer optimizer, optionally one fragment at a time); oktopk (Ok-Top-k sparse "
-        "allreduce); topka (local top-k, allgather); gaussiank (normal-fit threshold, allgatherv); "
-        "gtopk (tree of pairwise top-k merges, power-of-two process counts); powersgd (rank-r factors "
-        "P Q^T of each weight matrix, PyTorch's powerSGD_hook); async_ps (asynchronous parameter "
-        "server: the last sync.servers ranks hold the parameters and run the optimizer, the others "
-        "push gradients and pull parameters without waiting for each other). The sparse methods send "
-        "about sync.density of the entries, powersgd (n + m) r per n x m matrix; all keep the rest in "
-        "an error-feedback residual.",
-        comm::sync_method_names());
+  v.key("sync.method", c.sync.method, sync_method_doc(), comm::sync_method_names());
   v.key("sync.dense_warmup_steps", c.sync.dense_warmup_steps,
         "The first N steps use dense allreduce whatever the method (synchronous SGD for local_sgd; "
         "for async_ps synchronous rounds: the servers average every worker's gradient).",

@@ -16,7 +16,7 @@ class DeviceBatch {
 
   // The host arrays must stay unchanged until the backend next waits (the loss does, every step).
   void upload(const float* images, int64_t image_floats, const int32_t* labels, int64_t count) {
-    if (backend_.name() == "cpu") {
+    if (backend_.is_host()) {
       images_ptr_ = images;
       labels_ptr_ = labels;
       return;

@@ -1,6 +1,6 @@
 // An experiment, built from a validated Config: the backend (runtime.device), the task (model +
 // data), the optimizer and its schedule, and the gradient-sync method, wired to this process's rank.
-// The training loop (run.cpp) starts from here.
+// The training loop (worker.cpp) starts from here.
 #pragma once
 
 #include <functional>
@@ -13,6 +13,7 @@
 #include "optim/schedule.h"
 #include "optim/optimizer.h"
 #include "trainer/config.h"
+#include "trainer/config_sync.h"
 #include "trainer/task.h"
 
 namespace trainer::app {
@@ -45,7 +46,7 @@ Experiment build_experiment(const Config& config, comm::Communicator& world, com
 // The run's steps: train.epochs of steps_per_epoch, capped by train.max_steps.
 int64_t total_steps(const Config& config, int64_t steps_per_epoch);
 
-comm::SyncOptions sync_options(const Config& config);
+using trainer::sync_options;  // trainer/config_sync.h
 // Whether the run has a thread that communicates while the training thread does too (diloco with a
 // sync delay, overlapped: comm/sync/outer_transfer.h), so MPI must allow concurrent calls
 // (comm::request_concurrent_calls, before comm::world()).

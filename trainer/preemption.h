@@ -1,6 +1,6 @@
 // Preemption: SIGTERM (what clusters send before killing a job) and SIGINT (Ctrl-C) ask the run to
 // stop cleanly. The handler only records the signal; the training loop reads it once per step and
-// all ranks agree on it in the step's control allreduce (trainer/step_control.h), so every rank
+// all ranks agree on it in the step's control allreduce (trainer/step_clock.h, StepClock::verdict), so every rank
 // finishes the same step, the job writes one checkpoint and exits with 128 + the signal (143 for
 // SIGTERM, 130 for SIGINT). A second signal ends the process at once (exit 128 + signal, no
 // checkpoint), for a user who does not want to wait.

@@ -7,6 +7,7 @@
 
 #include "comm/sync/async_ps_state.h"
 #include "comm/sync/rank_mean.h"
+#include "comm/sync/registry.h"
 
 namespace trainer::app {
 namespace {
@@ -99,7 +100,7 @@ Config plan_resume(const Config& config, const std::string& which, comm::Communi
   const int64_t saved_world = seen[1], kept_batch = seen[2], world = comm.size();
   // async_ps: the batch is the workers' (the last sync.servers ranks serve), and a checkpoint of
   // another number of servers is re-sharded too. -1: a checkpoint that did not record its servers.
-  const bool ps = config.sync.method == "async_ps";
+  const bool ps = comm::sync_method(config.sync.method).can.applies_update;
   const int64_t servers = ps ? config.sync.servers : 0, saved_servers = ps ? seen[3] : 0;
   const bool same_layout = saved_world == world && (saved_servers < 0 || saved_servers == servers);
   if (!seen[0] || (same_layout && kept_batch == 0)) return config;  // the exact resume (or load's error)
@@ -132,7 +133,7 @@ Resharded apply_resharded(const LoadedCheckpoint& ck, int world, models::Paramet
   const std::vector<SavedRank>& saved = ck.saved;
   const std::string p = str(static_cast<int64_t>(saved.size()));
   const std::string where = "checkpoint " + ck.path + ": ";
-  const bool replicated = sync.keeps_parameters_equal();
+  const bool replicated = comm::sync_method(sync.name()).can.keeps_parameters_equal;
   for (const SavedRank& r : saved)
     if (r.state.epoch != saved[0].state.epoch || r.state.batch_in_epoch != saved[0].state.batch_in_epoch)
       throw std::runtime_error(where + "its ranks saved different data positions");

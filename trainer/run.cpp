@@ -6,6 +6,7 @@
 
 #include "comm/comm_summary.h"
 #include "comm/sync/async_ps.h"
+#include "comm/sync/registry.h"
 #include "models/model.h"
 #include "trainer/experiment.h"
 #include "trainer/preemption.h"
@@ -14,33 +15,6 @@
 #include "trainer/run_output.h"
 
 namespace trainer::app {
-
-namespace {
-
-// What sync.overlap does for this method, for --dry-run.
-std::string overlap_plan(const Config& config) {
-  const SyncConfig& s = config.sync;
-  if (s.method == "async_ps") return "none (async_ps pushes the whole gradient after backward)";
-  if (!s.overlap) return "off (sync.overlap = false: every message is sent after backward)";
-  if (config.runtime.device != "cpu") return "off (host buffers only; runtime.device = \"" + config.runtime.device + "\")";
-  const std::string when = "during backward, each once its gradients are final";
-  const std::string dense = "dense buckets are sent " + when;
-  if (s.method == "dense") return dense;
-  const std::string after_optimizer = s.method == "local_sgd" ? "local_sgd averages parameters after the optimizer step"
-                                      : s.method == "diloco"  ? "diloco syncs parameters after the optimizer step"
-                                                              : s.method + " selects over the whole gradient";
-  std::string then = s.method == "powersgd"
-                         ? "powersgd's buckets (their P, Q and uncompressed tensors) are exchanged " + when
-                         : "none (" + after_optimizer + ", so it starts after backward)";
-  if (s.method == "diloco" && s.sync_delay > 0)
-    then = "none during backward; each diloco fragment's allreduce runs on a communication thread during the " +
-           std::to_string(s.sync_delay) + " step(s) after its send";
-  if (s.dense_warmup_steps > 0)
-    return "the first " + std::to_string(s.dense_warmup_steps) + " steps: " + dense + "; then " + then;
-  return then;
-}
-
-}  // namespace
 
 void print_dry_run(const Config& config, comm::Communicator& comm) {
   if (comm.rank() != 0) return;
@@ -52,14 +26,17 @@ void print_dry_run(const Config& config, comm::Communicator& comm) {
   std::printf("model: %s, %lld parameters in %zu tensors, gradient %.2f MB per step (%lld bytes)\n",
               config.model.arch.c_str(), static_cast<long long>(n), tensors, n * 4 / 1e6,
               static_cast<long long>(n * 4));
-  const bool servers = config.sync.method == "async_ps";  // the last sync.servers ranks do not train
+  // A method that applies the update itself has server ranks (the last sync.servers), which do not train.
+  const bool servers = comm::sync_method(config.sync.method).can.applies_update;
   const int trainers = servers ? std::max<int>(0, comm.size() - static_cast<int>(config.sync.servers)) : comm.size();
   std::printf("data: %s at %s%s, batch %lld per process x %d %s\n", config.data.dataset.c_str(),
               config.data.root.c_str(), config.data.synthesize_if_missing ? " (synthesized if missing)" : "",
               static_cast<long long>(config.data.batch_size), trainers, servers ? "workers" : "processes");
   auto sync = comm::make_gradient_sync(sync_options(config), comm, n, &views);
   std::printf("sync: %s\n", sync->describe().c_str());
-  std::printf("overlap with backward: %s\n", overlap_plan(config).c_str());
+  std::printf("overlap with backward: %s\n", config.sync.overlap ? sync->overlap_plan().c_str()
+                                                                  : "off (sync.overlap = false: every message is "
+                                                                    "sent after backward)");
   std::printf("output: %s\n", output_dir(config).c_str());
 }
 
@@ -76,7 +53,7 @@ RunSummary run_training(const Config& configured, const RunOptions& options, com
   // async_ps: the last sync.servers ranks are parameter servers (a bad count is the same error on
   // every rank).
   comm::PsLayout layout;
-  if (config.sync.method == "async_ps") {
+  if (comm::sync_method(config.sync.method).can.applies_update) {
     try {
       layout = comm::PsLayout::make(comm.size(), config.sync.servers);
     } catch (const std::invalid_argument& e) {

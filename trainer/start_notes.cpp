@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
-#include "comm/sync/method_names.h"
+#include "comm/sync/registry.h"
 #include "models/speech_model.h"
 
 namespace trainer::app {
@@ -24,7 +24,7 @@ std::string short_warmup_note(const Config& config, int64_t total_steps) {
   const bool is_speech = std::find(speech.begin(), speech.end(), config.model.arch) != speech.end();
   const int64_t warmup = config.sync.dense_warmup_steps;
   const bool high_rank = config.sync.method == "powersgd" && config.sync.rank >= 8;
-  if (!is_speech || !comm::compresses_gradient(config.sync.method) || high_rank || warmup * 10 >= total_steps)
+  if (!is_speech || !comm::sync_method(config.sync.method).can.compresses || high_rank || warmup * 10 >= total_steps)
     return "";
   return "note: " + config.sync.method + " after " + std::to_string(warmup) +
          " dense steps (sync.dense_warmup_steps) of " + std::to_string(total_steps) +

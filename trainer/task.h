@@ -1,5 +1,5 @@
 // What the training loop needs from a model and its data, whatever the modality: image
-// classification (CIFAR) here, speech recognition (AN4) next. The loop (run.cpp) sees flat
+// classification (CIFAR) here, speech recognition (AN4) next. The loop (worker.cpp) sees flat
 // parameter buffers, a batch to load, a forward/backward, and an evaluation that returns the
 // records metrics.jsonl keeps.
 #pragma once

@@ -14,7 +14,7 @@ double ms_since(Clock::time_point t) { return std::chrono::duration<double, std:
 
 }  // namespace
 
-UpdateRule::UpdateRule(comm::GradientSync& sync, optim::Optimizer& optimizer, models::Backend& backend,
+UpdateRule::UpdateRule(comm::GradientSync& sync, bool remote, optim::Optimizer& optimizer, models::Backend& backend,
                        models::ParameterStore& params, comm::SyncBuffers& buffers, double clip_norm)
     : sync_(sync),
       optimizer_(optimizer),
@@ -22,7 +22,7 @@ UpdateRule::UpdateRule(comm::GradientSync& sync, optim::Optimizer& optimizer, mo
       params_(params),
       buffers_(buffers),
       clip_norm_(clip_norm),
-      remote_(sync.applies_update()) {}
+      remote_(remote) {}
 
 UpdateOutcome UpdateRule::run(int64_t step, double lr, StepTimes& times, TraceSpans& spans) {
   UpdateOutcome outcome;

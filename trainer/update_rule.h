@@ -31,7 +31,8 @@ struct UpdateOutcome {
 
 class UpdateRule {
  public:
-  UpdateRule(comm::GradientSync& sync, optim::Optimizer& optimizer, models::Backend& backend,
+  // `remote`: the method applies the update itself (its spec's applies_update, comm/sync/registry.h).
+  UpdateRule(comm::GradientSync& sync, bool remote, optim::Optimizer& optimizer, models::Backend& backend,
              models::ParameterStore& params, comm::SyncBuffers& buffers, double clip_norm);
   // The step's update at learning rate `lr` (a remote update ignores it: the servers run the
   // schedule). Adds its time to `times` and marks the trace.
@@ -44,7 +45,7 @@ class UpdateRule {
   models::ParameterStore& params_;
   comm::SyncBuffers& buffers_;
   double clip_norm_;
-  bool remote_;  // the optimizer runs where the sync sends the gradient (GradientSync::applies_update)
+  bool remote_;  // the optimizer runs where the sync sends the gradient
 };
 
 }  // namespace trainer::app

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "comm/comm_summary.h"
+#include "comm/sync/registry.h"
 #include "optim/schedule.h"
 #include "trainer/agreed_error.h"
 #include "trainer/checkpoint_keeper.h"
@@ -131,6 +132,11 @@ class Worker {
   comm::Communicator& training_;
   const int rank_;
   const bool lead_;
+  // The method applies the update itself (async_ps: its servers run the optimizer; the method
+  // table's applies_update), decided once: this worker's update rule sends the gradient and takes
+  // the parameters back, its clock is the one the servers grant, and a resume on another layout
+  // re-shards the servers' shards.
+  const bool remote_update_;
   Progress progress_;
   Experiment e_;
   Task& task_;
@@ -163,6 +169,7 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
       training_(training),
       rank_(world.rank()),
       lead_(world.rank() == 0),
+      remote_update_(comm::sync_method(config.sync.method).can.applies_update),
       // Under mpiexec a rank's stdout is a pseudo-terminal even when the job's output goes to a
       // file, so the live line is only used by a process started directly from a terminal.
       progress_(lead_ && world.size() == 1 && Progress::stdout_is_terminal()),
@@ -175,10 +182,11 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
       inject_nan_(nan_injections()),
       gradient_weight_(static_cast<float>(static_cast<double>(batch_share(config, training.size(), training.rank())) *
                                           training.size() / global_batch(config, training.size()))),
-      clock_(&world == &training ? make_lockstep_clock(world, *e_.backend, task_.parameters())
-                                 : make_granted_clock(rank_, training.size(), config.data.batch_size, *e_.backend,
-                                                      task_.parameters())),
-      update_(*e_.sync, *e_.optimizer, *e_.backend, task_.parameters(), sync_buffers_, config.optim.grad_clip_norm),
+      clock_(remote_update_ ? make_granted_clock(rank_, training.size(), config.data.batch_size, *e_.backend,
+                                                 task_.parameters())
+                            : make_lockstep_clock(world, *e_.backend, task_.parameters())),
+      update_(*e_.sync, remote_update_, *e_.optimizer, *e_.backend, task_.parameters(), sync_buffers_,
+              config.optim.grad_clip_norm),
       keeper_(config, task_.parameters(), task_.buffers(), world),
       guard_(config.train.skip_nonfinite_steps, task_.buffers(), [this] { return keeper_.last_note(); }),
       spans_(world.log(), config.comm.trace_first_step, config.comm.trace_steps) {
@@ -235,7 +243,7 @@ void Worker::resume(const LoadedCheckpoint& ck) {
     std::istringstream opt_state(ck.state.optimizer_state), sync_state(ck.state.sync_state);
     e_.optimizer->load(opt_state);
     e_.sync->load(sync_state);
-  } else if (config_.sync.method == "async_ps") {
+  } else if (remote_update_) {
     resharded = apply_ps_worker_resharded(ck, comm::PsLayout::make(world_.size(), config_.sync.servers),
                                           task_.parameters(), task_.buffers(), *e_.optimizer, *e_.sync,
                                           global_batch(config_, training_.size()));

@@ -5,6 +5,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "comm/sync/registry.h"
 #include "comm/sync/sync_state.h"
 
 namespace trainer::comm {
@@ -26,6 +27,21 @@ std::pair<int64_t, int64_t> PsLayout::shard(int64_t n, int parts, int s) {
   const int64_t base = n / parts, extra = n % parts;
   const int64_t begin = s * base + std::min<int64_t>(s, extra);
   return {begin, begin + base + (s < extra ? 1 : 0)};
+}
+
+SyncMethod async_ps_method() {
+  SyncMethod m;
+  m.name = "async_ps";
+  m.doc =
+      "asynchronous parameter server: the last sync.servers ranks hold the parameters and run the optimizer, the "
+      "others push gradients and pull parameters without waiting for each other";
+  m.can.applies_update = true;
+  m.can.keeps_parameters_equal = false;
+  m.can.wrapped_in_warmup = false;  // the servers run the warmup's synchronous rounds
+  m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
+    return std::make_unique<AsyncPsWorker>(c.comm, o, c.n);
+  };
+  return m;
 }
 
 AsyncPsWorker::AsyncPsWorker(Communicator& world, const SyncOptions& options, int64_t n)

@@ -1,6 +1,7 @@
 // The asynchronous parameter server (sync.method = "async_ps"): the worker's side and the wire
 // protocol both sides share. The server's side (optimizer, lr schedule, staleness, checkpoints)
-// is trainer/ps_server.h; docs/architecture.md ("Roles") walks one step through both.
+// is comm/sync/async_ps_server.h (its role in the trainer: trainer/server_role.cpp);
+// docs/architecture.md ("Roles") walks one step through both.
 //
 // Roles: of P ranks the last S (sync.servers) are servers, the first W = P - S workers. The flat
 // parameters (n) and the flat non-trainable state (BN statistics, n_state) are each cut into S
@@ -13,7 +14,7 @@
 //                                 since it last sent them to this worker
 //   server -> worker  PS_HEADER   int64[5]: the version now, the staleness tau of this push, the lr
 //                                 applied (a double's bits), the global step under way, and the meet
-//                                 this reply completes (-1: none; trainer/ps_server.h)
+//                                 this reply completes (-1: none; async_ps_server.h)
 //                     PULL_PARAMS the parameters' shard s (float)
 //                     PULL_STATE  the BN statistics' shard s (float)
 // The server takes headers from whichever worker sends first (an any-source receive; or in rank
@@ -59,7 +60,7 @@ constexpr int kReplyMeet = 4;
 
 // The worker's side: reduce() pushes this rank's gradient and BN-statistics change to every server
 // and returns with the parameters and BN statistics the servers sent back in SyncBuffers::params and
-// ::state (the optimizer ran on the servers: applies_update() is true). SyncStats::staleness is the
+// ::state (the optimizer ran on the servers: its spec says applies_update). SyncStats::staleness is the
 // largest tau the servers reported for this push, SyncStats::lr the lr they applied,
 // ::global_step the servers' step and ::round the meet this reply completes (-1: none): the
 // worker evaluates, checkpoints and stops at meets, counted in global steps.
@@ -73,8 +74,7 @@ class AsyncPsWorker final : public GradientSync {
   // Every push carries the whole gradient (the servers, not the wire, decide what is stale).
   Phase phase(int64_t) const override { return Phase::kDense; }
   SyncStats reduce(SyncBuffers& b, int64_t step) override;
-  bool applies_update() const override { return true; }
-  bool keeps_parameters_equal() const override { return false; }
+  std::string overlap_plan() const override { return "none (async_ps pushes the whole gradient after backward)"; }
   void save(std::ostream& out) const override;
   void load(std::istream& in) override;
   // Elastic resume (trainer/reshard.h): `states` are the saved workers' only (the servers' state is

@@ -1,5 +1,6 @@
 // The server side of sync.method = "async_ps" (the wire protocol and the worker's side are
-// comm/sync/async_ps.h; the server role's start-up and checkpoints are trainer/roles.cpp). A server rank holds the model's flat parameters and BN statistics, of which
+// comm/sync/async_ps.h; the server role's start-up and checkpoints are trainer/server_role.cpp).
+// A server rank holds the model's flat parameters and BN statistics, of which
 // it owns one contiguous shard, runs the optimizer and the lr schedule on that shard, and answers
 // the workers' pushes until every worker has pushed its last step.
 //

@@ -5,9 +5,23 @@
 #include <stdexcept>
 #include <vector>
 
+#include "comm/sync/registry.h"
 #include "comm/sync/sync_state.h"
 
 namespace trainer::comm {
+
+SyncMethod dense_method() {
+  SyncMethod m;
+  m.name = "dense";
+  m.doc = "bucketed allreduce of the averaged gradient";
+  m.can.device_buffers = true;
+  m.can.wrapped_in_warmup = false;  // every step is dense already
+  m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
+    return std::make_unique<DenseSync>(c.comm, c.n, o.bucket_mb, c.backend, o.wire_dtype,
+                                       DenseBuckets{o.first_bucket_mb, o.overlap, c.views});
+  };
+  return m;
+}
 
 void allreduce_average(Communicator& comm, models::Backend& backend, float* data, int64_t n, int64_t bucket_elements,
                        const char* tag, WireDType wire) {
@@ -37,7 +51,7 @@ DenseSync::DenseSync(Communicator& comm, int64_t n, double bucket_mb, models::Ba
       n_(n),
       backend_(backend),
       wire_(wire),
-      requested_overlap_(buckets.overlap && backend.name() == models::cpu_backend().name()),
+      requested_overlap_(buckets.overlap && backend.is_host()),
       overlap_(requested_overlap_ && comm.size() > 1),
       pre_scale_(wire_pre_scale(wire, comm.size())),
       reducer_(comm,
@@ -49,7 +63,7 @@ DenseSync::DenseSync(Communicator& comm, int64_t n, double bucket_mb, models::Ba
                                             "ALLREDUCE_DENSE");
                },
                buckets.views) {
-  if (wire != WireDType::kF32 && backend.name() != models::cpu_backend().name())
+  if (wire != WireDType::kF32 && !backend.is_host())
     throw std::invalid_argument("sync.wire_dtype = \"" + wire_dtype_name(wire) + "\" casts on the host and cannot run " +
                                 "with runtime.device = \"" + backend.name() + "\" yet (fp32 can)");
 }
@@ -67,6 +81,11 @@ std::string DenseSync::describe() const {
       << (overlap_ || (comm_.size() == 1 && requested_overlap_) ? ", sent during backward (sync.overlap)"
                                                                  : ", sent after backward");
   return out.str();
+}
+
+std::string DenseSync::overlap_plan() const {
+  if (!requested_overlap_) return "off (host buffers only; runtime.device = \"" + backend_.name() + "\")";
+  return "dense buckets are sent during backward, each once its gradients are final";
 }
 
 bool DenseSync::begin_step(SyncBuffers& b, int64_t step) {

@@ -37,6 +37,7 @@ class DenseSync final : public GradientSync {
   void gradients_ready(int64_t from) override;
   int finish_early_sends() override;
   SyncStats reduce(SyncBuffers& b, int64_t step) override;
+  std::string overlap_plan() const override;
   void save(std::ostream& out) const override;
   void load(std::istream& in) override;
   std::string load_resharded(const std::vector<std::string>& states) override { return load_replicated(states); }

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "comm/sync/dense.h"
+#include "comm/sync/registry.h"
 #include "comm/sync/sync_state.h"
 
 namespace trainer::comm {
@@ -27,7 +28,57 @@ std::unique_ptr<optim::Sgd> make_outer_optimizer(const DilocoOptions& o, int64_t
 
 double mb(int64_t floats) { return static_cast<double>(floats) * 4 / 1e6; }
 
+DilocoOptions diloco_options(const SyncOptions& o) {
+  DilocoOptions d;
+  d.period = o.period;
+  d.fragments = o.fragments;
+  d.delay = o.sync_delay;
+  d.mixing = o.mixing;
+  d.outer_optimizer = o.outer_optimizer;
+  d.outer_lr = o.outer_lr;
+  d.outer_momentum = o.outer_momentum;
+  d.bucket_elements = bucket_elements(o.bucket_mb);
+  d.outer_dtype = o.outer_dtype;
+  d.overlap = o.overlap;
+  return d;
+}
+
 }  // namespace
+
+std::vector<SyncOptionProblem> diloco_problems(const DilocoOptions& o) {
+  std::vector<SyncOptionProblem> found;
+  const std::string schedule = fragment_schedule_problem(o.period, o.fragments, o.delay);
+  if (!schedule.empty()) found.push_back({{"sync.period", "sync.fragments", "sync.sync_delay"}, schedule});
+  if (!(o.mixing >= 0 && o.mixing <= 1))
+    found.push_back({{"sync.mixing"}, "sync.mixing = " + std::to_string(o.mixing) + " must be in [0, 1]"});
+  if (o.outer_optimizer != "nesterov" && o.outer_optimizer != "sgd")
+    found.push_back({{"sync.outer_optimizer"},
+                     "sync.outer_optimizer = \"" + o.outer_optimizer + "\": expected nesterov or sgd"});
+  if (o.outer_optimizer == "nesterov" && !(o.outer_momentum > 0))
+    found.push_back({{"sync.outer_optimizer", "sync.outer_momentum"},
+                     "sync.outer_optimizer = \"nesterov\" needs sync.outer_momentum > 0 (or sync.outer_optimizer = "
+                     "\"sgd\")"});
+  if (!(o.outer_lr > 0) || !(o.outer_momentum >= 0))
+    found.push_back(
+        {{"sync.outer_lr", "sync.outer_momentum"}, "sync.outer_lr must be > 0 and sync.outer_momentum >= 0"});
+  return found;
+}
+
+SyncMethod diloco_method() {
+  SyncMethod m;
+  m.name = "diloco";
+  m.doc =
+      "DiLoCo and Streaming DiLoCo: local steps, and every sync.period steps the averaged parameter change steps "
+      "the shared parameters through an outer optimizer, optionally one fragment at a time";
+  m.can.keeps_parameters_equal = false;
+  m.check = [](const SyncOptions& o) { return diloco_problems(diloco_options(o)); };
+  // A delayed fragment's allreduce runs on its own thread while the training thread calls MPI.
+  m.concurrent_calls = [](const SyncOptions& o) { return o.sync_delay > 0 && o.overlap; };
+  m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
+    return std::make_unique<Diloco>(c.comm, c.n, c.views, diloco_options(o));
+  };
+  return m;
+}
 
 Diloco::Diloco(Communicator& comm, int64_t n, const std::vector<models::ParamView>* views, const DilocoOptions& o)
     : comm_(comm),
@@ -36,20 +87,20 @@ Diloco::Diloco(Communicator& comm, int64_t n, const std::vector<models::ParamVie
       fragments_(plan_fragments(n, views, o.fragments)),
       schedule_(o.period, o.fragments, o.delay),
       transfer_(std::make_unique<OuterTransfer>(comm, o.outer_dtype, o.bucket_elements, o.overlap && o.delay > 0)) {
-  if (!(o.mixing >= 0 && o.mixing <= 1))
-    throw std::invalid_argument("sync.mixing = " + std::to_string(o.mixing) + " must be in [0, 1]");
-  if (o.outer_optimizer != "nesterov" && o.outer_optimizer != "sgd")
-    throw std::invalid_argument("sync.outer_optimizer = \"" + o.outer_optimizer + "\": expected nesterov or sgd");
-  if (o.outer_optimizer == "nesterov" && !(o.outer_momentum > 0))
-    throw std::invalid_argument("sync.outer_optimizer = \"nesterov\" needs sync.outer_momentum > 0");
-  if (!(o.outer_lr > 0) || !(o.outer_momentum >= 0))
-    throw std::invalid_argument("sync.outer_lr must be > 0 and sync.outer_momentum >= 0");
+  for (const SyncOptionProblem& problem : diloco_problems(o)) throw std::invalid_argument(problem.message);
   int64_t largest = 0;
   for (const Fragment& f : fragments_) {
     outer_optimizers_.push_back(make_outer_optimizer(o, f.size()));
     largest = std::max(largest, f.size());
   }
   pseudo_gradient_.resize(static_cast<size_t>(largest));
+}
+
+std::string Diloco::overlap_plan() const {
+  if (options_.delay > 0)
+    return "none during backward; each diloco fragment's allreduce runs on a communication thread during the " +
+           std::to_string(options_.delay) + " step(s) after its send";
+  return "none (diloco syncs parameters after the optimizer step, so it starts after backward)";
 }
 
 std::string Diloco::describe() const {

@@ -75,6 +75,11 @@ struct DilocoOptions {
   bool overlap = true;  // sync.overlap: a delayed fragment's transfer runs during the tau steps
 };
 
+struct SyncOptionProblem;  // registry.h
+// DiLoCo's rules between its options (the fragment schedule; nesterov needs momentum; ...), stated
+// once: the config (through the method's spec) and the constructor both ask it.
+std::vector<SyncOptionProblem> diloco_problems(const DilocoOptions& options);
+
 class Diloco final : public GradientSync {
  public:
   // `views`: the model's tensors (needed for F > 1). Throws std::invalid_argument naming the key
@@ -85,11 +90,12 @@ class Diloco final : public GradientSync {
   Phase phase(int64_t) const override { return Phase::kCompressed; }
   SyncStats reduce(SyncBuffers& b, int64_t step) override;
   void after_step(SyncBuffers& b, int64_t step) override;
-  // The local parameters differ between syncs; everything this method keeps (theta_outer, the outer
-  // momentum, the schedule, a fragment in flight) is the same on every rank, so a resume on another
-  // number of processes keeps it and takes the mean of the saved ranks' local parameters.
-  bool keeps_parameters_equal() const override { return false; }
+  // The local parameters differ between syncs (its spec: keeps_parameters_equal is false);
+  // everything this method keeps (theta_outer, the outer momentum, the schedule, a fragment in
+  // flight) is the same on every rank, so a resume on another number of processes keeps it and
+  // takes the mean of the saved ranks' local parameters.
   void complete_in_flight() override { transfer_->wait(); }
+  std::string overlap_plan() const override;
   void save(std::ostream& out) const override;
   void load(std::istream& in) override;
   std::string load_resharded(const std::vector<std::string>& states) override { return load_replicated(states); }

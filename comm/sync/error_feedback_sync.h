@@ -35,6 +35,9 @@ class ErrorFeedbackSync : public GradientSync {
   // Elastic resume: the compressor's state by merge_state, the residual the mean of the saved ranks'
   // (ErrorFeedback::load_mean). All or nothing, as load().
   std::string load_resharded(const std::vector<std::string>& states) final;
+  std::string overlap_plan() const override {
+    return "none (" + name() + " selects over the whole gradient, so it starts after backward)";
+  }
 
   // false: the ablation without error feedback (sync.error_feedback): each step still forms
   // acc = grad + residual, but the residual is cleared after it, so it is always zero: what was not

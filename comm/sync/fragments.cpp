@@ -43,17 +43,21 @@ std::vector<Fragment> plan_fragments(int64_t n, const std::vector<models::ParamV
   return plan;
 }
 
+std::string fragment_schedule_problem(int64_t period, int64_t fragments, int64_t delay) {
+  if (period < 1) return "sync.period = " + std::to_string(period) + " must be at least 1";
+  if (fragments < 1 || fragments > period)
+    return "sync.fragments = " + std::to_string(fragments) + " must be between 1 and sync.period = " +
+           std::to_string(period) + " (one fragment syncs every sync.period / sync.fragments steps)";
+  if (delay < 0 || delay >= period / fragments)
+    return "sync.sync_delay = " + std::to_string(delay) + " must be below sync.period / sync.fragments = " +
+           std::to_string(period / fragments) + " (a fragment's outer step must land before the next fragment is sent)";
+  return "";
+}
+
 FragmentSchedule::FragmentSchedule(int64_t period, int64_t fragments, int64_t delay)
     : period_(period), fragments_(fragments), delay_(delay) {
-  if (period < 1) throw std::invalid_argument("sync.period = " + std::to_string(period) + " must be at least 1");
-  if (fragments < 1 || fragments > period)
-    throw std::invalid_argument("sync.fragments = " + std::to_string(fragments) +
-                                " must be between 1 and sync.period = " + std::to_string(period) +
-                                " (one fragment syncs every sync.period / sync.fragments steps)");
-  if (delay < 0 || delay >= period / fragments)
-    throw std::invalid_argument("sync.sync_delay = " + std::to_string(delay) + " must be below sync.period / " +
-                                "sync.fragments = " + std::to_string(period / fragments) +
-                                " (a fragment's outer step must land before the next fragment is sent)");
+  const std::string problem = fragment_schedule_problem(period, fragments, delay);
+  if (!problem.empty()) throw std::invalid_argument(problem);
 }
 
 int FragmentSchedule::at(int64_t k) const {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "models/parameters.h"
@@ -28,9 +29,14 @@ struct Fragment {
 // sync.fragments when F < 1 or F exceeds the number of tensors.
 std::vector<Fragment> plan_fragments(int64_t n, const std::vector<models::ParamView>* views, int64_t count);
 
+// What is wrong with a schedule of H = period, F = fragments and tau = delay, naming the keys (F
+// above H, tau at or above floor(H / F)); empty when it is fine. The one statement of the rule:
+// the config (through diloco's check) and FragmentSchedule both ask it.
+std::string fragment_schedule_problem(int64_t period, int64_t fragments, int64_t delay);
+
 class FragmentSchedule {
  public:
-  // Throws std::invalid_argument naming the key when F > H or tau >= floor(H / F).
+  // Throws std::invalid_argument with fragment_schedule_problem's line.
   FragmentSchedule(int64_t period, int64_t fragments, int64_t delay);
   // The fragment whose pseudo-gradient is taken and sent after inner step k, or -1.
   int starts_after(int64_t k) const { return at(k + delay_); }

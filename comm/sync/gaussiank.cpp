@@ -9,9 +9,17 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "comm/sync/keep_dense.h"
 #include "comm/sync/sync_state.h"
 
 namespace trainer::comm {
+
+SyncMethod gaussiank_method() {
+  return sparse_method("gaussiank", "normal-fit threshold, allgatherv",
+                       [](const SyncOptions& o, Communicator& comm, int64_t count) {
+                         return std::make_unique<GaussianK>(comm, count, o.density);
+                       });
+}
 
 double normal_two_sided_quantile(double tail) {
   // Solve erfc(z / sqrt 2) = tail by Newton's method on log erfc, which is smooth and nearly

@@ -3,16 +3,9 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "comm/sync/async_ps.h"
 #include "comm/sync/dense.h"
-#include "comm/sync/diloco.h"
-#include "comm/sync/gaussiank.h"
-#include "comm/sync/gtopk.h"
 #include "comm/sync/keep_dense.h"
-#include "comm/sync/local_sgd.h"
-#include "comm/sync/oktopk.h"
-#include "comm/sync/powersgd.h"
-#include "comm/sync/topka.h"
+#include "comm/sync/registry.h"
 #include "comm/sync/sync_state.h"
 
 namespace trainer::comm {
@@ -44,9 +37,12 @@ class WarmupSync final : public GradientSync {
     if (step >= warmup_steps_) method_->after_step(b, step);
   }
   void complete_in_flight() override { method_->complete_in_flight(); }
+  std::string overlap_plan() const override {
+    return "the first " + std::to_string(warmup_steps_) + " steps: " + dense_.overlap_plan() + "; then " +
+           method_->overlap_plan();
+  }
   void save(std::ostream& out) const override { method_->save(out); }
   void load(std::istream& in) override { method_->load(in); }
-  bool keeps_parameters_equal() const override { return method_->keeps_parameters_equal(); }
   std::string load_resharded(const std::vector<std::string>& states) override {
     return method_->load_resharded(states);
   }
@@ -92,66 +88,27 @@ std::string GradientSync::load_replicated(const std::vector<std::string>& states
 
 std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communicator& comm, int64_t n,
                                                  const std::vector<models::ParamView>* views) {
+  const SyncMethod& spec = sync_method(o.method);
   models::Backend& backend = o.backend ? *o.backend : models::cpu_backend();
-  if (backend.name() != models::cpu_backend().name() && !takes_device_buffers(o.method))
+  if (!backend.is_host() && !spec.can.device_buffers)
     throw std::invalid_argument("sync.method '" + o.method + "' computes on host buffers and cannot run with " +
-                                "runtime.device = \"" + backend.name() + "\" yet (dense and local_sgd can)");
+                                "runtime.device = \"" + backend.name() + "\" yet (" +
+                                sync_methods_that(&SyncCapabilities::device_buffers) + " can)");
+  if (spec.check)
+    for (const SyncOptionProblem& problem : spec.check(o)) throw std::invalid_argument(problem.message);
   // sync.keep_dense (keep_dense.h): the tensors it names, per view; empty when unset.
   std::vector<bool> kept;
   if (!o.keep_dense.empty()) {
-    if (!compresses_gradient(o.method))
-      throw std::invalid_argument("sync.keep_dense applies to the compressing methods (oktopk, topka, gaussiank, "
-                                  "gtopk, powersgd), not to '" + o.method + "'");
+    if (!spec.can.compresses)
+      throw std::invalid_argument("sync.keep_dense applies to the compressing methods (" +
+                                  sync_methods_that(&SyncCapabilities::compresses) + "), not to '" + o.method + "'");
     if (!views) throw std::invalid_argument("sync.keep_dense needs the model's tensor names");
     kept = match_keep_dense(o.keep_dense, *views);
   }
-  std::unique_ptr<GradientSync> method;
-  if (o.method == "async_ps") return std::make_unique<AsyncPsWorker>(comm, o, n);
-  const DenseBuckets buckets{o.first_bucket_mb, o.overlap, views};
-  if (o.method == "dense") return std::make_unique<DenseSync>(comm, n, o.bucket_mb, backend, o.wire_dtype, buckets);
-  if (o.method == "local_sgd") method = std::make_unique<LocalSgd>(comm, n, o.bucket_mb, o.period, backend);
-  if (o.method == "diloco") {
-    DilocoOptions d;
-    d.period = o.period;
-    d.fragments = o.fragments;
-    d.delay = o.sync_delay;
-    d.mixing = o.mixing;
-    d.outer_optimizer = o.outer_optimizer;
-    d.outer_lr = o.outer_lr;
-    d.outer_momentum = o.outer_momentum;
-    d.bucket_elements = bucket_elements(o.bucket_mb);
-    d.outer_dtype = o.outer_dtype;
-    d.overlap = o.overlap;
-    method = std::make_unique<Diloco>(comm, n, views, d);
-  }
-  auto sparse = [&](int64_t count) -> std::unique_ptr<GradientSync> {
-    std::unique_ptr<ErrorFeedbackSync> m;
-    if (o.method == "oktopk") m = std::make_unique<OkTopk>(comm, count, o);
-    if (o.method == "topka") m = std::make_unique<TopkA>(comm, count, o.density);
-    if (o.method == "gaussiank") m = std::make_unique<GaussianK>(comm, count, o.density);
-    if (o.method == "gtopk") m = std::make_unique<GTopk>(comm, count, o.density);
-    if (m) m->set_keep_residual(o.error_feedback);
-    return m;
-  };
-  // The whole-gradient sparse methods: every compressing method but powersgd (method_names.h).
-  if (compresses_gradient(o.method) && o.method != "powersgd")
-    method = kept.empty() ? sparse(n)
-                          : std::make_unique<KeepDenseSync>(comm, *views, kept, sparse, o.bucket_mb, o.wire_dtype);
-  if (o.method == "powersgd") {
-    if (!views) throw std::invalid_argument("sync.method 'powersgd' needs the model's tensor shapes");
-    auto powersgd = std::make_unique<PowerSgd>(comm, *views, n, o.rank, o.min_compression_rate, o.seed,
-                                               models::cpu_backend(), o.wire_dtype, o.bucket_mb, buckets, kept);
-    powersgd->set_keep_residual(o.error_feedback);
-    method = std::move(powersgd);
-  }
-  if (!method) {
-    std::string list;
-    for (const auto& name : sync_method_names()) list += (list.empty() ? "" : ", ") + name;
-    throw std::invalid_argument("unknown sync.method '" + o.method + "' (available: " + list + ")");
-  }
-  if (o.dense_warmup_steps > 0)
+  std::unique_ptr<GradientSync> method = spec.make(o, SyncContext{comm, n, views, backend, kept});
+  if (o.dense_warmup_steps > 0 && spec.can.wrapped_in_warmup)
     return std::make_unique<WarmupSync>(std::move(method), comm, n, o.bucket_mb, o.dense_warmup_steps, backend,
-                                        o.wire_dtype, buckets);
+                                        o.wire_dtype, DenseBuckets{o.first_bucket_mb, o.overlap, views});
   return method;
 }
 

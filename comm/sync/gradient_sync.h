@@ -1,6 +1,7 @@
 // The gradient-sync stage: the only place a training step talks to the network (docs/architecture.md
 // sections 2 and 4). A method is one class behind this small interface, chosen by
-// `[sync] method` and built by make_gradient_sync(); it owns its state (thresholds, region bounds,
+// `[sync] method` from the method table (registry.h) and built by make_gradient_sync(); what it can
+// do (device buffers, compression, where the update runs) is its spec's; it owns its state (thresholds, region bounds,
 // PowerSGD factors, counters; the compressing methods' error-feedback residual through
 // ErrorFeedbackSync, error_feedback_sync.h) and saves and restores it for exact resume.
 //
@@ -18,7 +19,7 @@
 // and, once, before the comm log is finished (the run's end, a stop), complete_in_flight(): a method
 // that keeps a transfer running across steps (diloco's delayed fragment) waits for it there, so no
 // call is left running and every call is in the log. save() waits for such a transfer too.
-// except for a method whose applies_update() is true (async_ps): its reduce() sends the gradient
+// except for a method whose spec says applies_update (async_ps, registry.h): its reduce() sends the gradient
 // to where the optimizer runs (the parameter servers) and returns with the new parameters, and the
 // trainer runs no optimizer step of its own.
 #pragma once
@@ -31,7 +32,6 @@
 
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
-#include "comm/sync/method_names.h"
 #include "comm/quantized_allreduce.h"
 #include "comm/wire_format.h"
 #include "models/backend.h"
@@ -80,11 +80,9 @@ class GradientSync {
   virtual SyncStats reduce(SyncBuffers& b, int64_t step) = 0;
   virtual void after_step(SyncBuffers& b, int64_t step) {}
   virtual void complete_in_flight() {}
-  // True when reduce() also applies the update (the optimizer runs elsewhere: async_ps's servers).
-  virtual bool applies_update() const { return false; }
-  // True when every rank holds the same parameters and optimizer state after every step (false:
-  // local SGD between averaging steps, async_ps's workers). An elastic resume checks it.
-  virtual bool keeps_parameters_equal() const { return true; }
+  // What sync.overlap does for this method, for --dry-run: which of its messages go out during
+  // backward (asked only when sync.overlap is on).
+  virtual std::string overlap_plan() const { return "none (" + name() + " starts after backward)"; }
   // Versioned binary state; load() throws std::runtime_error naming what does not match.
   virtual void save(std::ostream& out) const = 0;
   virtual void load(std::istream& in) = 0;
@@ -141,19 +139,24 @@ struct SyncOptions {
   bool deterministic = false;           // async_ps: serve workers in rank order
   int64_t total_steps = 0;              // async_ps: the run's steps (the servers' schedule and end)
   int64_t steps_per_epoch = 0;          // async_ps: for the servers' lr schedule
-  // Where SyncBuffers live (runtime.device's backend); null: the CPU. Only dense and local_sgd (and
-  // the dense warmup) take device buffers so far (takes_device_buffers): their arithmetic runs on
-  // this backend and their communicator moves its memory (comm/device_communicator.h). The other
-  // methods compute on the host and refuse a device backend.
+  // Where SyncBuffers live (runtime.device's backend); null: the CPU. The methods whose spec says
+  // device_buffers (registry.h; and the dense warmup) run their arithmetic on this backend and
+  // their communicator moves its memory (comm/device_communicator.h); the others compute on the
+  // host and refuse a device backend.
   models::Backend* backend = nullptr;
 };
 
 
-// Throws std::invalid_argument naming the available methods (method_names.h) for an unknown one,
-// and naming the method and device for a host-only method given a device backend.
+// Builds the method of the table (registry.h) named o.method, inside the dense warmup when there is
+// one. Throws std::invalid_argument naming the available methods for an unknown one, naming the
+// method and device for a host-only method given a device backend, and naming the key for options
+// the method's checks refuse.
 // `views` (the model's named tensors) are needed by layer-wise methods (powersgd), which refuse to
 // be built without them.
 std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& options, Communicator& comm, int64_t n,
                                                  const std::vector<models::ParamView>* views = nullptr);
+
+// The names of every method in the method table (registry.h), in its order.
+std::vector<std::string> sync_method_names();
 
 }  // namespace trainer::comm

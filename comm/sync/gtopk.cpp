@@ -5,9 +5,17 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "comm/sync/keep_dense.h"
 #include "comm/sync/sync_state.h"
 
 namespace trainer::comm {
+
+SyncMethod gtopk_method() {
+  return sparse_method("gtopk", "tree of pairwise top-k merges, power-of-two process counts",
+                       [](const SyncOptions& o, Communicator& comm, int64_t count) {
+                         return std::make_unique<GTopk>(comm, count, o.density);
+                       });
+}
 
 GTopk::GTopk(Communicator& comm, int64_t n, double density)
     : ErrorFeedbackSync(n), comm_(comm), n_(n), k_(top_k_count(density, n)), words_((comm.size() + 31) / 32) {

@@ -70,6 +70,23 @@ std::vector<bool> match_keep_dense(const std::string& patterns, const std::vecto
   return kept;
 }
 
+SyncMethod sparse_method(std::string name, std::string doc, SparseFactory make) {
+  SyncMethod m;
+  m.name = std::move(name);
+  m.doc = std::move(doc);
+  m.can.compresses = true;
+  m.make = [make](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
+    auto method = [&](int64_t count) -> std::unique_ptr<GradientSync> {
+      std::unique_ptr<ErrorFeedbackSync> sparse = make(o, c.comm, count);
+      sparse->set_keep_residual(o.error_feedback);
+      return sparse;
+    };
+    if (c.kept.empty()) return method(c.n);
+    return std::make_unique<KeepDenseSync>(c.comm, *c.views, c.kept, method, o.bucket_mb, o.wire_dtype);
+  };
+  return m;
+}
+
 KeepDenseSync::KeepDenseSync(Communicator& comm, const std::vector<models::ParamView>& views,
                              const std::vector<bool>& kept,
                              const std::function<std::unique_ptr<GradientSync>(int64_t)>& make_method,

@@ -18,7 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "comm/sync/error_feedback_sync.h"
 #include "comm/sync/gradient_sync.h"
+#include "comm/sync/registry.h"
 
 namespace trainer::comm {
 
@@ -26,6 +28,13 @@ namespace trainer::comm {
 // (fnmatch: * and ? and [...]; "speller.*,attention.*"). Throws std::invalid_argument naming the
 // key and the pattern when a pattern matches no tensor, so a typo is never silently a no-op.
 std::vector<bool> match_keep_dense(const std::string& patterns, const std::vector<models::ParamView>& views);
+
+// The spec of a whole-gradient sparse method (oktopk, topka, gaussiank, gtopk): it compresses, and
+// its factory applies sync.error_feedback and, with sync.keep_dense, runs the method built by
+// make(options, comm, count) on the `count` entries not kept, inside KeepDenseSync.
+using SparseFactory =
+    std::function<std::unique_ptr<ErrorFeedbackSync>(const SyncOptions&, Communicator&, int64_t count)>;
+SyncMethod sparse_method(std::string name, std::string doc, SparseFactory make);
 
 class KeepDenseSync final : public GradientSync {
  public:
@@ -39,6 +48,7 @@ class KeepDenseSync final : public GradientSync {
   Phase phase(int64_t step) const override { return method_->phase(step); }
   SyncStats reduce(SyncBuffers& b, int64_t step) override;
   void complete_in_flight() override { method_->complete_in_flight(); }
+  std::string overlap_plan() const override { return method_->overlap_plan(); }
   // The state is the method's (its residual covers the compressed entries only); the dense part has none.
   void save(std::ostream& out) const override { method_->save(out); }
   void load(std::istream& in) override { method_->load(in); }

@@ -7,9 +7,22 @@
 #include <vector>
 
 #include "comm/sync/dense.h"
+#include "comm/sync/registry.h"
 #include "comm/sync/sync_state.h"
 
 namespace trainer::comm {
+
+SyncMethod local_sgd_method() {
+  SyncMethod m;
+  m.name = "local_sgd";
+  m.doc = "local steps, parameters averaged every sync.period steps";
+  m.can.device_buffers = true;
+  m.can.keeps_parameters_equal = false;
+  m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
+    return std::make_unique<LocalSgd>(c.comm, c.n, o.bucket_mb, o.period, c.backend);
+  };
+  return m;
+}
 
 LocalSgd::LocalSgd(Communicator& comm, int64_t n, double bucket_mb, int64_t period, models::Backend& backend)
     : comm_(comm),

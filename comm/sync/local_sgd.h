@@ -26,7 +26,9 @@ class LocalSgd final : public GradientSync {
   Phase phase(int64_t) const override { return Phase::kCompressed; }
   SyncStats reduce(SyncBuffers& b, int64_t step) override;
   void after_step(SyncBuffers& b, int64_t step) override;
-  bool keeps_parameters_equal() const override { return false; }
+  std::string overlap_plan() const override {
+    return "none (local_sgd averages parameters after the optimizer step, so it starts after backward)";
+  }
   void save(std::ostream& out) const override;
   void load(std::istream& in) override;
   std::string load_resharded(const std::vector<std::string>& states) override { return load_replicated(states); }

@@ -7,9 +7,17 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "comm/sync/keep_dense.h"
 #include "comm/sync/sync_state.h"
 
 namespace trainer::comm {
+
+SyncMethod oktopk_method() {
+  return sparse_method("oktopk", "Ok-Top-k sparse allreduce",
+                       [](const SyncOptions& o, Communicator& comm, int64_t count) {
+                         return std::make_unique<OkTopk>(comm, count, o);
+                       });
+}
 namespace {
 
 // Point-to-point channels: split and reduce, and the balance moves, each index and value.

@@ -7,9 +7,26 @@
 #include <utility>
 
 #include "comm/sync/low_rank.h"
+#include "comm/sync/registry.h"
 #include "comm/sync/sync_state.h"
 
 namespace trainer::comm {
+
+SyncMethod powersgd_method() {
+  SyncMethod m;
+  m.name = "powersgd";
+  m.doc = "rank-r factors P Q^T of each weight matrix, PyTorch's powerSGD_hook";
+  m.can.compresses = true;
+  m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
+    if (!c.views) throw std::invalid_argument("sync.method 'powersgd' needs the model's tensor shapes");
+    auto powersgd = std::make_unique<PowerSgd>(c.comm, *c.views, c.n, o.rank, o.min_compression_rate, o.seed,
+                                               models::cpu_backend(), o.wire_dtype, o.bucket_mb,
+                                               DenseBuckets{o.first_bucket_mb, o.overlap, c.views}, c.kept);
+    powersgd->set_keep_residual(o.error_feedback);
+    return powersgd;
+  };
+  return m;
+}
 
 namespace {
 
@@ -42,7 +59,7 @@ PowerSgd::PowerSgd(Communicator& comm, const std::vector<models::ParamView>& vie
       rank_(rank),
       seed_(seed),
       wire_(wire),
-      requested_overlap_(buckets.overlap && backend.name() == models::cpu_backend().name()),
+      requested_overlap_(buckets.overlap && backend.is_host()),
       overlap_(requested_overlap_ && comm.size() > 1),
       reducer_(comm, plan_buckets(n, views, bucket_mb, buckets.first_bucket_mb),
                [this](size_t bucket, float* grads) { exchange(bucket, grads); }, &views) {
@@ -118,6 +135,12 @@ void PowerSgd::lay_out(const std::vector<GradientBucket>& plan) {
     q_at += bucket.dense_count;
     buckets_.push_back(std::move(bucket));
   }
+}
+
+std::string PowerSgd::overlap_plan() const {
+  if (!requested_overlap_) return "off (host buffers only)";
+  return "powersgd's buckets (their P, Q and uncompressed tensors) are exchanged during backward, each once its "
+         "gradients are final";
 }
 
 std::string PowerSgd::describe() const {

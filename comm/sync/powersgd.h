@@ -68,6 +68,7 @@ class PowerSgd final : public ErrorFeedbackSync {
            double bucket_mb = 0, const DenseBuckets& buckets = {}, const std::vector<bool>& keep_dense = {});
   std::string name() const override { return "powersgd"; }
   std::string describe() const override;
+  std::string overlap_plan() const override;
   bool begin_step(SyncBuffers& b, int64_t step) override;
   void gradients_ready(int64_t from) override;
   int finish_early_sends() override;

@@ -17,6 +17,7 @@
 #include "comm/sync/gradient_sync.h"
 #include "comm/sync/oktopk.h"
 #include "comm/sync/powersgd.h"
+#include "comm/sync/registry.h"
 #include "comm/sync/select.h"
 #include "models/speech_model.h"
 
@@ -322,9 +323,9 @@ int run_sync_bench(const SyncBenchOptions& o) {
       return 2;
     }
   for (const auto& m : o.methods) {
-    const auto& names = sync_method_names();
-    const bool parameter_method = m == "local_sgd" || m == "diloco" || m == "async_ps";
-    if (std::find(names.begin(), names.end(), m) == names.end() || parameter_method) {
+    // The methods that sync parameters rather than each step's gradient have nothing to time here.
+    const SyncMethod* method = find_sync_method(m);
+    if (!method || !method->can.keeps_parameters_equal) {
       if (rank == 0) std::fprintf(stderr, "bench sync: unknown or unsupported method '%s'\n", m.c_str());
       return 2;
     }

@@ -4,9 +4,17 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "comm/sync/keep_dense.h"
 #include "comm/sync/sync_state.h"
 
 namespace trainer::comm {
+
+SyncMethod topka_method() {
+  return sparse_method("topka", "local top-k, allgather",
+                       [](const SyncOptions& o, Communicator& comm, int64_t count) {
+                         return std::make_unique<TopkA>(comm, count, o.density);
+                       });
+}
 
 TopkA::TopkA(Communicator& comm, int64_t n, double density)
     : ErrorFeedbackSync(n), comm_(comm), n_(n), k_(top_k_count(density, n)) {}

@@ -29,6 +29,7 @@ inline int64_t offset(const Tensor& t, int64_t n, int64_t c, int64_t h, int64_t 
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
+  bool is_host() const override { return true; }
 
   // Memory is host memory and the stream is the calling thread: host_memory.cpp.
   void* allocate(size_t bytes) override { return host_memory().allocate(bytes); }

@@ -13,6 +13,7 @@ namespace {
 class HostMemory final : public DeviceMemory {
  public:
   std::string name() const override { return "cpu"; }
+  bool is_host() const override { return true; }
   void* allocate(size_t bytes) override {
     void* p = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
     if (!p) throw std::bad_alloc();

@@ -18,4 +18,11 @@ namespace trainer::models::cuda {
 // the same object afterwards. Throws std::runtime_error ("no usable GPU: ...") without a GPU.
 Backend& cuda_backend(int local_rank);
 
+// runtime.deterministic: true keeps convolutions to cuDNN's deterministic algorithms (a run repeats
+// bit for bit on the same GPU; resume is bit-exact); false (the default, as PyTorch's
+// cudnn.deterministic) takes the fastest, which for backward filter is usually one that sums with
+// atomics, so the last bits vary from run to run. Read when a convolution op is made: set it
+// before the model is built.
+void set_deterministic_algorithms(bool deterministic);
+
 }  // namespace trainer::models::cuda

@@ -1,0 +1,88 @@
+// The gradient-sync methods as one table (docs/architecture.md section 4, "The method table").
+//
+// Each method is one file that defines its spec: its name, one line of documentation for
+// sync.method, what it can do (SyncCapabilities), the checks of its own keys beyond their ranges,
+// and its factory. The table (registry.cpp) lists the built-in specs, one line each; a test or an
+// extension adds its own with register_sync_method(). Everything that used to ask a method's name
+// asks the table instead: the config's choices and checks, the factory (make_gradient_sync), the
+// trainer's roles and resume, --dry-run and the benchmarks.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/sync/gradient_sync.h"
+#include "models/backend.h"
+#include "models/parameters.h"
+
+namespace trainer::comm {
+
+// What a method can do; the trainer and the config decide with these, never with a name.
+struct SyncCapabilities {
+  // Takes SyncBuffers in device memory (runtime.device = "cuda"): its arithmetic runs on the
+  // buffers' backend and its communicator moves device memory. The others compute on host buffers.
+  bool device_buffers = false;
+  // Sends less than the gradient and keeps the rest in an error-feedback residual: sync.keep_dense
+  // and sync.error_feedback apply to it.
+  bool compresses = false;
+  // Its reduce() sends the gradient to where the optimizer runs and returns the new parameters
+  // (async_ps: the last sync.servers ranks serve and run no training step). The rank's role, the
+  // update rule and the checkpoint layout follow from it.
+  bool applies_update = false;
+  // Every rank holds the same parameters and optimizer state after every step (false: local SGD
+  // between averaging steps, async_ps's workers). An elastic resume checks it.
+  bool keeps_parameters_equal = true;
+  // The first sync.dense_warmup_steps steps are dense allreduce in make_gradient_sync's wrapper
+  // (false: the method is dense anyway, or runs the warmup itself, as async_ps's servers do).
+  bool wrapped_in_warmup = true;
+};
+
+// What a factory gets beside the [sync] options: where the buffers live and what they hold.
+struct SyncContext {
+  Communicator& comm;
+  int64_t n;  // gradient entries
+  const std::vector<models::ParamView>* views;  // the model's named tensors; null in some tools
+  models::Backend& backend;  // where SyncBuffers live (the CPU unless device_buffers)
+  // sync.keep_dense, one flag per view (empty: nothing kept); only for methods that compress.
+  const std::vector<bool>& kept;
+};
+
+// A problem with a method's own keys, found before anything is built: the keys it involves (the
+// config names the one set last) and one line saying what is wrong.
+struct SyncOptionProblem {
+  std::vector<std::string> keys;
+  std::string message;
+};
+
+struct SyncMethod {
+  std::string name;  // the value of sync.method
+  std::string doc;   // what it does, for sync.method's documentation (docs/config.md)
+  SyncCapabilities can;
+  // Builds the method; the dense warmup and sync.keep_dense's dense allreduce are added around it by
+  // make_gradient_sync. Throws std::invalid_argument naming the key for options it cannot run with.
+  std::function<std::unique_ptr<GradientSync>(const SyncOptions&, const SyncContext&)> make;
+  // The rules between the method's keys that their ranges cannot say (null: none). The config
+  // checks them while loading, the factory builds only what passes them.
+  std::function<std::vector<SyncOptionProblem>(const SyncOptions&)> check;
+  // True when these options make the method call MPI from a second thread while the training thread
+  // does too (MPI_THREAD_MULTIPLE is then requested at start). Null: never.
+  std::function<bool(const SyncOptions&)> concurrent_calls;
+};
+
+// Every method, built-in ones first, in the order docs and errors list them.
+const std::vector<SyncMethod>& sync_methods();  // their names: sync_method_names() (gradient_sync.h)
+// The method named `name`, or null.
+const SyncMethod* find_sync_method(const std::string& name);
+// The same, or std::invalid_argument naming the available methods.
+const SyncMethod& sync_method(const std::string& name);
+// Adds a method (a test's, an extension's). Throws std::invalid_argument when the name is taken or
+// the spec has no name or factory. Not thread-safe: register before anything reads the table.
+void register_sync_method(SyncMethod method);
+// "dense and local_sgd": the methods with a capability, for error messages.
+std::string sync_methods_that(bool SyncCapabilities::*capability);
+
+}  // namespace trainer::comm

@@ -1,0 +1,179 @@
+// The method table (comm/sync/registry.h): a method registered here, in this test file alone, is
+// one the config accepts (with its own rule checked and blamed on its key), --dry-run describes
+// and the factory builds (inside the dense warmup), and it runs: its reduce() is the mean over the
+// ranks. The built-in table's capabilities are what the trainer relies on. Run under mpiexec
+// with P = 1 and 2.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "comm/communicator.h"
+#include "comm/sync/dense.h"
+#include "comm/sync/registry.h"
+#include "trainer/config.h"
+#include "trainer/config_sync.h"
+#include "trainer/run.h"
+
+using namespace trainer;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// The mean of the ranks' gradients, scaled by sync.outer_lr (a knob borrowed for the test, so the
+// factory's use of the options shows). Its rule: sync.period must be 1.
+class TestMean final : public comm::GradientSync {
+ public:
+  TestMean(comm::Communicator& comm, int64_t n, double scale) : comm_(comm), n_(n), scale_(scale) {}
+  std::string name() const override { return "test_mean"; }
+  std::string describe() const override { return "test_mean: the mean of " + std::to_string(n_) + " floats, scaled"; }
+  comm::Phase phase(int64_t) const override { return comm::Phase::kCompressed; }
+  comm::SyncStats reduce(comm::SyncBuffers& b, int64_t) override {
+    comm::allreduce_average(comm_, models::cpu_backend(), b.grads, b.n, 1 << 20, "ALLREDUCE_TEST");
+    for (int64_t i = 0; i < b.n; ++i) b.grads[i] *= static_cast<float>(scale_);
+    return {comm::Phase::kCompressed, 1.0};
+  }
+  void save(std::ostream&) const override {}
+  void load(std::istream&) override {}
+
+ private:
+  comm::Communicator& comm_;
+  int64_t n_;
+  double scale_;
+};
+
+void register_test_method() {
+  static const bool once = [] {
+    comm::SyncMethod m;
+    m.name = "test_mean";
+    m.doc = "a test's own method";
+    m.check = [](const comm::SyncOptions& o) {
+      std::vector<comm::SyncOptionProblem> found;
+      if (o.period != 1) found.push_back({{"sync.period"}, "sync.period must be 1 for test_mean"});
+      return found;
+    };
+    m.make = [](const comm::SyncOptions& o, const comm::SyncContext& c) -> std::unique_ptr<comm::GradientSync> {
+      return std::make_unique<TestMean>(c.comm, c.n, o.outer_lr);
+    };
+    comm::register_sync_method(m);
+    return true;
+  }();
+  (void)once;
+}
+
+std::string error_of(const std::string& toml, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_config(toml, "configs/x.toml", overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// What `f` prints on stdout.
+template <class F>
+std::string stdout_of(F f) {
+  char path[] = "/tmp/sync_registry_test_XXXXXX";
+  const int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  std::fflush(stdout);
+  const int saved = dup(STDOUT_FILENO);
+  dup2(fd, STDOUT_FILENO);
+  f();
+  std::fflush(stdout);
+  dup2(saved, STDOUT_FILENO);
+  close(saved);
+  close(fd);
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::remove(path);
+  return text.str();
+}
+
+}  // namespace
+
+TEST_CASE("a method registered in a test file is accepted by the config, its rule blamed on its key", "[registry]") {
+  register_test_method();
+  const auto names = comm::sync_method_names();
+  CHECK(std::find(names.begin(), names.end(), "test_mean") != names.end());
+  CHECK(parse_config("[sync]\nmethod = \"test_mean\"\n", "configs/x.toml").sync.method == "test_mean");
+  CHECK(error_of("[sync]\nmethod = \"test_mean\"\nperiod = 2\n") ==
+        "configs/x.toml: sync.period must be 1 for test_mean");
+  CHECK(error_of("[sync]\nmethod = \"test_mean\"\n", {"sync.period=3"}) ==
+        "--set sync.period=3: sync.period must be 1 for test_mean");
+  // Not a capability it declared: host buffers only, and no keep_dense.
+  CHECK_THAT(error_of("[sync]\nmethod = \"test_mean\"\n[runtime]\ndevice = \"cuda\"\n"),
+             Contains("computes on host buffers") && Contains("(dense and local_sgd can)"));
+  CHECK_THROWS_WITH(comm::register_sync_method([] {
+                      comm::SyncMethod again;
+                      again.name = "test_mean";
+                      again.make = [](const comm::SyncOptions&, const comm::SyncContext&) { return nullptr; };
+                      return again;
+                    }()),
+                    Contains("registered already"));
+}
+
+TEST_CASE("a registered method is built by the factory, inside the dense warmup, and runs", "[registry]") {
+  register_test_method();
+  comm::Communicator& world = comm::world();
+  const int p = world.size(), r = world.rank();
+  Config config = parse_config("[sync]\nmethod = \"test_mean\"\ndense_warmup_steps = 2\nouter_lr = 0.5\n", "t");
+  const int64_t n = 5;
+  auto sync = comm::make_gradient_sync(sync_options(config), world, n);
+  CHECK(sync->name() == "test_mean");
+  CHECK_THAT(sync->describe(), Contains("first 2 steps: dense") && Contains("test_mean: the mean of 5 floats"));
+  CHECK(sync->phase(1) == comm::Phase::kDense);
+  CHECK(sync->phase(2) == comm::Phase::kCompressed);
+  // Rank q's gradient entry i is q + i: the mean over ranks is (p - 1) / 2 + i, scaled by 0.5
+  // after the warmup (exact in float: halves of small integers).
+  std::vector<float> params(n, 0.f), grads(n);
+  comm::SyncBuffers b{params.data(), grads.data(), n};
+  for (int64_t step : {0, 2}) {
+    for (int64_t i = 0; i < n; ++i) grads[i] = static_cast<float>(r + i);
+    sync->reduce(b, step);
+    const float scale = step < 2 ? 1.f : 0.5f;
+    for (int64_t i = 0; i < n; ++i) CHECK(grads[i] == scale * ((p - 1) / 2.f + static_cast<float>(i)));
+  }
+}
+
+TEST_CASE("--dry-run describes a registered method", "[registry]") {
+  register_test_method();
+  const Config config = parse_config("[sync]\nmethod = \"test_mean\"\n", "t");
+  const std::string out = stdout_of([&] { app::print_dry_run(config, comm::world()); });
+  if (comm::world().rank() != 0) return;  // rank 0 prints
+  CHECK_THAT(out, Contains("method = \"test_mean\""));
+  CHECK_THAT(out, Contains("sync: test_mean: the mean of 269722 floats, scaled"));
+  CHECK_THAT(out, Contains("overlap with backward: none (test_mean starts after backward)"));
+}
+
+TEST_CASE("the built-in methods' capabilities", "[registry]") {
+  using comm::SyncCapabilities;
+  CHECK(comm::sync_methods_that(&SyncCapabilities::device_buffers) == "dense and local_sgd");
+  CHECK(comm::sync_methods_that(&SyncCapabilities::compresses) == "oktopk, topka, gaussiank, gtopk and powersgd");
+  CHECK(comm::sync_methods_that(&SyncCapabilities::applies_update) == "async_ps");
+  for (const char* name : {"local_sgd", "diloco", "async_ps"})
+    CHECK_FALSE(comm::sync_method(name).can.keeps_parameters_equal);
+  for (const char* name : {"dense", "oktopk", "powersgd"}) CHECK(comm::sync_method(name).can.keeps_parameters_equal);
+  CHECK_FALSE(comm::sync_method("dense").can.wrapped_in_warmup);
+  CHECK_FALSE(comm::sync_method("async_ps").can.wrapped_in_warmup);
+  CHECK(comm::sync_method("diloco").can.wrapped_in_warmup);
+  CHECK_THROWS_WITH(comm::sync_method("sparse"), Contains("unknown sync.method 'sparse' (available: dense, local_sgd"));
+}
+
+TEST_CASE("diloco's rules are checked once, by the config, naming the key set last", "[registry]") {
+  CHECK(error_of("[sync]\nmethod = \"diloco\"\nperiod = 4\nfragments = 8\n") ==
+        "configs/x.toml: sync.fragments = 8 must be between 1 and sync.period = 4 (one fragment syncs every "
+        "sync.period / sync.fragments steps)");
+  CHECK(error_of("[sync]\nmethod = \"diloco\"\nperiod = 4\nfragments = 2\n", {"sync.sync_delay=2"}) ==
+        "--set sync.sync_delay=2: sync.sync_delay = 2 must be below sync.period / sync.fragments = 2 (a fragment's "
+        "outer step must land before the next fragment is sent)");
+  CHECK_THAT(error_of("[sync]\nmethod = \"diloco\"\nouter_momentum = 0.0\n"),
+             Contains("sync.outer_optimizer = \"nesterov\" needs sync.outer_momentum > 0"));
+  // The same options under another method are not diloco's business.
+  CHECK(error_of("[sync]\nmethod = \"local_sgd\"\nperiod = 4\nfragments = 8\n").empty());
+}
