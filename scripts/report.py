@@ -223,6 +223,8 @@ def section_distributions(run, ops, figs):
         ax.set_yscale("log")
         ax.set_xlabel("step")
         ax.set_ylabel("density")
+        for step in adaptive_switches(run):  # sync.adaptive: where the setting changed
+            ax.axvline(step + 1, color="tab:red", lw=0.7, ls="--")
         md.append("Density of the synchronized gradient (metrics.jsonl, 1 = dense):\n\n"
                   + figs.save(fig, "density.png") + "\n")
     total, p2p = ra.region_balance(run)
@@ -257,6 +259,41 @@ def section_distributions(run, ops, figs):
         md.append("\n" + table(["op", "time ms (all ranks)", "wait ms", "transfer ms", "wait %"],
                                [[op, ms(t), ms(w), ms(t - w), f"{100 * w / t:.1f}" if t else "-"]
                                 for op, (t, w) in sorted(per_op.items(), key=lambda x: -x[1][1])]))
+    return "".join(md)
+
+
+def adaptive_switches(run):
+    """Steps after which sync.adaptive changed the compression setting: rank 0's ADAPTIVE_SWITCH records
+    (every rank records the same ones)."""
+    return sorted({r["step"] for r in run.records if r["op"] == "ADAPTIVE_SWITCH" and r["rank"] == 0})
+
+
+def section_adaptive(run):
+    """sync.adaptive (Accordion): the share sent at low compression and when it switched."""
+    low = [(m["step"], m["low_compression"]) for m in run.train if "low_compression" in m]
+    if not low and not adaptive_switches(run):
+        return ""
+    md = ["## Adaptive compression\n\n"]
+    setting = ("rank", "adaptive_rank") if run.method == "powersgd" else ("density", "adaptive_density")
+    md.append(f"sync.adaptive: {setting[0]} {run.cfg('sync', setting[1])} in critical regimes, "
+              f"{run.cfg('sync', setting[0])} elsewhere; threshold {run.cfg('sync', 'adaptive_threshold')}, "
+              f"interval {run.cfg('sync', 'adaptive_interval') or 'an epoch'}"
+              + (" steps" if run.cfg('sync', 'adaptive_interval') else "") + ".\n\n")
+    if low:
+        mean = sum(v for _, v in low) / len(low)
+        md.append(f"Share of the compressed entries sent at low compression, mean over the {len(low)} metrics "
+                  f"records of the compressed phase: {mean:.3f}.\n\n")
+    switches = adaptive_switches(run)
+    md.append(f"Switches (ADAPTIVE_SWITCH in the comm log): {len(switches)}"
+              + (", after steps " + ", ".join(str(s) for s in switches) if switches else "") + ".\n\n")
+    if low:
+        rows, last = [], None
+        for step, v in low:
+            if last is None or v != last:
+                rows.append([str(step), f"{v:.3f}"])
+                last = v
+        md.append("Low-compression share by metrics record, where it changed:\n\n"
+                  + table(["step (record)", "low-compression share"], rows) + "\n")
     return "".join(md)
 
 
@@ -457,6 +494,7 @@ def main(argv):
     md.append(ops_md + "\n")
     md.append(section_phases(run) + section_schedule(run, ops) + "\n")
     md.append(section_distributions(run, ops, figs) + "\n")
+    md.append(section_adaptive(run))
     if len(runs) > 1:
         md.append(section_compare(runs, figs) + "\n")
     md.append(section_restarts(run, figs) + "\n")

@@ -309,3 +309,23 @@ TEST_CASE("docs/config.md is generated from the key list", "[config]") {
   INFO("docs/config.md is out of date: regenerate it with `trainer --config-reference > docs/config.md`");
   CHECK(actual.str() == expected);
 }
+
+TEST_CASE("sync.adaptive's rules name their keys", "[config]") {
+  // Only the compressing methods adapt.
+  const std::string dense = error_of("[sync]\nadaptive = true\n");
+  CHECK_THAT(dense, Catch::Matchers::Contains("sync.adaptive") && Catch::Matchers::Contains("\"dense\""));
+  // The low-compression setting must send more than the high one.
+  const std::string rank = error_of("[sync]\nmethod = \"powersgd\"\nadaptive = true\nrank = 4\nadaptive_rank = 4\n");
+  CHECK_THAT(rank, Catch::Matchers::Contains("sync.adaptive_rank = 4 must be above sync.rank = 4"));
+  const std::string density =
+      error_of("[sync]\nmethod = \"oktopk\"\nadaptive = true\ndensity = 0.2\nadaptive_density = 0.1\n");
+  CHECK_THAT(density, Catch::Matchers::Contains("sync.adaptive_density = 0.1 must be above sync.density = 0.2"));
+  CHECK(error_of("[sync]\nmethod = \"topka\"\nadaptive = true\ndensity = 0.2\nadaptive_density = 0.1\n", {})
+            .find("configs/x.toml") == 0);
+  // Off, the adaptive keys are not judged; on with sensible settings, no error.
+  CHECK(error_of("[sync]\nmethod = \"powersgd\"\nrank = 8\n").empty());
+  CHECK(error_of("[sync]\nmethod = \"powersgd\"\nadaptive = true\nrank = 1\nadaptive_rank = 2\n").empty());
+  CHECK(error_of("[sync]\nmethod = \"gtopk\"\nadaptive = true\nadaptive_interval = 50\n").empty());
+  CHECK_THAT(error_of("[sync]\nmethod = \"powersgd\"\nadaptive_threshold = 0\n"),
+             Catch::Matchers::Contains("sync.adaptive_threshold"));
+}

@@ -253,6 +253,40 @@ class FixtureTest(unittest.TestCase, ReportChecks):
             with self.assertRaisesRegex(ra.RunError, r"comm/rank1\.jsonl: missing"):
                 ra.Run(folder)
 
+    def test_adaptive_switches_reported(self):
+        # sync.adaptive: the metrics' low_compression share and the comm log's ADAPTIVE_SWITCH records
+        # (after step 3 on every rank) become the report's section and marks on the density plot.
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = os.path.join(tmp, "run")
+            shutil.copytree(FIXTURE, folder)
+            path = os.path.join(folder, "metrics.jsonl")
+            with open(path) as f:
+                lines = [json.loads(line) for line in f if line.strip()]
+            shares = iter([1.0, 0.25])
+            with open(path, "w") as f:
+                for m in lines:
+                    if m.get("phase") == "compressed" and "loss" in m:
+                        m["low_compression"] = next(shares, 0.25)
+                    f.write(json.dumps(m) + "\n")
+            for r in range(2):
+                with open(os.path.join(folder, "comm", f"rank{r}.jsonl"), "a") as f:
+                    f.write(json.dumps({"step": 3, "phase": "compressed", "op": "ADAPTIVE_SWITCH", "bytes": 0,
+                                        "bytes_recv": 0, "peer": -1, "t_start_us": 5, "t_end_us": 5}) + "\n")
+            self.assertEqual(report.adaptive_switches(ra.Run(folder)), [3])
+            with tempfile.TemporaryDirectory() as out:
+                self.assertEqual(report.main([folder, "--out", out]), 0)
+                with open(os.path.join(out, "report.md")) as f:
+                    text = f.read()
+            self.assertIn("## Adaptive compression", text)
+            self.assertIn("Switches (ADAPTIVE_SWITCH in the comm log): 1, after steps 3.", text)
+            header, rows = markdown_table(text, "Low-compression share by metrics record")
+            self.assertEqual([row[1] for row in rows], ["1.000", "0.250"])
+        # A run without sync.adaptive has no such section.
+        with tempfile.TemporaryDirectory() as out:
+            self.assertEqual(report.main([FIXTURE, "--out", out]), 0)
+            with open(os.path.join(out, "report.md")) as f:
+                self.assertNotIn("## Adaptive compression", f.read())
+
     def test_two_runs_compared(self):
         with tempfile.TemporaryDirectory() as out:
             self.assertEqual(report.main([FIXTURE, FIXTURE, "--out", out, "--seed-check"]), 0)

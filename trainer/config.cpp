@@ -397,6 +397,11 @@ void check_consistency(const Config& c, const Settings& settings, const std::str
          "sync.method = \"" + c.sync.method + "\" computes on host buffers and cannot run with runtime.device = \"" +
              c.runtime.device + "\" yet (" + comm::sync_methods_that(&comm::SyncCapabilities::device_buffers) +
              " can)");
+  if (c.sync.adaptive && !method.can.compresses)
+    fail(origin({"sync.adaptive", "sync.method"}),
+         "sync.adaptive = true applies to the compressing methods (" +
+             comm::sync_methods_that(&comm::SyncCapabilities::compresses) + "), not to sync.method = \"" +
+             c.sync.method + "\"");
   if (method.check)
     for (const comm::SyncOptionProblem& problem : method.check(sync_options(c)))
       fail(origin(problem.keys), problem.message);

@@ -139,6 +139,11 @@ struct SyncConfig {
   double min_compression_rate = 2.0;
   bool error_feedback = true;
   std::string keep_dense;                 // comma-separated globs of tensor names
+  bool adaptive = false;                  // powersgd and the sparse methods: Accordion (comm/sync/accordion.h)
+  int64_t adaptive_rank = 4;              // powersgd: the rank in critical regimes
+  double adaptive_density = 0.1;          // sparse methods: the density in critical regimes
+  double adaptive_threshold = 0.5;        // eta
+  int64_t adaptive_interval = 0;          // steps; 0: an epoch
   int64_t servers = 1;                    // async_ps: the last `servers` ranks
   std::string staleness_lr = "none";      // async_ps: kStalenessLr
   double dc_lambda = 0.04;                // async_ps, staleness_lr = "dc"

@@ -376,6 +376,32 @@ void visit_config(Cfg& c, Visitor& v) {
         "exactly every step, as a comma-separated list of shell globs on their names (\"speller.*,"
         "attention.*\"; each must match a tensor). The sparse methods then select over the other "
         "entries only. Empty: every tensor the method can compress is compressed.");
+  v.key("sync.adaptive", c.sync.adaptive,
+        "powersgd, oktopk, topka, gaussiank, gtopk: adaptive compression as Accordion defines it (Agarwal et al., "
+        "MLSys 2021; comm/sync/accordion.h). At the end of each interval (sync.adaptive_interval) the norm of "
+        "the interval's summed averaged gradient is compared with the previous interval's; a relative change of "
+        "at least sync.adaptive_threshold is a critical regime, and the next interval sends at the low-compression "
+        "setting (sync.adaptive_rank, sync.adaptive_density), otherwise at sync.rank or sync.density. Training "
+        "starts at the low-compression setting, the interval after the first is low too (nothing to compare "
+        "with), and so is the interval after a learning-rate drop of optim.schedule = \"multistep\". powersgd "
+        "judges each compressed tensor on its own (the paper decides per layer); the sparse methods, which "
+        "select over the whole gradient with one k, judge the whole gradient. The setting in use is the metrics' "
+        "low_compression field; each switch is an ADAPTIVE_SWITCH record in the comm log.");
+  v.key("sync.adaptive_rank", c.sync.adaptive_rank,
+        "powersgd with sync.adaptive: the rank of critical regimes (above sync.rank). The paper paired rank 4 "
+        "with rank 1 (VGG-19, SENet-18) and rank 2 with rank 1 (ResNet-18); 4 is twice sync.rank's default.",
+        closed(1, 1024));
+  v.key("sync.adaptive_density", c.sync.adaptive_density,
+        "oktopk, topka, gaussiank, gtopk with sync.adaptive: the density of critical regimes (above "
+        "sync.density). The paper's Top-k pairs kept 99% against 10% or 25% of each layer; 0.1 is ten times "
+        "sync.density's default.",
+        open_closed(0, 1));
+  v.key("sync.adaptive_threshold", c.sync.adaptive_threshold,
+        "sync.adaptive: eta, the relative change of the interval's gradient norm, |prev - cur| / prev, from "
+        "which a regime is critical (the paper's 0.5).",
+        open_closed(0, 1e6));
+  v.key("sync.adaptive_interval", c.sync.adaptive_interval,
+        "sync.adaptive: steps per detection interval; 0 is an epoch (the paper's interval).", at_least(0));
   v.key("sync.servers", c.sync.servers,
         "async_ps: parameter servers, the last N ranks; each owns a contiguous shard of the flat "
         "parameters and BN statistics and runs the optimizer and lr schedule on it (must be below the "

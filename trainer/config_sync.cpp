@@ -21,6 +21,11 @@ comm::SyncOptions sync_options(const Config& c) {
   o.min_compression_rate = c.sync.min_compression_rate;
   o.error_feedback = c.sync.error_feedback;
   o.keep_dense = c.sync.keep_dense;
+  o.adaptive = c.sync.adaptive;
+  o.adaptive_rank = c.sync.adaptive_rank;
+  o.adaptive_density = c.sync.adaptive_density;
+  o.adaptive_threshold = c.sync.adaptive_threshold;
+  o.adaptive_interval = c.sync.adaptive_interval;
   o.seed = static_cast<uint64_t>(c.experiment.seed);
   o.servers = c.sync.servers;
   o.max_staleness = c.sync.max_staleness;

@@ -100,6 +100,9 @@ Experiment build_experiment(const Config& config, comm::Communicator& world, com
   comm::SyncOptions so = sync_options(config);
   so.steps_per_epoch = e.task->steps_per_epoch();
   so.total_steps = total_steps(config, so.steps_per_epoch);
+  // sync.adaptive treats the interval after a learning-rate drop as critical (comm/sync/accordion.h).
+  if (e.schedule.kind == optim::ScheduleKind::kMultiStep && e.schedule.gamma < 1)
+    for (int64_t m : e.schedule.milestones) so.lr_decay_steps.push_back(m * so.steps_per_epoch);
   so.backend = e.backend;
   comm::SyncCommunicator carrier = comm::make_sync_communicator(config.runtime.communicator, world, *e.backend);
   e.sync_comm = std::move(carrier.device);

@@ -38,6 +38,10 @@ void IntervalMetrics::close_step(const StepRecord& step, const StepPosition& at,
     steps_ += 1;
     samples_ += step.samples;
     correct_ += step.correct;
+    if (step.stats.low_compression >= 0) {
+      low_sum_ += step.stats.low_compression;
+      low_steps_ += 1;
+    }
     if (step.stats.staleness >= 0) {
       tau_sum_ += static_cast<double>(step.stats.staleness);
       tau_max_ = std::max(tau_max_, step.stats.staleness);
@@ -78,6 +82,9 @@ void IntervalMetrics::report(const StepRecord& last, const StepPosition& at, boo
                         {"phase", comm::phase_name(phase_)}};
   if (frame_.classifies) record["train_accuracy"] = static_cast<double>(correct_) / std::max<int64_t>(samples_, 1);
   if (skipped_ > 0) record["skipped_steps"] = skipped_;
+  // sync.adaptive: the share of the compressed entries sent at the low-compression setting, mean over
+  // the interval's adaptive steps (comm/sync/accordion.h)
+  if (low_steps_ > 0) record["low_compression"] = low_sum_ / static_cast<double>(low_steps_);
   if (tau_max_ >= 0) {  // async_ps: rank 0's gradients' staleness at the servers, and their lr
     record["staleness_mean"] = tau_sum_ * k;
     record["staleness_max"] = tau_max_;
@@ -88,7 +95,8 @@ void IntervalMetrics::report(const StepRecord& last, const StepPosition& at, boo
 
 void IntervalMetrics::reset(int64_t global) {
   times_ = StepTimes{};
-  loss_sum_ = density_sum_ = tau_sum_ = 0;
+  loss_sum_ = density_sum_ = tau_sum_ = low_sum_ = 0;
+  low_steps_ = 0;
   steps_ = samples_ = correct_ = skipped_ = sent_ = received_ = 0;
   tau_max_ = -1;
   start_ = Clock::now();

@@ -1,10 +1,22 @@
 #include "comm/sync/error_feedback_sync.h"
 
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 
+#include "comm/sync/sync_state.h"
+
 namespace trainer::comm {
+
+AccordionOptions adaptive_options(const SyncOptions& o) {
+  AccordionOptions a;
+  a.threshold = o.adaptive_threshold;
+  // 0 when neither is known (--dry-run builds the method without the data): Accordion refuses steps then.
+  a.interval = o.adaptive_interval > 0 ? o.adaptive_interval : std::max<int64_t>(0, o.steps_per_epoch);
+  a.lr_decay_steps = o.lr_decay_steps;
+  return a;
+}
 
 SyncStats ErrorFeedbackSync::reduce(SyncBuffers& b, int64_t step) {
   if (b.n != ef_.size())
@@ -14,22 +26,74 @@ SyncStats ErrorFeedbackSync::reduce(SyncBuffers& b, int64_t step) {
   const SyncStats stats = compress(b, step, feedback);
   if (!feedback.formed()) throw std::logic_error(name() + ": a compressed step that never formed acc = grad + residual");
   if (!keep_residual_) ef_.clear_all();
+  if (accordion_) {
+    SyncStats adaptive = stats;
+    adaptive.low_compression = accordion_->low_fraction();  // the setting this step ran at
+    if (accordion_->add(b.grads, step)) {
+      adapt(accordion_->low(), /*fresh=*/true);
+      CommLog& log = comm_for_log_->log();
+      const int64_t t = log.now_us();
+      log.record("ADAPTIVE_SWITCH", 0, 0, -1, t, t);
+    }
+    return adaptive;
+  }
   return stats;
 }
 
+void ErrorFeedbackSync::enable_adaptive(Communicator& comm, std::vector<AccordionGroup> groups,
+                                        const AccordionOptions& options, double high, double low) {
+  accordion_ = std::make_unique<Accordion>(ef_.size(), std::move(groups), options);
+  comm_for_log_ = &comm;
+  high_setting_ = high;
+  low_setting_ = low;
+  adapt(accordion_->low(), /*fresh=*/false);
+}
+
+std::string ErrorFeedbackSync::adaptive_note(const char* what) const {
+  if (!accordion_) return "";
+  std::ostringstream out;
+  out << "\nadaptive compression (sync.adaptive, Accordion): " << what << " " << low_setting_
+      << " while the gradient norm of a group changes by at least " << accordion_->options().threshold
+      << " of itself between intervals of "
+      << (accordion_->options().interval > 0 ? std::to_string(accordion_->options().interval) + " steps"
+                                             : std::string("an epoch"))
+      << " (and after a learning-rate "
+      << "drop), " << what << " " << high_setting_ << " otherwise; starts at " << low_setting_ << "; "
+      << accordion_->low().size() << " group(s)";
+  return out.str();
+}
+
+void ErrorFeedbackSync::save_adaptive(std::ostream& out) const {
+  if (accordion_) accordion_->save(out);
+}
+
+void ErrorFeedbackSync::load_adaptive(std::istream& in) {
+  const bool saved = peek_sync_method(in) == "accordion";
+  if (saved != (accordion_ != nullptr))
+    throw std::runtime_error(name() + " state was saved with sync.adaptive = " + (saved ? "true" : "false") +
+                             ", this run has sync.adaptive = " + (saved ? "false" : "true"));
+  if (!accordion_) return;
+  accordion_->load(in);
+  adapt(accordion_->low(), /*fresh=*/accordion_->fresh_switch());
+}
+
 void ErrorFeedbackSync::save(std::ostream& out) const {
+  save_adaptive(out);
   save_state(out);
   ef_.save(out);
 }
 
 void ErrorFeedbackSync::load(std::istream& in) {
   std::stringstream before;  // the compressor's state is small (no residual): kept to roll back
+  save_adaptive(before);
   save_state(before);
   ErrorFeedback residual(ef_.size());
   try {
+    load_adaptive(in);
     load_state(in);
     residual.load(in, name().c_str());
   } catch (...) {
+    load_adaptive(before);
     load_state(before);
     throw;
   }
@@ -62,10 +126,24 @@ std::string ErrorFeedbackSync::load_resharded(const std::vector<std::string>& st
   for (auto& s : streams) saved.push_back(&s);
   ErrorFeedback residual(ef_.size());
   std::string what;
+  std::stringstream adaptive_before;
+  save_adaptive(adaptive_before);
   try {
+    // The detector sees the averaged gradient only, so every saved rank holds the same state.
+    std::string first;
+    for (size_t r = 0; r < saved.size(); ++r) {
+      load_adaptive(*saved[r]);
+      std::ostringstream back;
+      save_adaptive(back);
+      if (r == 0) first = back.str();
+      if (back.str() != first)
+        throw std::runtime_error(name() + " adaptive compression state of saved rank " + std::to_string(r) +
+                                 " differs from rank 0's");
+    }
     what = merge_state(saved);
     residual.load_mean(saved, name().c_str());
   } catch (...) {
+    load_adaptive(adaptive_before);
     load_state(before);
     throw;
   }

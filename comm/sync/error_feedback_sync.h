@@ -16,13 +16,19 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "comm/sync/accordion.h"
 #include "comm/sync/error_feedback.h"
 #include "comm/sync/gradient_sync.h"
 
 namespace trainer::comm {
+
+// The detector's options from the [sync] keys: sync.adaptive_interval, or an epoch
+// (o.steps_per_epoch) when it is 0; an interval of 0 when neither is known (Accordion::add refuses).
+AccordionOptions adaptive_options(const SyncOptions& o);
 
 class ErrorFeedbackSync : public GradientSync {
  public:
@@ -47,6 +53,20 @@ class ErrorFeedbackSync : public GradientSync {
   ErrorFeedback& error_feedback() { return ef_; }
   const ErrorFeedback& error_feedback() const { return ef_; }
 
+  // sync.adaptive (accordion.h): from here on the compressor runs at `low` (sync.adaptive_rank or
+  // sync.adaptive_density) for the groups in a critical regime and at `high` (sync.rank,
+  // sync.density) for the others, starting at `low`. reduce() adds each output to the detector;
+  // a switch takes effect from the next step and is logged as an ADAPTIVE_SWITCH record (no
+  // bytes) in the comm log of `comm`. The detector's state is saved ahead of the compressor's (a
+  // state without it loads only with sync.adaptive off, and the other way round).
+  void enable_adaptive(Communicator& comm, std::vector<AccordionGroup> groups, const AccordionOptions& options,
+                       double high, double low);
+  const Accordion* accordion() const { return accordion_.get(); }
+  // The setting a group at low (true) or high compression uses.
+  double adaptive_setting(bool low) const { return low ? low_setting_ : high_setting_; }
+  // For describe(): "" without sync.adaptive, else a line naming the two settings of `what`.
+  std::string adaptive_note(const char* what) const;
+
  protected:
   explicit ErrorFeedbackSync(int64_t n) : ef_(n) {}
   // One compressed step: on return b.grads holds the output (the same on every rank).
@@ -60,10 +80,20 @@ class ErrorFeedbackSync : public GradientSync {
   // for state every rank keeps equal (counters, PowerSGD's Q): each part is loaded in turn and
   // must save back to rank 0's bytes. A method with a rank's own state (thresholds) overrides it.
   virtual std::string merge_state(const std::vector<std::istream*>& saved);
+  // sync.adaptive: group g now runs at adaptive_setting(low[g]). `fresh`: the switch happens now,
+  // between two steps (a compressor may re-derive what depends on the setting at its next step);
+  // false when a loaded state sets it (the compressor's own state, loaded next, follows).
+  virtual void adapt(const std::vector<uint8_t>& low, bool fresh) {}
 
  private:
+  void save_adaptive(std::ostream& out) const;
+  void load_adaptive(std::istream& in);  // the detector's state, or none; applies the settings
+
   ErrorFeedback ef_;
   bool keep_residual_ = true;
+  std::unique_ptr<Accordion> accordion_;  // null unless sync.adaptive
+  Communicator* comm_for_log_ = nullptr;
+  double high_setting_ = 0, low_setting_ = 0;
 };
 
 }  // namespace trainer::comm

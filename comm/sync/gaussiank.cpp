@@ -44,6 +44,7 @@ std::string GaussianK::describe() const {
   out << "gaussiank: threshold from a normal fit of grad + residual, adjusted until about k = " << k_ << " of " << n_
       << " entries pass; ALLGATHER_COUNTS, ALLGATHERV_FINAL of (index, value); per rank about " << 2 * k_ * 4 / 1e6
       << " MB sent, " << 2.0 * k_ * (p - 1) * 4 / 1e6 << " MB received at P = " << p << "; error feedback";
+  out << adaptive_note("density");
   return out.str();
 }
 
@@ -148,6 +149,11 @@ SyncStats GaussianK::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step&
   ef.sent(local_.index(), mine);
   ++steps_;
   return {Phase::kCompressed, static_cast<double>(mine) / n_};
+}
+
+void GaussianK::adapt(const std::vector<uint8_t>& low, bool ) {
+  k_ = top_k_count(adaptive_setting(low.at(0) != 0), n_);
+  density_ = adaptive_setting(low.at(0) != 0);
 }
 
 void GaussianK::save_state(std::ostream& out) const {

@@ -105,6 +105,9 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
     if (!views) throw std::invalid_argument("sync.keep_dense needs the model's tensor names");
     kept = match_keep_dense(o.keep_dense, *views);
   }
+  if (o.adaptive && !spec.can.compresses)
+    throw std::invalid_argument("sync.adaptive applies to the compressing methods (" +
+                                sync_methods_that(&SyncCapabilities::compresses) + "), not to '" + o.method + "'");
   std::unique_ptr<GradientSync> method = spec.make(o, SyncContext{comm, n, views, backend, kept});
   if (o.dense_warmup_steps > 0 && spec.can.wrapped_in_warmup)
     return std::make_unique<WarmupSync>(std::move(method), comm, n, o.bucket_mb, o.dense_warmup_steps, backend,

@@ -47,6 +47,9 @@ struct SyncStats {
   double lr = -1;          // async_ps: the lr the servers applied (-1: the trainer's own schedule)
   int64_t global_step = -1;  // async_ps: the servers' step (pushes / W, rounded up)
   int64_t round = -1;        // async_ps: the meet (global step) this reply completes, -1 for none
+  // sync.adaptive (accordion.h): the share of the compressed entries sent at the low-compression
+  // setting this step (1: all of them, 0: none); -1 when the method does not adapt.
+  double low_compression = -1;
 };
 
 // The model's flat buffers as the sync stage sees them: memory of SyncOptions::backend (device
@@ -123,6 +126,14 @@ struct SyncOptions {
   double min_compression_rate = 2.0;    // powersgd: compress when (n + m) r * rate < n m
   bool error_feedback = true;           // compressing methods: false drops what was not sent
   std::string keep_dense;               // compressing methods: tensors averaged exactly (keep_dense.h)
+  // Adaptive compression (accordion.h), for powersgd and the sparse methods: per interval, the low-
+  // compression setting (adaptive_rank, adaptive_density) in critical regimes, rank or density elsewhere.
+  bool adaptive = false;
+  int64_t adaptive_rank = 4;            // powersgd: the rank in critical regimes (above rank)
+  double adaptive_density = 0.1;        // sparse methods: the density in critical regimes (above density)
+  double adaptive_threshold = 0.5;      // eta: the relative change of the gradient norm that is critical
+  int64_t adaptive_interval = 0;        // steps per interval; 0: an epoch (steps_per_epoch)
+  std::vector<int64_t> lr_decay_steps;  // steps where the learning rate drops (the interval after is critical)
   uint64_t seed = 0;                    // powersgd: the first Q's seed (the same on every rank)
   std::string outer_optimizer = "nesterov";  // diloco (comm/sync/diloco.h): nesterov or sgd
   double outer_lr = 0.7;                // diloco

@@ -33,6 +33,7 @@ std::string GTopk::describe() const {
   out << "gtopk: exact local top-k (k = " << k_ << " of " << n_ << "), " << rounds
       << " round(s) of pairwise SENDRECV_GTOPK merge and reselect, BROADCAST_GTOPK of the final k; messages of "
       << (2 + words_) * k_ * 4 / 1e6 << " MB (index, value, contributor mask); error feedback";
+  out << adaptive_note("density");
   return out.str();
 }
 
@@ -124,6 +125,10 @@ SyncStats GTopk::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef)
   const auto contributed = static_cast<int64_t>(contributed_.size());
   ++steps_;
   return {Phase::kCompressed, static_cast<double>(contributed) / n_};
+}
+
+void GTopk::adapt(const std::vector<uint8_t>& low, bool ) {
+  k_ = top_k_count(adaptive_setting(low.at(0) != 0), n_);
 }
 
 void GTopk::save_state(std::ostream& out) const {

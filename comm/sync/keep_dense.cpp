@@ -3,6 +3,7 @@
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <sstream>
 #include <stdexcept>
 
 #include "comm/sync/dense.h"
@@ -44,6 +45,12 @@ KeepDenseSync::Split split_gradient(const std::vector<models::ParamView>& views,
   return s;
 }
 
+std::string number(double x) {
+  std::ostringstream out;
+  out << x;
+  return out.str();
+}
+
 void gather(const std::vector<KeepDenseSync::Range>& ranges, const float* from, float* to) {
   for (const auto& r : ranges) to = std::copy(from + r.offset, from + r.offset + r.count, to);
 }
@@ -75,10 +82,21 @@ SyncMethod sparse_method(std::string name, std::string doc, SparseFactory make) 
   m.name = std::move(name);
   m.doc = std::move(doc);
   m.can.compresses = true;
+  m.check = [](const SyncOptions& o) {
+    std::vector<SyncOptionProblem> problems;
+    if (o.adaptive && !(o.adaptive_density > o.density))
+      problems.push_back({{"sync.adaptive_density", "sync.density"},
+                          "sync.adaptive_density = " + number(o.adaptive_density) +
+                              " must be above sync.density = " + number(o.density) +
+                              " (sync.adaptive: the density of critical regimes, the lower compression)"});
+    return problems;
+  };
   m.make = [make](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
     auto method = [&](int64_t count) -> std::unique_ptr<GradientSync> {
       std::unique_ptr<ErrorFeedbackSync> sparse = make(o, c.comm, count);
       sparse->set_keep_residual(o.error_feedback);
+      // One k over the flat gradient, so one group: the whole gradient (accordion.h).
+      if (o.adaptive) sparse->enable_adaptive(c.comm, {{0, count}}, adaptive_options(o), o.density, o.adaptive_density);
       return sparse;
     };
     if (c.kept.empty()) return method(c.n);

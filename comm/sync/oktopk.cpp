@@ -70,6 +70,7 @@ std::string OkTopk::describe() const {
       << "  per rank about " << 2.0 * k_ * (p_ - 1) / p_ * words << " MB split and reduce + " << 2.0 * k_ / p_ * words
       << " MB allgatherv block sent (bound 6k(P-1)/P words = " << 6.0 * k_ * (p_ - 1) / p_ * words
       << " MB at P = " << p_ << "); error feedback";
+  out << adaptive_note("density");
   return out.str();
 }
 
@@ -299,21 +300,29 @@ void OkTopk::reuse_local_threshold(const SelectSource& acc) {
 SyncStats OkTopk::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) {
   comm_.log().set_step(step, Phase::kCompressed);
   // 1. Local selection, acc = grad + residual formed in the same pass.
-  if (iteration_ % local_every_ == 0)
+  const bool exact = exact_due_;
+  exact_due_ = false;
+  if (iteration_ % local_every_ == 0 || exact)
     t_local_ = select_top_k(ef.fused(), n_, k_, /*exactly_k=*/false, local_, scratch_);
   else
     reuse_local_threshold(ef.fused());
   t_local_ = nudge_threshold(t_local_, local_.size(), k_);
   // 2-3. Regions, split and reduce.
-  if (iteration_ % region_every_ == 0 || repartition_due_) repartition();
+  if (iteration_ % region_every_ == 0 || repartition_due_ || exact) repartition();
   repartition_due_ = false;
   split_and_reduce();
   // 4. Global selection in this rank's region.
-  select_global(iteration_ % global_every_ == 0);
+  select_global(iteration_ % global_every_ == 0 || exact);
   // 5-6. Balance, allgatherv, output and residual.
   gather_output(b.grads, ef.sent_flags());
   ++iteration_;
   return {Phase::kCompressed, static_cast<double>(contributed_) / n_};
+}
+
+void OkTopk::adapt(const std::vector<uint8_t>& low, bool fresh) {
+  k_ = top_k_count(adaptive_setting(low.at(0) != 0), n_);
+  // The reused thresholds and the regions were for the old k: exact ones at the next step.
+  if (fresh) exact_due_ = true;
 }
 
 void OkTopk::save_state(std::ostream& out) const {

@@ -17,12 +17,29 @@ SyncMethod powersgd_method() {
   m.name = "powersgd";
   m.doc = "rank-r factors P Q^T of each weight matrix, PyTorch's powerSGD_hook";
   m.can.compresses = true;
+  m.check = [](const SyncOptions& o) {
+    std::vector<SyncOptionProblem> problems;
+    if (o.adaptive && o.adaptive_rank <= o.rank)
+      problems.push_back({{"sync.adaptive_rank", "sync.rank"},
+                          "sync.adaptive_rank = " + std::to_string(o.adaptive_rank) + " must be above sync.rank = " +
+                              std::to_string(o.rank) +
+                              " (sync.adaptive: the rank of critical regimes, the lower compression)"});
+    return problems;
+  };
   m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
     if (!c.views) throw std::invalid_argument("sync.method 'powersgd' needs the model's tensor shapes");
     auto powersgd = std::make_unique<PowerSgd>(c.comm, *c.views, c.n, o.rank, o.min_compression_rate, o.seed,
                                                models::cpu_backend(), o.wire_dtype, o.bucket_mb,
                                                DenseBuckets{o.first_bucket_mb, o.overlap, c.views}, c.kept);
     powersgd->set_keep_residual(o.error_feedback);
+    if (o.adaptive) {
+      // Per compressed tensor, as the paper decides per layer (accordion.h); the set of compressed
+      // tensors is the one sync.rank gives, only their rank changes.
+      std::vector<AccordionGroup> groups;
+      for (const PowerSgd::Matrix* m : powersgd->in_model_order()) groups.push_back({m->offset, m->rows * m->cols});
+      powersgd->enable_adaptive(c.comm, std::move(groups), adaptive_options(o), static_cast<double>(o.rank),
+                                static_cast<double>(o.adaptive_rank));
+    }
     return powersgd;
   };
   return m;
@@ -137,6 +154,38 @@ void PowerSgd::lay_out(const std::vector<GradientBucket>& plan) {
   }
 }
 
+void PowerSgd::adapt(const std::vector<uint8_t>& low, bool) {
+  const std::vector<const Matrix*> order = in_model_order();
+  if (low.size() != order.size()) throw std::logic_error("powersgd: one adaptive setting per compressed tensor expected");
+  std::vector<Matrix> model;
+  std::vector<int64_t> old_rank;
+  std::vector<std::vector<float>> old_q;  // the warm starts, before the layout moves them
+  for (size_t g = 0; g < order.size(); ++g) {
+    Matrix m = *order[g];
+    old_rank.push_back(m.rank);
+    if (started_) old_q.emplace_back(q_.begin() + m.q_offset, q_.begin() + m.q_offset + m.cols * m.rank);
+    m.rank = std::min({m.rows, m.cols, static_cast<int64_t>(adaptive_setting(low[g] != 0))});
+    model.push_back(m);
+  }
+  buckets_.clear();
+  p_floats_ = q_floats_ = compressed_floats_ = 0;
+  matrices_ = std::move(model);
+  lay_out(reducer_.plan());
+  if (!started_) return;  // prepare() seeds every Q at its rank
+  // A tensor whose rank changed starts again from its seeded Q at the new rank, as a run at that
+  // rank starts (the paper's code builds a new reducer); its residual (full size) is kept.
+  q_.assign(q_floats_ + dense_floats_, 0.f);
+  p_.assign(p_floats_, 0.f);
+  const std::vector<const Matrix*> now = in_model_order();
+  for (size_t g = 0; g < now.size(); ++g) {
+    const Matrix& m = *now[g];
+    if (m.rank == old_rank[g])
+      std::copy(old_q[g].begin(), old_q[g].end(), q_.begin() + m.q_offset);
+    else
+      seeded_uniform(seed_, static_cast<uint64_t>(m.view), m.cols * m.rank, q_.data() + m.q_offset);
+  }
+}
+
 std::string PowerSgd::overlap_plan() const {
   if (!requested_overlap_) return "off (host buffers only)";
   return "powersgd's buckets (their P, Q and uncompressed tensors) are exchanged during backward, each once its "
@@ -165,7 +214,7 @@ std::string PowerSgd::describe() const {
       << " bytes each): " << floats_per_step() * bytes / 1e6 << " MB per rank (dense fp32: " << n_ * 4 / 1e6
       << " MB, " << static_cast<double>(n_ * 4) / std::max<int64_t>(1, floats_per_step() * bytes)
       << "x less); ring traffic per rank " << 2.0 * (p - 1) / p * floats_per_step() * bytes / 1e6 << " MB at P = " << p
-      << "; error feedback";
+      << "; error feedback" << adaptive_note("rank");
   return out.str();
 }
 

@@ -56,7 +56,11 @@ namespace trainer::comm {
 // allreduce (one message fewer per bucket).
 // State (saved, per rank; format 3): the seed, whether compression has started, the compressed
 // step count, then each compressed tensor's Q in model order (independent of the buckets); then
-// the residual (ErrorFeedbackSync). Formats 1 and 2 (before buckets, whose sums differ) are refused
+// the residual (ErrorFeedbackSync).
+// sync.adaptive (accordion.h): each compressed tensor is judged on its own and runs at
+// sync.adaptive_rank in critical regimes, sync.rank elsewhere (the tensors compressed are those
+// sync.rank gives); at a switch its Q restarts from the seed at the new rank, its residual stays.
+// The detector's state, saved first, gives each tensor's rank, and so the saved Q's sizes. Formats 1 and 2 (before buckets, whose sums differ) are refused
 // with the version in the message.
 class PowerSgd final : public ErrorFeedbackSync {
  public:
@@ -102,8 +106,12 @@ class PowerSgd final : public ErrorFeedbackSync {
   // This rank's residual (empty before the first compressed step), laid out like the gradient
   // (zeros on the dense tensors).
   const std::vector<float>& residual() const { return error_feedback().values(); }
+  std::vector<const Matrix*> in_model_order() const;      // the saved order of the Q factors
 
  private:
+  // sync.adaptive: each compressed tensor at min(rows, cols, its setting's rank); the layout is
+  // rebuilt and a tensor whose rank changed restarts from its seeded Q.
+  void adapt(const std::vector<uint8_t>& low, bool fresh) override;
   SyncStats compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) override;
   void save_state(std::ostream& out) const override;
   void load_state(std::istream& in) override;
@@ -111,7 +119,6 @@ class PowerSgd final : public ErrorFeedbackSync {
   void prepare();  // before a step's first bucket: the seeded Q at the first step, the residual
   void exchange(size_t bucket, float* grads);             // steps 1-6 of one bucket
   void commit(float* grads, ErrorFeedback::Step& ef);     // step 7 of every bucket
-  std::vector<const Matrix*> in_model_order() const;      // the saved order of the Q factors
 
   Communicator& comm_;
   models::Backend& backend_;

@@ -36,4 +36,20 @@ uint32_t read_sync_header(std::istream& in, const std::string& method, uint32_t 
   return v;
 }
 
+std::string peek_sync_method(std::istream& in) {
+  const std::streampos at = in.tellg();
+  const auto magic = read_pod<uint32_t>(in);
+  read_pod<uint32_t>(in);
+  const auto len = read_pod<uint32_t>(in);
+  std::string saved;
+  if (in && magic == kMagic && len <= 64) {
+    saved.resize(len);
+    in.read(saved.data(), len);
+    if (!in) saved.clear();
+  }
+  in.clear();
+  in.seekg(at);
+  return saved;
+}
+
 }  // namespace trainer::comm

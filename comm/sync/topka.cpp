@@ -25,6 +25,7 @@ std::string TopkA::describe() const {
   out << "topka: exact local top-k (k = " << k_ << " of " << n_ << "), 2 ALLGATHER_TOPK of k words (indices, "
       << "values), local sum; per rank " << 2 * k_ * 4 / 1e6 << " MB sent, " << 2.0 * k_ * (p - 1) * 4 / 1e6
       << " MB received at P = " << p << "; error feedback";
+  out << adaptive_note("density");
   return out.str();
 }
 
@@ -44,6 +45,10 @@ SyncStats TopkA::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef)
   ef.sent(local_.index(), local_.size());
   ++steps_;
   return {Phase::kCompressed, static_cast<double>(k_) / n_};
+}
+
+void TopkA::adapt(const std::vector<uint8_t>& low, bool ) {
+  k_ = top_k_count(adaptive_setting(low.at(0) != 0), n_);
 }
 
 void TopkA::save_state(std::ostream& out) const {
