@@ -200,6 +200,32 @@ TEST_CASE("PowerSGD and the sparse methods switch at the expected steps, alike o
   }
 }
 
+TEST_CASE("After a switch PowerSGD restarts each tensor from its seeded Q at the new rank", "[adaptive][mpi]") {
+  Communicator& comm = comm::world();
+  const std::vector<ParamView> views = model();
+  const int64_t n = size_of(views);
+  // Without error feedback acc is the gradient, so the first step after a switch (6: to rank 1; 9:
+  // back to rank 4) is the first step of a fresh fixed run at that rank, bit for bit.
+  comm::SyncOptions o = adaptive("powersgd", 3);
+  o.error_feedback = false;
+  auto sync = comm::make_gradient_sync(o, comm, n, &views);
+  for (int64_t s = 0; s < 10; ++s) {
+    auto g = lossless(views, false, s, comm.rank(), 6);
+    const auto input = g;
+    comm::SyncBuffers b{nullptr, g.data(), n, nullptr, 0, &views};
+    sync->reduce(b, s);
+    if (s != 6 && s != 9) continue;
+    INFO("step " << s);
+    comm::SyncOptions f = fixed_at("powersgd", s == 9);
+    f.error_feedback = false;
+    auto fresh = comm::make_gradient_sync(f, comm, n, &views);
+    auto h = input;
+    comm::SyncBuffers hb{nullptr, h.data(), n, nullptr, 0, &views};
+    fresh->reduce(hb, s);
+    CHECK(std::memcmp(g.data(), h.data(), n * sizeof(float)) == 0);
+  }
+}
+
 TEST_CASE("At the low-compression setting the output is the fixed method's, bit for bit", "[adaptive][mpi]") {
   Communicator& comm = comm::world();
   const std::vector<ParamView> views = model();

@@ -203,7 +203,11 @@ std::string PowerSgd::describe() const {
     }
   const int64_t bytes = wire_bytes(wire_);
   std::ostringstream out;
-  out << "powersgd: rank " << rank_ << "; " << matrices_.size() << " tensors compressed as rank-r factors ("
+  out << "powersgd: rank " << rank_;
+  if (accordion())  // sync.adaptive: the sizes below are those of the settings in use now
+    out << " (sync.adaptive: now " << accordion()->low_fraction() << " of the compressed entries at rank "
+        << adaptive_setting(true) << ")";
+  out << "; " << matrices_.size() << " tensors compressed as rank-r factors ("
       << compressed_floats_ << " elements -> sum (n + m) r = " << p_floats_ + q_floats_ << " floats, " << shape_groups
       << " shape groups), " << dense_floats_ << " elements of the others sent dense; per step and bucket ("
       << buckets_.size() << " bucket(s) in backward order"
