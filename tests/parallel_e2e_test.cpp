@@ -72,6 +72,53 @@ TEST_CASE("Resume is bit-identical: between checkpoints, on a checkpoint, every 
   }
 }
 
+TEST_CASE("Resume is bit-identical across a switch of sync.adaptive", "[mpi][resume]") {
+  // Intervals of 3 steps after 2 dense ones: steps 2-8 at the low-compression setting (the interval
+  // that ends with step 2 ran one compressed step, no measurement; 3-5 is the first measured one; 6-8
+  // has nothing to compare with); a threshold no change reaches (eta = 5) then sends steps 9-15 at the
+  // high one, so the runs resumed from steps 5 and 10 cross the switch after step 8 or run past it.
+  const int P = 2;
+  for (const std::string& method : {"powersgd", "oktopk"}) {
+    SECTION(method) {
+      const std::string sync = "--set sync.method=" + method + " --set sync.dense_warmup_steps=2" +
+                               " --set sync.adaptive=true --set sync.adaptive_interval=3"
+                               " --set sync.adaptive_threshold=5 --set sync.rank=1 --set sync.density=0.02"
+                               " --set train.max_steps=16 --set train.checkpoint_every=5 --set train.log_every_steps=1";
+      TempDir ref("ref_adaptive_" + method);
+      REQUIRE(run(trainer_command(P, ref.path, sync)).exit_code == 0);
+      // The switch in the comm log (every rank) and in the metrics.
+      for (int r = 0; r < P; ++r) {
+        std::ifstream log(ref.path / ("comm/rank" + std::to_string(r) + ".jsonl"));
+        std::vector<int64_t> switches;
+        for (std::string line; std::getline(log, line);) {
+          const auto rec = nlohmann::json::parse(line);
+          if (rec.value("op", "") == "ADAPTIVE_SWITCH") switches.push_back(rec["step"].get<int64_t>());
+        }
+        CHECK(switches == std::vector<int64_t>{8});
+      }
+      std::ifstream metrics(ref.path / "metrics.jsonl");
+      std::map<int64_t, double> low;
+      for (std::string line; std::getline(metrics, line);) {
+        const auto rec = nlohmann::json::parse(line);
+        if (rec.contains("low_compression")) low[rec["step"].get<int64_t>()] = rec["low_compression"].get<double>();
+      }
+      CHECK(low[9] == 1.0);   // the record of step 8 (records count the steps done)
+      CHECK(low[10] == 0.0);  // step 9
+      for (int stop : {7, 10}) {
+        TempDir part("part_adaptive_" + method + std::to_string(stop));
+        Outcome first = run(trainer_command(P, part.path, sync + " --stop-after " + std::to_string(stop)));
+        INFO(first.output);
+        REQUIRE(first.exit_code == 0);
+        Outcome second = run(trainer_command(P, part.path, sync + " --resume latest"));
+        INFO(second.output);
+        REQUIRE(second.exit_code == 0);
+        CHECK_THAT(second.output, Contains("resumed from"));
+        require_identical_states(ref.path / "checkpoints/step_16", part.path / "checkpoints/step_16", P);
+      }
+    }
+  }
+}
+
 TEST_CASE("Resume is bit-identical with adam and adamw, and another optimizer's state is a clear error", "[mpi][resume]") {
   // Adam's state is its moments and the step count (the bias corrections depend on it). adamw runs
   // under local_sgd, where every rank steps its own optimizer, so each rank's state must come back.

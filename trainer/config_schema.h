@@ -382,8 +382,8 @@ void visit_config(Cfg& c, Visitor& v) {
         "the interval's summed averaged gradient is compared with the previous interval's; a relative change of "
         "at least sync.adaptive_threshold is a critical regime, and the next interval sends at the low-compression "
         "setting (sync.adaptive_rank, sync.adaptive_density), otherwise at sync.rank or sync.density. Training "
-        "starts at the low-compression setting, the interval after the first is low too (nothing to compare "
-        "with), and so is the interval after a learning-rate drop of optim.schedule = \"multistep\". powersgd "
+        "starts at the low-compression setting (an interval that began in the dense warmup is not measured), "
+        "the interval after the first measured one is low too (nothing to compare with), and so is the interval after a learning-rate drop of optim.schedule = \"multistep\". powersgd "
         "judges each compressed tensor on its own (the paper decides per layer); the sparse methods, which "
         "select over the whole gradient with one k, judge the whole gradient. The setting in use is the metrics' "
         "low_compression field; each switch is an ADAPTIVE_SWITCH record in the comm log.");

@@ -48,6 +48,7 @@ bool Accordion::add(const float* grads, int64_t step) {
   // Element-wise in a fixed order: the same bits on every rank and on both sides of a resume.
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n_; ++i) sum[i] += grads[i];
+  ++summed_;
   if ((step + 1) % options_.interval != 0) return false;
   const std::vector<uint8_t> before = low_;
   decide(step);
@@ -57,6 +58,14 @@ bool Accordion::add(const float* grads, int64_t step) {
 }
 
 void Accordion::decide(int64_t step) {
+  // An interval the method did not run through (it began in the dense warmup) is no measurement: its
+  // sum covers fewer steps than the next one's. It stays critical, as the start does.
+  if (summed_ < options_.interval) {
+    summed_ = 0;
+    std::fill(sum_.begin(), sum_.end(), 0.f);
+    return;
+  }
+  summed_ = 0;
   std::vector<double> norms(groups_.size(), 0.0);
   for (size_t g = 0; g < groups_.size(); ++g) {
     double s = 0;  // serial, in double: the same bits everywhere
@@ -85,6 +94,7 @@ void Accordion::save(std::ostream& out) const {
   write_pod(out, static_cast<uint8_t>(has_previous_));
   write_pod(out, static_cast<uint8_t>(fresh_));
   write_pod(out, switches_);
+  write_pod(out, summed_);
   out.write(reinterpret_cast<const char*>(low_.data()), static_cast<std::streamsize>(low_.size()));
   out.write(reinterpret_cast<const char*>(previous_.data()),
             static_cast<std::streamsize>(previous_.size() * sizeof(double)));
@@ -111,6 +121,7 @@ void Accordion::load(std::istream& in) {
   const auto has_previous = read_pod<uint8_t>(in);
   const auto fresh = read_pod<uint8_t>(in);
   const auto switches = read_pod<int64_t>(in);
+  const auto summed = read_pod<int64_t>(in);
   std::vector<uint8_t> low(groups_.size());
   std::vector<double> previous(groups_.size()), change(groups_.size());
   in.read(reinterpret_cast<char*>(low.data()), static_cast<std::streamsize>(low.size()));
@@ -132,6 +143,7 @@ void Accordion::load(std::istream& in) {
   has_previous_ = has_previous != 0;
   fresh_ = fresh != 0;
   switches_ = switches;
+  summed_ = summed;
 }
 
 }  // namespace trainer::comm

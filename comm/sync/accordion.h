@@ -13,7 +13,8 @@
 // otherwise at high compression. A previous norm of zero counts as critical (the paper's code gives
 // it a ratio above any threshold). Training starts critical (the paper starts at the low-compression
 // setting: early training is the best known critical regime), and the interval after the first
-// measured one is critical too, since there is no previous norm to compare with. The paper's second
+// measured one is critical too, since there is no previous norm to compare with. An interval the
+// method did not run through (it began during the dense warmup) is not measured and stays critical. The paper's second
 // rule: the interval right after a learning-rate decay is critical for every group (multistep
 // schedules; SyncOptions::lr_decay_steps).
 //
@@ -24,7 +25,7 @@
 // same decision without a message.
 //
 // State (saved ahead of the compressor's own; exact resume mid-interval): the settings in use, the
-// previous interval's norms, the running sums (n floats) and whether a switch is still fresh (made at
+// previous interval's norms, the running sums (n floats) and their steps, and whether a switch is still fresh (made at
 // the last boundary, no step since: Ok-Top-k re-derives its thresholds at the step after a switch).
 #pragma once
 
@@ -86,6 +87,7 @@ class Accordion {
   std::vector<double> previous_;  // the last interval's norms
   bool has_previous_ = false;
   std::vector<float> sum_;        // the interval's running sums (allocated at the first add)
+  int64_t summed_ = 0;            // steps in them
   bool fresh_ = false;
   int64_t switches_ = 0;
   std::vector<double> change_;
