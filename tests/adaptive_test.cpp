@@ -319,6 +319,13 @@ TEST_CASE("A saved state says whether it adapted", "[adaptive][mpi]") {
     plain->save(without);
     auto again = comm::make_gradient_sync(on, comm, n, &views);
     CHECK_THROWS_WITH(again->load(without), Catch::Matchers::Contains("saved with sync.adaptive = false"));
+    // Another pair of settings.
+    comm::SyncOptions other = on;
+    other.adaptive_rank = 8;
+    other.adaptive_density = 0.2;
+    std::stringstream again_with(with.str());
+    CHECK_THROWS_WITH(comm::make_gradient_sync(other, comm, n, &views)->load(again_with),
+                      Catch::Matchers::Contains("adapts between"));
     // The failed loads left both as they were.
     std::stringstream x, y;
     again->save(x);

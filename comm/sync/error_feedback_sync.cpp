@@ -64,7 +64,11 @@ std::string ErrorFeedbackSync::adaptive_note(const char* what) const {
 }
 
 void ErrorFeedbackSync::save_adaptive(std::ostream& out) const {
-  if (accordion_) accordion_->save(out);
+  if (!accordion_) return;
+  accordion_->save(out);
+  // The two settings: another pair would give the compressor's saved state other sizes.
+  write_pod(out, high_setting_);
+  write_pod(out, low_setting_);
 }
 
 void ErrorFeedbackSync::load_adaptive(std::istream& in) {
@@ -73,7 +77,18 @@ void ErrorFeedbackSync::load_adaptive(std::istream& in) {
     throw std::runtime_error(name() + " state was saved with sync.adaptive = " + (saved ? "true" : "false") +
                              ", this run has sync.adaptive = " + (saved ? "false" : "true"));
   if (!accordion_) return;
+  std::stringstream before;
+  accordion_->save(before);
   accordion_->load(in);
+  const auto high = read_pod<double>(in), low = read_pod<double>(in);
+  if (!in || high != high_setting_ || low != low_setting_) {
+    accordion_->load(before);
+    std::ostringstream what;
+    what << name() << " state was saved adapting between " << high << " and " << low << ", this run adapts between "
+         << high_setting_ << " and " << low_setting_ << " (sync.rank and sync.adaptive_rank, or sync.density and "
+         << "sync.adaptive_density)";
+    throw std::runtime_error(in ? what.str() : name() + " adaptive compression state: truncated");
+  }
   adapt(accordion_->low(), /*fresh=*/accordion_->fresh_switch());
 }
 
