@@ -389,7 +389,7 @@ void visit_config(Cfg& c, Visitor& v) {
         "low_compression field; each switch is an ADAPTIVE_SWITCH record in the comm log.");
   v.key("sync.adaptive_rank", c.sync.adaptive_rank,
         "powersgd with sync.adaptive: the rank of critical regimes (above sync.rank). The paper paired rank 4 "
-        "with rank 1 (VGG-19, SENet-18) and rank 2 with rank 1 (ResNet-18); 4 is twice sync.rank's default.",
+        "with rank 1 (VGG-19, SENet) and rank 2 with rank 1 (ResNet-18); 4 is twice sync.rank's default.",
         closed(1, 1024));
   v.key("sync.adaptive_density", c.sync.adaptive_density,
         "oktopk, topka, gaussiank, gtopk with sync.adaptive: the density of critical regimes (above "
