@@ -264,6 +264,17 @@ class FixtureTest(unittest.TestCase, ReportChecks):
 
 
 @unittest.skipUnless(os.environ.get("TRAINER_BINARY"), "TRAINER_BINARY not set")
+class ScriptsBesideTheBinaryTest(unittest.TestCase):
+    def test_the_build_copies_the_report_scripts_beside_the_binary(self):
+        """`trainer report` looks beside the binary first, so a build copied away from the source
+        tree (a GPU machine's bundle) still reports: the build keeps current copies there."""
+        beside = os.path.join(os.path.dirname(os.path.abspath(os.environ["TRAINER_BINARY"])), "scripts")
+        for name in ("report.py", "report_analysis.py", "report_seed_check.py"):
+            with open(os.path.join(beside, name), "rb") as copy, open(os.path.join(SOURCE, "scripts", name), "rb") as f:
+                self.assertEqual(copy.read(), f.read(), name)
+
+
+@unittest.skipUnless(os.environ.get("TRAINER_BINARY"), "TRAINER_BINARY not set")
 class FixtureScalingTest(unittest.TestCase, ReportChecks):
     def test_scaling_view_is_the_whatif_model(self):
         binary = os.environ["TRAINER_BINARY"]

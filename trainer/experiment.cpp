@@ -101,9 +101,16 @@ Experiment build_experiment(const Config& config, comm::Communicator& world, com
   so.steps_per_epoch = e.task->steps_per_epoch();
   so.total_steps = total_steps(config, so.steps_per_epoch);
   so.backend = e.backend;
-  comm::SyncCommunicator carrier = comm::make_sync_communicator(config.runtime.communicator, world, *e.backend);
-  e.sync_comm = std::move(carrier.device);
-  if (e.sync_comm) announce("sync communicator: " + carrier.description);
+  // A method that takes device buffers gets a communicator that moves them (NCCL, or MPI through
+  // pinned staging); the others run on host copies (comm/sync/host_staged.h) and talk MPI.
+  if (comm::sync_method(config.sync.method).can.device_buffers) {
+    comm::SyncCommunicator carrier = comm::make_sync_communicator(config.runtime.communicator, world, *e.backend);
+    e.sync_comm = std::move(carrier.device);
+    if (e.sync_comm) announce("sync communicator: " + carrier.description);
+  } else if (!e.backend->is_host()) {
+    announce("sync: " + config.sync.method + " computes on the host: the gradient goes through host memory "
+             "every step (comm/sync/host_staged.h)");
+  }
   e.sync = comm::make_gradient_sync(so, e.sync_comm ? *e.sync_comm : world, n, &e.task->parameters().views());
   return e;
 }

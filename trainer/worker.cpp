@@ -292,6 +292,7 @@ bool Worker::step(int64_t step) {
   const StepResult result = task_.forward_backward();
   inject_nan_if_due(0);
   weight_gradient(0);
+  e_.backend->synchronize();  // backward's kernels count here, not in the phase that waits next
   const int64_t backward_to_us = world_.log().now_us();
   times.compute += ms_since(t0);
   spans_.mark("forward_backward");
