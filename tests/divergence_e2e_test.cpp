@@ -30,9 +30,11 @@ std::string command(const fs::path& out, const std::string& extra) {
       kRanks, out, "--set train.max_steps=40 --set sync.dense_warmup_steps=10 --set train.divergence_window=5 " + extra);
 }
 
-// DiLoCo syncing every step with an outer Nesterov step 40 times too large: fine while dense, its
-// loss climbs within a few steps of the switch.
-const std::string kDiverging = "--set sync.method=diloco --set sync.period=1 --set sync.outer_lr=DIVERGE_LR";
+// DiLoCo syncing every step with an outer Nesterov lr far too large: fine while dense, its loss
+// climbs within a few steps of the switch (at 30: 57 over the first window against 2.7 before it).
+std::string diverging(const std::string& outer_lr) {
+  return "--set sync.method=diloco --set sync.period=1 --set sync.outer_lr=" + outer_lr;
+}
 
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;
@@ -52,3 +54,72 @@ std::vector<nlohmann::json> records_with(const fs::path& run, const std::string&
 }
 
 }  // namespace
+
+TEST_CASE("A diverging run stops with its line, exit status 4 and a complete checkpoint; without the guard it goes on",
+          "[mpi][divergence]") {
+  TempDir dir("diverging");
+  const std::string args = diverging("30");
+  Outcome o = run_command(command(dir.path, args));
+  INFO(o.output);
+  CHECK(o.exit_code == 4);
+  // One line, from rank 0, for every rank stopped in the same step: no abort, no second error.
+  CHECK(count(o.output, "error") == 1);
+  const std::string checkpoint = (dir.path / "checkpoints/step_15").string();
+  CHECK_THAT(o.output, Contains("error: diverged: sync.method = diloco (sync.period = 1") &&
+                           Contains("sync.outer_lr = 30.0") && Contains("sync.dense_warmup_steps = 10") &&
+                           Contains("after its dense warmup (switched after step 10): the mean training loss over "
+                                    "the 5 steps to step 15 is") &&
+                           Contains("above 1.5 x the") && Contains("of the 5 steps to step 10 (before the switch)") &&
+                           Contains("checkpoint of the state as it stopped: " + checkpoint) &&
+                           Contains("train.divergence_guard = false"));
+  CHECK(fs::exists(fs::path(checkpoint) / "manifest.json"));
+  const auto diverged = records_with(dir.path, "diverged");
+  REQUIRE(diverged.size() == 1);
+  CHECK(diverged[0]["step"] == 15);
+  CHECK(diverged[0]["switch_step"] == 10);
+  CHECK(diverged[0]["window_loss"].get<double>() > 1.5 * diverged[0]["reference_loss"].get<double>());
+  CHECK(diverged[0]["checkpoint"] == checkpoint);
+
+  // The checkpoint is complete: the run resumes from it with the guard off and goes on to the end.
+  Outcome resumed = run_command(command(dir.path, args + " --resume latest --set train.divergence_guard=false"));
+  INFO(resumed.output);
+  CHECK(resumed.exit_code == 0);
+  CHECK_THAT(resumed.output, Contains("resumed from " + checkpoint) && Contains("done: 40 steps"));
+
+  // The same run from the start with the guard off is not stopped.
+  TempDir off("diverging_off");
+  Outcome unguarded = run_command(command(off.path, args + " --set train.divergence_guard=false"));
+  INFO(unguarded.output);
+  CHECK(unguarded.exit_code == 0);
+  CHECK_THAT(unguarded.output, !Contains("diverged") && Contains("done: 40 steps"));
+  CHECK(records_with(off.path, "diverged").empty());
+}
+
+TEST_CASE("A blow-up to an infinity within one window after the switch is reported as diverged",
+          "[mpi][divergence]") {
+  // Outer lr 1e6: the loss goes 2.5, 1e9, 1e17 and a gradient overflows before the window closes.
+  TempDir dir("blowup");
+  Outcome o = run_command(command(dir.path, diverging("1e6")));
+  INFO(o.output);
+  CHECK(o.exit_code == 4);
+  CHECK(count(o.output, "error") == 1);
+  CHECK_THAT(o.output, Contains("error: diverged: sync.method = diloco") && Contains("non-finite value at step 1") &&
+                           Contains("the mean training loss of its window so far at") &&
+                           Contains("no checkpoint written"));
+  CHECK_FALSE(fs::exists(dir.path / "checkpoints"));
+  CHECK(records_with(dir.path, "diverged").size() == 1);
+}
+
+TEST_CASE("Normal compressed runs watched with windows of 5 steps never trip the guard", "[mpi][divergence]") {
+  // Ok-Top-k at 2% and the quickstart DiLoCo (H = 8, outer momentum 0.5) over two epochs: 14 windows
+  // of 5 steps after the switch, each against the last 5 dense steps.
+  for (const std::string method : {"--set sync.method=oktopk --set sync.density=0.02",
+                                   "--set sync.method=diloco --set sync.period=8 --set sync.outer_momentum=0.5"}) {
+    TempDir dir("normal");
+    Outcome o = run_command(command(dir.path, method + " --set train.epochs=2 --set train.max_steps=80"));
+    INFO(o.output);
+    CHECK(o.exit_code == 0);
+    CHECK_THAT(o.output, !Contains("diverged") && Contains("done: 80 steps"));
+    CHECK(records_with(dir.path, "diverged").empty());
+  }
+}

@@ -159,5 +159,5 @@ TEST_CASE("The guard's lines name the method, its settings and the step", "[dive
   REQUIRE(blown);
   CHECK_THAT(*blown, Contains("diverged: ") && Contains("the gradient of w on rank 0") &&
                          Contains("window so far at 3.333e+08, above 1.5 x the 1 of the 10 steps to step 20"));
-  CHECK_THAT(fresh.stop_note("", "its loss is not finite"), Contains("no checkpoint written (its loss is not finite)"));
+  CHECK_THAT(fresh.stop_note("", "x"), Contains("no checkpoint written (x)"));
 }
