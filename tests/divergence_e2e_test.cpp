@@ -1,7 +1,8 @@
 // The divergence guard (trainer/divergence_guard.h) through the trainer under mpiexec, 2 ranks:
 // DiLoCo with an outer lr far too large diverges after its dense warmup and stops with one
 // "diverged:" line, exit status 4, a complete checkpoint and a "diverged" record in metrics.jsonl;
-// with train.divergence_guard = false the same run goes on; normal compressed runs watched with
+// resumed, it stops again (the checkpoint keeps the reference); with train.divergence_guard = false
+// it goes on, resumed or from the start; normal compressed runs watched with
 // small windows never trip it; a loss that turns non-finite after the switch is "diverged" too.
 #include <catch2/catch.hpp>
 
@@ -55,7 +56,7 @@ std::vector<nlohmann::json> records_with(const fs::path& run, const std::string&
 
 }  // namespace
 
-TEST_CASE("A diverging run stops with its line, exit status 4 and a complete checkpoint; without the guard it goes on",
+TEST_CASE("A diverging run stops with its line, exit status 4 and a complete checkpoint, and again when resumed",
           "[mpi][divergence]") {
   TempDir dir("diverging");
   const std::string args = diverging("30");
@@ -80,13 +81,24 @@ TEST_CASE("A diverging run stops with its line, exit status 4 and a complete che
   CHECK(diverged[0]["window_loss"].get<double>() > 1.5 * diverged[0]["reference_loss"].get<double>());
   CHECK(diverged[0]["checkpoint"] == checkpoint);
 
-  // The checkpoint is complete: the run resumes from it with the guard off and goes on to the end.
+  // The checkpoint is complete and keeps the reference: resumed with the guard on, the first window
+  // after it is judged against the level at the switch and stops the run again.
+  Outcome again = run_command(command(dir.path, args + " --resume latest"));
+  INFO(again.output);
+  CHECK(again.exit_code == 4);
+  CHECK_THAT(again.output, Contains("resumed from " + checkpoint) &&
+                               Contains("the mean training loss over the 5 steps to step 20 is") &&
+                               Contains("of the 5 steps to step 10 (before the switch)"));
+  // With the guard off it goes on to the end.
+  const std::string latest = (dir.path / "checkpoints/step_20").string();
   Outcome resumed = run_command(command(dir.path, args + " --resume latest --set train.divergence_guard=false"));
   INFO(resumed.output);
   CHECK(resumed.exit_code == 0);
-  CHECK_THAT(resumed.output, Contains("resumed from " + checkpoint) && Contains("done: 40 steps"));
+  CHECK_THAT(resumed.output, Contains("resumed from " + latest) && Contains("done: 40 steps"));
+}
 
-  // The same run from the start with the guard off is not stopped.
+TEST_CASE("The same diverging run with train.divergence_guard = false goes on to its end", "[mpi][divergence]") {
+  const std::string args = diverging("30");
   TempDir off("diverging_off");
   Outcome unguarded = run_command(command(off.path, args + " --set train.divergence_guard=false"));
   INFO(unguarded.output);

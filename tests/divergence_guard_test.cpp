@@ -23,8 +23,9 @@ namespace {
 // returns the step count at which it tripped, or -1, and the highest ratio of a judged window's mean
 // to the reference in `max_ratio`.
 int64_t first_trip(const std::vector<double>& loss, int64_t switch_step, int64_t window = 50, double factor = 1.5,
-                   int64_t first = 0, double* max_ratio = nullptr) {
+                   int64_t first = 0, double* max_ratio = nullptr, double kept = 0, int64_t kept_end = -1) {
   DivergenceWatch w(switch_step, window, factor, first);
+  w.restore(kept, kept_end);
   double highest = 0;
   for (int64_t s = first; s < static_cast<int64_t>(loss.size()); ++s) {
     w.add(s, loss[s], 1);
@@ -88,6 +89,10 @@ TEST_CASE("A rising loss trips the guard at the window whose mean passes the fac
   // Resumed past the switch at 600: the reference is the first window, [600, 650) (4.745), and 1.5 x
   // that is 7.12: the window to 900 (7.745) passes it, the one to 850 (6.745) does not.
   CHECK(first_trip(loss, 250, 50, 1.5, 600) == 900);
+  // Resumed with the reference its checkpoint kept (1.0, the window to step 250): the first whole
+  // window after the resume, [600, 650), is judged against the level at the switch.
+  CHECK(first_trip(loss, 250, 50, 1.5, 600, nullptr, 1.0, 250) == 650);
+  CHECK(first_trip(loss, 250, 50, 1.5, 613, nullptr, 1.0, 250) == 663);
   // No warmup: the reference is the first window, [0, 50).
   std::vector<double> early(400, 2.0);
   for (int64_t t = 100; t < 400; ++t) early[t] = 2.0 + 0.02 * static_cast<double>(t - 100);

@@ -11,7 +11,11 @@
 namespace trainer::app {
 
 DivergenceWatch::DivergenceWatch(int64_t switch_step, int64_t window, double factor, int64_t first_step)
-    : switch_(switch_step), window_(window), factor_(factor), reference_(std::numeric_limits<double>::quiet_NaN()) {
+    : switch_(switch_step),
+      window_(window),
+      factor_(factor),
+      first_(first_step),
+      reference_(std::numeric_limits<double>::quiet_NaN()) {
   if (switch_ < 0) return;
   // Always a whole window: the mean of fewer steps (a warmup of 1, the untrained loss) is too noisy
   // a yardstick (on synthetic curves a 1-step reference tripped normal runs at 1.5 x).
@@ -22,6 +26,15 @@ DivergenceWatch::DivergenceWatch(int64_t switch_step, int64_t window, double fac
     ref_begin_ = first_step;
     ref_end_ = first_step + window_;
   }
+  align_ = ref_end_;
+}
+
+void DivergenceWatch::restore(double reference, int64_t end) {
+  if (!watching() || end < 0 || end > first_ || !std::isfinite(reference)) return;
+  reference_ = reference;
+  ref_end_ = end;
+  ref_begin_ = std::max<int64_t>(0, end - window_);
+  align_ = first_;  // whole windows from the resume on
 }
 
 void DivergenceWatch::add(int64_t step, double loss, int64_t samples) {
@@ -33,7 +46,7 @@ void DivergenceWatch::add(int64_t step, double loss, int64_t samples) {
 bool DivergenceWatch::closes(int64_t step) const {
   if (!watching()) return false;
   const int64_t end = step + 1;
-  return end == ref_end_ || (end > ref_end_ && (end - ref_end_) % window_ == 0);
+  return end == ref_end_ || (end > align_ && (end - align_) % window_ == 0);
 }
 
 DivergenceWatch::Verdict DivergenceWatch::close(int64_t step, double loss_sum, double samples) {
@@ -106,10 +119,12 @@ std::string method_settings(const Config& config) {
 }
 
 DivergenceGuard::DivergenceGuard(const Config& config, int64_t switch_step, int64_t first_step,
-                                 comm::Communicator& comm)
+                                 comm::Communicator& comm, double kept_reference, int64_t kept_reference_end)
     : watch_(switch_step, config.train.divergence_window, config.train.divergence_factor, first_step),
       comm_(comm),
-      settings_(method_settings(config)) {}
+      settings_(method_settings(config)) {
+  watch_.restore(kept_reference, kept_reference_end);
+}
 
 std::string DivergenceGuard::where() const {
   const int64_t s = watch_.switch_step();

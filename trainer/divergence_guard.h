@@ -12,7 +12,8 @@
 // samples over every rank's batches. The reference is the window that ends at the switch (the W
 // dense steps before it); with a warmup shorter than W (or none), or resumed less than W steps
 // before the switch or past it, it is the first W steps this process runs, so it is always a whole
-// window. Each later window (aligned on the reference's end) is compared with it: a mean above
+// window. A checkpoint keeps the reference, so a resumed run is still judged against the level at
+// the switch. Each later window (aligned on the reference's end) is compared with it: a mean above
 // train.divergence_factor times the reference is divergence. A non-finite value after the switch
 // that ends the run (past train.skip_nonfinite_steps) is divergence when the loss itself is
 // non-finite on some rank, or when the mean loss of the steps since the last window (this one's
@@ -53,6 +54,9 @@ class DivergenceWatch {
   // switch_step: the first compressed step, or -1 when the run is not watched. first_step: the
   // first step this process runs (a resume's).
   DivergenceWatch(int64_t switch_step, int64_t window, double factor, int64_t first_step);
+  // A resume: the reference a checkpoint kept (its window ended at `end`, at or before the first
+  // step); windows then start at the first step.
+  void restore(double reference, int64_t end);
 
   bool watching() const { return switch_ >= 0; }
   // Whether `step` is at or after the switch (the steps a non-finite loss is divergence in).
@@ -85,6 +89,7 @@ class DivergenceWatch {
   int64_t switch_, window_;
   double factor_;
   int64_t ref_begin_ = 0, ref_end_ = 0;  // the reference window
+  int64_t first_ = 0, align_ = 0;         // the first step; windows end at align_ + k W
   double reference_;
   double loss_sum_ = 0, samples_ = 0;
 };
@@ -106,7 +111,9 @@ int64_t switch_step(const Config& config, PhaseAt compressed_at) {
 // their steps together.
 class DivergenceGuard {
  public:
-  DivergenceGuard(const Config& config, int64_t switch_step, int64_t first_step, comm::Communicator& comm);
+  // kept_reference(_end): a resumed checkpoint's (TrainingState::divergence_reference); end -1: none.
+  DivergenceGuard(const Config& config, int64_t switch_step, int64_t first_step, comm::Communicator& comm,
+                  double kept_reference = 0, int64_t kept_reference_end = -1);
 
   // After each step's update (collective at a window's last step). Returns the "diverged: ..." line
   // when the window just closed diverged (the caller checkpoints and stops), else nothing.

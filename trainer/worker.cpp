@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -153,6 +154,8 @@ class Worker {
   std::unique_ptr<MetricsWriter> writer_;
   std::unique_ptr<IntervalMetrics> metrics_;
   RunFrame frame_;
+  double kept_reference_ = 0;  // the divergence guard's reference from a resumed checkpoint
+  int64_t kept_reference_end_ = -1;
   int64_t first_clock_ = 0;  // the steps this rank had taken at the start: its loader position
                              // (async_ps workers take different numbers of steps)
   RunSummary summary_;
@@ -224,7 +227,8 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
   const int64_t switch_at =
       &world == &training ? switch_step(config, [this](int64_t s) { return e_.sync->phase(s) == comm::Phase::kCompressed; })
                           : -1;
-  divergence_ = std::make_unique<DivergenceGuard>(config, switch_at, frame_.first_step, training);
+  divergence_ = std::make_unique<DivergenceGuard>(config, switch_at, frame_.first_step, training, kept_reference_,
+                                                  kept_reference_end_);
 }
 
 void Worker::resume(const LoadedCheckpoint& ck) {
@@ -254,6 +258,8 @@ void Worker::resume(const LoadedCheckpoint& ck) {
                                 global_batch(config_, training_.size()));
   }
   frame_.first_step = ck.state.step;
+  kept_reference_ = ck.state.divergence_reference;
+  kept_reference_end_ = ck.state.divergence_reference_end;
   first_clock_ = resharded.epoch * steps_per_epoch_ + resharded.batch_in_epoch;
   task_.seek(resharded.epoch, resharded.batch_in_epoch);
   if (lead_) truncate_metrics(output_dir(config_) + "/metrics.jsonl", frame_.first_step);
@@ -391,6 +397,10 @@ void Worker::checkpoint(int64_t round, int64_t done, bool must_succeed) {
   state.epoch = done / steps_per_epoch_;  // this rank's loader position: its own steps
   state.batch_in_epoch = done % steps_per_epoch_;
   state.global_batch = config_.data.global_batch;
+  if (divergence_ && std::isfinite(divergence_->watch().reference())) {
+    state.divergence_reference = divergence_->watch().reference();
+    state.divergence_reference_end = divergence_->watch().reference_end();
+  }
   std::ostringstream opt_state, sync_state;
   e_.optimizer->save(opt_state);
   e_.sync->save(sync_state);
