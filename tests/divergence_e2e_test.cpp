@@ -28,7 +28,8 @@ constexpr int kRanks = 2;
 // ResNet-20 at batch 8 per rank (tests/cifar_runs.h); a window of 5 steps after a dense warmup of 10.
 std::string command(const fs::path& out, const std::string& extra) {
   return trainer::testing::small_cifar_command(
-      kRanks, out, "--set train.max_steps=40 --set sync.dense_warmup_steps=10 --set train.divergence_window=5 " + extra);
+      kRanks, out,
+      "--set train.max_steps=40 --set sync.dense_warmup_steps=10 --set train.divergence_window=5 " + extra);
 }
 
 // DiLoCo syncing every step with an outer Nesterov lr far too large: fine while dense, its loss

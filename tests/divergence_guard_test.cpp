@@ -145,7 +145,8 @@ TEST_CASE("The guard's lines name the method, its settings and the step", "[dive
   REQUIRE(line);
   CHECK(at == 40);
   CHECK_THAT(*line, Contains("diverged: sync.method = diloco (") && Contains("after its dense warmup") &&
-                        Contains("over the 10 steps to step 40 is 3") && Contains("above 1.5 x the 1 of the 10 steps to step 20"));
+                        Contains("over the 10 steps to step 40 is 3") &&
+                        Contains("above 1.5 x the 1 of the 10 steps to step 20"));
   // The last window judged fine ended at step 30: the checkpoint complete then is the last good one
   // (not on disk here, so the note says it is gone).
   CHECK_THAT(guard.stop_note("", "x"), Contains("step_29") && Contains("train.divergence_guard = false"));

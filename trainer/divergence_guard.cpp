@@ -97,7 +97,8 @@ struct MethodKeys {
   template <class T>
   void key(const char* path, const T& value, const char* doc, const config_schema::Allowed& = {}) {
     if (std::string(path).rfind("sync.", 0) != 0 || !names_method(doc, method)) return;
-    out += (out.empty() ? "" : ", ") + std::string(path) + " = " + config_schema::toml_literal(config_schema::Value(value));
+    out += (out.empty() ? "" : ", ") + std::string(path) + " = " +
+           config_schema::toml_literal(config_schema::Value(value));
   }
 };
 

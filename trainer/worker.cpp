@@ -224,9 +224,8 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
   say(line);
   for (const std::string& note : start_notes(config, total_steps_)) say(note);
   // Only ranks that take their steps together can agree on a window (not async_ps's workers).
-  const int64_t switch_at =
-      &world == &training ? switch_step(config, [this](int64_t s) { return e_.sync->phase(s) == comm::Phase::kCompressed; })
-                          : -1;
+  const auto compressed_at = [this](int64_t s) { return e_.sync->phase(s) == comm::Phase::kCompressed; };
+  const int64_t switch_at = &world == &training ? switch_step(config, compressed_at) : -1;
   divergence_ = std::make_unique<DivergenceGuard>(config, switch_at, frame_.first_step, training, kept_reference_,
                                                   kept_reference_end_);
 }
@@ -418,7 +417,8 @@ void Worker::stop_diverged(const std::string& what, int64_t done, bool write) {
     if (keeper_.last() == path) written = path;
   }
   const std::string line =
-      what + "; " + divergence_->stop_note(written, write ? "it failed: see the warning above" : "the state no longer gives finite values");
+      what + "; " +
+      divergence_->stop_note(written, write ? "it failed: see the warning above" : "the state no longer gives finite values");
   if (lead_) {
     nlohmann::json r = divergence_->record();
     r["step"] = done;
