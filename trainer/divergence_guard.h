@@ -10,17 +10,18 @@
 //
 // The signal: the mean training loss over windows of W = train.divergence_window steps, weighted by
 // samples over every rank's batches. The reference is the window that ends at the switch (the W
-// dense steps before it); with a warmup shorter than W (or none), or resumed less than W steps
-// before the switch or past it, it is the first W steps this process runs, so it is always a whole
-// window. A checkpoint keeps the reference, so a resumed run is still judged against the level at
-// the switch. Each later window (aligned on the reference's end) is compared with it: a mean above
-// train.divergence_factor times the reference is divergence. A non-finite value after the switch
-// that ends the run (past train.skip_nonfinite_steps) is divergence when the loss itself is
-// non-finite on some rank, or when the mean loss of the steps since the last window (this one's
-// finite losses included) is already above the factor: a blow-up within one window usually
-// overflows a gradient before the loss (DiLoCo at outer lr 1e6: loss 2.5, 1.6e9, 6e17, then an
-// infinite gradient). A NaN in a gradient while the loss is fine stays the non-finite guard's error
-// (exit 3).
+// dense steps before it); with a warmup shorter than W (or none) it is the run's first W steps, so
+// it is always a whole window. Checkpoints keep it (TrainingState::divergence_reference), so a
+// resumed run is judged against the same level; one resumed from a checkpoint written before the
+// reference was known takes the first W steps it runs (or the W before the switch). Each later
+// window (aligned on the reference's end; after a resume, on the resume step) is compared with it:
+// a mean above train.divergence_factor times the reference is divergence. A non-finite value
+// after the switch that ends the run (past train.skip_nonfinite_steps) is divergence when the loss
+// itself is non-finite on some rank, or when the mean loss of the steps since the last window
+// (this one's finite losses included) is already above the factor: a blow-up within one window
+// usually overflows a gradient before the loss (DiLoCo at outer lr 1e6: loss 2.5, 1.6e9, 6e17,
+// then an infinite gradient). A NaN in a gradient while the loss is fine stays the non-finite
+// guard's error (exit 3).
 //
 // Agreement and cost: no message per step. At the last step of each window every rank contributes
 // its (loss x samples, samples) to one allgather of 2 doubles (ALLGATHER_DIVERGENCE), and every rank
