@@ -108,6 +108,9 @@ struct TrainConfig {
   int64_t keep_checkpoints = 2;
   int64_t eval_examples = 3;
   int64_t skip_nonfinite_steps = 0;  // 0: a NaN/Inf loss or gradient is an error
+  bool divergence_guard = true;      // trainer/divergence_guard.h
+  double divergence_factor = 1.5;
+  int64_t divergence_window = 50;    // steps
   std::string elastic_batch = "keep_global";  // resume on another number of processes (trainer/reshard.h)
 };
 
