@@ -152,6 +152,13 @@ class Backend : public DeviceMemory {
   virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                     int64_t ldc) = 0;
+  // The same product for a model's layers (Linear), in the precision the layers compute in
+  // (runtime.precision: under bf16 the CPU backend rounds A and B to bf16 and accumulates in fp32).
+  // gemm() above is always fp32: it is also the gradient sync's (PowerSGD's factors).
+  virtual void layer_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
   // y[i, :] = bias (broadcast over `rows` rows of `cols`): used before a GEMM accumulates into y.
   virtual void broadcast_rows(int64_t rows, int64_t cols, const float* bias, float* y) = 0;
   // db[j] = sum_i dy[i, j].
