@@ -43,9 +43,11 @@ class ConvOp {
   virtual Layout output_layout() const = 0;
   // y = conv(x, w) + b. b may be null when the geometry has no bias.
   virtual void forward(const float* x, const float* w, const float* b, float* y) = 0;
-  // dx = conv_transpose(dy, w). w must be the weights of the preceding forward.
+  // dx = conv_transpose(dy, w). w must be the weights of the preceding forward. When it follows
+  // backward_weights with the same dy, dy must be unchanged in between (bf16 reuses its copy).
   virtual void backward_data(const float* dy, const float* w, float* dx) = 0;
-  // dw (and db when the geometry has a bias) from the forward input and dy. Overwrites dw/db.
+  // dw (and db when the geometry has a bias) from the forward input (the preceding forward's x,
+  // unchanged since) and dy. Overwrites dw/db.
   virtual void backward_weights(const float* x, const float* dy, float* dw, float* db) = 0;
 };
 

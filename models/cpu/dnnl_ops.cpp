@@ -228,7 +228,8 @@ class DnnlConv final : public ConvOp {
     bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
 
     // The kind names the precision the primitives got ("conv fwd bf16"), for the dispatch test.
-    const std::string bf16 = fwd_pd_.weights_desc().data_type() == dt::bf16 ? " bf16" : "";
+    bf16_ = fwd_pd_.weights_desc().data_type() == dt::bf16;
+    const std::string bf16 = bf16_ ? " bf16" : "";
     report(("conv fwd" + bf16).c_str(), fwd_pd_, src_md_, g.src_layout);
     report(("conv bwd_d" + bf16).c_str(), bwd_data_pd_, src_md_, g.src_layout);
     report(("conv bwd_w" + bf16).c_str(), bwd_w_pd_, src_md_, g.src_layout);
@@ -247,6 +248,8 @@ class DnnlConv final : public ConvOp {
 
   void forward(const float* x, const float* w, const float* b, float* y) override {
     memory src = fwd_src_.in(x);
+    bf16_x_ = bf16_ ? x : nullptr;
+    bf16_dy_ = nullptr;
     memory dst = fwd_dst_.out(y);
     memory wm = fwd_w_.in(w);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, dst}};
@@ -256,7 +259,9 @@ class DnnlConv final : public ConvOp {
   }
 
   void backward_data(const float* dy, const float* w, float* dx) override {
-    memory diff_dst = bwd_data_dst_.in(dy);
+    const bool reuse_dy = dy == bf16_dy_ && bwd_data_dst_.want == bwd_w_dst_.want;
+    memory diff_dst = reuse_dy ? bwd_w_dst_.mem : bwd_data_dst_.in(dy);
+    bf16_dy_ = nullptr;  // once: a second call may bring other values in the same buffer
     memory diff_src = diff_src_.out(dx);
     // Forward already reordered these weights; reuse that copy when backward wants the same layout.
     memory wm;
@@ -267,9 +272,13 @@ class DnnlConv final : public ConvOp {
     diff_src_.out_done(dx);
   }
 
+  // In bf16, the bf16 copies are reused where backward wants them in the layout they were made in:
+  // x's from forward (backward_weights takes the forward's input, unchanged since), and dy's from
+  // backward_weights in the backward_data right after it on the same dy (the layer's order).
   void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
-    memory src = bwd_w_src_.in(x);
+    memory src = x == bf16_x_ && bwd_w_src_.want == fwd_src_.want ? fwd_src_.mem : bwd_w_src_.in(x);
     memory diff_dst = bwd_w_dst_.in(dy);
+    bf16_dy_ = bf16_ ? dy : nullptr;
     memory dwm = diff_w_.out(dw);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst},
                                          {DNNL_ARG_DIFF_WEIGHTS, dwm}};
@@ -290,6 +299,9 @@ class DnnlConv final : public ConvOp {
   dnnl::convolution_backward_weights bwd_w_;
   Staged fwd_src_, bwd_w_src_, diff_src_, fwd_w_, bwd_w_in_, diff_w_;
   Staged fwd_dst_, bwd_data_dst_, bwd_w_dst_;  // copies only where the output layout is oneDNN's own
+  bool bf16_ = false;
+  const float* bf16_x_ = nullptr;   // the input whose bf16 copy fwd_src_ holds
+  const float* bf16_dy_ = nullptr;  // the gradient whose bf16 copy bwd_w_dst_ holds
 };
 
 class DnnlBatchNorm final : public BatchNormOp {
