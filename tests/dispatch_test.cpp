@@ -114,7 +114,7 @@ TEST_CASE("LAS: no reference primitive", "[dispatch]") {
     }
 }
 
-TEST_CASE("Image models in bf16: no reference primitive, every convolution and Linear in bf16", "[bf16]") {
+TEST_CASE("Models in bf16: no reference primitive, every convolution and Linear in bf16", "[bf16]") {
   // First in its process (ctest runs it alone), so the activation layout is the one bf16 probes.
   cpu::set_precision(cpu::Precision::kBf16);
   std::printf("dispatch_test: bf16, oneDNN ISA %s, activation layout %s\n", cpu::dnnl_isa_name(),
@@ -139,5 +139,22 @@ TEST_CASE("Image models in bf16: no reference primitive, every convolution and L
       CHECK(convs > 0);
     }
   CHECK(matmuls > 0);
+
+  // The speech models train in bf16 too: their convolutions and Linear layers in bf16, the LSTMs
+  // (and LAS's own attention and speller GEMMs) in fp32.
+  for (int64_t batch : {1, 8}) {
+    INFO("deepspeech batch " << batch);
+    auto model = make_speech_model("deepspeech", cpu_backend(), 1);
+    const size_t from = cpu::recorded_primitives().size();
+    run_speech_model(*model, DeepSpeechOptions{}.feature_dim, batch, 120);
+    require_no_reference_since(from);
+  }
+  {
+    INFO("las batch 4");
+    auto model = make_las(cpu_backend(), LasOptions{}, 1);
+    const size_t from = cpu::recorded_primitives().size();
+    run_speech_model(*model, LasOptions{}.feature_dim, 4, 64);
+    require_no_reference_since(from);
+  }
   cpu::set_precision(cpu::Precision::kFp32);
 }
