@@ -244,8 +244,10 @@ TEST_CASE("Precisions a device cannot run are refused with one line naming the k
                                                               Catch::Contains("GPU"));
   config.runtime.precision = "fp32";
   CHECK(trainer::app::precision_plan(config) == "fp32");
+  config.runtime.device = "cuda";  // tf32 is a GPU mode; bf16 is not built there yet
+  config.runtime.precision = "tf32";
+  CHECK_THAT(trainer::app::precision_plan(config), Catch::StartsWith("tf32 ("));
   config.runtime.precision = "bf16";
-  config.runtime.device = "cuda";
   CHECK_THROWS_WITH(trainer::app::precision_plan(config), Catch::Contains("runtime.precision = \"bf16\""));
   config.runtime.device = "cpu";
 

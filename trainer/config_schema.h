@@ -254,8 +254,9 @@ void visit_config(Cfg& c, Visitor& v) {
         "norm, the losses and all reductions stay fp32, so no loss scaling is needed (bf16 has "
         "fp32's exponent range) and checkpoints are the same files in either precision. On the CPU "
         "bf16 needs AVX-512 (native with avx512_bf16 or AMX, emulated on plain AVX-512) and is "
-        "refused below it; the LSTMs stay fp32. tf32 (fp32 with TF32 tensor-core products) is a "
-        "GPU mode and is refused on the CPU.",
+        "refused below it; the LSTMs stay fp32; on CUDA bf16 is not built yet. tf32: fp32 data, "
+        "with cuDNN convolutions and cuBLAS GEMMs allowed to multiply on TF32 tensor cores (10-bit "
+        "mantissa inputs, fp32 accumulation); a GPU mode, refused on the CPU.",
         kPrecisions);
   v.key("runtime.communicator", c.runtime.communicator,
         "What moves the gradient sync's device buffers when runtime.device = \"cuda\": nccl (every rank "

@@ -33,6 +33,9 @@ int configure_runtime(const Config& config, int local_ranks) {
   if (config.runtime.device == "cpu")
     models::cpu::set_precision(config.runtime.precision == "bf16" ? models::cpu::Precision::kBf16
                                                                   : models::cpu::Precision::kFp32);
+#ifdef TRAINER_HAS_CUDA
+  if (config.runtime.device == "cuda") models::cuda::set_tf32(config.runtime.precision == "tf32");
+#endif
   return threads;
 }
 
@@ -40,9 +43,12 @@ std::string precision_plan(const Config& config) {
   const std::string& p = config.runtime.precision;
   const std::string key = "runtime.precision = \"" + p + "\": ";
   if (p == "fp32") return "fp32";
+  if (config.runtime.device == "cuda" && p == "tf32")
+    return "tf32 (cuDNN convolutions and cuBLAS GEMMs may multiply on TF32 tensor cores; data and "
+           "accumulation fp32)";
   if (config.runtime.device != "cpu")
     throw std::invalid_argument(key + "not built for runtime.device = \"" + config.runtime.device +
-                                "\" yet (only fp32 runs there; the GPU half of issue 32)");
+                                "\" yet (fp32 and tf32 run there; bf16 is the GPU half of issue 32)");
   if (p == "tf32")
     throw std::invalid_argument(key + "TF32 is a GPU tensor-core mode that CPUs do not have; use fp32 or bf16 on "
                                       "runtime.device = \"cpu\"");

@@ -34,7 +34,7 @@ int configure_runtime(const Config& config, int local_ranks);
 
 // runtime.precision in one line for --dry-run and the start line ("bf16 (...)"). Throws
 // std::invalid_argument, one line naming the key, where this device cannot run it: tf32 on the CPU,
-// bf16 on a CPU below AVX-512, anything but fp32 on CUDA (the GPU half of issue 32 is not built).
+// bf16 on a CPU below AVX-512, bf16 on CUDA (the GPU half of issue 32 is not built).
 std::string precision_plan(const Config& config);
 
 // The backend runtime.device names, for the rank at `local_rank` on its node (a GPU backend takes
