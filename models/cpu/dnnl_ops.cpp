@@ -162,9 +162,9 @@ ConvPrimitiveDescs choose_conv_primitives(const ConvGeometry& g, const memory::d
 // gradients (oneDNN accumulates in fp32). The bf16 copies are made by the reorders that also change
 // the layout, so the source layout is always oneDNN's choice (`any`) and costs nothing extra; the
 // output is written in the tensor's layout, else channels-last, else oneDNN's choice. Direct only:
-// oneDNN 2.6's Winograd kernels are f32. Measured on this machine's AMX (BENCHMARKS.md): oneDNN's
-// AMX forward kernels take channels-last only (a blocked output gets the avx512_bf16 one), which
-// is why the activation layout is probed with a bf16 convolution in this mode (dnnl_dispatch.cpp).
+// oneDNN 2.6's Winograd kernels are f32. Asked of oneDNN 2.6 on Sapphire Rapids: its AMX forward
+// kernels take channels-last only (a blocked output gets the avx512_bf16 kernel), which is why the
+// activation layout is probed with a bf16 convolution in this mode (dnnl_dispatch.cpp).
 ConvPrimitiveDescs choose_bf16_conv_primitives(const ConvGeometry& g, const memory::desc& src_md,
                                                const memory::desc& bias_md) {
   const memory::dims strides{g.stride_h, g.stride_w};
