@@ -26,6 +26,7 @@ inline const std::vector<std::string> kSpeechFeatures = {"spectrogram", "logmel"
 inline const std::vector<std::string> kOptimizers = {"sgd", "adam", "adamw"};
 inline const std::vector<std::string> kSchedules = {"constant", "multistep", "cosine", "exponential"};
 inline const std::vector<std::string> kConvAlgorithms = {"auto", "direct", "winograd"};
+inline const std::vector<std::string> kPrecisions = {"fp32", "tf32", "bf16"};
 inline const std::vector<std::string> kStalenessLr = {"inverse", "none", "dc", "gap"};
 inline const std::vector<std::string> kMomentumCorrections = {"none", "momentum", "momentum_and_lr"};
 inline const std::vector<std::string> kOuterOptimizers = {"nesterov", "sgd"};
@@ -119,6 +120,7 @@ struct RuntimeConfig {
   int64_t threads = 0;  // 0: hardware cores / ranks on this node
   bool deterministic = false;
   std::string conv_algorithm = "auto";
+  std::string precision = "fp32";  // fp32, tf32 (GPU only) or bf16 mixed precision
   std::string communicator = "auto";  // device buffers: nccl, mpi (host staging), or auto
   int64_t slowdown_rank = -1;     // runtime.slowdown = {rank = R, factor = F}: a straggler for experiments
   double slowdown_factor = 1.0;

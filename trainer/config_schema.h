@@ -269,6 +269,18 @@ void visit_config(Cfg& c, Visitor& v) {
         "channels where oneDNN creates a Winograd kernel, which it has only on AVX-512 and where "
         "it measured faster; direct elsewhere), direct, or winograd (wherever oneDNN has it).",
         kConvAlgorithms);
+  v.key("runtime.precision", c.runtime.precision,
+        "What convolutions and the layers' matrix products compute in. fp32: everything in fp32. "
+        "bf16: mixed precision as PyTorch's autocast defines it: convolutions and Linear layers read "
+        "bf16 copies of their weights, activations and incoming gradients and accumulate in fp32; "
+        "parameters, activations in memory, gradients, optimizer state, the gradient sync, batch "
+        "norm, the losses and all reductions stay fp32, so no loss scaling is needed (bf16 has "
+        "fp32's exponent range) and checkpoints are the same files in either precision. On the CPU "
+        "bf16 needs AVX-512 (native with avx512_bf16 or AMX, emulated on plain AVX-512) and is "
+        "refused below it; the LSTMs stay fp32; on CUDA bf16 is not built yet. tf32: fp32 data, "
+        "with cuDNN convolutions and cuBLAS GEMMs allowed to multiply on TF32 tensor cores (10-bit "
+        "mantissa inputs, fp32 accumulation); a GPU mode, refused on the CPU.",
+        kPrecisions);
   v.key("runtime.communicator", c.runtime.communicator,
         "What moves the gradient sync's device buffers when runtime.device = \"cuda\": nccl (every rank "
         "needs its own GPU), mpi (MPI through a pinned host staging buffer: ranks may share a GPU), or auto "

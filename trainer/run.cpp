@@ -24,6 +24,7 @@ void print_dry_run(const Config& config, comm::Communicator& comm) {
   const size_t tensors = views.size();
   models::Backend& backend = device_backend(config, comm.local_rank());
   std::printf("device: %s\n", backend.describe().c_str());
+  std::printf("precision: %s\n", precision_plan(config).c_str());
   std::printf("model: %s, %lld parameters in %zu tensors, gradient %.2f MB per step (%lld bytes)\n",
               config.model.arch.c_str(), static_cast<long long>(n), tensors, n * 4 / 1e6,
               static_cast<long long>(n * 4));

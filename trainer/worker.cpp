@@ -224,11 +224,11 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
   char line[512];
   std::snprintf(line, sizeof line,
                 "trainer: %s: %s (%lld parameters) on %lld training examples, steps %lld..%lld of %s "
-                "processes, %d threads each, sync %s; output in %s",
+                "processes, %d threads each, precision %s, sync %s; output in %s",
                 config.experiment.name.c_str(), config.model.arch.c_str(),
                 static_cast<long long>(task_.parameters().size()), static_cast<long long>(task_.train_examples()),
                 static_cast<long long>(frame_.first_step), static_cast<long long>(total_steps_), batch.c_str(), threads,
-                config.sync.method.c_str(), out.c_str());
+                config.runtime.precision.c_str(), config.sync.method.c_str(), out.c_str());
   say(line);
   for (const std::string& note : start_notes(config, total_steps_)) say(note);
   // Only ranks that take their steps together can agree on a window (not async_ps's workers).
