@@ -13,7 +13,8 @@
 # Steps: the GPU's description; cuda_backend_test (every CUDA op and a resnet20/vgg16 step against
 # the CPU backend); device_test's CUDA cases; a short quickstart training run on the GPU (whose
 # metrics must show the sync phase under 5% of the step); and
-# the same on two ranks sharing the GPU (staged MPI), with staged_comm_test's GPU cases; and
+# the same on two ranks sharing the GPU (staged MPI), with staged_comm_test's GPU cases; every sync
+# method on two ranks; and
 # `trainer bench` of resnet20 at batch 128 on the GPU (with PyTorch beside it when torch imports).
 set -x
 build=${1:-build-cuda}
@@ -57,6 +58,14 @@ step staged_comm_test_2 mpirun --oversubscribe -n 2 "$build/tests/staged_comm_te
 step quickstart_cuda_2ranks mpirun --oversubscribe -n 2 "$build/trainer" --config configs/quickstart_cifar.toml \
   --set runtime.device=cuda --set train.max_steps=40 --set train.log_every_steps=10 \
   --set experiment.output_dir="$out/quickstart_run_2ranks"
+# Every sync method on two ranks sharing the GPU: dense and local_sgd on device buffers, the others
+# through host copies (comm/sync/host_staged.h); 30 steps each after a 5-step dense warmup.
+for method in dense local_sgd diloco oktopk topka gaussiank gtopk powersgd async_ps; do
+  step "method_$method" mpirun --oversubscribe -n 2 "$build/trainer" --config configs/quickstart_cifar.toml \
+    --set runtime.device=cuda --set train.max_steps=30 --set train.log_every_steps=10 --set sync.method=$method \
+    --set sync.dense_warmup_steps=5 --set sync.period=4 --set sync.outer_momentum=0.5 --set sync.density=0.05 \
+    --set sync.deterministic=true --set experiment.output_dir="$out/method_$method"
+done
 step bench_resnet20 "$build/trainer" bench --model resnet20 --batch 128 --device cuda
 
 {
