@@ -43,9 +43,11 @@ class ConvOp {
   virtual Layout output_layout() const = 0;
   // y = conv(x, w) + b. b may be null when the geometry has no bias.
   virtual void forward(const float* x, const float* w, const float* b, float* y) = 0;
-  // dx = conv_transpose(dy, w). w must be the weights of the preceding forward.
+  // dx = conv_transpose(dy, w). w must be the weights of the preceding forward. When it follows
+  // backward_weights with the same dy, dy must be unchanged in between (bf16 reuses its copy).
   virtual void backward_data(const float* dy, const float* w, float* dx) = 0;
-  // dw (and db when the geometry has a bias) from the forward input and dy. Overwrites dw/db.
+  // dw (and db when the geometry has a bias) from the forward input (the preceding forward's x,
+  // unchanged since) and dy. Overwrites dw/db.
   virtual void backward_weights(const float* x, const float* dy, float* dw, float* db) = 0;
 };
 
@@ -152,6 +154,13 @@ class Backend : public DeviceMemory {
   virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                     int64_t ldc) = 0;
+  // The same product for a model's layers (Linear), in the precision the layers compute in
+  // (runtime.precision: under bf16 the CPU backend rounds A and B to bf16 and accumulates in fp32).
+  // gemm() above is always fp32: it is also the gradient sync's (PowerSGD's factors).
+  virtual void layer_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
   // y[i, :] = bias (broadcast over `rows` rows of `cols`): used before a GEMM accumulates into y.
   virtual void broadcast_rows(int64_t rows, int64_t cols, const float* bias, float* y) = 0;
   // db[j] = sum_i dy[i, j].

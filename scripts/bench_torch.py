@@ -37,6 +37,9 @@ def parse_args():
                     help="model and input in channels-last (NHWC) memory format")
     ap.add_argument("--no-channels-last", dest="channels_last", action="store_false")
     ap.set_defaults(channels_last=False)
+    ap.add_argument("--autocast-bf16", dest="autocast_bf16", action="store_true",
+                    help="forward and loss under torch.autocast(dtype=torch.bfloat16): mixed precision, "
+                         "parameters and optimizer state fp32")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     ap.add_argument("--steps", type=int, default=10, help="timed steps")
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
@@ -195,7 +198,8 @@ def main():
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.autocast_bf16):
+            loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
         return loss
@@ -227,6 +231,7 @@ def main():
         "batch": args.batch,
         "threads": torch.get_num_threads(),
         "channels_last": args.channels_last,
+        "autocast_bf16": args.autocast_bf16,
         "device": str(device),
         "warmup": args.warmup,
         "steps": args.steps,

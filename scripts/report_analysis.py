@@ -128,6 +128,8 @@ class Run:
         self.metrics = _read_jsonl(metrics_path)
         self.train = [m for m in self.metrics if "loss" in m and "split" not in m]
         self.evals = [m for m in self.metrics if "split" in m]
+        # The divergence guard's record (trainer/divergence_guard.h): the run stopped, diverged.
+        self.diverged = next((m for m in self.metrics if m.get("diverged")), None)
         info_path = os.path.join(folder, "run.json")
         self.info = _read_json(info_path) if os.path.isfile(info_path) else None
         summary_path = os.path.join(folder, "summary.json")

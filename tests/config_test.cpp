@@ -118,12 +118,12 @@ TEST_CASE("rules across keys", "[config]") {
         "configs/x.toml: optim.min_lr = 0.5 is above optim.lr = 0.1 (the cosine schedule decays from lr to "
         "min_lr)");
   CHECK(error_of("[experiment]\nname = \"\"\n") == "configs/x.toml: experiment.name must not be empty");
-  // Device buffers: NCCL only for them, and only the methods that take them.
+  // Device buffers: NCCL only for them; every method runs with them (those that compute on the host
+  // through host copies, comm/sync/host_staged.h).
   CHECK(error_of("[runtime]\ncommunicator = \"nccl\"\n") ==
         "configs/x.toml: runtime.communicator = \"nccl\" needs runtime.device = \"cuda\" (the CPU uses MPI)");
-  CHECK(error_of("[runtime]\ndevice = \"cuda\"\n[sync]\nmethod = \"oktopk\"\n") ==
-        "configs/x.toml: sync.method = \"oktopk\" computes on host buffers and cannot run with runtime.device = "
-        "\"cuda\" yet (dense and local_sgd can)");
+  for (const char* method : {"oktopk", "powersgd", "diloco", "async_ps"})
+    CHECK(error_of(std::string("[runtime]\ndevice = \"cuda\"\n[sync]\nmethod = \"") + method + "\"\n").empty());
   CHECK(error_of("[runtime]\ndevice = \"cuda\"\ncommunicator = \"mpi\"\n[sync]\nmethod = \"local_sgd\"\n").empty());
   CHECK(error_of("[runtime]\ncommunicator = \"gloo\"\n").find("runtime.communicator") != std::string::npos);
 }
@@ -137,10 +137,12 @@ TEST_CASE("sync.wire_dtype: fp32 by default, bf16 and fp16, anything else one li
   CHECK(error_of("", {"sync.wire_dtype=half"}) == "--set sync.wire_dtype=half: sync.wire_dtype = \"half\" is not one of "
                                                   "fp32, bf16, fp16");
   CHECK(error_of("[sync]\nwire_dtype = 16\n").find("sync.wire_dtype") != std::string::npos);
-  // The 16-bit casts run on the host: not with device buffers yet.
+  // The 16-bit casts run on the host: not with device buffers yet; a method staged through host
+  // memory casts there as on the CPU.
   CHECK(error_of("[runtime]\ndevice = \"cuda\"\n[sync]\nwire_dtype = \"bf16\"\n") ==
         "configs/x.toml: sync.wire_dtype = \"bf16\" casts on the host and cannot run with runtime.device = \"cuda\" "
         "yet (fp32 can)");
+  CHECK(error_of("[runtime]\ndevice = \"cuda\"\n[sync]\nmethod = \"powersgd\"\nwire_dtype = \"bf16\"\n").empty());
 }
 
 TEST_CASE("optimizer choice: sgd, adam, adamw with betas and eps", "[config]") {

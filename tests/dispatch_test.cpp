@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "models/cpu/dnnl_dispatch.h"
+#include "models/cpu/dnnl_precision.h"
 #include "models/model.h"
 #include "models/nets/deepspeech.h"
 #include "models/nets/las.h"
@@ -111,4 +112,49 @@ TEST_CASE("LAS: no reference primitive", "[dispatch]") {
       run_speech_model(*model, options.feature_dim, batch, 64);
       require_no_reference_since(from);
     }
+}
+
+TEST_CASE("Models in bf16: no reference primitive, every convolution and Linear in bf16", "[bf16]") {
+  // First in its process (ctest runs it alone), so the activation layout is the one bf16 probes.
+  cpu::set_precision(cpu::Precision::kBf16);
+  std::printf("dispatch_test: bf16, oneDNN ISA %s, activation layout %s\n", cpu::dnnl_isa_name(),
+              layout_name(cpu::dnnl_blocked_layout()));
+  int matmuls = 0;  // the GEMMs are made once per shape for the process, so counted over all models
+  for (const char* arch : {"resnet20", "resnet18", "vgg16"})
+    for (int64_t batch : {1, 32, 128}) {
+      INFO(arch << " batch " << batch);
+      const size_t from = cpu::recorded_primitives().size();
+      run_image_model(arch, batch);
+      require_no_reference_since(from);
+      const auto records = cpu::recorded_primitives();
+      int convs = 0;
+      for (size_t i = from; i < records.size(); ++i) {
+        const std::string& kind = records[i].kind;
+        if (kind.rfind("conv", 0) == 0) {
+          ++convs;
+          CHECK_THAT(kind, Catch::EndsWith(" bf16"));
+        }
+        matmuls += kind.rfind("matmul bf16", 0) == 0;
+      }
+      CHECK(convs > 0);
+    }
+  CHECK(matmuls > 0);
+
+  // The speech models train in bf16 too: their convolutions and Linear layers in bf16, the LSTMs
+  // (and LAS's own attention and speller GEMMs) in fp32.
+  for (int64_t batch : {1, 8}) {
+    INFO("deepspeech batch " << batch);
+    auto model = make_speech_model("deepspeech", cpu_backend(), 1);
+    const size_t from = cpu::recorded_primitives().size();
+    run_speech_model(*model, DeepSpeechOptions{}.feature_dim, batch, 120);
+    require_no_reference_since(from);
+  }
+  {
+    INFO("las batch 4");
+    auto model = make_las(cpu_backend(), LasOptions{}, 1);
+    const size_t from = cpu::recorded_primitives().size();
+    run_speech_model(*model, LasOptions{}.feature_dim, 4, 64);
+    require_no_reference_since(from);
+  }
+  cpu::set_precision(cpu::Precision::kFp32);
 }

@@ -92,6 +92,25 @@ TEST_CASE("Dry run prints the device, and runtime.device = cuda without CUDA is 
   CHECK_THAT(o.output, Contains("runtime.device"));
 }
 
+TEST_CASE("Dry run prints the precision; tf32 on the CPU is one line naming the key", "[e2e]") {
+  const std::string cfg = std::string(TRAINER_SOURCE_DIR) + "/configs/quickstart_cifar.toml";
+  Outcome o = run_trainer("--config " + cfg + " --dry-run");
+  INFO(o.output);
+  CHECK(o.exit_code == 0);
+  CHECK_THAT(o.output, Contains("precision = \"fp32\"") && Contains("precision: fp32"));
+  o = run_trainer("--config " + cfg + " --set runtime.precision=tf32 --dry-run");
+  INFO(o.output);
+  CHECK(o.exit_code != 0);
+  CHECK_THAT(o.output, Contains("runtime.precision = \"tf32\""));
+  o = run_trainer("--config " + cfg + " --set runtime.precision=bf16 --dry-run");
+  INFO(o.output);
+  // bf16 runs where oneDNN has bf16 kernels (AVX-512), and is one line naming the ISA elsewhere.
+  if (o.exit_code == 0)
+    CHECK_THAT(o.output, Contains("precision: bf16 ("));
+  else
+    CHECK_THAT(o.output, Contains("runtime.precision = \"bf16\"") && Contains("at ISA"));
+}
+
 TEST_CASE("A truncated CIFAR file stops the run with one line naming it", "[e2e]") {
   TempDir dir("truncated");
   trainer::data::write_synthetic_cifar10(dir.path.string(), 200, 50, 1);

@@ -296,6 +296,52 @@ class FixtureTest(unittest.TestCase, ReportChecks):
             self.assertIn("## The published analyses' counts", text)
             self.assertTrue(os.path.isfile(os.path.join(out, "compare_loss.png")))
 
+    def test_diverged_run_is_marked(self):
+        # The divergence guard's record (as trainer/worker.cpp writes it) ends the run's metrics.
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = os.path.join(tmp, "run")
+            shutil.copytree(FIXTURE, folder)
+            message = ("diverged: sync.method = oktopk (sync.density = 0.02; sync.dense_warmup_steps = 2, optim.lr = "
+                       "0.1) after its dense warmup (switched after step 2): the mean training loss over the 2 steps "
+                       "to step 6 is 9.1, above 1.5 x the 2.3 of the 2 steps to step 2 (before the switch)")
+            with open(os.path.join(folder, "metrics.jsonl"), "a") as f:
+                f.write(json.dumps({"step": 6, "diverged": True, "switch_step": 2, "reference_loss": 2.3,
+                                    "window_loss": 9.1, "factor": 1.5, "checkpoint": "ck/step_6",
+                                    "message": message}) + "\n")
+            run = ra.Run(folder)
+            self.assertEqual(run.diverged["step"], 6)
+            self.assertNotIn(run.diverged, run.train)  # not a loss record: the curves are unchanged
+            with tempfile.TemporaryDirectory() as out:
+                self.assertEqual(report.main([folder, FIXTURE, "--out", out]), 0)
+                with open(os.path.join(out, "report.md")) as f:
+                    text = f.read()
+            # Said before everything else, with the line, the levels and their ratio.
+            self.assertLess(text.index("## Diverged"), text.index("## Overall"))
+            self.assertIn("**This run diverged and was stopped**", text)
+            self.assertIn("> " + message, text)
+            _, rows = markdown_table(text, "## Diverged")
+            self.assertEqual(rows, [["6", "2", "2.3", "9.1", "3.96", "ck/step_6"]])
+            # In the comparison only the diverged run is marked.
+            _, compared = markdown_table(text, "## Runs compared")
+            self.assertEqual(compared[0][0], "run (**diverged** at step 6)")
+            self.assertEqual(compared[1][0], "report_run")
+        # A run that finished has no such section.
+        with tempfile.TemporaryDirectory() as out:
+            self.assertEqual(report.main([FIXTURE, "--out", out]), 0)
+            with open(os.path.join(out, "report.md")) as f:
+                self.assertNotIn("Diverged", f.read())
+
+
+@unittest.skipUnless(os.environ.get("TRAINER_BINARY"), "TRAINER_BINARY not set")
+class ScriptsBesideTheBinaryTest(unittest.TestCase):
+    def test_the_build_copies_the_report_scripts_beside_the_binary(self):
+        """`trainer report` looks beside the binary first, so a build copied away from the source
+        tree (a GPU machine's bundle) still reports: the build keeps current copies there."""
+        beside = os.path.join(os.path.dirname(os.path.abspath(os.environ["TRAINER_BINARY"])), "scripts")
+        for name in ("report.py", "report_analysis.py", "report_seed_check.py"):
+            with open(os.path.join(beside, name), "rb") as copy, open(os.path.join(SOURCE, "scripts", name), "rb") as f:
+                self.assertEqual(copy.read(), f.read(), name)
+
 
 @unittest.skipUnless(os.environ.get("TRAINER_BINARY"), "TRAINER_BINARY not set")
 class FixtureScalingTest(unittest.TestCase, ReportChecks):

@@ -106,9 +106,9 @@ TEST_CASE("a method registered in a test file is accepted by the config, its rul
         "configs/x.toml: sync.period must be 1 for test_mean");
   CHECK(error_of("[sync]\nmethod = \"test_mean\"\n", {"sync.period=3"}) ==
         "--set sync.period=3: sync.period must be 1 for test_mean");
-  // Not a capability it declared: host buffers only, and no keep_dense.
-  CHECK_THAT(error_of("[sync]\nmethod = \"test_mean\"\n[runtime]\ndevice = \"cuda\"\n"),
-             Contains("computes on host buffers") && Contains("(dense and local_sgd can)"));
+  // Not a capability it declared: no keep_dense (it does not compress).
+  CHECK_THAT(error_of("[sync]\nmethod = \"test_mean\"\nkeep_dense = \"fc.*\"\n"),
+             Contains("sync.keep_dense applies to the compressing methods"));
   CHECK_THROWS_WITH(comm::register_sync_method([] {
                       comm::SyncMethod again;
                       again.name = "test_mean";

@@ -79,7 +79,8 @@ Workload image_workload(const BenchOptions& o, models::Backend& backend) {
   backend.synchronize();
 
   Workload w;
-  w.description = "batch " + std::to_string(batch) + ", conv algorithm " + o.conv_algorithm;
+  w.description = "batch " + std::to_string(batch) + ", conv algorithm " + o.conv_algorithm + ", precision " +
+                  o.precision;
   w.batch = batch;
   w.params = &s->model->parameters();
   w.forward = [s, batch] {
@@ -89,9 +90,11 @@ Workload image_workload(const BenchOptions& o, models::Backend& backend) {
   w.backward = [s] { s->model->backward(); };
   w.forward_flops = [s] { return s->model->forward_flops(); };
   w.torch_script = "bench_torch.py";
-  const std::string args = "--model " + o.model + " --batch " + std::to_string(batch);
-  w.torch_runs = {{"pytorch (default layout)", "torch_default_ms", args},
-                  {"pytorch (channels_last)", "torch_channels_last_ms", args + " --channels-last"}};
+  const bool bf16 = o.precision == "bf16";
+  const std::string args = "--model " + o.model + " --batch " + std::to_string(batch) + (bf16 ? " --autocast-bf16" : "");
+  const std::string mode = bf16 ? ", bf16 autocast" : "";
+  w.torch_runs = {{"pytorch (default layout" + mode + ")", "torch_default_ms", args},
+                  {"pytorch (channels_last" + mode + ")", "torch_channels_last_ms", args + " --channels-last"}};
   return w;
 }
 
@@ -202,6 +205,8 @@ int run_bench(const BenchOptions& o) {
   Config runtime;
   runtime.runtime.threads = o.threads;
   runtime.runtime.conv_algorithm = o.conv_algorithm;
+  if (!is_one_of(o.precision, kPrecisions)) throw std::invalid_argument("--precision must be fp32, tf32 or bf16");
+  runtime.runtime.precision = o.precision;
   runtime.runtime.device = o.device;
   const int threads = configure_runtime(runtime, 1);
   models::Backend& backend = device_backend(runtime, 0);
@@ -252,7 +257,8 @@ int run_bench(const BenchOptions& o) {
                         {"trainer_backward_ms", median(backward)},
                         {"trainer_sgd_ms", median(update)},
                         {"trainer_cpu_per_wall", cpu_per_wall},
-                        {"gflop_per_step", step_gflop}};
+                        {"gflop_per_step", step_gflop},
+                        {"precision", o.precision}};
   if (o.device == "cpu") {
     report["isa"] = models::cpu::dnnl_isa_name();
     report["sgemm_gflops"] = limit;

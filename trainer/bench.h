@@ -18,6 +18,8 @@ struct BenchOptions {
   int steps = 10;
   int64_t threads = 0;
   std::string conv_algorithm = "auto";
+  // As runtime.precision; with bf16 the PyTorch side runs under torch.autocast(dtype=bfloat16).
+  std::string precision = "fp32";
   std::string device = "cpu";  // as runtime.device
   // Speech models: frames per utterance (161 spectrogram bins for deepspeech, 80 log-mel bins for
   // las) and characters per transcript (utterance n has label_length - 1 + n % 3).

@@ -187,7 +187,7 @@ void write_rank_state(const fs::path& path, const CheckpointIdentity& id, const 
       {"optimizer_state", "I32", {static_cast<int64_t>(opt.size() / 4)}, opt.data()},
       {"sync_state", "I32", {static_cast<int64_t>(sync.size() / 4)}, sync.data()},
   };
-  const std::map<std::string, std::string> meta = {
+  std::map<std::string, std::string> meta = {
       {"format", "trainer-rank-state"},
       {"version", std::to_string(kVersion)},
       {"step", std::to_string(state.step)},
@@ -202,6 +202,12 @@ void write_rank_state(const fs::path& path, const CheckpointIdentity& id, const 
       {"optimizer_state_bytes", std::to_string(state.optimizer_state.size())},
       {"sync_state_bytes", std::to_string(state.sync_state.size())},
   };
+  if (state.divergence_reference_end >= 0) {
+    char ref[32];
+    std::snprintf(ref, sizeof ref, "%.17g", state.divergence_reference);  // the exact double back
+    meta["divergence_reference"] = ref;
+    meta["divergence_reference_end"] = std::to_string(state.divergence_reference_end);
+  }
   models::write_safetensors(path.string(), tensors, meta);
 }
 
@@ -438,6 +444,10 @@ TrainingState read_rank_file(const fs::path& folder, int rank, int world, int64_
   state.epoch = meta_int(f, "epoch");
   state.batch_in_epoch = meta_int(f, "batch_in_epoch");
   state.global_batch = f.metadata.count("global_batch") ? meta_int(f, "global_batch") : 0;  // older checkpoints: 0
+  if (f.metadata.count("divergence_reference_end")) {
+    state.divergence_reference_end = meta_int(f, "divergence_reference_end");
+    state.divergence_reference = std::strtod(meta(f, "divergence_reference").c_str(), nullptr);
+  }
   state.optimizer_state = blob(f, "optimizer_state");
   state.sync_state = blob(f, "sync_state");
   return state;

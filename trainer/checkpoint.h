@@ -43,6 +43,10 @@ struct TrainingState {
   std::string optimizer_state, sync_state;   // opaque bytes (Optimizer::save, GradientSync::save)
   int64_t global_batch = 0;  // data.global_batch: 0 = data.batch_size x processes; else the global
                              // batch an elastic resume kept (absent from older checkpoints: 0)
+  // The divergence guard's reference loss and the step its window ended at (trainer/divergence_guard.h),
+  // so that a resumed run is judged against the level at the switch; end -1: none yet (or absent).
+  double divergence_reference = 0;
+  int64_t divergence_reference_end = -1;
 };
 
 // Who is saving or loading. The model's identity is its layout (tensor names and shapes, from the

@@ -392,11 +392,6 @@ void check_consistency(const Config& c, const Settings& settings, const std::str
   // The method's own rules and capabilities (comm/sync/registry.h); sync.method is one of the
   // table's names by now (its choices).
   const comm::SyncMethod& method = comm::sync_method(c.sync.method);
-  if (c.runtime.device != "cpu" && !method.can.device_buffers)
-    fail(origin({"runtime.device", "sync.method"}),
-         "sync.method = \"" + c.sync.method + "\" computes on host buffers and cannot run with runtime.device = \"" +
-             c.runtime.device + "\" yet (" + comm::sync_methods_that(&comm::SyncCapabilities::device_buffers) +
-             " can)");
   if (c.sync.adaptive && !method.can.compresses)
     fail(origin({"sync.adaptive", "sync.method"}),
          "sync.adaptive = true applies to the compressing methods (" +
@@ -405,7 +400,14 @@ void check_consistency(const Config& c, const Settings& settings, const std::str
   if (method.check)
     for (const comm::SyncOptionProblem& problem : method.check(sync_options(c)))
       fail(origin(problem.keys), problem.message);
-  if (c.runtime.device != "cpu" && c.sync.wire_dtype != "fp32")
+  if (!c.sync.keep_dense.empty() && !method.can.compresses)
+    fail(origin({"sync.keep_dense", "sync.method"}),
+         "sync.keep_dense applies to the compressing methods (" +
+             comm::sync_methods_that(&comm::SyncCapabilities::compresses) + "), not to sync.method = \"" +
+             c.sync.method + "\"");
+  // A method without device buffers runs on host copies on a GPU (comm/sync/host_staged.h), where
+  // the 16-bit casts work as on the CPU; the device methods' buckets stay fp32 there.
+  if (c.runtime.device != "cpu" && method.can.device_buffers && c.sync.wire_dtype != "fp32")
     fail(origin({"runtime.device", "sync.wire_dtype"}),
          "sync.wire_dtype = \"" + c.sync.wire_dtype + "\" casts on the host and cannot run with runtime.device = \"" +
              c.runtime.device + "\" yet (fp32 can)");

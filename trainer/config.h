@@ -26,6 +26,7 @@ inline const std::vector<std::string> kSpeechFeatures = {"spectrogram", "logmel"
 inline const std::vector<std::string> kOptimizers = {"sgd", "adam", "adamw"};
 inline const std::vector<std::string> kSchedules = {"constant", "multistep", "cosine", "exponential"};
 inline const std::vector<std::string> kConvAlgorithms = {"auto", "direct", "winograd"};
+inline const std::vector<std::string> kPrecisions = {"fp32", "tf32", "bf16"};
 inline const std::vector<std::string> kStalenessLr = {"inverse", "none", "dc", "gap"};
 inline const std::vector<std::string> kMomentumCorrections = {"none", "momentum", "momentum_and_lr"};
 inline const std::vector<std::string> kOuterOptimizers = {"nesterov", "sgd"};
@@ -108,6 +109,9 @@ struct TrainConfig {
   int64_t keep_checkpoints = 2;
   int64_t eval_examples = 3;
   int64_t skip_nonfinite_steps = 0;  // 0: a NaN/Inf loss or gradient is an error
+  bool divergence_guard = true;      // trainer/divergence_guard.h
+  double divergence_factor = 1.5;
+  int64_t divergence_window = 50;    // steps
   std::string elastic_batch = "keep_global";  // resume on another number of processes (trainer/reshard.h)
 };
 
@@ -116,6 +120,7 @@ struct RuntimeConfig {
   int64_t threads = 0;  // 0: hardware cores / ranks on this node
   bool deterministic = false;
   std::string conv_algorithm = "auto";
+  std::string precision = "fp32";  // fp32, tf32 (GPU only) or bf16 mixed precision
   std::string communicator = "auto";  // device buffers: nccl, mpi (host staging), or auto
   int64_t slowdown_rank = -1;     // runtime.slowdown = {rank = R, factor = F}: a straggler for experiments
   double slowdown_factor = 1.0;

@@ -218,6 +218,24 @@ void visit_config(Cfg& c, Visitor& v) {
         "rank (no optimizer step, BN statistics restored), at most N steps in a row; 0 = such a step is an error "
         "(exit status 3).",
         at_least(0));
+  v.key("train.divergence_guard", c.train.divergence_guard,
+        "Stop a run whose sync method diverges after switching from dense training (after "
+        "sync.dense_warmup_steps; every method but dense and async_ps): when the mean training loss over a "
+        "window of train.divergence_window steps (all processes' batches) exceeds train.divergence_factor "
+        "times its mean over the window before the switch (the first window when there is no warmup), or "
+        "the loss turns non-finite after the switch where the run would end anyway, the run writes a "
+        "checkpoint (when its loss is finite), prints one line beginning \"diverged:\" with the method, its "
+        "settings, the steps and the last good checkpoint, writes a \"diverged\" record to metrics.jsonl and "
+        "exits with status 4. Normal runs stay below: after the LAS quickstart's switch the highest window was "
+        "0.97 x the switch level with oktopk, 0.99 x with powersgd, while diloco's defaults rose to 1.5 x within "
+        "50 steps and 1.73 x later (docs/architecture.md, \"The divergence guard\").");
+  v.key("train.divergence_factor", c.train.divergence_factor,
+        "train.divergence_guard: how far above the level at the switch a window's mean loss may go.",
+        open_closed(1, 1e6));
+  v.key("train.divergence_window", c.train.divergence_window,
+        "train.divergence_guard: steps per window; the mean over so many batches keeps one bad batch from "
+        "tripping it (ranks agree on each window with one small allgather at its last step).",
+        at_least(1));
   v.key("train.elastic_batch", c.train.elastic_batch,
         "Resuming on another number of processes P' keeps the checkpoint's global batch G (and so the lr, "
         "the schedule and what a step is). keep_global: G / P' samples per process; where P' does not "
@@ -251,6 +269,18 @@ void visit_config(Cfg& c, Visitor& v) {
         "channels where oneDNN creates a Winograd kernel, which it has only on AVX-512 and where "
         "it measured faster; direct elsewhere), direct, or winograd (wherever oneDNN has it).",
         kConvAlgorithms);
+  v.key("runtime.precision", c.runtime.precision,
+        "What convolutions and the layers' matrix products compute in. fp32: everything in fp32. "
+        "bf16: mixed precision as PyTorch's autocast defines it: convolutions and Linear layers read "
+        "bf16 copies of their weights, activations and incoming gradients and accumulate in fp32; "
+        "parameters, activations in memory, gradients, optimizer state, the gradient sync, batch "
+        "norm, the losses and all reductions stay fp32, so no loss scaling is needed (bf16 has "
+        "fp32's exponent range) and checkpoints are the same files in either precision. On the CPU "
+        "bf16 needs AVX-512 (native with avx512_bf16 or AMX, emulated on plain AVX-512) and is "
+        "refused below it; the LSTMs stay fp32; on CUDA bf16 is not built yet. tf32: fp32 data, "
+        "with cuDNN convolutions and cuBLAS GEMMs allowed to multiply on TF32 tensor cores (10-bit "
+        "mantissa inputs, fp32 accumulation); a GPU mode, refused on the CPU.",
+        kPrecisions);
   v.key("runtime.communicator", c.runtime.communicator,
         "What moves the gradient sync's device buffers when runtime.device = \"cuda\": nccl (every rank "
         "needs its own GPU), mpi (MPI through a pinned host staging buffer: ranks may share a GPU), or auto "

@@ -9,7 +9,9 @@
 
 #include "comm/device_communicator.h"
 #include "comm/sync/registry.h"
+#include "models/cpu/dnnl_dispatch.h"
 #include "models/cpu/dnnl_ops.h"
+#include "models/cpu/dnnl_precision.h"
 #ifdef TRAINER_HAS_CUDA
 #include "models/cuda/cuda_backend.h"
 #endif
@@ -28,10 +30,33 @@ int configure_runtime(const Config& config, int local_ranks) {
                                               : ConvAlgorithm::kAuto;
   if (config.runtime.deterministic) algorithm = ConvAlgorithm::kDirect;
   models::cpu::set_conv_algorithm(algorithm);
+  precision_plan(config);  // refuses what this device cannot run
+  if (config.runtime.device == "cpu")
+    models::cpu::set_precision(config.runtime.precision == "bf16" ? models::cpu::Precision::kBf16
+                                                                  : models::cpu::Precision::kFp32);
 #ifdef TRAINER_HAS_CUDA
   models::cuda::set_deterministic_algorithms(config.runtime.deterministic);
+  if (config.runtime.device == "cuda") models::cuda::set_tf32(config.runtime.precision == "tf32");
 #endif
   return threads;
+}
+
+std::string precision_plan(const Config& config) {
+  const std::string& p = config.runtime.precision;
+  const std::string key = "runtime.precision = \"" + p + "\": ";
+  if (p == "fp32") return "fp32";
+  if (config.runtime.device == "cuda" && p == "tf32")
+    return "tf32 (cuDNN convolutions and cuBLAS GEMMs may multiply on TF32 tensor cores; data and "
+           "accumulation fp32)";
+  if (config.runtime.device != "cpu")
+    throw std::invalid_argument(key + "not built for runtime.device = \"" + config.runtime.device +
+                                "\" yet (fp32 and tf32 run there; bf16 is the GPU half of issue 32)");
+  if (p == "tf32")
+    throw std::invalid_argument(key + "TF32 is a GPU tensor-core mode that CPUs do not have; use fp32 or bf16 on "
+                                      "runtime.device = \"cpu\"");
+  models::cpu::require_precision(models::cpu::Precision::kBf16);
+  return "bf16 (convolutions and Linear layers on bf16 copies with fp32 accumulation; the rest fp32; oneDNN ISA " +
+         std::string(models::cpu::dnnl_isa_name()) + ")";
 }
 
 models::Backend& device_backend(const Config& config, int local_rank) {
@@ -104,9 +129,16 @@ Experiment build_experiment(const Config& config, comm::Communicator& world, com
   if (e.schedule.kind == optim::ScheduleKind::kMultiStep && e.schedule.gamma < 1)
     for (int64_t m : e.schedule.milestones) so.lr_decay_steps.push_back(m * so.steps_per_epoch);
   so.backend = e.backend;
-  comm::SyncCommunicator carrier = comm::make_sync_communicator(config.runtime.communicator, world, *e.backend);
-  e.sync_comm = std::move(carrier.device);
-  if (e.sync_comm) announce("sync communicator: " + carrier.description);
+  // A method that takes device buffers gets a communicator that moves them (NCCL, or MPI through
+  // pinned staging); the others run on host copies (comm/sync/host_staged.h) and talk MPI.
+  if (comm::sync_method(config.sync.method).can.device_buffers) {
+    comm::SyncCommunicator carrier = comm::make_sync_communicator(config.runtime.communicator, world, *e.backend);
+    e.sync_comm = std::move(carrier.device);
+    if (e.sync_comm) announce("sync communicator: " + carrier.description);
+  } else if (!e.backend->is_host()) {
+    announce("sync: " + config.sync.method + " computes on the host: the gradient goes through host memory "
+             "every step (comm/sync/host_staged.h)");
+  }
   e.sync = comm::make_gradient_sync(so, e.sync_comm ? *e.sync_comm : world, n, &e.task->parameters().views());
   return e;
 }

@@ -77,6 +77,8 @@ std::vector<Tool> add_bench(CLI::App& app) {
   bench->add_option("--threads", bo->threads, "Threads (0: all cores)");
   bench->add_option("--conv-algorithm", bo->conv_algorithm, "auto (Winograd from 32 channels), direct or winograd");
   bench->add_option("--device", bo->device, "cpu or cuda (as runtime.device)");
+  bench->add_option("--precision", bo->precision,
+                    "fp32 or bf16 (as runtime.precision; PyTorch then runs under bf16 autocast)");
   bench->add_flag("--no-torch", *no_torch, "Skip the PyTorch reference");
   bench->add_option("--torch-python", bo->torch_python,
                     "The Python whose torch is the reference (default /usr/bin/python3: Debian's; a venv's "

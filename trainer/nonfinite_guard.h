@@ -26,6 +26,8 @@ class NonfiniteGuard {
   // The step is skipped because of `what`: restores the statistics and returns the warning line,
   // or throws AgreedError (kExitNonFinite) past the limit.
   std::string skip(int64_t step, const std::string& what);
+  // Whether skipping one more step would end the run (past train.skip_nonfinite_steps).
+  bool next_skip_ends_run() const { return in_a_row_ + 1 > allowed_; }
   // The step was applied: the count of skips in a row starts again.
   void applied() { in_a_row_ = 0; }
 

@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "comm/network_calibration.h"
 #include "comm/network_model.h"
@@ -43,12 +45,17 @@ fs::path self_path(const std::string& argv0) {
 
 std::string report_script(const std::string& argv0) {
   const fs::path exe = self_path(argv0);
-  const fs::path beside = exe.parent_path().parent_path() / "scripts" / "report.py";
-  if (fs::is_regular_file(beside)) return beside.string();
-  const fs::path source = fs::path(TRAINER_SOURCE_DIR) / "scripts" / "report.py";
-  if (fs::is_regular_file(source)) return source.string();
-  throw std::runtime_error("scripts/report.py not found (looked in " + beside.string() + " and " + source.string() +
-                           ")");
+  // The build's copy beside the binary (CMakeLists.txt), then a checkout's scripts/ above a build
+  // folder inside it, then the source tree this binary was built from.
+  const std::vector<fs::path> places{exe.parent_path() / "scripts" / "report.py",
+                                     exe.parent_path().parent_path() / "scripts" / "report.py",
+                                     fs::path(TRAINER_SOURCE_DIR) / "scripts" / "report.py"};
+  std::string looked;
+  for (const fs::path& place : places) {
+    if (fs::is_regular_file(place)) return place.string();
+    looked += (looked.empty() ? "" : ", ") + place.string();
+  }
+  throw std::runtime_error("scripts/report.py not found (looked in " + looked + ")");
 }
 
 int run_report(const ReportOptions& options, const std::string& argv0) {

@@ -22,7 +22,9 @@ void print_dry_run(const Config& config, comm::Communicator& comm) {
   std::vector<models::ParamView> views;
   const int64_t n = model_parameter_count(config, &views);
   const size_t tensors = views.size();
-  std::printf("device: %s\n", device_backend(config, comm.local_rank()).describe().c_str());
+  models::Backend& backend = device_backend(config, comm.local_rank());
+  std::printf("device: %s\n", backend.describe().c_str());
+  std::printf("precision: %s\n", precision_plan(config).c_str());
   std::printf("model: %s, %lld parameters in %zu tensors, gradient %.2f MB per step (%lld bytes)\n",
               config.model.arch.c_str(), static_cast<long long>(n), tensors, n * 4 / 1e6,
               static_cast<long long>(n * 4));
@@ -32,7 +34,9 @@ void print_dry_run(const Config& config, comm::Communicator& comm) {
   std::printf("data: %s at %s%s, batch %lld per process x %d %s\n", config.data.dataset.c_str(),
               config.data.root.c_str(), config.data.synthesize_if_missing ? " (synthesized if missing)" : "",
               static_cast<long long>(config.data.batch_size), trainers, servers ? "workers" : "processes");
-  auto sync = comm::make_gradient_sync(sync_options(config), comm, n, &views);
+  comm::SyncOptions options = sync_options(config);
+  options.backend = &backend;  // a host method on a device run says it goes through host copies
+  auto sync = comm::make_gradient_sync(options, comm, n, &views);
   std::printf("sync: %s\n", sync->describe().c_str());
   std::printf("overlap with backward: %s\n", config.sync.overlap ? sync->overlap_plan().c_str()
                                                                   : "off (sync.overlap = false: every message is "

@@ -10,7 +10,10 @@
 namespace trainer::app {
 
 bool run_server(const Config& config, const RunOptions& options, comm::Communicator& world) {
-  models::Backend& backend = device_backend(config, world.local_rank());
+  // A server keeps its shard, the optimizer state and the sums on the host whatever runtime.device
+  // (its arithmetic is on host vectors; the workers' pushes and pulls arrive over MPI): a GPU run's
+  // workers reach it through host copies (comm/sync/host_staged.h).
+  models::Backend& backend = models::cpu_backend();
   ModelStores model = build_model_stores(config, backend);
   comm::PsServerOptions server_options;
   server_options.sync = sync_options(config);

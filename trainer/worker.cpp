@@ -1,10 +1,11 @@
 // A training rank: the step loop, made of the parts of trainer/: the step clock (step_clock.h), the
-// update rule (update_rule.h), the interval metrics, the checkpoint keeper, the non-finite guard and
-// the trace spans. docs/architecture.md section 2 walks one step.
+// update rule (update_rule.h), the interval metrics, the checkpoint keeper, the non-finite guard, the
+// divergence guard and the trace spans. docs/architecture.md section 2 walks one step.
 #include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "optim/schedule.h"
 #include "trainer/agreed_error.h"
 #include "trainer/checkpoint_keeper.h"
+#include "trainer/divergence_guard.h"
 #include "trainer/experiment.h"
 #include "trainer/interval_metrics.h"
 #include "trainer/nonfinite_guard.h"
@@ -125,6 +127,9 @@ class Worker {
     weighted_from_ = from;
   }
   void resume(const LoadedCheckpoint& ck);
+  // The divergence guard's stop: the checkpoint of the `done`-th step when `write` (a finite
+  // state), the "diverged" record in metrics.jsonl, then the error every rank throws alike.
+  [[noreturn]] void stop_diverged(const std::string& what, int64_t done, bool write);
 
   const Config& config_;
   const RunOptions& options_;
@@ -150,10 +155,13 @@ class Worker {
   UpdateRule update_;
   CheckpointKeeper keeper_;
   NonfiniteGuard guard_;
+  std::unique_ptr<DivergenceGuard> divergence_;
   TraceSpans spans_;
   std::unique_ptr<MetricsWriter> writer_;
   std::unique_ptr<IntervalMetrics> metrics_;
   RunFrame frame_;
+  double kept_reference_ = 0;  // the divergence guard's reference from a resumed checkpoint
+  int64_t kept_reference_end_ = -1;
   int64_t first_clock_ = 0;  // the steps this rank had taken at the start: its loader position
                              // (async_ps workers take different numbers of steps)
   RunSummary summary_;
@@ -216,13 +224,18 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
   char line[512];
   std::snprintf(line, sizeof line,
                 "trainer: %s: %s (%lld parameters) on %lld training examples, steps %lld..%lld of %s "
-                "processes, %d threads each, sync %s; output in %s",
+                "processes, %d threads each, precision %s, sync %s; output in %s",
                 config.experiment.name.c_str(), config.model.arch.c_str(),
                 static_cast<long long>(task_.parameters().size()), static_cast<long long>(task_.train_examples()),
                 static_cast<long long>(frame_.first_step), static_cast<long long>(total_steps_), batch.c_str(), threads,
-                config.sync.method.c_str(), out.c_str());
+                config.runtime.precision.c_str(), config.sync.method.c_str(), out.c_str());
   say(line);
   for (const std::string& note : start_notes(config, total_steps_)) say(note);
+  // Only ranks that take their steps together can agree on a window (not async_ps's workers).
+  const auto compressed_at = [this](int64_t s) { return e_.sync->phase(s) == comm::Phase::kCompressed; };
+  const int64_t switch_at = &world == &training ? switch_step(config, compressed_at) : -1;
+  divergence_ = std::make_unique<DivergenceGuard>(config, switch_at, frame_.first_step, training, kept_reference_,
+                                                  kept_reference_end_);
 }
 
 void Worker::resume(const LoadedCheckpoint& ck) {
@@ -252,6 +265,8 @@ void Worker::resume(const LoadedCheckpoint& ck) {
                                 global_batch(config_, training_.size()));
   }
   frame_.first_step = ck.state.step;
+  kept_reference_ = ck.state.divergence_reference;
+  kept_reference_end_ = ck.state.divergence_reference_end;
   first_clock_ = resharded.epoch * steps_per_epoch_ + resharded.batch_in_epoch;
   task_.seek(resharded.epoch, resharded.batch_in_epoch);
   if (lead_) truncate_metrics(output_dir(config_) + "/metrics.jsonl", frame_.first_step);
@@ -292,6 +307,7 @@ bool Worker::step(int64_t step) {
   const StepResult result = task_.forward_backward();
   inject_nan_if_due(0);
   weight_gradient(0);
+  e_.backend->synchronize();  // backward's kernels count here, not in the phase that waits next
   const int64_t backward_to_us = world_.log().now_us();
   times.compute += ms_since(t0);
   spans_.mark("forward_backward");
@@ -314,10 +330,17 @@ bool Worker::step(int64_t step) {
                        ", before the gradient sync";
   else
     update = update_.run(step, lr, times, spans_);
-  if (update.applied)
+  if (update.applied) {
     guard_.applied();
-  else
+  } else {
+    // A non-finite value after the switch that ends the run is the divergence guard's to judge:
+    // only one every rank knows of (the verdict's; its extra collective must not wait alone).
+    if (verdict.nonfinite && guard_.next_skip_ends_run())
+      if (auto line = divergence_->nonfinite(step, result.loss, result.samples, verdict.tensor < 0,
+                                             "non-finite value at step " + str(step) + ": " + update.nonfinite))
+        stop_diverged(*line, step, false);
     say(guard_.skip(step, update.nonfinite));
+  }
   spans_.end_step();
   release_free_heap();
 
@@ -326,6 +349,8 @@ bool Worker::step(int64_t step) {
   const int64_t done = step + 1;
   const StepPosition at = clock_->position(done, update.stats);
   metrics_->close_step(record, at, done % config_.train.log_every_steps == 0 || at.round == total_steps_);
+  if (auto line = divergence_->after_step(step, result.loss, result.samples, update.applied, keeper_.last()))
+    stop_diverged(*line, done, true);
   return round_duties(done, at, verdict.stop_signal);
 }
 
@@ -380,6 +405,10 @@ void Worker::checkpoint(int64_t round, int64_t done, bool must_succeed) {
   state.epoch = done / steps_per_epoch_;  // this rank's loader position: its own steps
   state.batch_in_epoch = done % steps_per_epoch_;
   state.global_batch = config_.data.global_batch;
+  if (divergence_ && std::isfinite(divergence_->watch().reference())) {
+    state.divergence_reference = divergence_->watch().reference();
+    state.divergence_reference_end = divergence_->watch().reference_end();
+  }
   std::ostringstream opt_state, sync_state;
   e_.optimizer->save(opt_state);
   e_.sync->save(sync_state);
@@ -387,6 +416,28 @@ void Worker::checkpoint(int64_t round, int64_t done, bool must_succeed) {
   state.sync_state = sync_state.str();
   const std::string failed = keeper_.save(state, must_succeed);
   if (!failed.empty()) say("warning: " + failed + "; training continues");
+}
+
+void Worker::stop_diverged(const std::string& what, int64_t done, bool write) {
+  std::string written;
+  if (write) {
+    checkpoint(done, done, false);
+    const std::string path = output_dir(config_) + "/checkpoints/step_" + str(done);
+    if (keeper_.last() == path) written = path;
+  }
+  const std::string line =
+      what + "; " +
+      divergence_->stop_note(written, write ? "it failed: see the warning above" : "the state no longer gives finite values");
+  if (lead_) {
+    nlohmann::json r = divergence_->record();
+    r["step"] = done;
+    r["diverged"] = true;
+    r["time_s"] = ms_since(frame_.run_start) / 1e3;
+    r["checkpoint"] = written.empty() ? nlohmann::json(nullptr) : nlohmann::json(written);
+    r["message"] = line;
+    writer_->write(r);
+  }
+  throw AgreedError(line, kExitDiverged);
 }
 
 RunSummary Worker::finish() {

@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "comm/sync/dense.h"
+#include "comm/sync/host_staged.h"
 #include "comm/sync/keep_dense.h"
 #include "comm/sync/registry.h"
 #include "comm/sync/sync_state.h"
@@ -89,11 +90,11 @@ std::string GradientSync::load_replicated(const std::vector<std::string>& states
 std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communicator& comm, int64_t n,
                                                  const std::vector<models::ParamView>* views) {
   const SyncMethod& spec = sync_method(o.method);
-  models::Backend& backend = o.backend ? *o.backend : models::cpu_backend();
-  if (!backend.is_host() && !spec.can.device_buffers)
-    throw std::invalid_argument("sync.method '" + o.method + "' computes on host buffers and cannot run with " +
-                                "runtime.device = \"" + backend.name() + "\" yet (" +
-                                sync_methods_that(&SyncCapabilities::device_buffers) + " can)");
+  models::Backend& device = o.backend ? *o.backend : models::cpu_backend();
+  // A method that computes on host buffers, on a run whose buffers are a device's: built for the
+  // host (the CPU backend; `comm` moves host memory) and run on host copies (host_staged.h).
+  const bool staged = !device.is_host() && !spec.can.device_buffers;
+  models::Backend& backend = staged ? models::cpu_backend() : device;
   if (spec.check)
     for (const SyncOptionProblem& problem : spec.check(o)) throw std::invalid_argument(problem.message);
   // sync.keep_dense (keep_dense.h): the tensors it names, per view; empty when unset.
@@ -110,8 +111,11 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
                                 sync_methods_that(&SyncCapabilities::compresses) + "), not to '" + o.method + "'");
   std::unique_ptr<GradientSync> method = spec.make(o, SyncContext{comm, n, views, backend, kept});
   if (o.dense_warmup_steps > 0 && spec.can.wrapped_in_warmup)
-    return std::make_unique<WarmupSync>(std::move(method), comm, n, o.bucket_mb, o.dense_warmup_steps, backend,
-                                        o.wire_dtype, DenseBuckets{o.first_bucket_mb, o.overlap, views});
+    method = std::make_unique<WarmupSync>(std::move(method), comm, n, o.bucket_mb, o.dense_warmup_steps, backend,
+                                          o.wire_dtype, DenseBuckets{o.first_bucket_mb, o.overlap, views});
+  // The methods that sync parameters (their spec: keeps_parameters_equal is false) read and write
+  // them; the others only the gradient.
+  if (staged) return std::make_unique<HostStagedSync>(std::move(method), device, !spec.can.keeps_parameters_equal);
   return method;
 }
 

@@ -152,16 +152,17 @@ struct SyncOptions {
   int64_t steps_per_epoch = 0;          // async_ps: for the servers' lr schedule
   // Where SyncBuffers live (runtime.device's backend); null: the CPU. The methods whose spec says
   // device_buffers (registry.h; and the dense warmup) run their arithmetic on this backend and
-  // their communicator moves its memory (comm/device_communicator.h); the others compute on the
-  // host and refuse a device backend.
+  // their communicator moves its memory (comm/device_communicator.h); the others compute on host
+  // copies (host_staged.h).
   models::Backend* backend = nullptr;
 };
 
 
 // Builds the method of the table (registry.h) named o.method, inside the dense warmup when there is
-// one. Throws std::invalid_argument naming the available methods for an unknown one, naming the
-// method and device for a host-only method given a device backend, and naming the key for options
-// the method's checks refuse.
+// one. A method without device_buffers in its spec, given a device backend (o.backend), runs on
+// host copies of the buffers (host_staged.h): `comm` must then move host memory (MPI). Throws
+// std::invalid_argument naming the available methods for an unknown one and naming the key for
+// options the method's checks refuse.
 // `views` (the model's named tensors) are needed by layer-wise methods (powersgd), which refuse to
 // be built without them.
 std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& options, Communicator& comm, int64_t n,

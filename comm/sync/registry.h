@@ -24,7 +24,8 @@ namespace trainer::comm {
 // What a method can do; the trainer and the config decide with these, never with a name.
 struct SyncCapabilities {
   // Takes SyncBuffers in device memory (runtime.device = "cuda"): its arithmetic runs on the
-  // buffers' backend and its communicator moves device memory. The others compute on host buffers.
+  // buffers' backend and its communicator moves device memory. The others compute on host buffers
+  // (on a device run, host copies: host_staged.h).
   bool device_buffers = false;
   // Sends less than the gradient and keeps the rest in an error-feedback residual: sync.keep_dense
   // and sync.error_feedback apply to it.

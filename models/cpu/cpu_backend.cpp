@@ -11,6 +11,8 @@
 
 #include "models/backend.h"
 #include "models/cpu/dnnl_dispatch.h"
+#include "models/cpu/dnnl_matmul.h"
+#include "models/cpu/dnnl_precision.h"
 #include "models/cpu/dnnl_ops.h"
 #include "models/cpu/lstm_ops.h"
 #include "models/cpu/optim_ops.h"
@@ -63,6 +65,14 @@ class CpuBackend final : public Backend {
                 static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
   }
   static constexpr int64_t kFewRows = 32, kLargeOperand = 1 << 16;
+
+  void layer_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
+    if (cpu::precision() == cpu::Precision::kBf16)
+      cpu::bf16_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    else
+      gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
 
   void broadcast_rows(int64_t rows, int64_t cols, const float* bias, float* y) override {
 #pragma omp parallel for schedule(static)

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "models/cpu/dnnl_context.h"
+#include "models/cpu/dnnl_precision.h"
 
 namespace trainer::models::cpu {
 namespace {
@@ -20,14 +21,17 @@ std::vector<PrimitiveRecord> g_records;
 
 // Asks oneDNN which source layout its forward convolution wants for a typical 3x3, 64-channel
 // layer of a CIFAR network (the shape does not matter much: the block is the ISA's vector width).
+// Under runtime.precision = bf16 the convolution asked is a bf16 one with an fp32 output (what
+// dnnl_ops.cpp makes): with AMX its fastest kernels want channels-last.
 Layout probe_blocked_layout() {
   const memory::dims src{32, 64, 16, 16}, w{64, 64, 3, 3}, one{1, 1};
-  const memory::desc any_src(src, dt::f32, tag::any), any_w(w, dt::f32, tag::any);
+  const dt compute = precision() == Precision::kBf16 ? dt::bf16 : dt::f32;
+  const memory::desc any_src(src, compute, tag::any), any_w(w, compute, tag::any), any_dst(src, dt::f32, tag::any);
   dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                                    any_src, any_w, memory::desc(), any_src, one, one, one);
+                                    any_src, any_w, memory::desc(), any_dst, one, one, one);
   const dnnl::convolution_forward::primitive_desc pd(d, dnnl_engine());
   for (Layout layout : {Layout::kBlocked16, Layout::kBlocked8})
-    if (pd.src_desc() == memory::desc(src, dt::f32, layout == Layout::kBlocked16 ? tag::nChw16c : tag::nChw8c))
+    if (pd.src_desc() == memory::desc(src, compute, layout == Layout::kBlocked16 ? tag::nChw16c : tag::nChw8c))
       return layout;
   return Layout::kChannelsLast;
 }

@@ -13,6 +13,7 @@
 #include "models/cpu/dnnl_context.h"
 #include "models/cpu/dnnl_staged.h"
 #include "models/cpu/dnnl_dispatch.h"
+#include "models/cpu/dnnl_precision.h"
 #include "models/tensor.h"
 
 namespace trainer::models::cpu {
@@ -156,13 +157,67 @@ ConvPrimitiveDescs choose_conv_primitives(const ConvGeometry& g, const memory::d
   return *fallback;
 }
 
+// The same for runtime.precision = bf16 (dnnl_precision.h): the primitives read bf16 copies of the
+// input, the weights and the output gradient, and write fp32 outputs, input gradients and weight
+// gradients (oneDNN accumulates in fp32). The bf16 copies are made by the reorders that also change
+// the layout, so the source layout is always oneDNN's choice (`any`) and costs nothing extra; the
+// output is written in the tensor's layout, else channels-last, else oneDNN's choice. Direct only:
+// oneDNN 2.6's Winograd kernels are f32. Asked of oneDNN 2.6 on Sapphire Rapids: its AMX forward
+// kernels take channels-last only (a blocked output gets the avx512_bf16 kernel), which is why the
+// activation layout is probed with a bf16 convolution in this mode (dnnl_dispatch.cpp).
+ConvPrimitiveDescs choose_bf16_conv_primitives(const ConvGeometry& g, const memory::desc& src_md,
+                                               const memory::desc& bias_md) {
+  const memory::dims strides{g.stride_h, g.stride_w};
+  const memory::dims pad_l{g.pad_h, g.pad_w};
+  const memory::dims pad_r{(g.out_h() - 1) * g.stride_h + g.kernel_h - g.in_h - g.pad_h,
+                           (g.out_w() - 1) * g.stride_w + g.kernel_w - g.in_w - g.pad_w};
+  const memory::dims w_dims{g.out_channels, g.in_channels, g.kernel_h, g.kernel_w};
+  const memory::desc bf16_w(w_dims, dt::bf16, tag::any), f32_w(w_dims, dt::f32, tag::any);
+  const memory::desc bias = g.bias ? bias_md : memory::desc();
+  const memory::desc bf16_src(src_md.dims(), dt::bf16, tag::any), f32_src(src_md.dims(), dt::f32, tag::any);
+  auto dst_in = [&](Layout layout) { return activation_md(g.batch, g.out_channels, g.out_h(), g.out_w(), layout); };
+  const memory::desc bf16_dst(dst_in(g.dst_layout).dims(), dt::bf16, tag::any);
+  const memory::desc f32_dst(dst_in(g.dst_layout).dims(), dt::f32, tag::any);
+  const auto direct = dnnl::algorithm::convolution_direct;
+
+  struct Candidate {
+    memory::desc dst;
+    Layout dst_layout;
+  };
+  const std::vector<Candidate> candidates{{dst_in(g.dst_layout), g.dst_layout},
+                                          {dst_in(Layout::kChannelsLast), Layout::kChannelsLast},
+                                          {f32_dst, Layout::kChannelsLast}};
+  std::optional<ConvPrimitiveDescs> fallback;
+  for (const auto& [dst, dst_layout] : candidates)
+    for (const memory::desc& diff_src : {src_md, f32_src}) {  // the input gradient in the tensor's layout first
+      try {
+        dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, direct, bf16_src, bf16_w, bias, dst,
+                                           strides, pad_l, pad_r);
+        ConvPrimitiveDescs d{dnnl::convolution_forward::primitive_desc(fd, scratchpad_attr(), engine()), {}, {},
+                             dst_layout};
+        dnnl::convolution_backward_data::desc bd(direct, diff_src, bf16_w, bf16_dst, strides, pad_l, pad_r);
+        d.bwd_data = dnnl::convolution_backward_data::primitive_desc(bd, scratchpad_attr(), engine(), d.fwd);
+        dnnl::convolution_backward_weights::desc bw(direct, bf16_src, f32_w, bias, bf16_dst, strides, pad_l, pad_r);
+        d.bwd_w = dnnl::convolution_backward_weights::primitive_desc(bw, scratchpad_attr(), engine(), d.fwd);
+        if (!is_reference_impl(d.fwd.impl_info_str()) && !is_reference_impl(d.bwd_data.impl_info_str()) &&
+            !is_reference_impl(d.bwd_w.impl_info_str()))
+          return d;
+        if (!fallback) fallback = d;
+      } catch (const dnnl::error&) {  // no implementation at all for this combination
+      }
+    }
+  if (!fallback) throw std::runtime_error("oneDNN has no bf16 convolution for this geometry");
+  return *fallback;
+}
+
 class DnnlConv final : public ConvOp {
  public:
   explicit DnnlConv(const ConvGeometry& g) : g_(g) {
     src_md_ = activation_md(g.batch, g.in_channels, g.in_h, g.in_w, g.src_layout);
     user_w_md_ = memory::desc({g.out_channels, g.in_channels, g.kernel_h, g.kernel_w}, dt::f32, tag::oihw);
     bias_md_ = memory::desc({g.out_channels}, dt::f32, tag::x);
-    ConvPrimitiveDescs chosen = choose_conv_primitives(g, src_md_, bias_md_);
+    ConvPrimitiveDescs chosen = precision() == Precision::kBf16 ? choose_bf16_conv_primitives(g, src_md_, bias_md_)
+                                                                : choose_conv_primitives(g, src_md_, bias_md_);
     fwd_pd_ = chosen.fwd;
     bwd_data_pd_ = chosen.bwd_data;
     bwd_w_pd_ = chosen.bwd_w;
@@ -172,9 +227,12 @@ class DnnlConv final : public ConvOp {
     bwd_data_ = dnnl::convolution_backward_data(bwd_data_pd_);
     bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
 
-    report("conv fwd", fwd_pd_, src_md_, g.src_layout);
-    report("conv bwd_d", bwd_data_pd_, src_md_, g.src_layout);
-    report("conv bwd_w", bwd_w_pd_, src_md_, g.src_layout);
+    // The kind names the precision the primitives got ("conv fwd bf16"), for the dispatch test.
+    bf16_ = fwd_pd_.weights_desc().data_type() == dt::bf16;
+    const std::string bf16 = bf16_ ? " bf16" : "";
+    report(("conv fwd" + bf16).c_str(), fwd_pd_, src_md_, g.src_layout);
+    report(("conv bwd_d" + bf16).c_str(), bwd_data_pd_, src_md_, g.src_layout);
+    report(("conv bwd_w" + bf16).c_str(), bwd_w_pd_, src_md_, g.src_layout);
     fwd_src_.prepare(src_md_, fwd_pd_.src_desc());
     fwd_dst_.prepare(user_dst, fwd_pd_.dst_desc());
     bwd_data_dst_.prepare(user_dst, bwd_data_pd_.diff_dst_desc());
@@ -190,6 +248,8 @@ class DnnlConv final : public ConvOp {
 
   void forward(const float* x, const float* w, const float* b, float* y) override {
     memory src = fwd_src_.in(x);
+    bf16_x_ = bf16_ ? x : nullptr;
+    bf16_dy_ = nullptr;
     memory dst = fwd_dst_.out(y);
     memory wm = fwd_w_.in(w);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, dst}};
@@ -199,7 +259,9 @@ class DnnlConv final : public ConvOp {
   }
 
   void backward_data(const float* dy, const float* w, float* dx) override {
-    memory diff_dst = bwd_data_dst_.in(dy);
+    const bool reuse_dy = dy == bf16_dy_ && bwd_data_dst_.want == bwd_w_dst_.want;
+    memory diff_dst = reuse_dy ? bwd_w_dst_.mem : bwd_data_dst_.in(dy);
+    bf16_dy_ = nullptr;  // once: a second call may bring other values in the same buffer
     memory diff_src = diff_src_.out(dx);
     // Forward already reordered these weights; reuse that copy when backward wants the same layout.
     memory wm;
@@ -210,9 +272,13 @@ class DnnlConv final : public ConvOp {
     diff_src_.out_done(dx);
   }
 
+  // In bf16, the bf16 copies are reused where backward wants them in the layout they were made in:
+  // x's from forward (backward_weights takes the forward's input, unchanged since), and dy's from
+  // backward_weights in the backward_data right after it on the same dy (the layer's order).
   void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
-    memory src = bwd_w_src_.in(x);
+    memory src = x == bf16_x_ && bwd_w_src_.want == fwd_src_.want ? fwd_src_.mem : bwd_w_src_.in(x);
     memory diff_dst = bwd_w_dst_.in(dy);
+    bf16_dy_ = bf16_ ? dy : nullptr;
     memory dwm = diff_w_.out(dw);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst},
                                          {DNNL_ARG_DIFF_WEIGHTS, dwm}};
@@ -233,6 +299,9 @@ class DnnlConv final : public ConvOp {
   dnnl::convolution_backward_weights bwd_w_;
   Staged fwd_src_, bwd_w_src_, diff_src_, fwd_w_, bwd_w_in_, diff_w_;
   Staged fwd_dst_, bwd_data_dst_, bwd_w_dst_;  // copies only where the output layout is oneDNN's own
+  bool bf16_ = false;
+  const float* bf16_x_ = nullptr;   // the input whose bf16 copy fwd_src_ holds
+  const float* bf16_dy_ = nullptr;  // the gradient whose bf16 copy bwd_w_dst_ holds
 };
 
 class DnnlBatchNorm final : public BatchNormOp {

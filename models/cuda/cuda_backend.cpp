@@ -16,6 +16,8 @@
 namespace trainer::models::cuda {
 namespace {
 
+bool g_tf32 = false;
+
 [[noreturn]] void speech_op(const char* op) {
   throw std::runtime_error(std::string("CUDA backend: ") + op +
                            " is not implemented (speech models on CUDA are issue 13); use runtime.device = \"cpu\"");
@@ -36,8 +38,8 @@ class CudaBackend final : public Backend {
     check(cublasCreate(&cublas_), "cublasCreate");
     check(cublasSetStream(cublas_, stream_), "cublasSetStream");
     // FP32: CUBLAS_DEFAULT_MATH never uses TF32 tensor cores for SGEMM (that takes
-    // CUBLAS_TF32_TENSOR_OP_MATH or NVIDIA_TF32_OVERRIDE).
-    check(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    // CUBLAS_TF32_TENSOR_OP_MATH, runtime.precision = "tf32", or NVIDIA_TF32_OVERRIDE).
+    check(cublasSetMathMode(cublas_, g_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
     check(cudaMallocHost(&host_result_, 2 * sizeof(double)), "cudaMallocHost");
   }
   ~CudaBackend() override {
@@ -211,6 +213,9 @@ class CudaBackend final : public Backend {
 };
 
 }  // namespace
+
+void set_tf32(bool allow) { g_tf32 = allow; }
+bool tf32_allowed() { return g_tf32; }
 
 Backend& cuda_backend(int local_rank) {
   // Never destroyed: at exit the device (another function's static) may already be gone, and the

@@ -1,6 +1,7 @@
 // The CUDA backend: the Backend (models/backend.h) of the image models on one GPU. cuDNN for
 // convolution and pooling (cudnn_ops.h), cuBLAS for GEMM, our own kernels for the rest
-// (kernels.h), all on the stream of the process's CUDA device (cuda_device.h), FP32 math (no TF32).
+// (kernels.h), all on the stream of the process's CUDA device (cuda_device.h), FP32 math (TF32
+// only under runtime.precision = "tf32": set_tf32).
 //
 // Activations are channels-last (NHWC): the layout the Layout enum (models/tensor.h) already has,
 // the one the inputs arrive in, and the one cuDNN's fastest FP32/TF32 convolutions on Ampere and
@@ -24,5 +25,12 @@ Backend& cuda_backend(int local_rank);
 // atomics, so the last bits vary from run to run. Read when a convolution op is made: set it
 // before the model is built.
 void set_deterministic_algorithms(bool deterministic);
+
+// runtime.precision = "tf32": cuBLAS GEMMs (CUBLAS_TF32_TENSOR_OP_MATH) and cuDNN convolutions
+// (CUDNN_DEFAULT_MATH instead of CUDNN_FMA_MATH) may multiply on TF32 tensor cores (10-bit mantissa
+// inputs, fp32 accumulation and data). Applies to the backend and convolutions made afterwards:
+// call it before cuda_backend().
+void set_tf32(bool allow);
+bool tf32_allowed();
 
 }  // namespace trainer::models::cuda

@@ -85,7 +85,10 @@ class CudnnConv final : public ConvOp {
                                           static_cast<int>(g.stride_h), static_cast<int>(g.stride_w), 1, 1,
                                           CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
           "conv descriptor");
-    check(cudnnSetConvolutionMathType(conv_, CUDNN_FMA_MATH), "cudnnSetConvolutionMathType");
+    // FMA math never uses tensor cores for FP32 data; DEFAULT math lets cuDNN use TF32 ones (and
+    // the algorithms cudnnFind* then returns include them): runtime.precision = "tf32".
+    check(cudnnSetConvolutionMathType(conv_, tf32_allowed() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH),
+          "cudnnSetConvolutionMathType");
     int on = 0, oc = 0, oh = 0, ow = 0;
     check(cudnnGetConvolution2dForwardOutputDim(conv_, x_, w_, &on, &oc, &oh, &ow), "conv output size");
     if (on != n || oc != k || oh != g.out_h() || ow != g.out_w())

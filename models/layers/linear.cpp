@@ -35,17 +35,17 @@ const Tensor& Linear::forward(const Tensor& x, Mode) {
     be.broadcast_rows(n, out_, ctx_.params.value(bias_).data, y.data);
     beta = 1.f;
   }
-  be.gemm(false, true, n, out_, in_, 1.f, x.data, in_, ctx_.params.value(weight_).data, in_, beta, y.data, out_);
+  be.layer_gemm(false, true, n, out_, in_, 1.f, x.data, in_, ctx_.params.value(weight_).data, in_, beta, y.data, out_);
   return y;
 }
 
 const Tensor& Linear::backward(const Tensor& dy) {
   const int64_t n = x_.dim(0);
   Backend& be = ctx_.backend;
-  be.gemm(true, false, out_, in_, n, 1.f, dy.data, out_, x_.data, in_, 0.f, ctx_.params.grad(weight_).data, in_);
+  be.layer_gemm(true, false, out_, in_, n, 1.f, dy.data, out_, x_.data, in_, 0.f, ctx_.params.grad(weight_).data, in_);
   if (bias_ >= 0) be.sum_rows(n, out_, dy.data, ctx_.params.grad(bias_).data);
   Tensor& dx = dx_.resize(x_.shape);
-  be.gemm(false, false, n, in_, out_, 1.f, dy.data, out_, ctx_.params.value(weight_).data, in_, 0.f, dx.data, in_);
+  be.layer_gemm(false, false, n, in_, out_, 1.f, dy.data, out_, ctx_.params.value(weight_).data, in_, 0.f, dx.data, in_);
   return dx;
 }
 

@@ -1,0 +1,85 @@
+#include "models/cpu/dnnl_matmul.h"
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+
+#include "models/cpu/dnnl_context.h"
+#include "models/cpu/dnnl_dispatch.h"
+#include "models/cpu/dnnl_staged.h"
+
+namespace trainer::models::cpu {
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+
+// The row-major m x n matrix at leading dimension ld, read transposed when `trans` (its storage
+// is then n x m).
+memory::desc f32_matrix(int64_t rows, int64_t cols, int64_t ld, bool trans) {
+  return memory::desc({rows, cols}, dt::f32, trans ? memory::dims{1, ld} : memory::dims{ld, 1});
+}
+
+class Bf16Gemm {
+ public:
+  Bf16Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, int64_t lda, int64_t ldb,
+           float beta, int64_t ldc) {
+    // alpha scales the product (output scales), beta adds the old C (a sum post-op): both in fp32.
+    dnnl::primitive_attr attr = dnnl_scratchpad_attr();
+    if (alpha != 1.f) attr.set_output_scales(0, {alpha});
+    if (beta != 0.f) {
+      dnnl::post_ops ops;
+      ops.append_sum(beta);
+      attr.set_post_ops(ops);
+    }
+    c_md_ = f32_matrix(m, n, ldc, false);
+    const dnnl::matmul::desc d(memory::desc({m, k}, dt::bf16, tag::any), memory::desc({k, n}, dt::bf16, tag::any),
+                               c_md_);
+    pd_ = dnnl::matmul::primitive_desc(d, attr, dnnl_engine());
+    matmul_ = dnnl::matmul(pd_);
+    a_.prepare(f32_matrix(m, k, lda, trans_a), pd_.src_desc());
+    b_.prepare(f32_matrix(k, n, ldb, trans_b), pd_.weights_desc());
+    record_primitive("matmul bf16", "m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k),
+                     pd_.impl_info_str());
+  }
+
+  void run(const float* a, const float* b, float* c) {
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, a_.in(a)},
+                                         {DNNL_ARG_WEIGHTS, b_.in(b)},
+                                         {DNNL_ARG_DST, memory(c_md_, dnnl_engine(), c)},
+                                         {DNNL_ARG_SCRATCHPAD, dnnl_scratchpad(pd_.scratchpad_desc())}};
+    matmul_.execute(dnnl_stream(), args);
+    dnnl_stream().wait();
+  }
+
+ private:
+  memory::desc c_md_;
+  dnnl::matmul::primitive_desc pd_;
+  dnnl::matmul matmul_;
+  Staged a_, b_;  // the bf16 copies of A and B (the reorders round to nearest even)
+};
+
+}  // namespace
+
+void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, float, int64_t, int64_t, float, int64_t>;
+  static std::map<Key, std::unique_ptr<Bf16Gemm>> cache;
+  static std::mutex mutex;  // ops run one at a time; the lock only guards the cache
+  Bf16Gemm* gemm;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto& slot = cache[Key{trans_a, trans_b, m, n, k, alpha, lda, ldb, beta, ldc}];
+    if (!slot) slot = std::make_unique<Bf16Gemm>(trans_a, trans_b, m, n, k, alpha, lda, ldb, beta, ldc);
+    gemm = slot.get();
+  }
+  gemm->run(a, b, c);
+}
+
+}  // namespace trainer::models::cpu

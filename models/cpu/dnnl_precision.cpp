@@ -1,0 +1,44 @@
+#include "models/cpu/dnnl_precision.h"
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <stdexcept>
+#include <string>
+
+#include "models/cpu/dnnl_dispatch.h"
+
+namespace trainer::models::cpu {
+namespace {
+Precision g_precision = Precision::kFp32;
+}  // namespace
+
+bool dnnl_has_bf16() {
+  // The ISAs are ordered by what they include; avx512_mic (Xeon Phi) lacks the AVX-512 subsets
+  // that oneDNN's bf16 kernels and its emulation need.
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::avx512_core:
+    case dnnl::cpu_isa::avx512_core_vnni:
+    case dnnl::cpu_isa::avx512_core_bf16:
+    case dnnl::cpu_isa::avx512_core_amx:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void require_precision(Precision precision) {
+  if (precision == Precision::kBf16 && !dnnl_has_bf16())
+    throw std::invalid_argument(std::string("runtime.precision = \"bf16\": oneDNN 2.6 has no bf16 kernels at ISA ") +
+                                dnnl_isa_name() +
+                                " (it needs AVX-512: avx512_core emulates bf16, avx512_bf16 and AMX run it natively); "
+                                "use runtime.precision = \"fp32\" on this CPU");
+}
+
+void set_precision(Precision precision) {
+  require_precision(precision);
+  g_precision = precision;
+}
+
+Precision precision() { return g_precision; }
+
+}  // namespace trainer::models::cpu

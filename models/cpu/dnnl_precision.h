@@ -1,0 +1,26 @@
+// The precision the CPU backend computes convolutions and the layers' GEMMs in (runtime.precision;
+// architecture.md section 2, "Precision").
+//
+// kBf16 is mixed precision as PyTorch's CPU autocast defines it: parameters, activations in memory,
+// gradients, optimizer state and the gradient sync stay fp32; each convolution and layer GEMM
+// rounds its operands (weights, activations, incoming gradients) to bf16 copies and accumulates in
+// fp32 into an fp32 result. Batch norm, pooling, softmax, the losses and every reduction stay fp32.
+// oneDNN 2.6 has bf16 kernels from AVX-512 on: native with avx512_bf16 or AMX, emulated (slower,
+// same results) on plain avx512_core; below that it has none, not even a reference one.
+#pragma once
+
+namespace trainer::models::cpu {
+
+enum class Precision { kFp32, kBf16 };
+
+// Set once per process before ops are made (ops keep the precision they were made in; the GEMMs
+// read it at each call). Throws std::invalid_argument, one line naming runtime.precision and the
+// ISA, for kBf16 where oneDNN dispatches below AVX-512 (ONEDNN_MAX_CPU_ISA applies).
+void set_precision(Precision precision);
+Precision precision();
+// Whether oneDNN has bf16 kernels at the ISA it dispatches for.
+bool dnnl_has_bf16();
+// set_precision's check alone: throws its error where `precision` cannot run here.
+void require_precision(Precision precision);
+
+}  // namespace trainer::models::cpu

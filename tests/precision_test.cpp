@@ -1,0 +1,268 @@
+// runtime.precision (models/cpu/dnnl_precision.h): each bf16 op against exact products within
+// bf16's error bound, a ResNet-20 training step in bf16 against fp32, and the refusals (tf32 on the
+// CPU; bf16 below AVX-512, run capped at AVX2 by ctest). ctest also runs this binary capped at
+// AVX512_CORE, where oneDNN emulates bf16.
+//
+// The bound tested. An output element is a k-term dot product y = sum_i a_i b_i of fp32 inputs.
+// The bf16 op rounds each a_i and b_i to bf16 (8 significant bits, round to nearest: relative
+// error <= u = 2^-8), multiplies exactly (8 x 8 bits fit fp32's 24) and accumulates in fp32 in
+// some order (relative error <= k * 2^-24 of the sum of magnitudes). So
+//     |y_bf16 - y| <= (2u + u^2 + k * 2^-24) * sum_i |a_i| |b_i|,
+// with y and the sum of magnitudes computed in double from the fp32 inputs. The same checks also
+// require an error of at least u / 16 of that sum somewhere: an op that skipped the rounding (ran
+// in fp32) would fail them.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "models/cpu/dnnl_dispatch.h"
+#include "models/cpu/dnnl_ops.h"
+#include "models/cpu/dnnl_precision.h"
+#include "models/model.h"
+#include "trainer/experiment.h"
+
+using namespace trainer::models;
+using trainer::models::cpu::Precision;
+
+namespace {
+
+constexpr double kU = 1.0 / 256;  // bf16's unit roundoff
+
+std::vector<float> random_vector(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> v(n);
+  for (auto& x : v) x = normal(rng);
+  return v;
+}
+
+// Sets the precision for the ops made in its scope, and back to fp32 after.
+struct PrecisionScope {
+  explicit PrecisionScope(Precision p) { cpu::set_precision(p); }
+  ~PrecisionScope() { cpu::set_precision(Precision::kFp32); }
+};
+
+// Exact values (double) and the sums of |a| |b| of the terms of each, with the term count.
+struct Exact {
+  std::vector<double> value, magnitude;
+  int64_t terms = 0;
+};
+
+// Checks got against exact within the bound of the header; returns the largest error relative to
+// the sum of magnitudes.
+double check_within_bf16_bound(const char* what, const std::vector<float>& got, const Exact& exact) {
+  REQUIRE(got.size() == exact.value.size());
+  const double bound = 2 * kU + kU * kU + exact.terms * std::ldexp(1.0, -24);
+  double worst = 0;
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double m = exact.magnitude[i];
+    const double err = std::abs(got[i] - exact.value[i]);
+    if (err > bound * m + 1e-30) ++bad;
+    if (m > 0) worst = std::max(worst, err / m);
+  }
+  INFO(what << ": largest error " << worst << " of sum |a||b| (bound " << bound << ")");
+  CHECK(bad == 0);
+  CHECK(worst > kU / 16);  // the rounding to bf16 happened
+  return worst;
+}
+
+// Activation of shape {n, c, h, w} in `layout`, to and from NCHW (the reference's order).
+std::vector<float> to_layout(const std::vector<float>& nchw, const Shape& shape, Layout layout) {
+  std::vector<float> out(nchw.size());
+  Tensor t{out.data(), shape, layout};
+  cpu::reorder_nchw(t, const_cast<float*>(nchw.data()), false);
+  return out;
+}
+std::vector<float> from_layout(std::vector<float>& data, const Shape& shape, Layout layout) {
+  std::vector<float> nchw(data.size());
+  cpu::reorder_nchw(Tensor{data.data(), shape, layout}, nchw.data(), true);
+  return nchw;
+}
+
+void check_bf16_conv(const ConvGeometry& g) {
+  const int64_t N = g.batch, C = g.in_channels, H = g.in_h, W = g.in_w, K = g.out_channels;
+  const int64_t R = g.kernel_h, S = g.kernel_w, P = g.out_h(), Q = g.out_w();
+  const auto x = random_vector(N * C * H * W, 1), w = random_vector(K * C * R * S, 2);
+  const auto b = random_vector(K, 3), dy = random_vector(N * K * P * Q, 4);
+
+  // The exact forward, input gradient and weight gradient, term by term.
+  Exact y{std::vector<double>(N * K * P * Q), std::vector<double>(N * K * P * Q), C * R * S + 1};
+  Exact dx{std::vector<double>(x.size()), std::vector<double>(x.size()), K * R * S};
+  Exact dw{std::vector<double>(w.size()), std::vector<double>(w.size()), N * P * Q};
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t p = 0; p < P; ++p)
+        for (int64_t q = 0; q < Q; ++q) {
+          const int64_t yi = ((n * K + k) * P + p) * Q + q;
+          if (g.bias) y.value[yi] += b[k], y.magnitude[yi] += std::abs(b[k]);
+          for (int64_t c = 0; c < C; ++c)
+            for (int64_t r = 0; r < R; ++r)
+              for (int64_t s = 0; s < S; ++s) {
+                const int64_t ih = p * g.stride_h - g.pad_h + r, iw = q * g.stride_w - g.pad_w + s;
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                const int64_t xi = ((n * C + c) * H + ih) * W + iw, wi = ((k * C + c) * R + r) * S + s;
+                y.value[yi] += double(x[xi]) * w[wi], y.magnitude[yi] += std::abs(double(x[xi]) * w[wi]);
+                dx.value[xi] += double(dy[yi]) * w[wi], dx.magnitude[xi] += std::abs(double(dy[yi]) * w[wi]);
+                dw.value[wi] += double(dy[yi]) * x[xi], dw.magnitude[wi] += std::abs(double(dy[yi]) * x[xi]);
+              }
+        }
+
+  PrecisionScope bf16(Precision::kBf16);
+  auto op = cpu::make_dnnl_conv(g);
+  const Shape x_shape{N, C, H, W}, y_shape{N, K, P, Q};
+  auto x_op = to_layout(x, x_shape, g.src_layout);
+  auto dy_op = to_layout(dy, y_shape, op->output_layout());
+  std::vector<float> y_op(dy.size()), dx_op(x.size()), dw_op(w.size()), db_op(K);
+  op->forward(x_op.data(), w.data(), g.bias ? b.data() : nullptr, y_op.data());
+  op->backward_weights(x_op.data(), dy_op.data(), dw_op.data(), g.bias ? db_op.data() : nullptr);
+  op->backward_data(dy_op.data(), w.data(), dx_op.data());
+  check_within_bf16_bound("forward", from_layout(y_op, y_shape, op->output_layout()), y);
+  check_within_bf16_bound("backward data", from_layout(dx_op, x_shape, g.src_layout), dx);
+  check_within_bf16_bound("backward weights", dw_op, dw);
+}
+
+}  // namespace
+
+TEST_CASE("bf16 convolutions are within bf16's error bound of exact products", "[precision]") {
+  if (!cpu::dnnl_has_bf16()) {
+    WARN("skipped: no bf16 at ISA " << cpu::dnnl_isa_name());
+    return;
+  }
+  // The layouts the models give them: the backend's activation layout for bf16, probed first.
+  Layout act16, act32;
+  {
+    PrecisionScope bf16(Precision::kBf16);
+    act16 = cpu::dnnl_activation_layout(16), act32 = cpu::dnnl_activation_layout(32);
+  }
+  const Layout nhwc = Layout::kChannelsLast;
+  struct Case {
+    const char* name;
+    ConvGeometry g;
+  };
+  const Case cases[] = {
+      {"3x3 16->16", {4, 16, 8, 8, 16, 3, 3, 1, 1, 1, 1, false, act16, act16}},
+      {"3x3 stride 2 16->32", {4, 16, 8, 8, 32, 3, 3, 2, 2, 1, 1, false, act16, act32}},
+      {"stem 3->16, channels-last image", {4, 3, 8, 8, 16, 3, 3, 1, 1, 1, 1, false, nhwc, act16}},
+      {"1x1 stride 2 with bias", {4, 16, 8, 8, 32, 1, 1, 2, 2, 0, 0, true, act16, act32}},
+      {"5x3 channels-last, odd channels", {2, 6, 9, 7, 10, 5, 3, 1, 2, 2, 1, true, nhwc, nhwc}},
+  };
+  INFO("ISA " << cpu::dnnl_isa_name());
+  for (const Case& c : cases) {
+    INFO(c.name);
+    check_bf16_conv(c.g);
+  }
+}
+
+TEST_CASE("bf16 layer GEMMs are within bf16's error bound of exact products", "[precision]") {
+  if (!cpu::dnnl_has_bf16()) {
+    WARN("skipped: no bf16 at ISA " << cpu::dnnl_isa_name());
+    return;
+  }
+  PrecisionScope bf16(Precision::kBf16);
+  // Linear's three products (forward with the bias preset and beta 1, weight and input gradients),
+  // and one with alpha and beta other than 1.
+  struct Case {
+    bool ta, tb;
+    int64_t m, n, k;
+    float alpha, beta;
+  };
+  for (const Case& t : {Case{false, true, 32, 10, 64, 1.f, 1.f}, Case{true, false, 10, 64, 32, 1.f, 0.f},
+                        Case{false, false, 32, 64, 10, 1.f, 0.f}, Case{true, true, 17, 33, 70, 0.5f, 2.f}}) {
+    INFO("trans_a " << t.ta << " trans_b " << t.tb << " m " << t.m << " n " << t.n << " k " << t.k);
+    const auto a = random_vector(t.m * t.k, 5), b = random_vector(t.k * t.n, 6), c0 = random_vector(t.m * t.n, 7);
+    const int64_t lda = t.ta ? t.m : t.k, ldb = t.tb ? t.k : t.n;
+    Exact c{std::vector<double>(t.m * t.n), std::vector<double>(t.m * t.n), t.k + 1};
+    for (int64_t i = 0; i < t.m; ++i)
+      for (int64_t j = 0; j < t.n; ++j) {
+        double v = double(t.beta) * c0[i * t.n + j], m = std::abs(v);
+        for (int64_t l = 0; l < t.k; ++l) {
+          const double p = double(t.alpha) * (t.ta ? a[l * lda + i] : a[i * lda + l]) * (t.tb ? b[j * ldb + l] : b[l * ldb + j]);
+          v += p, m += std::abs(p);
+        }
+        c.value[i * t.n + j] = v, c.magnitude[i * t.n + j] = m;
+      }
+    std::vector<float> got = c0;
+    cpu_backend().layer_gemm(t.ta, t.tb, t.m, t.n, t.k, t.alpha, a.data(), lda, b.data(), ldb, t.beta, got.data(), t.n);
+    check_within_bf16_bound("layer_gemm", got, c);
+  }
+}
+
+TEST_CASE("The fp32 layer GEMM is still fp32", "[precision]") {
+  // gemm() is the gradient sync's too and never rounds; layer_gemm rounds only under bf16.
+  const auto a = random_vector(8 * 64, 8), b = random_vector(64 * 8, 9);
+  std::vector<float> plain(64), layer(64);
+  cpu_backend().gemm(false, false, 8, 8, 64, 1.f, a.data(), 64, b.data(), 8, 0.f, plain.data(), 8);
+  cpu_backend().layer_gemm(false, false, 8, 8, 64, 1.f, a.data(), 64, b.data(), 8, 0.f, layer.data(), 8);
+  CHECK(plain == layer);
+}
+
+TEST_CASE("A ResNet-20 training step in bf16 matches fp32", "[precision]") {
+  if (!cpu::dnnl_has_bf16()) {
+    WARN("skipped: no bf16 at ISA " << cpu::dnnl_isa_name());
+    return;
+  }
+  const int64_t batch = 32;
+  const auto x = random_vector(batch * 3 * 32 * 32, 10);
+  std::vector<int32_t> labels(batch);
+  for (int64_t i = 0; i < batch; ++i) labels[i] = static_cast<int32_t>((i * 7) % 10);
+  auto step = [&](Precision p, std::vector<float>& grads) {
+    PrecisionScope scope(p);
+    auto model = make_image_model({"resnet20", 10, 0.f}, cpu_backend(), 3);
+    const double loss = model->forward(Tensor{const_cast<float*>(x.data()), {batch, 3, 32, 32}}, labels.data(),
+                                       Mode::kTrain);
+    model->backward();
+    const auto& params = model->parameters();
+    grads.assign(params.grads(), params.grads() + params.size());
+    return loss;
+  };
+  std::vector<float> g16, g32;
+  // bf16 first, so that the activation layout is the one a bf16 run probes (dnnl_dispatch.h).
+  const double loss16 = step(Precision::kBf16, g16);
+  const double loss32 = step(Precision::kFp32, g32);
+  double dot = 0, n16 = 0, n32 = 0, diff = 0;
+  for (size_t i = 0; i < g32.size(); ++i) {
+    dot += double(g16[i]) * g32[i], n16 += double(g16[i]) * g16[i], n32 += double(g32[i]) * g32[i];
+    diff += std::abs(double(g16[i]) - g32[i]);
+  }
+  const double cosine = dot / std::sqrt(n16 * n32);
+  INFO("ISA " << cpu::dnnl_isa_name() << ": loss bf16 " << loss16 << " fp32 " << loss32 << ", gradient cosine "
+              << cosine);
+  CHECK(std::abs(loss16 - loss32) <= 1e-2 * std::abs(loss32));
+  CHECK(cosine > 0.99);
+  CHECK(diff > 0);  // the bf16 step did round: it is not the fp32 step
+}
+
+TEST_CASE("Precisions a device cannot run are refused with one line naming the key", "[precision][refusal]") {
+  trainer::Config config;
+  config.runtime.precision = "tf32";
+  CHECK_THROWS_WITH(trainer::app::precision_plan(config), Catch::Contains("runtime.precision = \"tf32\"") &&
+                                                              Catch::Contains("GPU"));
+  config.runtime.precision = "fp32";
+  CHECK(trainer::app::precision_plan(config) == "fp32");
+  config.runtime.device = "cuda";  // tf32 is a GPU mode; bf16 is not built there yet
+  config.runtime.precision = "tf32";
+  CHECK_THAT(trainer::app::precision_plan(config), Catch::StartsWith("tf32 ("));
+  config.runtime.precision = "bf16";
+  CHECK_THROWS_WITH(trainer::app::precision_plan(config), Catch::Contains("runtime.precision = \"bf16\""));
+  config.runtime.device = "cpu";
+
+  // ctest runs this case capped at AVX2 too, where oneDNN 2.6 has no bf16 kernel at all.
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (cap && std::string(cap) == "AVX2") REQUIRE_FALSE(cpu::dnnl_has_bf16());
+  INFO("ISA " << cpu::dnnl_isa_name());
+  if (cpu::dnnl_has_bf16()) {
+    CHECK_THAT(trainer::app::precision_plan(config), Catch::StartsWith("bf16 ("));
+  } else {
+    const std::string isa = std::string("at ISA ") + cpu::dnnl_isa_name();
+    CHECK_THROWS_WITH(trainer::app::precision_plan(config),
+                      Catch::Contains("runtime.precision = \"bf16\"") && Catch::Contains(isa));
+    CHECK_THROWS_WITH(cpu::set_precision(Precision::kBf16),
+                      Catch::Contains("runtime.precision = \"bf16\"") && Catch::Contains(isa));
+    CHECK(cpu::precision() == Precision::kFp32);
+  }
+}

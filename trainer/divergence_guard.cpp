@@ -1,0 +1,216 @@
+#include "trainer/divergence_guard.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <vector>
+
+#include "trainer/config_schema.h"
+
+namespace trainer::app {
+
+DivergenceWatch::DivergenceWatch(int64_t switch_step, int64_t window, double factor, int64_t first_step)
+    : switch_(switch_step),
+      window_(window),
+      factor_(factor),
+      first_(first_step),
+      reference_(std::numeric_limits<double>::quiet_NaN()) {
+  if (switch_ < 0) return;
+  // Always a whole window: the mean of fewer steps (a warmup of 1, the untrained loss) is too noisy
+  // a yardstick (on synthetic curves a 1-step reference tripped normal runs at 1.5 x).
+  if (switch_ - first_step >= window_) {  // the level the dense steps reached: the window ending at the switch
+    ref_begin_ = switch_ - window_;
+    ref_end_ = switch_;
+  } else {  // a short or no warmup, or resumed past or near the switch: the first window this process runs
+    ref_begin_ = first_step;
+    ref_end_ = first_step + window_;
+  }
+  align_ = ref_end_;
+}
+
+void DivergenceWatch::restore(double reference, int64_t end) {
+  if (!watching() || end < 0 || end > first_ || !std::isfinite(reference)) return;
+  reference_ = reference;
+  ref_end_ = end;
+  ref_begin_ = std::max<int64_t>(0, end - window_);
+  align_ = first_;  // whole windows from the resume on
+}
+
+void DivergenceWatch::add(int64_t step, double loss, int64_t samples) {
+  if (!watching() || step < ref_begin_ || !std::isfinite(loss)) return;
+  loss_sum_ += loss * static_cast<double>(samples);
+  samples_ += static_cast<double>(samples);
+}
+
+bool DivergenceWatch::closes(int64_t step) const {
+  if (!watching()) return false;
+  const int64_t end = step + 1;
+  return end == ref_end_ || (end > align_ && (end - align_) % window_ == 0);
+}
+
+DivergenceWatch::Verdict DivergenceWatch::close(int64_t step, double loss_sum, double samples) {
+  Verdict v;
+  v.end = step + 1;
+  v.begin = v.end == ref_end_ ? ref_begin_ : v.end - window_;
+  loss_sum_ = samples_ = 0;
+  if (samples <= 0) return v;  // every step of the window was skipped: nothing to judge
+  v.mean = loss_sum / samples;
+  if (std::isnan(reference_)) {  // the reference window (or the first one with any applied step)
+    reference_ = v.mean;
+    if (v.end != ref_end_) ref_begin_ = v.begin, ref_end_ = v.end;
+    return v;
+  }
+  v.judged = true;
+  v.diverged = !std::isfinite(v.mean) || v.mean > factor_ * reference_;
+  return v;
+}
+
+namespace {
+
+// Whether a key's description says it is `method`'s: one of its sentences begins with a list of
+// method names that holds it ("oktopk, topka, gaussiank, gtopk: fraction ...", "diloco: H, ...").
+bool names_method(const std::string& doc, const std::string& method) {
+  size_t start = 0;
+  while (start < doc.size()) {
+    const size_t colon = doc.find(':', start), period = doc.find(". ", start);
+    if (colon != std::string::npos && (period == std::string::npos || colon < period)) {
+      const std::string head = doc.substr(start, colon - start);
+      size_t from = 0;
+      while (from <= head.size()) {
+        size_t comma = head.find(", ", from);
+        if (comma == std::string::npos) comma = head.size();
+        if (head.compare(from, comma - from, method) == 0 && comma - from == method.size()) return true;
+        from = comma + 2;
+      }
+    }
+    if (period == std::string::npos) break;
+    start = period + 2;
+  }
+  return false;
+}
+
+struct MethodKeys {
+  const std::string& method;
+  std::string out;
+  void section(const char*, const char*) {}
+  template <class T>
+  void key(const char* path, const T& value, const char* doc, const config_schema::Allowed& = {}) {
+    if (std::string(path).rfind("sync.", 0) != 0 || !names_method(doc, method)) return;
+    out += (out.empty() ? "" : ", ") + std::string(path) + " = " +
+           config_schema::toml_literal(config_schema::Value(value));
+  }
+};
+
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+}  // namespace
+
+std::string method_settings(const Config& config) {
+  MethodKeys keys{config.sync.method, {}};
+  config_schema::visit_config(config, keys);
+  std::string out = "sync.method = " + config.sync.method + " (";
+  if (!keys.out.empty()) out += keys.out + "; ";
+  return out + "sync.dense_warmup_steps = " + std::to_string(config.sync.dense_warmup_steps) +
+         ", optim.lr = " + number(config.optim.lr) + ")";
+}
+
+DivergenceGuard::DivergenceGuard(const Config& config, int64_t switch_step, int64_t first_step,
+                                 comm::Communicator& comm, double kept_reference, int64_t kept_reference_end)
+    : watch_(switch_step, config.train.divergence_window, config.train.divergence_factor, first_step),
+      comm_(comm),
+      settings_(method_settings(config)) {
+  watch_.restore(kept_reference, kept_reference_end);
+}
+
+std::string DivergenceGuard::where() const {
+  const int64_t s = watch_.switch_step();
+  return s > 0 ? "after its dense warmup (switched after step " + std::to_string(s) + ")"
+               : std::string("from its first step (no dense warmup)");
+}
+
+std::optional<std::string> DivergenceGuard::after_step(int64_t step, double loss, int64_t samples, bool applied,
+                                                       const std::string& last_checkpoint) {
+  if (!watch_.watching()) return std::nullopt;
+  if (applied) watch_.add(step, loss, samples);
+  if (!watch_.closes(step)) return std::nullopt;
+  const auto [sum, samples_all] = agreed(watch_.local_loss_sum(), watch_.local_samples());
+  const DivergenceWatch::Verdict v = watch_.close(step, sum, samples_all);
+  if (!v.diverged) {
+    if (v.judged || v.end == watch_.reference_end()) last_good_ = last_checkpoint;
+    return std::nullopt;
+  }
+  last_mean_ = v.mean;
+  return "diverged: " + settings_ + " " + where() + ": the mean training loss over the " +
+         std::to_string(v.end - v.begin) + " steps to step " + std::to_string(v.end) + " is " + number(v.mean) +
+         ", above " + reference_text();
+}
+
+std::pair<double, double> DivergenceGuard::agreed(double loss_sum, double samples) {
+  // Summed in rank order on every rank: the same bits everywhere, so the same decision (an
+  // allreduce's sum need not be bitwise equal across ranks).
+  const double mine[2] = {loss_sum, samples};
+  std::vector<double> all(2 * static_cast<size_t>(comm_.size()));
+  comm_.allgather(mine, 2, all.data(), comm::DType::kF64, "ALLGATHER_DIVERGENCE");
+  double sum = 0, n = 0;
+  for (int r = 0; r < comm_.size(); ++r) sum += all[2 * r], n += all[2 * r + 1];
+  return {sum, n};
+}
+
+std::string DivergenceGuard::reference_text() const {
+  const std::string which = watch_.reference_end() == watch_.switch_step() ? "before the switch"
+                            : watch_.reference_begin() == 0              ? "the run's first window"
+                                                                         : "the first window after the resume";
+  return number(watch_.factor()) + " x the " + number(watch_.reference()) + " of the " +
+         std::to_string(watch_.reference_end() - watch_.reference_begin()) + " steps to step " +
+         std::to_string(watch_.reference_end()) + " (" + which + ")";
+}
+
+std::optional<std::string> DivergenceGuard::nonfinite(int64_t step, double loss, int64_t samples,
+                                                      bool loss_nonfinite, const std::string& what) {
+  if (!watch_.after_switch(step)) return std::nullopt;
+  // The steps since the last window closed, this one's finite loss included.
+  const bool finite = std::isfinite(loss);
+  const auto [sum, n] = agreed(watch_.local_loss_sum() + (finite ? loss * static_cast<double>(samples) : 0.0),
+                               watch_.local_samples() + (finite ? static_cast<double>(samples) : 0.0));
+  const double mean = n > 0 ? sum / n : std::numeric_limits<double>::quiet_NaN();
+  const bool known = std::isfinite(watch_.reference());
+  const bool risen = n > 0 && known && (!std::isfinite(mean) || mean > watch_.factor() * watch_.reference());
+  if (!loss_nonfinite && !risen) return std::nullopt;
+  std::string line = "diverged: " + settings_ + " " + where() + ": " + what;
+  if (risen) {
+    last_mean_ = mean;
+    line += ", the mean training loss of its window so far at " + number(mean) + ", above " + reference_text();
+  }
+  return line;
+}
+
+std::string DivergenceGuard::stop_note(const std::string& written, const std::string& why_none) const {
+  std::string note = written.empty() ? "no checkpoint written (" + why_none + ")"
+                                     : "checkpoint of the state as it stopped: " + written;
+  namespace fs = std::filesystem;
+  if (last_good_.empty())
+    note += "; last good checkpoint: none (none was complete while the loss was judged fine)";
+  else if (!fs::exists(fs::path(last_good_) / "manifest.json"))
+    note += "; last good checkpoint: none left (" + last_good_ + " was removed by train.keep_checkpoints)";
+  else
+    note += "; last good checkpoint: " + last_good_;
+  return note + "; train.divergence_guard = false lets such a run go on";
+}
+
+nlohmann::json DivergenceGuard::record() const {
+  nlohmann::json r{{"method", settings_},
+                   {"switch_step", watch_.switch_step()},
+                   {"factor", watch_.factor()},
+                   {"reference_loss", watch_.reference()},
+                   {"reference_steps", {watch_.reference_begin(), watch_.reference_end()}}};
+  if (!std::isfinite(watch_.reference())) r["reference_loss"] = nullptr;
+  r["window_loss"] = std::isfinite(last_mean_) ? nlohmann::json(last_mean_) : nlohmann::json(nullptr);
+  return r;
+}
+
+}  // namespace trainer::app
