@@ -2,12 +2,14 @@
 # Every sync method's checkpoint from two trainer binaries, byte for byte: for a refactoring that
 # must not change what any method computes or saves. Each method trains a 30-step ResNet-20 run on 2
 # ranks of a small synthetic CIFAR-10 (one thread each) with each binary, and every file of the two
-# final checkpoints (weights, each rank's state, the manifest) must be identical.
+# final checkpoints (weights, each rank's state, the manifest) must be identical. Each state file
+# holds the config's hash, which covers every key: binaries with different key sets differ there
+# (and in the manifest's checksums) even when every weight and every method's state is the same.
 #   scripts/compare_checkpoints.sh OLD_TRAINER NEW_TRAINER [METHOD...]
 # Prints one line per method; exits 1 when any checkpoint differs. Scratch space under /tmp.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-(($# >= 2)) || { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+(($# >= 2)) || { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 old=$(realpath "$1") new=$(realpath "$2")
 shift 2
 methods=("$@")
