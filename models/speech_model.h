@@ -18,7 +18,10 @@ namespace trainer::models {
 constexpr const char* kSpeechLabels = "_'ABCDEFGHIJKLMNOPQRSTUVWXYZ ";
 constexpr int64_t kSpeechClasses = 29;
 
-// One batch, host memory. What data/speech_loader.h produces.
+// One batch: what data/speech_loader.h produces, with the features where the model computes (the
+// model's backend: host memory on the CPU, a device copy on a GPU; trainer/device_batch.h) and the
+// per-utterance arrays on the host (lengths and labels steer the model's host code and ride into
+// kernels as arguments).
 struct SpeechInput {
   const float* features = nullptr;  // batch x max_frames x feature_dim, row-major, zero padded
   int64_t batch = 0, max_frames = 0, feature_dim = 0;

@@ -15,7 +15,8 @@ spectrogram bins for deepspeech, 80 log-mel bins for las; random values), uttera
   las         teacher forcing 1.0, label smoothing 0.1 (models/nets/las.h)
 Every utterance has all --frames frames, so the LSTMs run unpacked (the same result as packed
 sequences, which PyTorch's CPU backward handles far more slowly; --packed times that). The SGD step
-is lr 0.01, momentum 0.9, weight decay 5e-4, as in the image benchmark. The medians of
+is lr 0.01, momentum 0.9, weight decay 5e-4, as in the image benchmark. --device cuda runs it on a
+GPU (each timed part then ends with torch.cuda.synchronize). The medians of
 the forward (with the loss), backward and optimizer parts are reported too. cpu_per_wall (CPU
 seconds of this process per wall second while timing) should be close to --threads; a much lower
 value means other processes were using the cores.
@@ -46,6 +47,7 @@ def parse_args():
                     help="run the LSTMs on packed sequences although no utterance is padded (PyTorch's "
                          "packed backward is much slower on the CPU; the default runs them unpacked)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     args = ap.parse_args()
     if min(args.threads, args.batch, args.steps, args.frames, args.label_length) < 1 or args.warmup < 0:
         ap.error("--threads, --batch, --frames, --label-length and --steps must be >= 1, --warmup >= 0")
@@ -74,9 +76,10 @@ def main():
         model, expected = tsm.Las(), tsm.LAS_PARAMETERS
     params = sum(p.numel() for p in model.parameters())
     assert params == expected, f"{args.model}: {params} parameters, expected {expected}"
-    model.train()
+    device = torch.device(args.device)
+    model.to(device).train()
 
-    features = torch.randn(args.batch, args.frames, FEATURES[args.model])
+    features = torch.randn(args.batch, args.frames, FEATURES[args.model]).to(device)
     frames = torch.full((args.batch,), args.frames, dtype=torch.long)
     labels = [torch.randint(1, 29, (args.label_length - 1 + n % 3,)).tolist() for n in range(args.batch)]
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
@@ -86,14 +89,21 @@ def main():
             return tsm.deepspeech_loss(model, features, frames, labels)[0]
         return tsm.las_loss(model, features, frames, labels, smoothing=0.1, teacher_forcing=1.0)[0]
 
+    def sync():  # a phase ends when the device has done its work
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     def step():
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = loss_of()
+        sync()
         t1 = time.perf_counter()
         loss.backward()
+        sync()
         t2 = time.perf_counter()
         opt.step()
+        sync()
         t3 = time.perf_counter()
         return loss, ((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
 
@@ -116,6 +126,7 @@ def main():
         # The kernels ATen dispatched to (ATEN_CPU_CAPABILITY caps it); torch 1.13 cannot say.
         "cpu_capability": getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: "?")(),
         "model": args.model,
+        "device": str(device),
         "params": params,
         "batch": args.batch,
         "frames": args.frames,

@@ -11,11 +11,14 @@
 # the script exits non-zero when any step failed.
 #
 # Steps: the GPU's description; cuda_backend_test (every CUDA op and a resnet20/vgg16 step against
-# the CPU backend); device_test's CUDA cases; a short quickstart training run on the GPU (whose
+# the CPU backend) and the speech parity tests (sequence ops, CTC, LSTM, speller, DeepSpeech and LAS
+# steps); device_test's CUDA cases; a short quickstart training run on the GPU (whose
 # metrics must show the sync phase under 5% of the step); and
 # the same on two ranks sharing the GPU (staged MPI), with staged_comm_test's GPU cases; every sync
 # method on two ranks; and
-# `trainer bench` of resnet20 at batch 128 on the GPU (with PyTorch beside it when torch imports).
+# the speech quickstart on the GPU (one and two ranks) and DeepSpeech, when the corpus is here; and
+# `trainer bench` of resnet20 at batch 128, DeepSpeech and LAS at batch 8 on the GPU (with PyTorch on
+# the same GPU beside it when torch imports).
 set -x
 build=${1:-build-cuda}
 out=${2:-${OUT:-gpu_check_out}}
@@ -34,6 +37,11 @@ step() {  # step NAME COMMAND...: runs COMMAND with its output in OUT/NAME.log, 
 
 step nvidia_smi nvidia-smi
 step cuda_backend_test "$build/tests/cuda_backend_test" --durations yes
+# The speech half: sequence ops and CTC, the cuDNN LSTM, the speller's ops, then whole DeepSpeech
+# and LAS training steps against the CPU.
+for t in cuda_sequence_test cuda_lstm_test cuda_speller_test cuda_speech_models_test; do
+  step "$t" timeout 300 "$build/tests/$t" --durations yes
+done
 step device_test "$build/tests/device_test" "[cuda]"
 step quickstart_cuda "$build/trainer" --config configs/quickstart_cifar.toml --set runtime.device=cuda \
   --set train.max_steps=40 --set train.log_every_steps=10 --set experiment.output_dir="$out/quickstart_run"
@@ -66,7 +74,24 @@ for method in dense local_sgd diloco oktopk topka gaussiank gtopk powersgd async
     --set sync.dense_warmup_steps=5 --set sync.period=4 --set sync.outer_momentum=0.5 --set sync.density=0.05 \
     --set sync.deterministic=true --set experiment.output_dir="$out/method_$method"
 done
+# The speech quickstart (LAS, Ok-Top-k after a dense warmup) for 60 steps on the GPU, on one rank and
+# on two sharing it, and DeepSpeech on the same corpus. The corpus is synthesized with espeak-ng and
+# sox, which GPU machines lack: bring datasets/an4_quickstart along (scripts/quickstart.sh makes it).
+if [[ -d datasets/an4_quickstart ]]; then
+  speech=(--config configs/quickstart_an4.toml --set runtime.device=cuda --set train.max_steps=60
+          --set train.log_every_steps=10 --set train.eval_every_steps=60 --set sync.dense_warmup_steps=30)
+  step speech_quickstart_cuda timeout 300 "$build/trainer" "${speech[@]}" \
+    --set experiment.output_dir="$out/speech_quickstart"
+  step speech_quickstart_cuda_2ranks timeout 300 mpirun --oversubscribe -n 2 "$build/trainer" "${speech[@]}" \
+    --set experiment.output_dir="$out/speech_quickstart_2ranks"
+  step deepspeech_cuda timeout 300 "$build/trainer" "${speech[@]}" --set model.arch=deepspeech \
+    --set sync.method=dense --set optim.lr=0.01 --set train.max_steps=30 --set experiment.output_dir="$out/deepspeech"
+else
+  echo "no datasets/an4_quickstart here: the speech runs are skipped"
+fi
 step bench_resnet20 "$build/trainer" bench --model resnet20 --batch 128 --device cuda
+step bench_deepspeech timeout 300 "$build/trainer" bench --model deepspeech --batch 8 --device cuda
+step bench_las timeout 300 "$build/trainer" bench --model las --batch 8 --device cuda
 
 {
   echo "{"

@@ -13,6 +13,8 @@ names and parameter order are the same on both sides.
 
 Batches come as the C++ SpeechInput holds them: features {N, T, F} (batch-major, padded; padding
 frames are never read), frames {N} (int64 here), labels as one list of class ids per utterance.
+The features (and the model) may be on a GPU; frames stay on the CPU, where pack_padded_sequence
+wants its lengths.
 """
 
 import torch
@@ -52,7 +54,7 @@ def on_valid_frames(module, x, lengths):
     if SKIP_PACKING_WITHOUT_PADDING and bool((lengths == x.shape[0]).all()):  # nothing to leave out
         out = module(x.reshape((-1,) + x.shape[2:]))
         return out.reshape(x.shape[:2] + out.shape[1:])
-    valid = torch.arange(x.shape[0])[:, None] < lengths[None, :]  # {T, N}
+    valid = torch.arange(x.shape[0], device=x.device)[:, None] < lengths.to(x.device)[None, :]  # {T, N}
     out = module(x[valid])
     y = x.new_zeros(x.shape[:2] + out.shape[1:])
     y[valid] = out
@@ -118,7 +120,8 @@ class DeepSpeech(nn.Module):
         lengths = (lengths + 10 - 11) // 2 + 1
         for m in self.conv.seq_module:  # zero the frames past each length after every stage
             x = m(x)
-            x = x * (torch.arange(x.shape[3])[None, :] < lengths[:, None]).to(x.dtype)[:, None, None, :]
+            valid = torch.arange(x.shape[3], device=x.device)[None, :] < lengths.to(x.device)[:, None]
+            x = x * valid.to(x.dtype)[:, None, None, :]
         n, c, f, t = x.shape
         x = x.reshape(n, c * f, t).permute(2, 0, 1)
         for block in self.rnns:
@@ -132,7 +135,7 @@ def deepspeech_loss(model, features, frames, labels_list):
     features {N, T, F}; returns (loss, logits {T', N, classes}, output lengths)."""
     x = features.transpose(1, 2).unsqueeze(1)  # {N, 1, F, T}
     logits, out_lengths = model(x, frames)
-    labels = torch.tensor([c for t in labels_list for c in t], dtype=torch.long)
+    labels = torch.tensor([c for t in labels_list for c in t], dtype=torch.long, device=logits.device)
     label_lengths = torch.tensor([len(t) for t in labels_list], dtype=torch.long)
     loss = F.ctc_loss(logits.log_softmax(2), labels, out_lengths, label_lengths, blank=0,
                       reduction="sum") / features.shape[0]
@@ -192,13 +195,13 @@ class Las(nn.Module):
         ReLU(key(h)) {T', N, A} and the valid-frame mask {T', N}."""
         h, lengths = self.listener(features.transpose(0, 1), frames)
         keys = F.relu(self.attention.key(h))
-        mask = torch.arange(h.shape[0])[:, None] < lengths[None, :]
+        mask = torch.arange(h.shape[0], device=h.device)[:, None] < lengths.to(h.device)[None, :]
         return h, keys, mask
 
-    def initial_state(self, batch, dtype):
+    def initial_state(self, batch, dtype, device=None):
         hidden = self.speller.cells[0].hidden_size
-        zeros = torch.zeros(batch, hidden, dtype=dtype)
-        context = torch.zeros(batch, self.speller.output.in_features - hidden, dtype=dtype)
+        zeros = torch.zeros(batch, hidden, dtype=dtype, device=device)
+        context = torch.zeros(batch, self.speller.output.in_features - hidden, dtype=dtype, device=device)
         return context, [(zeros, zeros) for _ in self.speller.cells]
 
     def step(self, tokens, context, states, h, keys, mask):
@@ -233,18 +236,19 @@ def las_loss(model, features, frames, labels_list, smoothing, teacher_forcing=1.
     batch (each transcript's ids and <eos>). At step t > 0 the input token is the true previous one
     with probability teacher_forcing (drawn per utterance and step from `generator`), otherwise the
     previous step's argmax. Returns (loss, logits {U, N, classes})."""
-    targets, valid = las_targets(labels_list)
+    device = features.device
+    targets, valid = (t.to(device) for t in las_targets(labels_list))
     h, keys, mask = model.listen(features, frames)
     n = features.shape[0]
-    context, states = model.initial_state(n, features.dtype)
-    tokens = torch.full((n,), LAS_SOS, dtype=torch.long)
+    context, states = model.initial_state(n, features.dtype, device)
+    tokens = torch.full((n,), LAS_SOS, dtype=torch.long, device=device)
     logits = []
     for t in range(targets.shape[0]):
         if t > 0:
             tokens = targets[t - 1]
             if teacher_forcing < 1.0:
                 own = logits[-1].detach().argmax(1)
-                truth = torch.rand(n, generator=generator) < teacher_forcing
+                truth = (torch.rand(n, generator=generator) < teacher_forcing).to(device)
                 tokens = torch.where(truth, tokens, own)
         out, context, states = model.step(tokens, context, states, h, keys, mask)
         logits.append(out)
@@ -259,8 +263,8 @@ def las_greedy_decode(model, features, frames, max_steps=150):
     result) or max_steps tokens. Returns one list of class ids per utterance."""
     h, keys, mask = model.listen(features, frames)
     n = features.shape[0]
-    context, states = model.initial_state(n, features.dtype)
-    tokens = torch.full((n,), LAS_SOS, dtype=torch.long)
+    context, states = model.initial_state(n, features.dtype, features.device)
+    tokens = torch.full((n,), LAS_SOS, dtype=torch.long, device=features.device)
     result, done = [[] for _ in range(n)], [False] * n
     for _ in range(max_steps):
         out, context, states = model.step(tokens, context, states, h, keys, mask)

@@ -21,57 +21,12 @@
 #include "models/cuda/cuda_backend.h"
 #include "models/device_buffer.h"
 #include "models/model.h"
+#include "cuda_parity.h"
 
 using namespace trainer::models;
+using namespace trainer::cuda_testing;
 
 namespace {
-
-Backend* the_gpu = nullptr;
-Backend& gpu() { return *the_gpu; }
-Backend& cpu() { return cpu_backend(); }
-
-std::vector<float> random_vector(int64_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = u(rng);
-  return v;
-}
-
-// A copy of host data on the GPU.
-struct GpuArray {
-  DeviceBuffer buffer;
-  int64_t n;
-  explicit GpuArray(const std::vector<float>& host) : buffer(gpu(), std::max<int64_t>(1, host.size())), n(host.size()) {
-    if (n) copy_to_device(gpu(), host.data(), n, buffer.data());
-  }
-  explicit GpuArray(int64_t size) : GpuArray(std::vector<float>(static_cast<size_t>(size), 0.f)) {}
-  float* data() { return buffer.data(); }
-  std::vector<float> host() const {
-    std::vector<float> h(static_cast<size_t>(n));
-    if (n) copy_to_host(gpu(), buffer.data(), n, h.data());
-    return h;
-  }
-};
-
-void require_close(const std::vector<float>& want, const std::vector<float>& got, const std::string& what,
-                   double rel = 1e-4) {
-  INFO(what);
-  REQUIRE(want.size() == got.size());
-  double sq = 0;
-  for (float w : want) sq += double(w) * w;
-  const double rms = want.empty() ? 0.0 : std::sqrt(sq / want.size());
-  int64_t bad = 0, first = -1;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double tol = rel * std::max(std::fabs(double(want[i])), rms) + 1e-30;
-    if (!(std::fabs(double(want[i]) - got[i]) <= tol)) {
-      if (first < 0) first = static_cast<int64_t>(i);
-      ++bad;
-    }
-  }
-  if (bad) INFO("first mismatch at " << first << ": cpu " << want[first] << ", cuda " << got[first] << " (rms " << rms << ")");
-  CHECK(bad == 0);
-}
 
 void check_conv(ConvGeometry g, uint64_t seed) {
   g.src_layout = g.dst_layout = Layout::kChannelsLast;
@@ -327,34 +282,6 @@ TEST_CASE("CUDA optimizer arithmetic matches the CPU: SGD, Adam, sum of squares,
 
 namespace {
 
-// Relative L2 error of each parameter tensor (gradients or values), named in the failure message,
-// with a floor of 1e-5 of the whole vector's norm: the bias of a convolution followed by batch norm
-// has an exactly zero gradient in exact arithmetic, so both sides hold rounding noise there (CPU
-// direct vs CPU Winograd differ by 150% on those, and by at most 2e-5 on every other vgg16 and
-// resnet20 gradient: the margin under the 1e-4).
-void require_views_close(const ParameterStore& store, const std::vector<float>& want, const std::vector<float>& got,
-                         const std::string& what, double rel = 1e-4) {
-  REQUIRE(want.size() == got.size());
-  double total = 0;
-  for (float w : want) total += double(w) * w;
-  const double floor = 1e-5 * std::sqrt(total);
-  for (const ParamView& v : store.views()) {
-    double diff = 0, norm = 0;
-    for (int64_t i = v.offset; i < v.offset + v.numel(); ++i) {
-      diff += (double(want[i]) - got[i]) * (double(want[i]) - got[i]);
-      norm += double(want[i]) * want[i];
-    }
-    INFO(what << " " << v.name << ": |cuda - cpu| " << std::sqrt(diff) << ", |cpu| " << std::sqrt(norm));
-    CHECK(std::sqrt(diff) <= rel * std::sqrt(norm) + floor);
-  }
-}
-
-std::vector<float> host_grads(ParameterStore& store) {
-  std::vector<float> h(static_cast<size_t>(store.size()));
-  copy_to_host(store.memory(), store.grads(), store.size(), h.data());
-  return h;
-}
-
 void compare_training_step(const std::string& arch, int64_t batch) {
   INFO(arch << ", batch " << batch);
   auto cm = make_image_model({arch, 10, 0.f}, cpu(), 7);
@@ -408,16 +335,7 @@ TEST_CASE("CUDA backend: speech ops say they are issue 13", "[cuda]") {
   CHECK(gpu().name() == "cuda");
 }
 
-int main(int argc, char** argv) {
-  try {
-    the_gpu = &trainer::models::cuda::cuda_backend(0);
-  } catch (const std::exception& e) {
-    std::printf("skip: %s\n", e.what());
-    return 77;  // ctest's SKIP_RETURN_CODE
-  }
-  std::printf("%s\n", the_gpu->describe().c_str());
-  return Catch::Session().run(argc, argv);
-}
+int main(int argc, char** argv) { return trainer::cuda_testing::run_cuda_tests(argc, argv); }
 
 #else
 #include <cstdio>

@@ -106,6 +106,7 @@ Workload speech_workload(const BenchOptions& o, models::Backend& backend) {
     std::unique_ptr<models::SpeechModel> model;
     std::vector<float> features;
     std::vector<int32_t> frames, labels, label_lengths;
+    std::unique_ptr<DeviceCopy<float>> device_features;  // the features where the model reads them
     models::SpeechInput input;
   };
   auto s = std::make_shared<State>();
@@ -131,8 +132,15 @@ Workload speech_workload(const BenchOptions& o, models::Backend& backend) {
     s->label_lengths.push_back(static_cast<int32_t>(o.label_length - 1 + n % 3));
     for (int32_t i = 0; i < s->label_lengths.back(); ++i) s->labels.push_back(static_cast<int32_t>(1 + rng() % 28));
   }
-  s->input = {s->features.data(), batch, o.frames, feature_dim, s->frames.data(), s->labels.data(),
+  s->device_features = std::make_unique<DeviceCopy<float>>(backend);
+  s->input = {s->device_features->upload(s->features.data(), static_cast<int64_t>(s->features.size())),
+              batch,
+              o.frames,
+              feature_dim,
+              s->frames.data(),
+              s->labels.data(),
               s->label_lengths.data()};
+  backend.synchronize();
 
   Workload w;
   w.description = "batch " + std::to_string(batch) + " x " + std::to_string(o.frames) + " frames of " +
@@ -155,8 +163,11 @@ Workload speech_workload(const BenchOptions& o, models::Backend& backend) {
 
 // Runs a PyTorch reference and returns its JSON line, or null when torch is unavailable.
 nlohmann::json run_torch(const BenchOptions& o, const std::string& script, const std::string& args, int threads) {
+  // The reference runs on the same device as the trainer (a GPU run against PyTorch on the CPU
+  // would compare nothing).
   const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " " + o.torch_python + " " +
-                          std::string(TRAINER_SOURCE_DIR) + "/scripts/" + script + " " + args + " --threads " +
+                          std::string(TRAINER_SOURCE_DIR) + "/scripts/" + script + " " + args + " --device " +
+                          o.device + " --threads " +
                           std::to_string(threads) + " --warmup " + std::to_string(o.warmup) + " --steps " +
                           std::to_string(o.steps) + " 2>/dev/null";
   std::FILE* pipe = popen(cmd.c_str(), "r");

@@ -1,6 +1,6 @@
-// A host batch (images and labels) where the model reads it: on the CPU backend the host arrays
-// themselves (no copy, as before the device seam); on a GPU a copy in device buffers that only grow,
-// enqueued on the backend's stream ahead of the forward pass that reads it.
+// A host batch where the model reads it: on the CPU backend the host arrays themselves (no copy, as
+// before the device seam); on a GPU a copy in device buffers that only grow, enqueued on the
+// backend's stream ahead of the forward pass that reads it.
 #pragma once
 
 #include <cstdint>
@@ -10,33 +10,43 @@
 
 namespace trainer::app {
 
-class DeviceBatch {
- public:
-  explicit DeviceBatch(models::Backend& backend) : backend_(backend), images_(backend), labels_(backend) {}
+// One host array's place on the backend. The host array must stay unchanged until the backend next
+// waits (the loss does, every step): the copy is enqueued, and a copy from pageable memory is
+// staged by the driver before the call returns, but the device may read it later.
+template <typename T>
+class DeviceCopy {
+  static_assert(sizeof(T) == sizeof(float), "a device copy rides in a float buffer");
 
-  // The host arrays must stay unchanged until the backend next waits (the loss does, every step).
-  void upload(const float* images, int64_t image_floats, const int32_t* labels, int64_t count) {
-    if (backend_.is_host()) {
-      images_ptr_ = images;
-      labels_ptr_ = labels;
-      return;
-    }
-    static_assert(sizeof(int32_t) == sizeof(float), "labels ride in a float buffer");
-    float* images_dev = images_.reserve(image_floats);
-    float* labels_dev = labels_.reserve(count);
-    backend_.copy_to_device(images_dev, images, sizeof(float) * image_floats);
-    backend_.copy_to_device(labels_dev, labels, sizeof(int32_t) * count);
-    images_ptr_ = images_dev;
-    labels_ptr_ = reinterpret_cast<const int32_t*>(labels_dev);
+ public:
+  explicit DeviceCopy(models::Backend& backend) : backend_(backend), buffer_(backend) {}
+  const T* upload(const T* host, int64_t count) {
+    if (backend_.is_host()) return data_ = host;
+    float* device = buffer_.reserve(count);
+    if (count > 0) backend_.copy_to_device(device, host, sizeof(T) * count);
+    return data_ = reinterpret_cast<const T*>(device);
   }
-  const float* images() const { return images_ptr_; }
-  const int32_t* labels() const { return labels_ptr_; }
+  const T* data() const { return data_; }
 
  private:
   models::Backend& backend_;
-  models::DeviceBuffer images_, labels_;
-  const float* images_ptr_ = nullptr;
-  const int32_t* labels_ptr_ = nullptr;
+  models::DeviceBuffer buffer_;
+  const T* data_ = nullptr;
+};
+
+// An image batch: images and labels.
+class DeviceBatch {
+ public:
+  explicit DeviceBatch(models::Backend& backend) : images_(backend), labels_(backend) {}
+  void upload(const float* images, int64_t image_floats, const int32_t* labels, int64_t count) {
+    images_.upload(images, image_floats);
+    labels_.upload(labels, count);
+  }
+  const float* images() const { return images_.data(); }
+  const int32_t* labels() const { return labels_.data(); }
+
+ private:
+  DeviceCopy<float> images_;
+  DeviceCopy<int32_t> labels_;
 };
 
 }  // namespace trainer::app

@@ -11,9 +11,16 @@
 namespace trainer::app {
 namespace {
 
-models::SpeechInput input_of(const data::SpeechBatch& b, uint64_t seed = 0) {
-  return {b.features.data(), b.size,           b.max_frames,           b.feature_dim,
-          b.frames.data(),   b.labels.data(), b.label_lengths.data(), seed};
+// The batch with its features uploaded to the model's backend.
+models::SpeechInput input_of(const data::SpeechBatch& b, DeviceCopy<float>& features, uint64_t seed = 0) {
+  return {features.upload(b.features.data(), static_cast<int64_t>(b.features.size())),
+          b.size,
+          b.max_frames,
+          b.feature_dim,
+          b.frames.data(),
+          b.labels.data(),
+          b.label_lengths.data(),
+          seed};
 }
 
 data::An4Options an4_options(const Config& c) {
@@ -59,7 +66,7 @@ std::unique_ptr<models::SpeechModel> SpeechTask::build_model(const Config& c, mo
 
 SpeechTask::SpeechTask(const Config& config, comm::Communicator& comm,
                        const std::function<void(const std::string&)>& announce, models::Backend& backend)
-    : config_(config), rank_(static_cast<uint64_t>(comm.rank())) {
+    : config_(config), rank_(static_cast<uint64_t>(comm.rank())), features_(backend) {
   std::string warnings;
   train_set_ = data::load_an4(an4_options(config), true, &warnings);
   test_set_ = data::load_an4(an4_options(config), false, &warnings);
@@ -90,7 +97,7 @@ StepResult SpeechTask::forward_backward() {
   constexpr uint64_t kModelDraws = 0x4d4f44454cull;  // "MODEL": a stream of its own
   const uint64_t seed = data::mix(data::mix(static_cast<uint64_t>(config_.experiment.seed), kModelDraws, rank_, 0),
                                   kModelDraws, static_cast<uint64_t>(batch_.epoch), static_cast<uint64_t>(batch_.index));
-  r.loss = model_->forward(input_of(batch_, seed), models::Mode::kTrain);
+  r.loss = model_->forward(input_of(batch_, features_, seed), models::Mode::kTrain);
   model_->backward();
   return r;
 }
@@ -110,7 +117,7 @@ nlohmann::json SpeechTask::evaluate(comm::Communicator& comm) {
   for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
     const data::SpeechBatch batch = loader.next();
     if (batch.size == 0) continue;  // a rank's share of the last, partial batch can be empty
-    const models::SpeechInput in = input_of(batch);
+    const models::SpeechInput in = input_of(batch, features_);
     loss_sum += model_->forward(in, models::Mode::kEval) * batch.size;
     const auto hypotheses = model_->decode(in);
     for (int64_t i = 0; i < batch.size; ++i) {

@@ -4,6 +4,7 @@
 #include "data/an4.h"
 #include "data/speech_loader.h"
 #include "models/speech_model.h"
+#include "trainer/device_batch.h"
 #include "trainer/task.h"
 
 namespace trainer::app {
@@ -35,6 +36,7 @@ class SpeechTask final : public Task {
   std::unique_ptr<models::SpeechModel> model_;
   std::unique_ptr<data::SpeechLoader> loader_;
   data::SpeechBatch batch_;
+  DeviceCopy<float> features_;  // a batch's features where the model reads them (the host array on the CPU)
 };
 
 }  // namespace trainer::app

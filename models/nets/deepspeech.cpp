@@ -163,7 +163,12 @@ void DeepSpeech::backward() {
 
 std::vector<std::vector<int32_t>> DeepSpeech::decode(const SpeechInput& input) {
   run(input, Mode::kEval);
-  return ctc_greedy_decode(logits_, frames_.data());
+  if (backend_.is_host()) return ctc_greedy_decode(logits_, frames_.data());
+  // Best-path decoding is a walk over each utterance's frames on the host: copy the logits back
+  // (T' x N x 29 floats, a few hundred kB) rather than launch a kernel per utterance.
+  host_logits_.resize(static_cast<size_t>(logits_.numel()));
+  copy_to_host(backend_, logits_.data, logits_.numel(), host_logits_.data());
+  return ctc_greedy_decode(Tensor{host_logits_.data(), logits_.shape}, frames_.data());
 }
 
 double DeepSpeech::forward_flops() const {

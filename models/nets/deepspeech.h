@@ -75,6 +75,7 @@ class DeepSpeech final : public SpeechModel {
   Shape image_shape_;  // the conv stack's output {N, C, F', T'}
   Layout image_layout_ = Layout::kChannelsLast;
   Tensor logits_;
+  std::vector<float> host_logits_;  // decode()'s copy of logits_ when they live on a device
 };
 
 std::unique_ptr<SpeechModel> make_deepspeech(Backend& backend, const DeepSpeechOptions& options, uint64_t seed);
