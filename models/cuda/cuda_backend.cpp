@@ -18,6 +18,7 @@ namespace {
 
 bool g_tf32 = false;
 
+// The LSTM and CTC are not on the GPU yet.
 [[noreturn]] void speech_op(const char* op) {
   throw std::runtime_error(std::string("CUDA backend: ") + op +
                            " is not implemented (speech models on CUDA are issue 13); use runtime.device = \"cpu\"");
@@ -131,36 +132,66 @@ class CudaBackend final : public Backend {
     return batch > 0 ? host[0] / batch : 0.0;
   }
 
-  // ---- Sequences: the speech models' ops (issue 13).
-  void sequence_gather(int64_t, int64_t, int64_t, const int32_t*, bool, const float*, int64_t, float*,
-                       int64_t) override {
-    speech_op("sequence_gather");
+  // ---- Sequences: the speech models' ops (sequence.cu, lookahead.cu; CTC is issue 13). Lengths
+  // stay host arrays: each launch takes them by value (HostInts).
+  void sequence_gather(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, bool reverse,
+                       const float* src, int64_t src_ld, float* dst, int64_t dst_ld) override {
+    const HostInts l = host_ints(lengths, batch, "sequence_gather");
+    // Reversed, a length past T would read rows that do not exist (the CPU's loop would too); on a
+    // GPU that is a fault that ends the process's CUDA context, so say so here instead.
+    if (reverse)
+      for (int64_t n = 0; n < batch; ++n)
+        if (l.v[n] > steps)
+          throw std::invalid_argument("CUDA backend: sequence_gather: length " + std::to_string(l.v[n]) +
+                                      " of sequence " + std::to_string(n) + " exceeds the " + std::to_string(steps) +
+                                      " steps");
+    check(launch_sequence_gather(steps, batch, cols, l, reverse, src, src_ld, dst, dst_ld, stream_),
+          "sequence_gather");
   }
-  void pack_sequences(int64_t, int64_t, int64_t, const int32_t*, const float*, float*) override {
-    speech_op("pack_sequences");
+  void pack_sequences(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, const float* x,
+                      float* packed) override {
+    check(launch_pack_sequences(steps, batch, cols, host_ints(lengths, batch, "pack_sequences"), x, packed, stream_),
+          "pack_sequences");
   }
-  void unpack_sequences(int64_t, int64_t, int64_t, const int32_t*, const float*, float*) override {
-    speech_op("unpack_sequences");
+  void unpack_sequences(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, const float* packed,
+                        float* x) override {
+    check(launch_unpack_sequences(steps, batch, cols, host_ints(lengths, batch, "unpack_sequences"), packed, x,
+                                  stream_),
+          "unpack_sequences");
   }
-  void hardtanh_forward(int64_t, float, float, const float*, float*) override { speech_op("hardtanh_forward"); }
-  void hardtanh_backward(int64_t, float, float, const float*, const float*, float*) override {
-    speech_op("hardtanh_backward");
+  void hardtanh_forward(int64_t n, float lo, float hi, const float* x, float* y) override {
+    check(launch_hardtanh_forward(n, lo, hi, x, y, stream_), "hardtanh_forward");
   }
-  void lookahead_forward(int64_t, int64_t, int64_t, int64_t, const float*, const float*, float*) override {
-    speech_op("lookahead_forward");
+  void hardtanh_backward(int64_t n, float lo, float hi, const float* y, const float* dy, float* dx) override {
+    check(launch_hardtanh_backward(n, lo, hi, y, dy, dx, stream_), "hardtanh_backward");
   }
-  void lookahead_backward(int64_t, int64_t, int64_t, int64_t, const float*, const float*, const float*, float*,
-                          float*) override {
-    speech_op("lookahead_backward");
+  void lookahead_forward(int64_t steps, int64_t batch, int64_t channels, int64_t context, const float* x,
+                         const float* w, float* y) override {
+    check(launch_lookahead_forward(steps, batch, channels, context, x, w, y, stream_), "lookahead_forward");
+  }
+  void lookahead_backward(int64_t steps, int64_t batch, int64_t channels, int64_t context, const float* x,
+                          const float* w, const float* dy, float* dx, float* dw) override {
+    auto* partial =
+        static_cast<double*>(scratch(sizeof(double) * lookahead_dw_partials(steps, batch, channels, context)));
+    check(launch_lookahead_backward(steps, batch, channels, context, x, w, dy, dx, dw, partial, stream_),
+          "lookahead_backward");
   }
   void ctc_loss(int64_t, int64_t, int64_t, const float*, const int32_t*, const int32_t*, const int32_t*, float,
                 double*, float*) override {
     speech_op("ctc_loss");
   }
-  void image_to_sequence(const Tensor&, float*) override { speech_op("image_to_sequence"); }
-  void sequence_to_image(const float*, Tensor&) override { speech_op("sequence_to_image"); }
-  void mask_width(const Tensor&, const int32_t*) override { speech_op("mask_width"); }
-  void transpose(int64_t, int64_t, int64_t, const float*, float*) override { speech_op("transpose"); }
+  void image_to_sequence(const Tensor& x, float* y) override {
+    check(launch_image_to_sequence(x.data, dims_of(x), y, stream_), "image_to_sequence");
+  }
+  void sequence_to_image(const float* y, Tensor& x) override {
+    check(launch_sequence_to_image(y, dims_of(x), x.data, stream_), "sequence_to_image");
+  }
+  void mask_width(const Tensor& x, const int32_t* lengths) override {
+    check(launch_mask_width(x.data, dims_of(x), host_ints(lengths, x.dim(0), "mask_width"), stream_), "mask_width");
+  }
+  void transpose(int64_t batch, int64_t rows, int64_t cols, const float* x, float* y) override {
+    check(launch_transpose(batch, rows, cols, x, y, stream_), "transpose");
+  }
 
   // ---- Optimizer arithmetic (optim_kernels.cu, reduce.cu).
   void sgd_update(int64_t n, const SgdUpdate& u, float* params, const float* grads, float* momentum) override {
