@@ -18,11 +18,22 @@ namespace {
 
 bool g_tf32 = false;
 
-// The LSTM and CTC are not on the GPU yet.
+// The LSTM is the one speech op not on the GPU yet.
 [[noreturn]] void speech_op(const char* op) {
   throw std::runtime_error(std::string("CUDA backend: ") + op +
                            " is not implemented (speech models on CUDA are issue 13); use runtime.device = \"cpu\"");
 }
+
+// Pieces of one scratch allocation, each at a multiple of 256 bytes (cudaMalloc's alignment), for
+// ops that need several device arrays at once.
+struct ScratchPlan {
+  size_t bytes = 0;
+  size_t add(size_t n) {
+    const size_t at = bytes;
+    bytes += (n + 255) / 256 * 256;
+    return at;
+  }
+};
 
 int to_int(int64_t v, const char* what) {
   if (v < 0 || v > INT32_MAX) throw std::invalid_argument(std::string("cuBLAS gemm: ") + what + " out of int range");
@@ -132,8 +143,8 @@ class CudaBackend final : public Backend {
     return batch > 0 ? host[0] / batch : 0.0;
   }
 
-  // ---- Sequences: the speech models' ops (sequence.cu, lookahead.cu; CTC is issue 13). Lengths
-  // stay host arrays: each launch takes them by value (HostInts).
+  // ---- Sequences: the speech models' ops (sequence.cu, lookahead.cu, ctc.cu). Lengths stay host
+  // arrays: each launch takes them by value (HostInts).
   void sequence_gather(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, bool reverse,
                        const float* src, int64_t src_ld, float* dst, int64_t dst_ld) override {
     const HostInts l = host_ints(lengths, batch, "sequence_gather");
@@ -176,9 +187,42 @@ class CudaBackend final : public Backend {
     check(launch_lookahead_backward(steps, batch, channels, context, x, w, dy, dx, dw, partial, stream_),
           "lookahead_backward");
   }
-  void ctc_loss(int64_t, int64_t, int64_t, const float*, const int32_t*, const int32_t*, const int32_t*, float,
-                double*, float*) override {
-    speech_op("ctc_loss");
+  void ctc_loss(int64_t steps, int64_t batch, int64_t classes, const float* logits, const int32_t* frames,
+                const int32_t* labels, const int32_t* label_lengths, float grad_scale, double* losses,
+                float* dlogits) override {
+    if (batch <= 0) return;
+    const HostInts f = host_ints(frames, batch, "ctc_loss"), ll = host_ints(label_lengths, batch, "ctc_loss");
+    // The kernels index by these without bounds (CtcLoss checks them before the CPU's loops do).
+    if (classes < 1) throw std::invalid_argument("CUDA backend: ctc_loss: no classes");
+    int64_t total_labels = 0;
+    for (int64_t n = 0; n < batch; ++n) {
+      if (ll.v[n] < 0) throw std::invalid_argument("CUDA backend: ctc_loss: negative label length");
+      total_labels += ll.v[n];
+    }
+    for (int64_t i = 0; i < total_labels; ++i)
+      if (labels[i] < 0 || labels[i] >= classes)
+        throw std::invalid_argument("CUDA backend: ctc_loss: label " + std::to_string(labels[i]) + " outside [0, " +
+                                    std::to_string(classes) + ")");
+    // One scratch, carved: log-probabilities, alpha, beta (with a gradient), losses, the labels.
+    const int64_t states = ctc_states(steps, batch, f, ll);
+    ScratchPlan plan;
+    const size_t lp_at = plan.add(sizeof(double) * steps * batch * classes);
+    const size_t alpha_at = plan.add(sizeof(double) * states);
+    const size_t beta_at = plan.add(dlogits ? sizeof(double) * states : 0);
+    const size_t losses_at = plan.add(sizeof(double) * batch);
+    const size_t labels_at = plan.add(sizeof(int32_t) * total_labels);
+    char* base = static_cast<char*>(scratch(plan.bytes));
+    auto* device_labels = reinterpret_cast<int32_t*>(base + labels_at);
+    auto* device_losses = reinterpret_cast<double*>(base + losses_at);
+    // Pageable and asynchronous: the host labels are staged before this returns, and the copy
+    // runs in stream order before the kernels.
+    copy_to_device(device_labels, labels, sizeof(int32_t) * total_labels);
+    check(launch_ctc_loss(steps, batch, classes, logits, f, device_labels, ll, grad_scale,
+                          reinterpret_cast<double*>(base + lp_at), reinterpret_cast<double*>(base + alpha_at),
+                          reinterpret_cast<double*>(base + beta_at), device_losses, dlogits, stream_),
+          "ctc_loss");
+    copy_to_host(losses, device_losses, sizeof(double) * batch);
+    synchronize();
   }
   void image_to_sequence(const Tensor& x, float* y) override {
     check(launch_image_to_sequence(x.data, dims_of(x), y, stream_), "image_to_sequence");

@@ -7,9 +7,9 @@
 // the one the inputs arrive in, and the one cuDNN's fastest FP32/TF32 convolutions on Ampere and
 // Hopper take; batch norm's statistics are then column sums over a {N*H*W, C} matrix.
 //
-// The speech models' sequence ops are our own kernels too (sequence.cu, lookahead.cu; a batch's
-// lengths stay host arrays and reach the kernels as parameters, host_ints.h). The LSTM and CTC
-// are not on the GPU yet: they throw.
+// The speech models' sequence ops are our own kernels too (sequence.cu, lookahead.cu, ctc.cu; a
+// batch's lengths stay host arrays and reach the kernels as parameters, host_ints.h). The LSTM
+// (make_lstm) is not on the GPU yet: it throws.
 // Compiled only with cmake -DTRAINER_CUDA=ON.
 #pragma once
 

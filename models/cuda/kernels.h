@@ -4,7 +4,7 @@
 //   elementwise.cu (ReLU, add, scale, bias rows), reduce.cu (column sums, sum of squares),
 //   shortcut.cu, layout.cu, loss.cu, optim_kernels.cu, batch_norm.cu (its op lives there too);
 //   the speech models' sequence ops: sequence.cu (gather, packing, Hardtanh, image <-> sequence,
-//   width mask, transpose), lookahead.cu. A batch's lengths reach those kernels by value
+//   width mask, transpose), lookahead.cu, ctc.cu. A batch's lengths reach those kernels by value
 //   (HostInts, host_ints.h), never through device memory.
 #pragma once
 
@@ -105,5 +105,15 @@ cudaError_t launch_lookahead_forward(int64_t steps, int64_t batch, int64_t chann
 cudaError_t launch_lookahead_backward(int64_t steps, int64_t batch, int64_t channels, int64_t context, const float* x,
                                       const float* w, const float* dy, float* dx, float* dw, double* partial,
                                       cudaStream_t stream);
+
+// ---- ctc.cu: CTC loss (backend.h), in double as models/cpu/ctc.cpp. `labels` is on the device
+// (sum of label_lengths ids); label_lengths >= 0 and every label in [0, classes). Scratch: `lp`
+// holds steps * batch * classes doubles, `alpha` and `beta` ctc_states(...) doubles each (beta is
+// unused without dlogits), `losses` batch doubles (-log p per utterance, +inf where the labels
+// cannot be aligned). dlogits (optional) gets every row written, zeros in padding frames.
+int64_t ctc_states(int64_t steps, int64_t batch, const HostInts& frames, const HostInts& label_lengths);
+cudaError_t launch_ctc_loss(int64_t steps, int64_t batch, int64_t classes, const float* logits, const HostInts& frames,
+                            const int32_t* labels, const HostInts& label_lengths, float grad_scale, double* lp,
+                            double* alpha, double* beta, double* losses, float* dlogits, cudaStream_t stream);
 
 }  // namespace trainer::models::cuda
