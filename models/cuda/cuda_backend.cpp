@@ -18,10 +18,22 @@ namespace {
 
 bool g_tf32 = false;
 
+// The LSTM is the one speech op not on the GPU yet.
 [[noreturn]] void speech_op(const char* op) {
   throw std::runtime_error(std::string("CUDA backend: ") + op +
                            " is not implemented (speech models on CUDA are issue 13); use runtime.device = \"cpu\"");
 }
+
+// Pieces of one scratch allocation, each at a multiple of 256 bytes (cudaMalloc's alignment), for
+// ops that need several device arrays at once.
+struct ScratchPlan {
+  size_t bytes = 0;
+  size_t add(size_t n) {
+    const size_t at = bytes;
+    bytes += (n + 255) / 256 * 256;
+    return at;
+  }
+};
 
 int to_int(int64_t v, const char* what) {
   if (v < 0 || v > INT32_MAX) throw std::invalid_argument(std::string("cuBLAS gemm: ") + what + " out of int range");
@@ -131,36 +143,99 @@ class CudaBackend final : public Backend {
     return batch > 0 ? host[0] / batch : 0.0;
   }
 
-  // ---- Sequences: the speech models' ops (issue 13).
-  void sequence_gather(int64_t, int64_t, int64_t, const int32_t*, bool, const float*, int64_t, float*,
-                       int64_t) override {
-    speech_op("sequence_gather");
+  // ---- Sequences: the speech models' ops (sequence.cu, lookahead.cu, ctc.cu). Lengths stay host
+  // arrays: each launch takes them by value (HostInts).
+  void sequence_gather(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, bool reverse,
+                       const float* src, int64_t src_ld, float* dst, int64_t dst_ld) override {
+    const HostInts l = host_ints(lengths, batch, "sequence_gather");
+    // Reversed, a length past T would read rows that do not exist (the CPU's loop would too); on a
+    // GPU that is a fault that ends the process's CUDA context, so say so here instead.
+    if (reverse)
+      for (int64_t n = 0; n < batch; ++n)
+        if (l.v[n] > steps)
+          throw std::invalid_argument("CUDA backend: sequence_gather: length " + std::to_string(l.v[n]) +
+                                      " of sequence " + std::to_string(n) + " exceeds the " + std::to_string(steps) +
+                                      " steps");
+    check(launch_sequence_gather(steps, batch, cols, l, reverse, src, src_ld, dst, dst_ld, stream_),
+          "sequence_gather");
   }
-  void pack_sequences(int64_t, int64_t, int64_t, const int32_t*, const float*, float*) override {
-    speech_op("pack_sequences");
+  void pack_sequences(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, const float* x,
+                      float* packed) override {
+    check(launch_pack_sequences(steps, batch, cols, host_ints(lengths, batch, "pack_sequences"), x, packed, stream_),
+          "pack_sequences");
   }
-  void unpack_sequences(int64_t, int64_t, int64_t, const int32_t*, const float*, float*) override {
-    speech_op("unpack_sequences");
+  void unpack_sequences(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, const float* packed,
+                        float* x) override {
+    check(launch_unpack_sequences(steps, batch, cols, host_ints(lengths, batch, "unpack_sequences"), packed, x,
+                                  stream_),
+          "unpack_sequences");
   }
-  void hardtanh_forward(int64_t, float, float, const float*, float*) override { speech_op("hardtanh_forward"); }
-  void hardtanh_backward(int64_t, float, float, const float*, const float*, float*) override {
-    speech_op("hardtanh_backward");
+  void hardtanh_forward(int64_t n, float lo, float hi, const float* x, float* y) override {
+    check(launch_hardtanh_forward(n, lo, hi, x, y, stream_), "hardtanh_forward");
   }
-  void lookahead_forward(int64_t, int64_t, int64_t, int64_t, const float*, const float*, float*) override {
-    speech_op("lookahead_forward");
+  void hardtanh_backward(int64_t n, float lo, float hi, const float* y, const float* dy, float* dx) override {
+    check(launch_hardtanh_backward(n, lo, hi, y, dy, dx, stream_), "hardtanh_backward");
   }
-  void lookahead_backward(int64_t, int64_t, int64_t, int64_t, const float*, const float*, const float*, float*,
-                          float*) override {
-    speech_op("lookahead_backward");
+  void lookahead_forward(int64_t steps, int64_t batch, int64_t channels, int64_t context, const float* x,
+                         const float* w, float* y) override {
+    check(launch_lookahead_forward(steps, batch, channels, context, x, w, y, stream_), "lookahead_forward");
   }
-  void ctc_loss(int64_t, int64_t, int64_t, const float*, const int32_t*, const int32_t*, const int32_t*, float,
-                double*, float*) override {
-    speech_op("ctc_loss");
+  void lookahead_backward(int64_t steps, int64_t batch, int64_t channels, int64_t context, const float* x,
+                          const float* w, const float* dy, float* dx, float* dw) override {
+    auto* partial =
+        static_cast<double*>(scratch(sizeof(double) * lookahead_dw_partials(steps, batch, channels, context)));
+    check(launch_lookahead_backward(steps, batch, channels, context, x, w, dy, dx, dw, partial, stream_),
+          "lookahead_backward");
   }
-  void image_to_sequence(const Tensor&, float*) override { speech_op("image_to_sequence"); }
-  void sequence_to_image(const float*, Tensor&) override { speech_op("sequence_to_image"); }
-  void mask_width(const Tensor&, const int32_t*) override { speech_op("mask_width"); }
-  void transpose(int64_t, int64_t, int64_t, const float*, float*) override { speech_op("transpose"); }
+  void ctc_loss(int64_t steps, int64_t batch, int64_t classes, const float* logits, const int32_t* frames,
+                const int32_t* labels, const int32_t* label_lengths, float grad_scale, double* losses,
+                float* dlogits) override {
+    if (batch <= 0) return;
+    const HostInts f = host_ints(frames, batch, "ctc_loss"), ll = host_ints(label_lengths, batch, "ctc_loss");
+    // The kernels index by these without bounds (CtcLoss checks them before the CPU's loops do).
+    if (classes < 1) throw std::invalid_argument("CUDA backend: ctc_loss: no classes");
+    int64_t total_labels = 0;
+    for (int64_t n = 0; n < batch; ++n) {
+      if (ll.v[n] < 0) throw std::invalid_argument("CUDA backend: ctc_loss: negative label length");
+      total_labels += ll.v[n];
+    }
+    for (int64_t i = 0; i < total_labels; ++i)
+      if (labels[i] < 0 || labels[i] >= classes)
+        throw std::invalid_argument("CUDA backend: ctc_loss: label " + std::to_string(labels[i]) + " outside [0, " +
+                                    std::to_string(classes) + ")");
+    // One scratch, carved: log-probabilities, alpha, beta (with a gradient), losses, the labels.
+    const int64_t states = ctc_states(steps, batch, f, ll);
+    ScratchPlan plan;
+    const size_t lp_at = plan.add(sizeof(double) * steps * batch * classes);
+    const size_t alpha_at = plan.add(sizeof(double) * states);
+    const size_t beta_at = plan.add(dlogits ? sizeof(double) * states : 0);
+    const size_t losses_at = plan.add(sizeof(double) * batch);
+    const size_t labels_at = plan.add(sizeof(int32_t) * total_labels);
+    char* base = static_cast<char*>(scratch(plan.bytes));
+    auto* device_labels = reinterpret_cast<int32_t*>(base + labels_at);
+    auto* device_losses = reinterpret_cast<double*>(base + losses_at);
+    // Pageable and asynchronous: the host labels are staged before this returns, and the copy
+    // runs in stream order before the kernels.
+    copy_to_device(device_labels, labels, sizeof(int32_t) * total_labels);
+    check(launch_ctc_loss(steps, batch, classes, logits, f, device_labels, ll, grad_scale,
+                          reinterpret_cast<double*>(base + lp_at), reinterpret_cast<double*>(base + alpha_at),
+                          reinterpret_cast<double*>(base + beta_at), device_losses, dlogits, stream_),
+          "ctc_loss");
+    copy_to_host(losses, device_losses, sizeof(double) * batch);
+    synchronize();
+  }
+  void image_to_sequence(const Tensor& x, float* y) override {
+    check(launch_image_to_sequence(x.data, dims_of(x), y, stream_), "image_to_sequence");
+  }
+  void sequence_to_image(const float* y, Tensor& x) override {
+    check(launch_sequence_to_image(y, dims_of(x), x.data, stream_), "sequence_to_image");
+  }
+  void mask_width(const Tensor& x, const int32_t* lengths) override {
+    check(launch_mask_width(x.data, dims_of(x), host_ints(lengths, x.dim(0), "mask_width"), stream_), "mask_width");
+  }
+  void transpose(int64_t batch, int64_t rows, int64_t cols, const float* x, float* y) override {
+    check(launch_transpose(batch, rows, cols, x, y, stream_), "transpose");
+  }
 
   // ---- Optimizer arithmetic (optim_kernels.cu, reduce.cu).
   void sgd_update(int64_t n, const SgdUpdate& u, float* params, const float* grads, float* momentum) override {

@@ -2,7 +2,10 @@
 // semantics of models/backend.h), callable from plain C++. Each launcher enqueues on `stream` and
 // returns the launch status; none of them waits. One file per concept:
 //   elementwise.cu (ReLU, add, scale, bias rows), reduce.cu (column sums, sum of squares),
-//   shortcut.cu, layout.cu, loss.cu, optim_kernels.cu, batch_norm.cu (its op lives there too).
+//   shortcut.cu, layout.cu, loss.cu, optim_kernels.cu, batch_norm.cu (its op lives there too);
+//   the speech models' sequence ops: sequence.cu (gather, packing, Hardtanh, image <-> sequence,
+//   width mask, transpose), lookahead.cu, ctc.cu. A batch's lengths reach those kernels by value
+//   (HostInts, host_ints.h), never through device memory.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,6 +13,7 @@
 #include <cstdint>
 
 #include "models/backend.h"
+#include "models/cuda/host_ints.h"
 
 namespace trainer::models::cuda {
 
@@ -74,5 +78,42 @@ std::unique_ptr<BatchNormOp> make_batchnorm_op(const BatchNormGeometry& g, Devic
 cudaError_t launch_batchnorm_update_running(int64_t channels, float momentum, float unbias, const float* batch_mean,
                                             const float* batch_var, float* running_mean, float* running_var,
                                             cudaStream_t stream);
+
+// ---- sequence.cu: the sequence moves of backend.h ("Sequences"), CPU semantics
+// (models/cpu/sequence_ops.cpp). `lengths` holds `batch` values (one per image for mask_width).
+cudaError_t launch_sequence_gather(int64_t steps, int64_t batch, int64_t cols, const HostInts& lengths, bool reverse,
+                                   const float* src, int64_t src_ld, float* dst, int64_t dst_ld, cudaStream_t stream);
+cudaError_t launch_pack_sequences(int64_t steps, int64_t batch, int64_t cols, const HostInts& lengths, const float* x,
+                                  float* packed, cudaStream_t stream);
+cudaError_t launch_unpack_sequences(int64_t steps, int64_t batch, int64_t cols, const HostInts& lengths,
+                                    const float* packed, float* x, cudaStream_t stream);
+cudaError_t launch_hardtanh_forward(int64_t n, float lo, float hi, const float* x, float* y, cudaStream_t stream);
+cudaError_t launch_hardtanh_backward(int64_t n, float lo, float hi, const float* y, const float* dy, float* dx,
+                                     cudaStream_t stream);
+// image {N, C, H, W} in its layout <-> sequence {W, N, C*H} (feature c*H + h).
+cudaError_t launch_image_to_sequence(const float* image, ActivationDims d, float* sequence, cudaStream_t stream);
+cudaError_t launch_sequence_to_image(const float* sequence, ActivationDims d, float* image, cudaStream_t stream);
+cudaError_t launch_mask_width(float* x, ActivationDims d, const HostInts& lengths, cudaStream_t stream);
+// y[b, j, i] = x[b, i, j] for x {batch, rows, cols}.
+cudaError_t launch_transpose(int64_t batch, int64_t rows, int64_t cols, const float* x, float* y, cudaStream_t stream);
+
+// ---- lookahead.cu: y[t, n, c] = sum_k w[c, k] * x[t + k, n, c] and its gradients. dw is summed in
+// double over fixed row chunks (deterministic); `partial` holds lookahead_dw_partials(...) doubles.
+int64_t lookahead_dw_partials(int64_t steps, int64_t batch, int64_t channels, int64_t context);
+cudaError_t launch_lookahead_forward(int64_t steps, int64_t batch, int64_t channels, int64_t context, const float* x,
+                                     const float* w, float* y, cudaStream_t stream);
+cudaError_t launch_lookahead_backward(int64_t steps, int64_t batch, int64_t channels, int64_t context, const float* x,
+                                      const float* w, const float* dy, float* dx, float* dw, double* partial,
+                                      cudaStream_t stream);
+
+// ---- ctc.cu: CTC loss (backend.h), in double as models/cpu/ctc.cpp. `labels` is on the device
+// (sum of label_lengths ids); label_lengths >= 0 and every label in [0, classes). Scratch: `lp`
+// holds steps * batch * classes doubles, `alpha` and `beta` ctc_states(...) doubles each (beta is
+// unused without dlogits), `losses` batch doubles (-log p per utterance, +inf where the labels
+// cannot be aligned). dlogits (optional) gets every row written, zeros in padding frames.
+int64_t ctc_states(int64_t steps, int64_t batch, const HostInts& frames, const HostInts& label_lengths);
+cudaError_t launch_ctc_loss(int64_t steps, int64_t batch, int64_t classes, const float* logits, const HostInts& frames,
+                            const int32_t* labels, const HostInts& label_lengths, float grad_scale, double* lp,
+                            double* alpha, double* beta, double* losses, float* dlogits, cudaStream_t stream);
 
 }  // namespace trainer::models::cuda
