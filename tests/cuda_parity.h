@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <limits>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -45,7 +47,10 @@ struct GpuArray {
       : buffer(gpu(), std::max<int64_t>(1, static_cast<int64_t>(host.size()))), n(static_cast<int64_t>(host.size())) {
     if (n) copy_to_device(gpu(), host.data(), n, buffer.data());
   }
-  explicit GpuArray(int64_t size) : GpuArray(std::vector<float>(static_cast<size_t>(size), 0.f)) {}
+  // n floats of NaN: an output; what the op leaves unwritten stays NaN and fails require_close.
+  explicit GpuArray(int64_t size) : buffer(gpu(), std::max<int64_t>(1, size)), n(size) {
+    gpu().fill(std::max<int64_t>(1, n), std::numeric_limits<float>::quiet_NaN(), buffer.data());
+  }
   float* data() { return buffer.data(); }
   std::vector<float> host() const {
     std::vector<float> h(static_cast<size_t>(n));
@@ -54,7 +59,8 @@ struct GpuArray {
   }
 };
 
-// Every element within rel * max(|want|, rms(want)); a NaN (a poisoned output never written) fails.
+// Every element within rel * max(|want|, rms(want)); a NaN on either side (an output never written)
+// fails, since NaN compares false.
 inline void require_close(const std::vector<float>& want, const std::vector<float>& got, const std::string& what,
                           double rel = 1e-4) {
   INFO(what);
@@ -70,7 +76,13 @@ inline void require_close(const std::vector<float>& want, const std::vector<floa
       ++bad;
     }
   }
-  if (bad) INFO("first mismatch at " << first << ": cpu " << want[first] << ", cuda " << got[first] << " (rms " << rms << ")");
+  // Built in this scope: an INFO inside an if ends with the if, before the CHECK reports.
+  std::ostringstream detail;
+  detail.precision(9);
+  if (bad)
+    detail << bad << " mismatches, the first at " << first << ": cpu " << want[first] << ", cuda " << got[first]
+           << " (rms " << rms << ")";
+  INFO(detail.str());
   CHECK(bad == 0);
 }
 

@@ -26,70 +26,24 @@
 #include "models/backend.h"
 #include "models/cuda/cuda_backend.h"
 #include "models/device_buffer.h"
+#include "cuda_parity.h"
 
 using namespace trainer::models;
+using trainer::cuda_testing::cpu;
+using trainer::cuda_testing::GpuArray;
+using trainer::cuda_testing::gpu;
+using trainer::cuda_testing::random_vector;
 
 namespace {
 
-Backend* the_gpu = nullptr;
-Backend& gpu() { return *the_gpu; }
-Backend& cpu() { return cpu_backend(); }
-
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-std::vector<float> random_vector(int64_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = u(rng);
-  return v;
-}
 
 std::vector<float> poisoned(int64_t n) { return std::vector<float>(static_cast<size_t>(n), kNaN); }
 
-// A copy of host data on the GPU.
-struct GpuArray {
-  DeviceBuffer buffer;
-  int64_t n;
-  explicit GpuArray(const std::vector<float>& host) : buffer(gpu(), std::max<int64_t>(1, host.size())), n(host.size()) {
-    if (n) copy_to_device(gpu(), host.data(), n, buffer.data());
-  }
-  // n floats of NaN: what a kernel leaves unwritten stays NaN.
-  explicit GpuArray(int64_t size) : buffer(gpu(), std::max<int64_t>(1, size)), n(size) {
-    gpu().fill(std::max<int64_t>(1, n), kNaN, buffer.data());
-  }
-  float* data() { return buffer.data(); }
-  std::vector<float> host() const {
-    std::vector<float> h(static_cast<size_t>(n));
-    if (n) copy_to_host(gpu(), buffer.data(), n, h.data());
-    return h;
-  }
-};
-
-// NaN anywhere (an unwritten element on either side) fails: NaN compares false.
+// Element-wise tolerance of these ops (tests/cuda_parity.h's check).
 void require_close(const std::vector<float>& want, const std::vector<float>& got, const std::string& what,
                    double rel = 1e-5) {
-  INFO(what);
-  REQUIRE(want.size() == got.size());
-  double sq = 0;
-  for (float w : want) sq += double(w) * w;
-  const double rms = want.empty() ? 0.0 : std::sqrt(sq / want.size());
-  int64_t bad = 0, first = -1;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double tol = rel * std::max(std::fabs(double(want[i])), rms) + 1e-30;
-    if (!(std::fabs(double(want[i]) - got[i]) <= tol)) {
-      if (first < 0) first = static_cast<int64_t>(i);
-      ++bad;
-    }
-  }
-  // In this scope (an INFO inside an if would end with the if, before the CHECK reports).
-  std::ostringstream detail;
-  detail.precision(9);
-  if (bad)
-    detail << bad << " mismatches, the first at " << first << ": cpu " << want[first] << ", cuda " << got[first]
-           << " (rms " << rms << ")";
-  INFO(detail.str());
-  CHECK(bad == 0);
+  trainer::cuda_testing::require_close(want, got, what, rel);
 }
 
 std::string lengths_text(const std::vector<int32_t>& lengths) {
@@ -415,16 +369,7 @@ TEST_CASE("CUDA transpose matches the CPU: partial tiles, one element, more tile
   }
 }
 
-int main(int argc, char** argv) {
-  try {
-    the_gpu = &trainer::models::cuda::cuda_backend(0);
-  } catch (const std::exception& e) {
-    std::printf("skip: %s\n", e.what());
-    return 77;  // ctest's SKIP_RETURN_CODE
-  }
-  std::printf("%s\n", the_gpu->describe().c_str());
-  return Catch::Session().run(argc, argv);
-}
+int main(int argc, char** argv) { return trainer::cuda_testing::run_cuda_tests(argc, argv); }
 
 #else
 #include <cstdio>
