@@ -11,8 +11,9 @@
 # the script exits non-zero when any step failed.
 #
 # Steps: the GPU's description; cuda_backend_test (every CUDA op and a resnet20/vgg16 step against
-# the CPU backend); device_test's CUDA cases; a short quickstart training run on the GPU (whose
-# metrics must show the sync phase under 5% of the step); and
+# the CPU backend); cuda_lstm_test (the cuDNN LSTM against the CPU's); device_test's CUDA cases; a
+# short quickstart training run on the GPU (whose metrics must show the sync phase under 5% of the
+# step); and
 # the same on two ranks sharing the GPU (staged MPI), with staged_comm_test's GPU cases; every sync
 # method on two ranks; and
 # `trainer bench` of resnet20 at batch 128 on the GPU (with PyTorch beside it when torch imports).
@@ -34,6 +35,7 @@ step() {  # step NAME COMMAND...: runs COMMAND with its output in OUT/NAME.log, 
 
 step nvidia_smi nvidia-smi
 step cuda_backend_test "$build/tests/cuda_backend_test" --durations yes
+step cuda_lstm_test "$build/tests/cuda_lstm_test" --durations yes
 step device_test "$build/tests/device_test" "[cuda]"
 step quickstart_cuda "$build/trainer" --config configs/quickstart_cifar.toml --set runtime.device=cuda \
   --set train.max_steps=40 --set train.log_every_steps=10 --set experiment.output_dir="$out/quickstart_run"

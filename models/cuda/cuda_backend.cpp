@@ -66,7 +66,7 @@ class CudaBackend final : public Backend {
     return make_batchnorm_op(g, memory_, stream_);
   }
   std::unique_ptr<PoolOp> make_pool(const PoolGeometry& g) override { return make_cudnn_pool(g, cudnn_); }
-  std::unique_ptr<LstmOp> make_lstm(const LstmGeometry&) override { speech_op("make_lstm"); }
+  std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g) override { return make_cudnn_lstm(g, cudnn_); }
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {

@@ -1,5 +1,5 @@
 // The CUDA backend: the Backend (models/backend.h) of the image models on one GPU. cuDNN for
-// convolution and pooling (cudnn_ops.h), cuBLAS for GEMM, our own kernels for the rest
+// convolution, pooling and the LSTM (cudnn_ops.h), cuBLAS for GEMM, our own kernels for the rest
 // (kernels.h), all on the stream of the process's CUDA device (cuda_device.h), FP32 math (TF32
 // only under runtime.precision = "tf32": set_tf32).
 //
@@ -7,7 +7,7 @@
 // the one the inputs arrive in, and the one cuDNN's fastest FP32/TF32 convolutions on Ampere and
 // Hopper take; batch norm's statistics are then column sums over a {N*H*W, C} matrix.
 //
-// The sequence ops of the speech models (LSTM, CTC, lookahead, ...) are issue 13: they throw.
+// The other sequence ops of the speech models (CTC, lookahead, ...) are issue 13: they throw.
 // Compiled only with cmake -DTRAINER_CUDA=ON.
 #pragma once
 
