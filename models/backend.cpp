@@ -23,7 +23,8 @@ bool PoolGeometry::operator==(const PoolGeometry& o) const {
 }
 
 bool LstmGeometry::operator==(const LstmGeometry& o) const {
-  return std::tie(seq_len, batch, input, hidden) == std::tie(o.seq_len, o.batch, o.input, o.hidden);
+  return std::tie(seq_len, batch, input, hidden, layers, bidirectional) ==
+         std::tie(o.seq_len, o.batch, o.input, o.hidden, o.layers, o.bidirectional);
 }
 
 }  // namespace trainer::models

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "models/device_memory.h"
 #include "models/tensor.h"
@@ -98,26 +99,49 @@ class PoolOp {
   virtual void backward(const float* dy, float* dx) = 0;
 };
 
-// One direction of one LSTM layer over full-length sequences from a zero initial state: PyTorch's
-// torch.nn.LSTM cell (gates i, f, g, o in that order; weights in its layout), so weights
-// interchange. Variable lengths, the reverse direction and stacking are the layer's business
-// (models/layers/lstm.h): it masks and reverses sequences around this op.
+// A whole LSTM: torch.nn.LSTM(input, hidden, num_layers = layers, bidirectional) without dropout,
+// time-major, from a zero initial state, over a padded batch with lengths, computing what PyTorch
+// computes on the packed sequence (gates i, f, g, o in that order; weights in its layout, so they
+// interchange). One op per layer and shape, as cuDNN's RNN descriptors want it; the CPU backend
+// runs it as a loop over layers and directions (models/cpu/lstm_ops.h), the CUDA backend as one
+// cuDNN RNN (models/cuda/cudnn_lstm.cpp).
 struct LstmGeometry {
   int64_t seq_len = 0, batch = 0, input = 0, hidden = 0;
+  int64_t layers = 1;
+  bool bidirectional = false;
+  int64_t directions() const { return bidirectional ? 2 : 1; }
+  // The input width of layer k: the op's input, then the previous layer's D*H features.
+  int64_t layer_input(int64_t k) const { return k == 0 ? input : directions() * hidden; }
   bool operator==(const LstmGeometry& o) const;
+};
+
+// The parameters of every (layer k, direction d), index k * D + d (d = 1: the reverse direction),
+// as PyTorch's weight_ih_l{k}[_reverse] {4H, layer_input(k)}, weight_hh_l{k}[_reverse] {4H, H},
+// bias_ih_l{k}[_reverse] {4H}, bias_hh_l{k}[_reverse] {4H}. Device pointers.
+struct LstmWeights {
+  std::vector<const float*> w_ih, w_hh, b_ih, b_hh;
+};
+// Their gradients, indexed the same way.
+struct LstmGradients {
+  std::vector<float*> w_ih, w_hh, b_ih, b_hh;
 };
 
 class LstmOp {
  public:
   virtual ~LstmOp() = default;
-  // x {T, N, I} time-major; w_ih {4H, I}, w_hh {4H, H}, b_ih {4H}, b_hh {4H}; y {T, N, H}.
-  // Training keeps what backward needs (gate activations and cell states) inside the op.
-  virtual void forward(const float* x, const float* w_ih, const float* w_hh, const float* b_ih,
-                       const float* b_hh, float* y, bool training) = 0;
-  // Gradients of the last training forward, given its x, weights and output y (unchanged since).
-  // Overwrites dx, dw_ih, dw_hh, db_ih, db_hh (the two biases get the same gradient).
-  virtual void backward(const float* x, const float* w_ih, const float* w_hh, const float* y, const float* dy,
-                        float* dx, float* dw_ih, float* dw_hh, float* db_ih, float* db_hh) = 0;
+  // x {T, N, I} -> y {T, N, D*H} (per step the forward direction's H features, then the reverse
+  // direction's). lengths: a host array of N values in [1, T] (the CPU backend also takes 0, an
+  // empty sequence; cuDNN fails on those); sequence n's reverse direction starts at its own step
+  // lengths[n] - 1. Rows t >= lengths[n] of x are padding and do not affect y or any gradient
+  // (finite values; the models pass zeros); those rows of y are written as zeros.
+  // Training keeps what backward needs (gate activations, cell states) inside the op.
+  virtual void forward(const float* x, const int32_t* lengths, const LstmWeights& w, float* y, bool training) = 0;
+  // Gradients of the last training forward, given its x, lengths, weights and output y (all
+  // unchanged since; one backward per training forward). dy's padding rows are ignored. Overwrites
+  // dx (zero on padding rows) and every gradient in `grads` (the two biases of a (layer, direction)
+  // get the same gradient).
+  virtual void backward(const float* x, const int32_t* lengths, const LstmWeights& w, const float* y,
+                        const float* dy, float* dx, const LstmGradients& grads) = 0;
 };
 
 // The coefficients of one fused SGD update (optim/sgd.h), already rounded to float by the optimizer:

@@ -328,9 +328,7 @@ TEST_CASE("CUDA training step of vgg16 matches the CPU (batch 4)", "[cuda][model
   compare_training_step("vgg16", 4);
 }
 
-// The other sequence ops are on the GPU (tests/cuda_sequence_test.cpp).
-TEST_CASE("CUDA backend: only the LSTM of the speech ops is missing (issue 13)", "[cuda]") {
-  CHECK_THROWS_WITH(gpu().make_lstm({4, 2, 3, 5}), Catch::Contains("issue 13"));
+TEST_CASE("CUDA backend: describes itself and keeps activations channels-last", "[cuda]") {
   CHECK(gpu().activation_layout(16) == Layout::kChannelsLast);
   CHECK(gpu().name() == "cuda");
 }

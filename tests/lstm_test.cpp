@@ -129,6 +129,64 @@ TEST_CASE("LSTM: the oneDNN and GEMM implementations agree", "[lstm]") {
   CHECK(close(dparams[0], dparams[1]));
 }
 
+TEST_CASE("LstmOp (the backend's whole LSTM): padding of x and dy does not matter, y and dx are zero there",
+          "[lstm]") {
+  with_each_lstm([] {
+    const LstmGeometry g{6, 3, 4, 5, 2, true};
+    const int64_t T = 6, N = 3, I = 4, H = 5, pairs = 4;
+    const std::vector<int32_t> lengths{4, 6, 1};
+    std::vector<std::vector<float>> params[4], grads[2][4];
+    LstmWeights w;
+    LstmGradients dw[2];
+    for (int64_t i = 0; i < pairs; ++i) {
+      const int64_t sizes[4] = {4 * H * g.layer_input(i / 2), 4 * H * H, 4 * H, 4 * H};
+      for (int k = 0; k < 4; ++k) {
+        params[k].push_back(random_vector(sizes[k], 20 + 4 * i + k, 0.4f));
+        for (auto& run : grads) run[k].emplace_back(sizes[k]);
+      }
+    }
+    for (int64_t i = 0; i < pairs; ++i) {
+      w.w_ih.push_back(params[0][i].data()), w.w_hh.push_back(params[1][i].data());
+      w.b_ih.push_back(params[2][i].data()), w.b_hh.push_back(params[3][i].data());
+      for (int r = 0; r < 2; ++r) {
+        dw[r].w_ih.push_back(grads[r][0][i].data()), dw[r].w_hh.push_back(grads[r][1][i].data());
+        dw[r].b_ih.push_back(grads[r][2][i].data()), dw[r].b_hh.push_back(grads[r][3][i].data());
+      }
+    }
+    auto op = cpu_backend().make_lstm(g);
+    std::vector<float> x[2], dy[2], y[2], dx[2];
+    for (int r = 0; r < 2; ++r) {
+      x[r] = random_vector(T * N * I, 30);
+      dy[r] = random_vector(T * N * 2 * H, 31);
+      y[r].assign(T * N * 2 * H, 7.f);
+      dx[r].assign(T * N * I, 7.f);
+    }
+    // Run 1: finite junk in every padding row of x and dy.
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t n = 0; n < N; ++n)
+        if (t >= lengths[n]) {
+          for (int64_t c = 0; c < I; ++c) x[1][(t * N + n) * I + c] = 9.f;
+          for (int64_t c = 0; c < 2 * H; ++c) dy[1][(t * N + n) * 2 * H + c] = -9.f;
+        }
+    for (int r = 0; r < 2; ++r) {
+      op->forward(x[r].data(), lengths.data(), w, y[r].data(), true);
+      op->backward(x[r].data(), lengths.data(), w, y[r].data(), dy[r].data(), dx[r].data(), dw[r]);
+    }
+    CHECK(y[0] == y[1]);
+    CHECK(dx[0] == dx[1]);
+    for (int k = 0; k < 4; ++k) CHECK(grads[0][k] == grads[1][k]);
+    for (int64_t i = 0; i < pairs; ++i) CHECK(grads[0][2][i] == grads[0][3][i]);  // b_ih and b_hh
+    int64_t nonzero = 0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t n = 0; n < N; ++n)
+        if (t >= lengths[n]) {
+          for (int64_t c = 0; c < 2 * H; ++c) nonzero += y[0][(t * N + n) * 2 * H + c] != 0.f;
+          for (int64_t c = 0; c < I; ++c) nonzero += dx[0][(t * N + n) * I + c] != 0.f;
+        }
+    CHECK(nonzero == 0);
+  });
+}
+
 TEST_CASE("LSTM matches torch.nn.LSTM on a packed batch (2 layers, bidirectional)", "[lstm][parity]") {
   const auto f = read_safetensors(std::string(TRAINER_FIXTURES) + "/lstm_bidir.safetensors");
   auto ref = [&](const std::string& name) { return f.at("f64." + name).as_f64(); };

@@ -25,9 +25,9 @@ using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
 
-class DnnlLstm final : public LstmOp {
+class DnnlLstm final : public LstmDirectionOp {
  public:
-  explicit DnnlLstm(const LstmGeometry& g) : g_(g) {
+  explicit DnnlLstm(const LstmDirectionGeometry& g) : g_(g) {
     const int64_t T = g.seq_len, N = g.batch, I = g.input, H = g.hidden;
     src_md_ = memory::desc({T, N, I}, dt::f32, tag::tnc);
     dst_md_ = memory::desc({T, N, H}, dt::f32, tag::tnc);
@@ -126,7 +126,7 @@ class DnnlLstm final : public LstmOp {
     dnnl_stream().wait();
   }
 
-  LstmGeometry g_;
+  LstmDirectionGeometry g_;
   memory::desc src_md_, dst_md_, bias_md_, state_md_;
   dnnl::lstm_forward::primitive_desc fwd_pd_;
   dnnl::lstm_forward fwd_;
@@ -139,6 +139,6 @@ class DnnlLstm final : public LstmOp {
 
 }  // namespace
 
-std::unique_ptr<LstmOp> make_dnnl_lstm(const LstmGeometry& g) { return std::make_unique<DnnlLstm>(g); }
+std::unique_ptr<LstmDirectionOp> make_dnnl_lstm(const LstmDirectionGeometry& g) { return std::make_unique<DnnlLstm>(g); }
 
 }  // namespace trainer::models::cpu

@@ -53,9 +53,9 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, in
               c, static_cast<int>(ldc));
 }
 
-class GemmLstm final : public LstmOp {
+class GemmLstm final : public LstmDirectionOp {
  public:
-  explicit GemmLstm(const LstmGeometry& g) : g_(g) {
+  explicit GemmLstm(const LstmDirectionGeometry& g) : g_(g) {
     const int64_t T = g.seq_len, N = g.batch, H = g.hidden;
     gates_.resize(T * N * 4 * H);
     cells_.resize(T * N * H);
@@ -150,12 +150,12 @@ class GemmLstm final : public LstmOp {
   }
 
  private:
-  LstmGeometry g_;
+  LstmDirectionGeometry g_;
   HostBuffer gates_, cells_, dgates_, dh_, dc_;
 };
 
 }  // namespace
 
-std::unique_ptr<LstmOp> make_gemm_lstm(const LstmGeometry& g) { return std::make_unique<GemmLstm>(g); }
+std::unique_ptr<LstmDirectionOp> make_gemm_lstm(const LstmDirectionGeometry& g) { return std::make_unique<GemmLstm>(g); }
 
 }  // namespace trainer::models::cpu

@@ -10,7 +10,7 @@ LstmAlgorithm g_algorithm = LstmAlgorithm::kDnnl;
 
 void set_lstm_algorithm(LstmAlgorithm algorithm) { g_algorithm = algorithm; }
 
-std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g) {
+std::unique_ptr<LstmDirectionOp> make_lstm_direction(const LstmDirectionGeometry& g) {
   LstmAlgorithm algorithm = g_algorithm;
   if (const char* env = std::getenv("TRAINER_LSTM")) {
     if (std::strcmp(env, "gemm") == 0) algorithm = LstmAlgorithm::kGemm;

@@ -1,4 +1,6 @@
-// The CPU backend's two LSTM implementations (one direction of one layer; see LstmOp in backend.h):
+// The CPU backend's LSTM. LstmOp (backend.h) is a whole LSTM; the CPU runs it as a loop over layers
+// and directions (lstm_stack.cpp) around one op per direction of one layer, which has two
+// implementations:
 //  - kDnnl: oneDNN's vanilla_lstm primitive (forward_training + backward), weights reordered from
 //    PyTorch's layout into the primitive's packed layouts once per step;
 //  - kGemm: OpenBLAS GEMMs: the input projection of all time steps in one GEMM, then per step one
@@ -20,8 +22,32 @@ enum class LstmAlgorithm { kDnnl, kGemm };
 // Applies to ops made afterwards. The environment variable TRAINER_LSTM=dnnl|gemm overrides it.
 void set_lstm_algorithm(LstmAlgorithm algorithm);
 
+// The whole LSTM (backend.h's contract): the layer loop of lstm_stack.cpp over direction ops of
+// the algorithm chosen above.
 std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g);
-std::unique_ptr<LstmOp> make_dnnl_lstm(const LstmGeometry& g);
-std::unique_ptr<LstmOp> make_gemm_lstm(const LstmGeometry& g);
+
+// One direction of one layer over full-length sequences from a zero initial state: what the stack
+// runs per (layer, direction), the reverse direction on time-reversed sequences.
+struct LstmDirectionGeometry {
+  int64_t seq_len = 0, batch = 0, input = 0, hidden = 0;
+};
+
+class LstmDirectionOp {
+ public:
+  virtual ~LstmDirectionOp() = default;
+  // x {T, N, I} time-major; w_ih {4H, I}, w_hh {4H, H}, b_ih {4H}, b_hh {4H}; y {T, N, H}.
+  // Training keeps what backward needs (gate activations and cell states) inside the op.
+  virtual void forward(const float* x, const float* w_ih, const float* w_hh, const float* b_ih,
+                       const float* b_hh, float* y, bool training) = 0;
+  // Gradients of the last training forward, given its x, weights and output y (unchanged since).
+  // Overwrites dx, dw_ih, dw_hh, db_ih, db_hh (the two biases get the same gradient).
+  virtual void backward(const float* x, const float* w_ih, const float* w_hh, const float* y, const float* dy,
+                        float* dx, float* dw_ih, float* dw_hh, float* db_ih, float* db_hh) = 0;
+};
+
+// The implementation set_lstm_algorithm (or TRAINER_LSTM) chose.
+std::unique_ptr<LstmDirectionOp> make_lstm_direction(const LstmDirectionGeometry& g);
+std::unique_ptr<LstmDirectionOp> make_dnnl_lstm(const LstmDirectionGeometry& g);
+std::unique_ptr<LstmDirectionOp> make_gemm_lstm(const LstmDirectionGeometry& g);
 
 }  // namespace trainer::models::cpu

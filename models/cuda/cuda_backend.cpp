@@ -18,12 +18,6 @@ namespace {
 
 bool g_tf32 = false;
 
-// The LSTM is the one speech op not on the GPU yet.
-[[noreturn]] void speech_op(const char* op) {
-  throw std::runtime_error(std::string("CUDA backend: ") + op +
-                           " is not implemented (speech models on CUDA are issue 13); use runtime.device = \"cpu\"");
-}
-
 // Pieces of one scratch allocation, each at a multiple of 256 bytes (cudaMalloc's alignment), for
 // ops that need several device arrays at once.
 struct ScratchPlan {
@@ -78,7 +72,7 @@ class CudaBackend final : public Backend {
     return make_batchnorm_op(g, memory_, stream_);
   }
   std::unique_ptr<PoolOp> make_pool(const PoolGeometry& g) override { return make_cudnn_pool(g, cudnn_); }
-  std::unique_ptr<LstmOp> make_lstm(const LstmGeometry&) override { speech_op("make_lstm"); }
+  std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g) override { return make_cudnn_lstm(g, cudnn_); }
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {

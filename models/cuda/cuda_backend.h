@@ -1,5 +1,5 @@
 // The CUDA backend: the Backend (models/backend.h) of the models on one GPU. cuDNN for
-// convolution and pooling (cudnn_ops.h), cuBLAS for GEMM, our own kernels for the rest
+// convolution, pooling and the LSTM (cudnn_ops.h), cuBLAS for GEMM, our own kernels for the rest
 // (kernels.h), all on the stream of the process's CUDA device (cuda_device.h), FP32 math (TF32
 // only under runtime.precision = "tf32": set_tf32).
 //
@@ -8,8 +8,7 @@
 // Hopper take; batch norm's statistics are then column sums over a {N*H*W, C} matrix.
 //
 // The speech models' sequence ops are our own kernels too (sequence.cu, lookahead.cu, ctc.cu; a
-// batch's lengths stay host arrays and reach the kernels as parameters, host_ints.h). The LSTM
-// (make_lstm) is not on the GPU yet: it throws.
+// batch's lengths stay host arrays and reach the kernels as parameters, host_ints.h).
 // Compiled only with cmake -DTRAINER_CUDA=ON.
 #pragma once
 

@@ -1,4 +1,5 @@
-// The cuDNN ops of the CUDA backend: convolution (cudnn_conv.cpp) and pooling (cudnn_pool.cpp).
+// The cuDNN ops of the CUDA backend: convolution (cudnn_conv.cpp), pooling (cudnn_pool.cpp) and
+// the LSTM (cudnn_lstm.cpp).
 // Batch norm is our own kernel (batch_norm.cu says why).
 #pragma once
 
@@ -40,5 +41,6 @@ class CudnnContext {
 
 std::unique_ptr<ConvOp> make_cudnn_conv(const ConvGeometry& g, CudnnContext& context);
 std::unique_ptr<PoolOp> make_cudnn_pool(const PoolGeometry& g, CudnnContext& context);
+std::unique_ptr<LstmOp> make_cudnn_lstm(const LstmGeometry& g, CudnnContext& context);
 
 }  // namespace trainer::models::cuda

@@ -15,10 +15,11 @@ struct LstmOptions {
 // computing what PyTorch computes on the packed sequence: x {T, N, input} -> y {T, N, D*hidden}
 // (D = 2 when bidirectional: the forward direction's features, then the reverse direction's).
 // Outputs past a sequence's length are zero and its reverse direction starts at its own last step;
-// padding rows of x are never read. Parameters carry PyTorch's names, shapes and order
+// padding rows of x do not affect the result. Parameters carry PyTorch's names, shapes and order
 // (<name>.weight_ih_l{k}[_reverse] {4H, in}, weight_hh_l{k}[_reverse] {4H, H},
 // bias_ih_l{k}[_reverse] {4H}, bias_hh_l{k}[_reverse] {4H}; gates i, f, g, o), so state dicts and
 // parameter counts interchange. Initialization as PyTorch: everything U(-1/sqrt(H), 1/sqrt(H)).
+// The whole stack is one backend op (LstmOp, backend.h), one per input shape.
 class Lstm final : public SequenceLayer {
  public:
   Lstm(LayerContext ctx, const std::string& name, const LstmOptions& options);
@@ -28,25 +29,24 @@ class Lstm final : public SequenceLayer {
   double forward_flops() const override { return flops_; }
 
  private:
-  // One direction of one layer: its parameters, op and buffers (time reversed for the reverse
-  // direction, so the op always runs left to right from each sequence's first valid step).
+  // The parameter ids of one (layer, direction).
   struct Direction {
     int w_ih = -1, w_hh = -1, b_ih = -1, b_hh = -1;
-    bool reverse = false;
-    OpCache<LstmGeometry, LstmOp> ops;
-    LstmOp* op = nullptr;
-    explicit Direction(Backend& backend) : x_reversed(backend), y(backend), dy(backend), dx(backend) {}
-    OwnedTensor x_reversed, y, dy, dx;
   };
   int64_t directions() const { return opt_.bidirectional ? 2 : 1; }
+  // The op's view of the parameters and gradients (pointers into the flat buffers).
+  const LstmWeights& weights();
+  const LstmGradients& gradients();
 
   LayerContext ctx_;
   LstmOptions opt_;
   double flops_ = 0;
-  std::vector<Direction> dirs_;       // layer-major: dirs_[layer * directions() + d]
-  std::vector<OwnedTensor> outputs_;  // each layer's output {T, N, D*H}
-  std::vector<OwnedTensor> grads_;    // each layer's input gradient
-  OwnedTensor reversed_grad_{ctx_.backend};
+  std::vector<Direction> dirs_;  // layer-major: dirs_[layer * directions() + d]
+  OpCache<LstmGeometry, LstmOp> ops_;
+  LstmOp* op_ = nullptr;
+  LstmWeights weights_;
+  LstmGradients grads_;
+  OwnedTensor y_{ctx_.backend}, dx_{ctx_.backend};
   Tensor x_;  // a copy of the input view
   const int32_t* lengths_ = nullptr;
 };

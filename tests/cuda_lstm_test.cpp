@@ -1,0 +1,297 @@
+// The cuDNN LSTM (models/cuda/cudnn_lstm.cpp) against the CPU's (models/cpu/lstm_stack.cpp on
+// oneDNN's direction ops), op against op and through the Lstm layer: unidirectional and
+// bidirectional, one and two layers, lengths of 1 and of T, unsorted, T = 1, a second batch with
+// other lengths on the same op (the descriptors and the device lengths follow), an inference
+// forward, finite junk in the padding rows of x and dy (which must not matter), and every output
+// poisoned with NaN before the GPU writes it. FP32 on both sides (FMA math, no TF32).
+//
+// Tolerance, element-wise as cuda_backend_test's require_close (|cpu - cuda| <= rel * max(|cpu|,
+// the tensor's RMS)): 1e-5 for the short sequences. The 48-step case allows 1e-4: its errors pass
+// through 48 steps of recurrence (each step's rounding, from GEMMs summed in another order and
+// cuDNN's own sigmoid and tanh, feeds every later step), and its weight gradients are sums of
+// 6 x 48 products per direction whose order differs. For scale, the CPU's own two LSTMs (oneDNN
+// and OpenBLAS GEMMs) differ on these cases by at most 2.2e-6 (short) and 4.5e-6 (48 steps).
+//
+// Needs a GPU: without one the binary prints why and exits 77 (ctest: skipped).
+#ifdef TRAINER_HAS_CUDA
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "models/backend.h"
+#include "models/cuda/cuda_backend.h"
+#include "models/device_buffer.h"
+#include "models/layers/lstm.h"
+
+using namespace trainer::models;
+
+namespace {
+
+Backend* the_gpu = nullptr;
+Backend& gpu() { return *the_gpu; }
+Backend& cpu() { return cpu_backend(); }
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+std::vector<float> random_vector(int64_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+// A copy of host data on the GPU.
+struct GpuArray {
+  DeviceBuffer buffer;
+  int64_t n;
+  explicit GpuArray(const std::vector<float>& host) : buffer(gpu(), std::max<int64_t>(1, host.size())), n(host.size()) {
+    if (n) copy_to_device(gpu(), host.data(), n, buffer.data());
+  }
+  // n floats, all NaN: whatever the op does not write stays visible.
+  explicit GpuArray(int64_t size) : GpuArray(std::vector<float>(static_cast<size_t>(size), kNaN)) {}
+  float* data() { return buffer.data(); }
+  std::vector<float> host() const {
+    std::vector<float> h(static_cast<size_t>(n));
+    if (n) copy_to_host(gpu(), buffer.data(), n, h.data());
+    return h;
+  }
+};
+
+// Returns the largest error relative to max(|cpu|, rms), for the report of a first GPU run.
+double require_close(const std::vector<float>& want, const std::vector<float>& got, const std::string& what,
+                     double rel) {
+  INFO(what);
+  REQUIRE(want.size() == got.size());
+  double sq = 0;
+  for (float w : want) sq += double(w) * w;
+  const double rms = want.empty() ? 0.0 : std::sqrt(sq / want.size());
+  int64_t bad = 0, first = -1;
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double scale = std::max(std::fabs(double(want[i])), rms) + 1e-30;
+    const double err = std::fabs(double(want[i]) - got[i]) / scale;
+    if (!(err <= rel)) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++bad;
+    }
+    if (err > worst || std::isnan(err)) worst = err;
+  }
+  if (bad) INFO("first mismatch at " << first << ": cpu " << want[first] << ", cuda " << got[first] << " (rms " << rms << ")");
+  INFO("largest error relative to max(|cpu|, rms): " << worst);
+  CHECK(bad == 0);
+  return worst;
+}
+
+// The padding rows (t >= lengths[n]) of a {T, N, cols} tensor must be exactly zero.
+void require_zero_padding(const std::vector<float>& v, int64_t T, int64_t N, int64_t cols,
+                          const std::vector<int32_t>& lengths, const std::string& what) {
+  int64_t bad = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n)
+      if (t >= lengths[n])
+        for (int64_t c = 0; c < cols; ++c) bad += v[(t * N + n) * cols + c] != 0.f;
+  INFO(what << ": padding values that are not zero: " << bad);
+  CHECK(bad == 0);
+}
+
+// Finite junk in the padding rows of a {T, N, cols} tensor.
+void junk_padding(std::vector<float>& v, int64_t T, int64_t N, int64_t cols, const std::vector<int32_t>& lengths) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n)
+      if (t >= lengths[n])
+        for (int64_t c = 0; c < cols; ++c) v[(t * N + n) * cols + c] = 5.f + 0.25f * static_cast<float>(c % 7);
+}
+
+// Every (layer, direction)'s four tensors as host vectors, PyTorch's layout and initialization range.
+struct HostParams {
+  std::vector<std::vector<float>> tensors[4];  // w_ih, w_hh, b_ih, b_hh; each indexed layer * D + d
+  HostParams(const LstmGeometry& g, uint64_t seed) {
+    const float bound = 1.f / std::sqrt(static_cast<float>(g.hidden));
+    const int64_t H = g.hidden, D = g.directions();
+    for (int64_t i = 0; i < g.layers * D; ++i) {
+      const int64_t rows[4] = {4 * H * g.layer_input(i / D), 4 * H * H, 4 * H, 4 * H};
+      for (int k = 0; k < 4; ++k) tensors[k].push_back(random_vector(rows[k], seed++, -bound, bound));
+    }
+  }
+};
+
+const char* kTensorNames[4] = {"w_ih", "w_hh", "b_ih", "b_hh"};
+
+// One op on each backend, run over each lengths set in turn, compared after every pass.
+void check_lstm(const LstmGeometry& g, const std::vector<std::vector<int32_t>>& batches, uint64_t seed, double rel) {
+  const int64_t T = g.seq_len, N = g.batch, I = g.input, H = g.hidden, D = g.directions();
+  INFO("LSTM T " << T << ", N " << N << ", input " << I << ", hidden " << H << ", layers " << g.layers
+                 << (g.bidirectional ? ", bidirectional" : ", unidirectional"));
+  HostParams p(g, seed);
+  const int64_t pairs = g.layers * D;
+  // CPU weights and gradient buffers.
+  LstmWeights cw;
+  LstmGradients cg;
+  std::vector<std::vector<float>> cgrad[4];
+  for (int k = 0; k < 4; ++k)
+    for (int64_t i = 0; i < pairs; ++i) cgrad[k].emplace_back(p.tensors[k][i].size(), kNaN);
+  for (int64_t i = 0; i < pairs; ++i) {
+    cw.w_ih.push_back(p.tensors[0][i].data()), cw.w_hh.push_back(p.tensors[1][i].data());
+    cw.b_ih.push_back(p.tensors[2][i].data()), cw.b_hh.push_back(p.tensors[3][i].data());
+    cg.w_ih.push_back(cgrad[0][i].data()), cg.w_hh.push_back(cgrad[1][i].data());
+    cg.b_ih.push_back(cgrad[2][i].data()), cg.b_hh.push_back(cgrad[3][i].data());
+  }
+  // The same on the GPU.
+  std::vector<GpuArray> gparam[4], ggrad[4];
+  LstmWeights gw;
+  LstmGradients gg;
+  for (int k = 0; k < 4; ++k)
+    for (int64_t i = 0; i < pairs; ++i) {
+      gparam[k].emplace_back(p.tensors[k][i]);
+      ggrad[k].emplace_back(static_cast<int64_t>(p.tensors[k][i].size()));
+    }
+  for (int64_t i = 0; i < pairs; ++i) {
+    gw.w_ih.push_back(gparam[0][i].data()), gw.w_hh.push_back(gparam[1][i].data());
+    gw.b_ih.push_back(gparam[2][i].data()), gw.b_hh.push_back(gparam[3][i].data());
+    gg.w_ih.push_back(ggrad[0][i].data()), gg.w_hh.push_back(ggrad[1][i].data());
+    gg.b_ih.push_back(ggrad[2][i].data()), gg.b_hh.push_back(ggrad[3][i].data());
+  }
+  auto c = cpu().make_lstm(g);
+  auto d = gpu().make_lstm(g);
+
+  for (size_t pass = 0; pass < batches.size(); ++pass) {
+    const std::vector<int32_t>& lengths = batches[pass];
+    std::string list;
+    for (int32_t l : lengths) list += " " + std::to_string(l);
+    INFO("pass " << pass << ", lengths" << list);
+    auto x = random_vector(T * N * I, seed + 100 + pass), dy = random_vector(T * N * D * H, seed + 200 + pass);
+    junk_padding(x, T, N, I, lengths);
+    junk_padding(dy, T, N, D * H, lengths);
+    std::vector<float> y(T * N * D * H, kNaN), yi(T * N * D * H, kNaN), dx(T * N * I, kNaN);
+    c->forward(x.data(), lengths.data(), cw, yi.data(), false);
+    c->forward(x.data(), lengths.data(), cw, y.data(), true);
+    c->backward(x.data(), lengths.data(), cw, y.data(), dy.data(), dx.data(), cg);
+
+    GpuArray gx(x), gdy(dy), gy(T * N * D * H), gyi(T * N * D * H), gdx(T * N * I);
+    for (int k = 0; k < 4; ++k)
+      for (int64_t i = 0; i < pairs; ++i) gpu().fill(ggrad[k][i].n, kNaN, ggrad[k][i].data());
+    d->forward(gx.data(), lengths.data(), gw, gyi.data(), false);
+    d->forward(gx.data(), lengths.data(), gw, gy.data(), true);
+    d->backward(gx.data(), lengths.data(), gw, gy.data(), gdy.data(), gdx.data(), gg);
+
+    const auto hy = gy.host(), hyi = gyi.host(), hdx = gdx.host();
+    const double ey = std::max(require_close(yi, hyi, "inference forward y", rel),
+                               require_close(y, hy, "training forward y", rel));
+    const double edx = require_close(dx, hdx, "dx", rel);
+    require_zero_padding(hy, T, N, D * H, lengths, "y");
+    require_zero_padding(hyi, T, N, D * H, lengths, "inference y");
+    require_zero_padding(hdx, T, N, I, lengths, "dx");
+    double egrad = 0;
+    for (int64_t i = 0; i < pairs; ++i)
+      for (int k = 0; k < 4; ++k)
+        egrad = std::max(egrad, require_close(cgrad[k][i], ggrad[k][i].host(),
+                                              std::string("gradient of ") + kTensorNames[k] + " of layer " +
+                                                  std::to_string(i / D) + (i % D ? " reverse" : ""),
+                                              rel));
+    // Printed on success too: what the tolerances leave as margin on this GPU.
+    WARN("T " << T << " L " << g.layers << " D " << D << " pass " << pass << ": largest relative error y "
+              << ey << ", dx " << edx << ", weight gradients " << egrad << " (tolerance " << rel << ")");
+    for (int64_t i = 0; i < pairs; ++i) {
+      const auto bih = ggrad[2][i].host(), bhh = ggrad[3][i].host();
+      CHECK(std::memcmp(bih.data(), bhh.data(), sizeof(float) * bih.size()) == 0);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuDNN LSTM matches the CPU: one layer, both directions, lengths 1 and T, unsorted", "[cuda][lstm]") {
+  for (bool bidirectional : {false, true})
+    check_lstm({6, 4, 5, 7, 1, bidirectional}, {{6, 1, 4, 3}, {2, 6, 6, 5}, {6, 6, 6, 6}}, 10, 1e-5);
+}
+
+TEST_CASE("cuDNN LSTM matches the CPU: two layers, both directions", "[cuda][lstm]") {
+  for (bool bidirectional : {false, true})
+    check_lstm({9, 5, 6, 8, 2, bidirectional}, {{9, 1, 5, 9, 2}, {3, 7, 9, 1, 4}}, 20, 1e-5);
+}
+
+TEST_CASE("cuDNN LSTM matches the CPU: T = 1", "[cuda][lstm]") {
+  check_lstm({1, 3, 4, 5, 2, true}, {{1, 1, 1}}, 30, 1e-5);
+  check_lstm({1, 2, 3, 4, 1, false}, {{1, 1}}, 40, 1e-5);
+}
+
+TEST_CASE("cuDNN LSTM matches the CPU on a 48-step batch (two bidirectional layers)", "[cuda][lstm]") {
+  check_lstm({48, 6, 32, 64, 2, true}, {{48, 17, 1, 33, 48, 40}}, 50, 1e-4);
+}
+
+TEST_CASE("cuDNN LSTM refuses empty sequences and backward without a training forward", "[cuda][lstm]") {
+  const LstmGeometry g{4, 2, 3, 5, 1, false};
+  HostParams p(g, 60);
+  GpuArray w_ih(p.tensors[0][0]), w_hh(p.tensors[1][0]), b_ih(p.tensors[2][0]), b_hh(p.tensors[3][0]);
+  GpuArray x(random_vector(4 * 2 * 3, 61)), y(4 * 2 * 5), dy(random_vector(4 * 2 * 5, 62)), dx(4 * 2 * 3);
+  GpuArray dw_ih(int64_t(60)), dw_hh(int64_t(100)), db_ih(int64_t(20)), db_hh(int64_t(20));
+  const LstmWeights w{{w_ih.data()}, {w_hh.data()}, {b_ih.data()}, {b_hh.data()}};
+  const LstmGradients grads{{dw_ih.data()}, {dw_hh.data()}, {db_ih.data()}, {db_hh.data()}};
+  auto op = gpu().make_lstm(g);
+  const std::vector<int32_t> empty{4, 0}, fine{4, 2};
+  CHECK_THROWS_WITH(op->forward(x.data(), empty.data(), w, y.data(), true), Catch::Contains("empty sequences"));
+  op->forward(x.data(), fine.data(), w, y.data(), false);
+  CHECK_THROWS_WITH(op->backward(x.data(), fine.data(), w, y.data(), dy.data(), dx.data(), grads),
+                    Catch::Contains("training forward"));
+}
+
+TEST_CASE("The Lstm layer on CUDA matches the CPU (two bidirectional layers, PyTorch's parameters)",
+          "[cuda][lstm]") {
+  const int64_t T = 7, N = 3, I = 5, H = 6;
+  const std::vector<int32_t> lengths{5, 7, 2};
+  auto run = [&](Backend& backend, std::vector<float>& y, std::vector<float>& dx, std::vector<float>& grads) {
+    ParameterStore params{true}, buffers{false};
+    LayerContext ctx{backend, params, buffers};
+    Lstm lstm(ctx, "rnn", {I, H, 2, true});
+    params.allocate(backend);
+    buffers.allocate(backend);
+    auto values = random_vector(params.size(), 70, -0.4f, 0.4f);
+    params.copy_values_from_host(values.data(), sizeof(float) * values.size());
+    auto x = random_vector(T * N * I, 71), dy = random_vector(T * N * 2 * H, 72);
+    DeviceBuffer bx(backend, x.size()), bdy(backend, dy.size());
+    copy_to_device(backend, x.data(), x.size(), bx.data());
+    copy_to_device(backend, dy.data(), dy.size(), bdy.data());
+    lstm.set_lengths(lengths);
+    const Tensor& out = lstm.forward(Tensor{bx.data(), {T, N, I}}, Mode::kTrain);
+    y.resize(out.numel());
+    copy_to_host(backend, out.data, out.numel(), y.data());
+    const Tensor& g = lstm.backward(Tensor{bdy.data(), out.shape});
+    dx.resize(g.numel());
+    copy_to_host(backend, g.data, g.numel(), dx.data());
+    grads.resize(params.size());
+    copy_to_host(backend, params.grads(), params.size(), grads.data());
+  };
+  std::vector<float> y, dx, grads, gy, gdx, ggrads;
+  run(cpu(), y, dx, grads);
+  run(gpu(), gy, gdx, ggrads);
+  require_close(y, gy, "layer y", 1e-5);
+  require_close(dx, gdx, "layer dx", 1e-5);
+  require_close(grads, ggrads, "layer parameter gradients", 1e-5);
+}
+
+int main(int argc, char** argv) {
+  try {
+    the_gpu = &trainer::models::cuda::cuda_backend(0);
+  } catch (const std::exception& e) {
+    std::printf("skip: %s\n", e.what());
+    return 77;  // ctest's SKIP_RETURN_CODE
+  }
+  std::printf("%s\n", the_gpu->describe().c_str());
+  return Catch::Session().run(argc, argv);
+}
+#else
+#include <cstdio>
+int main() {
+  std::puts("skip: built without TRAINER_CUDA");
+  return 77;
+}
+#endif
