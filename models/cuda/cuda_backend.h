@@ -7,7 +7,8 @@
 // the one the inputs arrive in, and the one cuDNN's fastest FP32/TF32 convolutions on Ampere and
 // Hopper take; batch norm's statistics are then column sums over a {N*H*W, C} matrix.
 //
-// The sequence ops of the speech models (LSTM, CTC, lookahead, ...) are issue 13: they throw.
+// Listen-Attend-Spell's row, cell and attention ops are ours (speller.cu, attention.cu); the other
+// sequence ops of the speech models (LSTM, CTC, lookahead, ...) are issue 13: they throw.
 // Compiled only with cmake -DTRAINER_CUDA=ON.
 #pragma once
 
