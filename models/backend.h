@@ -263,6 +263,66 @@ class Backend : public DeviceMemory {
   // y[b, j, i] = x[b, i, j] for x {batch, rows, cols} row-major.
   virtual void transpose(int64_t batch, int64_t rows, int64_t cols, const float* x, float* y) = 0;
 
+  // ---- Rows and the attention speller (Listen-Attend-Spell, models/nets/las.cpp). As above,
+  // per-utterance lengths and a row -> utterance map are host arrays; token ids and row indices,
+  // which the device produces or reads at every step, are device int32 arrays.
+
+  // y {outer, b, a, cols} = x {outer, a, b, cols} with the middle axes swapped: y[o, j, i, :] =
+  // x[o, i, j, :]. With outer = 1 it moves a batch between time-major {T, N, C} and
+  // utterance-major {N, T, C}; with a = 2, b = N it puts neighbouring frames of a time-major
+  // sequence side by side ({T/2, 2, N, C} -> {T/2, N, 2 C}: a pyramidal BLSTM's input), and with
+  // a = N, b = 2 takes them apart again. x and y must not overlap.
+  virtual void swap_axes(int64_t outer, int64_t a, int64_t b, int64_t cols, const float* x, float* y) = 0;
+  // y[i * ldy + j] = x[i * ldx + j] for i < rows, j < cols (ldx, ldy >= cols): a block of columns
+  // from one matrix into another, such as one part of concatenated features.
+  virtual void copy_2d(int64_t rows, int64_t cols, const float* x, int64_t ldx, float* y, int64_t ldy) = 0;
+  // y[i, :] = x[index[i], :] for i < count (rows of `cols`); index on the device.
+  virtual void gather_rows(int64_t count, int64_t cols, const int32_t* index, const float* x, float* y) = 0;
+  // y[index[i], :] = x[i, :] for i < count (distinct indices; y's other rows unchanged).
+  virtual void scatter_rows(int64_t count, int64_t cols, const int32_t* index, const float* x, float* y) = 0;
+
+  // Embedding lookup: y[r * ldy + k] = table[tokens[r] * dim + k] for r < rows, k < dim; token ids
+  // (device) must be rows of the table.
+  virtual void embedding_forward(int64_t rows, int64_t dim, const int32_t* tokens, const float* table, float* y,
+                                 int64_t ldy) = 0;
+  // Its gradient, added: dtable[tokens[r], :] += dy[r * ldy + 0 .. dim) for r = 0, 1, ... in that
+  // order, so a repeated token's rows sum in row order (deterministic: no atomics on a GPU).
+  virtual void embedding_backward(int64_t rows, int64_t dim, const int32_t* tokens, const float* dy, int64_t ldy,
+                                  float* dtable) = 0;
+  // Teacher forcing's input tokens: tokens[r] = use_model[r] ? argmax_c logits[r, c] (the first
+  // largest, as std::max_element) : truth[r]. Device ints; tokens may be truth.
+  virtual void select_tokens(int64_t rows, int64_t classes, const float* logits, const int32_t* use_model,
+                             const int32_t* truth, int32_t* tokens) = 0;
+
+  // One step of an LSTM cell (PyTorch's LSTMCell, gates i, f, g, o) after its GEMMs, over `rows`
+  // rows of `hidden` units: gates {rows, 4 hidden} hold the pre-activations on entry and the
+  // activations (sigmoid, sigmoid, tanh, sigmoid) on exit; c = f * c_prev + i * g, tanh_c = tanh(c),
+  // h = o * tanh_c (c_prev, c, h, tanh_c {rows, hidden}).
+  virtual void lstm_cell_forward(int64_t rows, int64_t hidden, float* gates, const float* c_prev, float* c, float* h,
+                                 float* tanh_c) = 0;
+  // Its backward from the forward's gates (activations), c_prev and tanh_c: given dh and dc (the
+  // gradient of c from the next step), writes dgates (of the pre-activations) and replaces dc by the
+  // gradient of c_prev.
+  virtual void lstm_cell_backward(int64_t rows, int64_t hidden, const float* gates, const float* c_prev,
+                                  const float* tanh_c, const float* dh, float* dc, float* dgates) = 0;
+
+  // Dot-product attention of `rows` queries {rows, dim}, row r over the keys {N, steps, dim} and
+  // values {N, steps, cols} of utterance u = row_utterance[r] (host; null: u = r), whose first
+  // len = lengths[u] steps are valid (host; 1 <= len <= steps):
+  //     alpha[r, tau] = softmax over tau < len of <query[r], keys[u, tau]> (the maximum subtracted
+  //                     first), 0 for len <= tau < steps;
+  //     context[r * ldc + k] = sum_tau alpha[r, tau] values[u, tau, k].
+  virtual void attention_forward(int64_t rows, int64_t steps, int64_t dim, int64_t cols, const int32_t* lengths,
+                                 const int32_t* row_utterance, const float* query, const float* keys,
+                                 const float* values, float* alpha, float* context, int64_t ldc) = 0;
+  // Its backward from alpha and dcontext {rows, cols}: denergy[r, tau] = alpha (dalpha - <alpha,
+  // dalpha>) with dalpha[tau] = <values[u, tau], dcontext[r]> (0 for tau >= len), and dquery[r] =
+  // sum_tau denergy[r, tau] keys[u, tau]. The keys' and values' gradients are sums over rows, the
+  // caller's GEMMs (denergy^T query, alpha^T dcontext).
+  virtual void attention_backward(int64_t rows, int64_t steps, int64_t dim, int64_t cols, const int32_t* lengths,
+                                  const int32_t* row_utterance, const float* keys, const float* values,
+                                  const float* alpha, const float* dcontext, float* denergy, float* dquery) = 0;
+
   // ---- Optimizer arithmetic (optim/): the updates run where the parameters are. Every element is
   // independent, and reductions sum fixed blocks in a fixed order, so results do not depend on the
   // thread count (or, on a GPU, the launch shape).

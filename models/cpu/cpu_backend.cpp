@@ -17,6 +17,7 @@
 #include "models/cpu/lstm_ops.h"
 #include "models/cpu/optim_ops.h"
 #include "models/cpu/sequence_ops.h"
+#include "models/cpu/speller_ops.h"
 
 namespace trainer::models {
 namespace {
@@ -207,6 +208,51 @@ class CpuBackend final : public Backend {
   void mask_width(const Tensor& x, const int32_t* lengths) override { cpu::mask_width(x, lengths); }
   void transpose(int64_t batch, int64_t rows, int64_t cols, const float* x, float* y) override {
     cpu::transpose(batch, rows, cols, x, y);
+  }
+
+  // Rows and the attention speller (LAS): speller_ops.cpp.
+  void swap_axes(int64_t outer, int64_t a, int64_t b, int64_t cols, const float* x, float* y) override {
+    cpu::swap_axes(outer, a, b, cols, x, y);
+  }
+  void copy_2d(int64_t rows, int64_t cols, const float* x, int64_t ldx, float* y, int64_t ldy) override {
+    cpu::copy_2d(rows, cols, x, ldx, y, ldy);
+  }
+  void gather_rows(int64_t count, int64_t cols, const int32_t* index, const float* x, float* y) override {
+    cpu::gather_rows(count, cols, index, x, y);
+  }
+  void scatter_rows(int64_t count, int64_t cols, const int32_t* index, const float* x, float* y) override {
+    cpu::scatter_rows(count, cols, index, x, y);
+  }
+  void embedding_forward(int64_t rows, int64_t dim, const int32_t* tokens, const float* table, float* y,
+                         int64_t ldy) override {
+    cpu::embedding_forward(rows, dim, tokens, table, y, ldy);
+  }
+  void embedding_backward(int64_t rows, int64_t dim, const int32_t* tokens, const float* dy, int64_t ldy,
+                          float* dtable) override {
+    cpu::embedding_backward(rows, dim, tokens, dy, ldy, dtable);
+  }
+  void select_tokens(int64_t rows, int64_t classes, const float* logits, const int32_t* use_model,
+                     const int32_t* truth, int32_t* tokens) override {
+    cpu::select_tokens(rows, classes, logits, use_model, truth, tokens);
+  }
+  void lstm_cell_forward(int64_t rows, int64_t hidden, float* gates, const float* c_prev, float* c, float* h,
+                         float* tanh_c) override {
+    cpu::lstm_cell_forward(rows, hidden, gates, c_prev, c, h, tanh_c);
+  }
+  void lstm_cell_backward(int64_t rows, int64_t hidden, const float* gates, const float* c_prev, const float* tanh_c,
+                          const float* dh, float* dc, float* dgates) override {
+    cpu::lstm_cell_backward(rows, hidden, gates, c_prev, tanh_c, dh, dc, dgates);
+  }
+  void attention_forward(int64_t rows, int64_t steps, int64_t dim, int64_t cols, const int32_t* lengths,
+                         const int32_t* row_utterance, const float* query, const float* keys, const float* values,
+                         float* alpha, float* context, int64_t ldc) override {
+    cpu::attention_forward(rows, steps, dim, cols, lengths, row_utterance, query, keys, values, alpha, context, ldc);
+  }
+  void attention_backward(int64_t rows, int64_t steps, int64_t dim, int64_t cols, const int32_t* lengths,
+                          const int32_t* row_utterance, const float* keys, const float* values, const float* alpha,
+                          const float* dcontext, float* denergy, float* dquery) override {
+    cpu::attention_backward(rows, steps, dim, cols, lengths, row_utterance, keys, values, alpha, dcontext, denergy,
+                            dquery);
   }
 
   // Optimizer arithmetic: optim_ops.cpp.

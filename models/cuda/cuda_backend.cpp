@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -26,6 +27,31 @@ struct ScratchPlan {
     const size_t at = bytes;
     bytes += (n + 255) / 256 * 256;
     return at;
+  }
+};
+
+// The attention's host arrays as kernel parameters (host_ints.h): every utterance's length and the
+// row -> utterance map (empty: the identity). Checked here, since a kernel reading past an
+// utterance's keys would read another's, or past the buffer.
+struct AttentionInts {
+  HostInts lengths, row_utterance;
+  AttentionInts(int64_t rows, int64_t steps, const int32_t* lengths_host, const int32_t* row_utterance_host) {
+    int64_t utterances = rows;
+    if (row_utterance_host) {
+      row_utterance = host_ints(row_utterance_host, rows, "attention rows");
+      utterances = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        if (row_utterance.v[r] < 0) throw std::invalid_argument("attention: a row of a negative utterance");
+        utterances = std::max<int64_t>(utterances, row_utterance.v[r] + 1);
+      }
+    } else {
+      row_utterance = host_ints(nullptr, 0, "attention rows");
+    }
+    lengths = host_ints(lengths_host, utterances, "attention lengths");
+    for (int64_t u = 0; u < utterances; ++u)
+      if (lengths.v[u] < 1 || lengths.v[u] > steps)
+        throw std::invalid_argument("attention: utterance " + std::to_string(u) + " has length " +
+                                    std::to_string(lengths.v[u]) + ", outside 1.." + std::to_string(steps));
   }
 };
 
@@ -229,6 +255,61 @@ class CudaBackend final : public Backend {
   }
   void transpose(int64_t batch, int64_t rows, int64_t cols, const float* x, float* y) override {
     check(launch_transpose(batch, rows, cols, x, y, stream_), "transpose");
+  }
+
+  // ---- Rows and the attention speller (speller.cu, attention.cu).
+  void swap_axes(int64_t outer, int64_t a, int64_t b, int64_t cols, const float* x, float* y) override {
+    check(launch_swap_axes(outer, a, b, cols, x, y, stream_), "swap_axes");
+  }
+  void copy_2d(int64_t rows, int64_t cols, const float* x, int64_t ldx, float* y, int64_t ldy) override {
+    if (rows <= 0 || cols <= 0) return;
+    if (ldx < cols || ldy < cols) throw std::invalid_argument("copy_2d: a leading dimension below the row length");
+    check(cudaMemcpy2DAsync(y, sizeof(float) * ldy, x, sizeof(float) * ldx, sizeof(float) * cols,
+                            static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream_),
+          "copy_2d (cudaMemcpy2DAsync)");
+  }
+  void gather_rows(int64_t count, int64_t cols, const int32_t* index, const float* x, float* y) override {
+    check(launch_gather_rows(count, cols, index, x, y, stream_), "gather_rows");
+  }
+  void scatter_rows(int64_t count, int64_t cols, const int32_t* index, const float* x, float* y) override {
+    check(launch_scatter_rows(count, cols, index, x, y, stream_), "scatter_rows");
+  }
+  void embedding_forward(int64_t rows, int64_t dim, const int32_t* tokens, const float* table, float* y,
+                         int64_t ldy) override {
+    check(launch_embedding_forward(rows, dim, tokens, table, y, ldy, stream_), "embedding_forward");
+  }
+  void embedding_backward(int64_t rows, int64_t dim, const int32_t* tokens, const float* dy, int64_t ldy,
+                          float* dtable) override {
+    check(launch_embedding_backward(rows, dim, tokens, dy, ldy, dtable, stream_), "embedding_backward");
+  }
+  void select_tokens(int64_t rows, int64_t classes, const float* logits, const int32_t* use_model,
+                     const int32_t* truth, int32_t* tokens) override {
+    check(launch_select_tokens(rows, classes, logits, use_model, truth, tokens, stream_), "select_tokens");
+  }
+  void lstm_cell_forward(int64_t rows, int64_t hidden, float* gates, const float* c_prev, float* c, float* h,
+                         float* tanh_c) override {
+    check(launch_lstm_cell_forward(rows, hidden, gates, c_prev, c, h, tanh_c, stream_), "lstm_cell_forward");
+  }
+  void lstm_cell_backward(int64_t rows, int64_t hidden, const float* gates, const float* c_prev, const float* tanh_c,
+                          const float* dh, float* dc, float* dgates) override {
+    check(launch_lstm_cell_backward(rows, hidden, gates, c_prev, tanh_c, dh, dc, dgates, stream_),
+          "lstm_cell_backward");
+  }
+  void attention_forward(int64_t rows, int64_t steps, int64_t dim, int64_t cols, const int32_t* lengths,
+                         const int32_t* row_utterance, const float* query, const float* keys, const float* values,
+                         float* alpha, float* context, int64_t ldc) override {
+    const AttentionInts ints(rows, steps, lengths, row_utterance);
+    check(launch_attention_forward(rows, steps, dim, cols, ints.lengths, ints.row_utterance, query, keys, values,
+                                   alpha, context, ldc, stream_),
+          "attention_forward");
+  }
+  void attention_backward(int64_t rows, int64_t steps, int64_t dim, int64_t cols, const int32_t* lengths,
+                          const int32_t* row_utterance, const float* keys, const float* values, const float* alpha,
+                          const float* dcontext, float* denergy, float* dquery) override {
+    const AttentionInts ints(rows, steps, lengths, row_utterance);
+    check(launch_attention_backward(rows, steps, dim, cols, ints.lengths, ints.row_utterance, keys, values, alpha,
+                                    dcontext, denergy, dquery, stream_),
+          "attention_backward");
   }
 
   // ---- Optimizer arithmetic (optim_kernels.cu, reduce.cu).

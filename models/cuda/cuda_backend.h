@@ -7,8 +7,9 @@
 // the one the inputs arrive in, and the one cuDNN's fastest FP32/TF32 convolutions on Ampere and
 // Hopper take; batch norm's statistics are then column sums over a {N*H*W, C} matrix.
 //
-// The speech models' sequence ops are our own kernels too (sequence.cu, lookahead.cu, ctc.cu; a
-// batch's lengths stay host arrays and reach the kernels as parameters, host_ints.h).
+// The speech models' ops are our own kernels too (sequence.cu, lookahead.cu, ctc.cu; LAS's rows,
+// cells and attention in speller.cu, attention.cu; a batch's lengths stay host arrays and reach the
+// kernels as parameters, host_ints.h), except the LSTM, which is cuDNN's (cudnn_lstm.cpp).
 // Compiled only with cmake -DTRAINER_CUDA=ON.
 #pragma once
 

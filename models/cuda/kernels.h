@@ -4,8 +4,9 @@
 //   elementwise.cu (ReLU, add, scale, bias rows), reduce.cu (column sums, sum of squares),
 //   shortcut.cu, layout.cu, loss.cu, optim_kernels.cu, batch_norm.cu (its op lives there too);
 //   the speech models' sequence ops: sequence.cu (gather, packing, Hardtanh, image <-> sequence,
-//   width mask, transpose), lookahead.cu, ctc.cu. A batch's lengths reach those kernels by value
-//   (HostInts, host_ints.h), never through device memory.
+//   width mask, transpose), lookahead.cu, ctc.cu; Listen-Attend-Spell's rows, cells and attention:
+//   speller.cu, attention.cu. A batch's lengths reach those kernels by value (HostInts, host_ints.h),
+//   never through device memory.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -115,5 +116,37 @@ int64_t ctc_states(int64_t steps, int64_t batch, const HostInts& frames, const H
 cudaError_t launch_ctc_loss(int64_t steps, int64_t batch, int64_t classes, const float* logits, const HostInts& frames,
                             const int32_t* labels, const HostInts& label_lengths, float grad_scale, double* lp,
                             double* alpha, double* beta, double* losses, float* dlogits, cudaStream_t stream);
+
+// ---- speller.cu: the row and speller ops of backend.h (swap_axes ... select_tokens, the LSTM
+// cell), the CPU loops' arithmetic element for element. Token ids and indices are device ints.
+cudaError_t launch_swap_axes(int64_t outer, int64_t a, int64_t b, int64_t cols, const float* x, float* y,
+                             cudaStream_t stream);
+cudaError_t launch_gather_rows(int64_t count, int64_t cols, const int32_t* index, const float* x, float* y,
+                               cudaStream_t stream);
+cudaError_t launch_scatter_rows(int64_t count, int64_t cols, const int32_t* index, const float* x, float* y,
+                                cudaStream_t stream);
+cudaError_t launch_embedding_forward(int64_t rows, int64_t dim, const int32_t* tokens, const float* table, float* y,
+                                     int64_t ldy, cudaStream_t stream);
+// One thread per column walking the rows in order: deterministic, no atomics.
+cudaError_t launch_embedding_backward(int64_t rows, int64_t dim, const int32_t* tokens, const float* dy, int64_t ldy,
+                                      float* dtable, cudaStream_t stream);
+cudaError_t launch_select_tokens(int64_t rows, int64_t classes, const float* logits, const int32_t* use_model,
+                                 const int32_t* truth, int32_t* tokens, cudaStream_t stream);
+cudaError_t launch_lstm_cell_forward(int64_t rows, int64_t hidden, float* gates, const float* c_prev, float* c,
+                                     float* h, float* tanh_c, cudaStream_t stream);
+cudaError_t launch_lstm_cell_backward(int64_t rows, int64_t hidden, const float* gates, const float* c_prev,
+                                      const float* tanh_c, const float* dh, float* dc, float* dgates,
+                                      cudaStream_t stream);
+
+// ---- attention.cu: attention_forward / attention_backward (backend.h), one block per row, sums in
+// a fixed order. The lengths and the row -> utterance map (empty: the identity) go by value.
+cudaError_t launch_attention_forward(int64_t rows, int64_t steps, int64_t dim, int64_t cols, const HostInts& lengths,
+                                     const HostInts& row_utterance, const float* query, const float* keys,
+                                     const float* values, float* alpha, float* context, int64_t ldc,
+                                     cudaStream_t stream);
+cudaError_t launch_attention_backward(int64_t rows, int64_t steps, int64_t dim, int64_t cols, const HostInts& lengths,
+                                      const HostInts& row_utterance, const float* keys, const float* values,
+                                      const float* alpha, const float* dcontext, float* denergy, float* dquery,
+                                      cudaStream_t stream);
 
 }  // namespace trainer::models::cuda

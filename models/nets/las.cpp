@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <random>
 #include <stdexcept>
 
@@ -10,52 +9,6 @@
 
 namespace trainer::models {
 namespace {
-
-float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
-
-// One LSTM cell's nonlinearity over `rows` rows: gates {rows, 4H} hold the pre-activations of
-// i, f, g, o on entry and their activations on exit; c = f * c_prev + i * g, h = o * tanh(c).
-void cell_forward(int64_t rows, int64_t H, float* gates, const float* c_prev, float* c, float* h, float* tanh_c) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* g = gates + r * 4 * H;
-    for (int64_t k = 0; k < H; ++k) {
-      const float i = sigmoid(g[k]), f = sigmoid(g[H + k]), cand = std::tanh(g[2 * H + k]),
-                  o = sigmoid(g[3 * H + k]);
-      g[k] = i, g[H + k] = f, g[2 * H + k] = cand, g[3 * H + k] = o;
-      const float cell = f * c_prev[r * H + k] + i * cand;
-      const float t = std::tanh(cell);
-      c[r * H + k] = cell;
-      tanh_c[r * H + k] = t;
-      h[r * H + k] = o * t;
-    }
-  }
-}
-
-// Its backward: from dh and the cell-state gradient dc (replaced by the gradient of c_prev), the
-// gradients of the gate pre-activations.
-void cell_backward(int64_t rows, int64_t H, const float* gates, const float* c_prev, const float* tanh_c,
-                   const float* dh, float* dc, float* dgates) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* g = gates + r * 4 * H;
-    float* d = dgates + r * 4 * H;
-    for (int64_t k = 0; k < H; ++k) {
-      const float i = g[k], f = g[H + k], cand = g[2 * H + k], o = g[3 * H + k];
-      const float t = tanh_c[r * H + k], grad_h = dh[r * H + k];
-      const float dcell = dc[r * H + k] + grad_h * o * (1.f - t * t);
-      d[k] = dcell * cand * i * (1.f - i);
-      d[H + k] = dcell * c_prev[r * H + k] * f * (1.f - f);
-      d[2 * H + k] = dcell * i * (1.f - cand * cand);
-      d[3 * H + k] = grad_h * t * o * (1.f - o);
-      dc[r * H + k] = dcell * f;
-    }
-  }
-}
-
-void relu_inplace(int64_t n, float* x) {
-  for (int64_t i = 0; i < n; ++i) x[i] = std::max(x[i], 0.f);
-}
-
-int32_t argmax(const float* x, int64_t n) { return static_cast<int32_t>(std::max_element(x, x + n) - x); }
 
 void uniform_init(Tensor t, float bound, Rng& rng) {
   std::uniform_real_distribution<float> uniform(-bound, bound);
@@ -142,24 +95,19 @@ void Las::listen(const SpeechInput& in, Mode mode) {
                                   " and " + std::to_string(T));
     for (int64_t k = 0; k <= P; ++k) lengths_[k][n] = frames >> k;
   }
-  // {N, T, F} -> time-major {T, N, F}.
+  // {N, T, F} -> time-major {T, N, F} (the features are on the backend already: SpeechInput).
   Tensor& x = w.time_major.resize({T, N, F});
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t n = 0; n < N; ++n)
-      std::memcpy(x.data + (t * N + n) * F, in.features + (n * T + t) * F, F * sizeof(float));
+  backend_.swap_axes(1, N, T, F, in.features, x.data);
   blstm_->set_lengths(lengths_[0]);
   const Tensor* h = &blstm_->forward(x, mode);
   flops_ = blstm_->forward_flops();
   resize_owned(w.pyramid, P, w.backend);
   for (int64_t k = 0; k < P; ++k) {
-    // Neighbouring frames side by side: row (t, n) = [h(2t, n) ; h(2t + 1, n)].
+    // Neighbouring frames side by side: row (t, n) = [h(2t, n) ; h(2t + 1, n)], i.e. the first
+    // 2 * steps frames {steps, 2, N, C} as {steps, N, 2, C}.
     const int64_t steps = h->dim(0) / 2;
     Tensor& pairs = w.pyramid[k].resize({steps, N, 2 * C});
-    for (int64_t t = 0; t < steps; ++t)
-      for (int64_t n = 0; n < N; ++n) {
-        std::memcpy(pairs.data + (t * N + n) * 2 * C, h->data + (2 * t * N + n) * C, C * sizeof(float));
-        std::memcpy(pairs.data + (t * N + n) * 2 * C + C, h->data + ((2 * t + 1) * N + n) * C, C * sizeof(float));
-      }
+    backend_.swap_axes(steps, 2, N, C, h->data, pairs.data);
     pblstm_[k]->set_lengths(lengths_[k + 1]);
     h = &pblstm_[k]->forward(pairs, mode);
     flops_ += pblstm_[k]->forward_flops();
@@ -167,20 +115,18 @@ void Las::listen(const SpeechInput& in, Mode mode) {
   // Attention reads each utterance's frames contiguously: values {N, T', C}, keys {N, T', A}.
   const int64_t Tl = h->dim(0), A = opt_.attention_dim;
   Tensor& values = w.values.resize({N, Tl, C});
-  for (int64_t t = 0; t < Tl; ++t)
-    for (int64_t n = 0; n < N; ++n)
-      std::memcpy(values.data + (n * Tl + t) * C, h->data + (t * N + n) * C, C * sizeof(float));
+  backend_.swap_axes(1, Tl, N, C, h->data, values.data);
   Tensor& keys = w.keys.resize({N, Tl, A});
   backend_.broadcast_rows(N * Tl, A, params_.value(key_.bias).data, keys.data);
   backend_.gemm(false, true, N * Tl, A, C, 1.f, values.data, C, params_.value(key_.weight).data, C, 1.f, keys.data, A);
-  relu_inplace(keys.numel(), keys.data);
+  backend_.relu_forward(keys.numel(), keys.data, keys.data);
   flops_ += 2.0 * N * Tl * C * A;
   // Each cell's two bias vectors, summed once for all its steps.
   const int64_t Hs = opt_.speller_hidden;
-  w.bias_sum.resize(cells_.size() * 4 * Hs);
+  float* bias_sum = w.bias_sum.resize({int64_t(cells_.size()), 4 * Hs}).data;
   for (size_t j = 0; j < cells_.size(); ++j)
     backend_.add(4 * Hs, params_.value(cells_[j].b_ih).data, params_.value(cells_[j].b_hh).data,
-                 w.bias_sum.data() + j * 4 * Hs);
+                 bias_sum + j * 4 * Hs);
 }
 
 void Las::listener_backward() {
@@ -190,9 +136,7 @@ void Las::listener_backward() {
   // Through the keys' ReLU and Linear, adding into the values' gradient.
   Tensor dkeys = w.dkeys.view();
   Tensor dvalues = w.dvalues.view();
-  const float* keys = w.keys.view().data;
-  for (int64_t i = 0; i < dkeys.numel(); ++i)
-    if (keys[i] <= 0.f) dkeys.data[i] = 0.f;
+  backend_.relu_backward(dkeys.numel(), w.keys.view().data, dkeys.data, dkeys.data);
   backend_.gemm(true, false, A, C, N * Tl, 1.f, dkeys.data, A, w.values.view().data, C, 0.f,
                 params_.grad(key_.weight).data, C);
   backend_.sum_rows(N * Tl, A, dkeys.data, params_.grad(key_.bias).data);
@@ -201,9 +145,7 @@ void Las::listener_backward() {
                 dvalues.data, C);
   // Back to time-major, then down the pyramid.
   Tensor& d = w.dlistener.resize({Tl, N, C});
-  for (int64_t t = 0; t < Tl; ++t)
-    for (int64_t n = 0; n < N; ++n)
-      std::memcpy(d.data + (t * N + n) * C, dvalues.data + (n * Tl + t) * C, C * sizeof(float));
+  backend_.swap_axes(1, N, Tl, C, dvalues.data, d.data);
   const Tensor* grad = &d;
   const int64_t P = opt_.pyramid_layers;
   resize_owned(w.pyramid_grad, P, w.backend);
@@ -214,12 +156,8 @@ void Las::listener_backward() {
     const int64_t steps = dpairs.dim(0);
     const int64_t below = k == 0 ? w.time_major.view().dim(0) : w.pyramid[k - 1].view().dim(0);
     Tensor& dh = w.pyramid_grad[k].resize({below, N, C});
-    std::memset(dh.data, 0, dh.numel() * sizeof(float));
-    for (int64_t t = 0; t < steps; ++t)
-      for (int64_t n = 0; n < N; ++n) {
-        std::memcpy(dh.data + (2 * t * N + n) * C, dpairs.data + (t * N + n) * 2 * C, C * sizeof(float));
-        std::memcpy(dh.data + ((2 * t + 1) * N + n) * C, dpairs.data + (t * N + n) * 2 * C + C, C * sizeof(float));
-      }
+    backend_.swap_axes(steps, N, 2, C, dpairs.data, dh.data);
+    backend_.fill((below - 2 * steps) * N * C, 0.f, dh.data + 2 * steps * N * C);
     grad = &dh;
   }
   blstm_->backward(*grad);  // the features' gradient is not needed
@@ -232,47 +170,34 @@ void Las::speller_step(const Step& s, int64_t rows, const int32_t* row_utterance
   const int64_t E = opt_.embedding_dim, C = 2 * opt_.listener_hidden, Hs = opt_.speller_hidden,
                 A = opt_.attention_dim, V = opt_.classes, in0 = E + C;
   Workspace& w = *ws_;
-  const float* embedding = params_.value(embedding_).data;
-  for (int64_t r = 0; r < rows; ++r) {
-    std::memcpy(s.input + r * in0, embedding + s.tokens[r] * E, E * sizeof(float));
-    if (s.context_prev)
-      std::memcpy(s.input + r * in0 + E, s.context_prev + r * s.context_stride, C * sizeof(float));
-    else
-      std::memset(s.input + r * in0 + E, 0, C * sizeof(float));
-  }
+  // The input rows [embedding(token) ; previous context] (zeros at the first step).
+  if (s.context_prev)
+    backend_.copy_2d(rows, C, s.context_prev, s.context_stride, s.input + E, in0);
+  else
+    backend_.fill(rows * in0, 0.f, s.input);
+  backend_.embedding_forward(rows, E, s.tokens, params_.value(embedding_).data, s.input, in0);
   const float* x = s.input;
   for (size_t j = 0; j < cells_.size(); ++j) {
     const Cell& cell = cells_[j];
-    backend_.broadcast_rows(rows, 4 * Hs, w.bias_sum.data() + j * 4 * Hs, s.gates[j]);
+    backend_.broadcast_rows(rows, 4 * Hs, w.bias_sum.view().data + j * 4 * Hs, s.gates[j]);
     backend_.gemm(false, true, rows, 4 * Hs, cell.input, 1.f, x, cell.input, params_.value(cell.w_ih).data,
                   cell.input, 1.f, s.gates[j], 4 * Hs);
     backend_.gemm(false, true, rows, 4 * Hs, Hs, 1.f, s.h_prev[j], Hs, params_.value(cell.w_hh).data, Hs, 1.f,
                   s.gates[j], 4 * Hs);
-    cell_forward(rows, Hs, s.gates[j], s.c_prev[j], s.c[j], s.h[j], s.tanh_c[j]);
+    backend_.lstm_cell_forward(rows, Hs, s.gates[j], s.c_prev[j], s.c[j], s.h[j], s.tanh_c[j]);
     x = s.h[j];
     flops_ += 2.0 * rows * 4 * Hs * (cell.input + Hs);
   }
   // Attention on the top cell's state s_t.
   const int64_t SC = Hs + C, Tl = ws_->values.view().dim(1);
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(s.state_context + r * SC, x + r * Hs, Hs * sizeof(float));
+  backend_.copy_2d(rows, Hs, x, Hs, s.state_context, SC);
   backend_.broadcast_rows(rows, A, params_.value(query_.bias).data, s.query);
   backend_.gemm(false, true, rows, A, Hs, 1.f, x, Hs, params_.value(query_.weight).data, Hs, 1.f, s.query, A);
-  relu_inplace(rows * A, s.query);
-  const float* keys = w.keys.view().data;
-  const float* values = w.values.view().data;
+  backend_.relu_forward(rows * A, s.query, s.query);
   const std::vector<int32_t>& lengths = lengths_.back();
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t u = row_utterance ? row_utterance[r] : r, len = lengths[u];
-    float* alpha = s.alpha + r * Tl;
-    backend_.gemm(false, false, len, 1, A, 1.f, keys + u * Tl * A, A, s.query + r * A, 1, 0.f, alpha, 1);
-    const float top = *std::max_element(alpha, alpha + len);
-    float sum = 0.f;
-    for (int64_t t = 0; t < len; ++t) sum += alpha[t] = std::exp(alpha[t] - top);
-    for (int64_t t = 0; t < len; ++t) alpha[t] /= sum;
-    std::fill(alpha + len, alpha + Tl, 0.f);
-    backend_.gemm(true, false, C, 1, len, 1.f, values + u * Tl * C, C, alpha, 1, 0.f, s.state_context + r * SC + Hs, 1);
-    flops_ += 2.0 * len * (A + C);
-  }
+  backend_.attention_forward(rows, Tl, A, C, lengths.data(), row_utterance, s.query, w.keys.view().data,
+                             w.values.view().data, s.alpha, s.state_context + Hs, SC);
+  for (int64_t r = 0; r < rows; ++r) flops_ += 2.0 * lengths[row_utterance ? row_utterance[r] : r] * (A + C);
   backend_.broadcast_rows(rows, V, params_.value(output_.bias).data, s.logits);
   backend_.gemm(false, true, rows, V, SC, 1.f, s.state_context, SC, params_.value(output_.weight).data, SC, 1.f,
                 s.logits, V);
@@ -305,8 +230,8 @@ double Las::forward(const SpeechInput& in, Mode mode) {
   for (size_t j = 0; j < L; ++j) {
     w.h[j].resize({U + 1, N, Hs});
     w.c[j].resize({U + 1, N, Hs});
-    std::memset(w.h[j].view().data, 0, N * Hs * sizeof(float));
-    std::memset(w.c[j].view().data, 0, N * Hs * sizeof(float));
+    backend_.fill(N * Hs, 0.f, w.h[j].view().data);
+    backend_.fill(N * Hs, 0.f, w.c[j].view().data);
     w.gates[j].resize({U, N, 4 * Hs});
     w.tanh_c[j].resize({U, N, Hs});
   }
@@ -315,24 +240,46 @@ double Las::forward(const SpeechInput& in, Mode mode) {
   float* alpha = w.alpha.resize({U, N, Tl}).data;
   float* state_context = w.state_context.resize({U, N, SC}).data;
   float* logits = w.logits.resize({U, N, V}).data;
-  w.tokens.assign(U * N, kLasSos);
 
-  // Teacher forcing draws in a fixed order (step, utterance) from the batch's seed.
+  // Every step's ints at once (las_workspace.h): the true input tokens (<sos>, then the previous
+  // target; past an utterance's end <eos>, where there is no loss), the teacher-forcing draws in a
+  // fixed order (step, utterance) from the batch's seed, and the loss's target rows (step * N + n)
+  // and targets.
+  const int64_t UN = U * N;
+  std::vector<int32_t>& ints = w.host_ints;
+  ints.assign(2 * UN, 0);
+  std::fill_n(ints.begin(), N, kLasSos);
   const bool sample = mode == Mode::kTrain && opt_.teacher_forcing < 1.0;
   // (53 random bits by hand: std::uniform_real_distribution differs between standard libraries.)
   std::mt19937_64 rng(in.seed);
   auto coin = [&rng] { return static_cast<double>(rng() >> 11) * 0x1.0p-53; };
+  for (int64_t t = 1; t < U; ++t)
+    for (int64_t n = 0; n < N; ++n) {
+      const int32_t previous = target(t - 1, n);
+      ints[t * N + n] = previous >= 0 ? previous : kLasEos;
+      ints[UN + t * N + n] = sample && coin() >= opt_.teacher_forcing;
+    }
+  std::vector<int32_t> targets;
+  for (int64_t t = 0; t < U; ++t)
+    for (int64_t n = 0; n < N; ++n)
+      if (const int32_t y = target(t, n); y >= 0) {
+        if (y >= V) throw std::invalid_argument("las: label " + std::to_string(y) + " outside the vocabulary");
+        ints.push_back(static_cast<int32_t>(t * N + n));
+        targets.push_back(y);
+      }
+  ints.insert(ints.end(), targets.begin(), targets.end());
+  const int64_t M = w.targets = static_cast<int64_t>(targets.size());
+  w.ints.reserve(static_cast<int64_t>(ints.size()));
+  int32_t* tokens = device_ints(w.ints);
+  backend_.copy_to_device(tokens, ints.data(), sizeof(int32_t) * ints.size());
+
   Step s;
   s.h_prev.resize(L), s.c_prev.resize(L), s.h.resize(L), s.c.resize(L), s.gates.resize(L), s.tanh_c.resize(L);
   for (int64_t t = 0; t < U; ++t) {
-    int32_t* tokens = w.tokens.data() + t * N;
-    if (t > 0)
-      for (int64_t n = 0; n < N; ++n) {
-        const int32_t previous = target(t - 1, n);
-        const int32_t truth = previous >= 0 ? previous : kLasEos;  // past the end: <eos> (no loss there)
-        tokens[n] = sample && coin() >= opt_.teacher_forcing ? argmax(logits + ((t - 1) * N + n) * V, V) : truth;
-      }
-    s.tokens = tokens;
+    // Sampled steps feed the previous step's argmax where the draw says so (in place of the truth).
+    if (sample && t > 0)
+      backend_.select_tokens(N, V, logits + (t - 1) * N * V, tokens + UN + t * N, tokens + t * N, tokens + t * N);
+    s.tokens = tokens + t * N;
     s.context_prev = t > 0 ? state_context + (t - 1) * N * SC + Hs : nullptr;
     s.context_stride = SC;
     for (size_t j = 0; j < L; ++j) {
@@ -351,21 +298,12 @@ double Las::forward(const SpeechInput& in, Mode mode) {
     speller_step(s, N, nullptr);
   }
 
-  // The loss over the target rows, packed.
-  w.target_rows.clear();
-  w.targets.clear();
-  for (int64_t t = 0; t < U; ++t)
-    for (int64_t n = 0; n < N; ++n)
-      if (const int32_t y = target(t, n); y >= 0) {
-        if (y >= V) throw std::invalid_argument("las: label " + std::to_string(y) + " outside the vocabulary");
-        w.target_rows.push_back(static_cast<int32_t>(t * N + n));
-        w.targets.push_back(y);
-      }
-  const int64_t M = static_cast<int64_t>(w.targets.size());
+  // The loss over the target rows, packed. It waits for the device, so `ints` may change after it.
+  const int32_t* target_rows = tokens + 2 * UN;
   float* packed = w.packed_logits.resize({M, V}).data;
-  for (int64_t m = 0; m < M; ++m) std::memcpy(packed + m * V, logits + w.target_rows[m] * V, V * sizeof(float));
+  backend_.gather_rows(M, V, target_rows, logits, packed);
   int64_t correct = 0;
-  return backend_.softmax_cross_entropy(M, V, packed, w.targets.data(), static_cast<float>(opt_.label_smoothing),
+  return backend_.softmax_cross_entropy(M, V, packed, target_rows + M, static_cast<float>(opt_.label_smoothing),
                                         w.packed_grad.resize({M, V}).data, &correct);
 }
 
@@ -377,11 +315,10 @@ void Las::backward() {
   const size_t L = cells_.size();
 
   // Output layer, all steps at once.
+  const int32_t* tokens = device_ints(w.ints);  // las_workspace.h: tokens, draws, target rows
   float* dlogits = w.dlogits.resize({U, N, V}).data;
-  std::memset(dlogits, 0, UN * V * sizeof(float));
-  const float* packed_grad = w.packed_grad.view().data;
-  for (size_t m = 0; m < w.target_rows.size(); ++m)
-    std::memcpy(dlogits + w.target_rows[m] * V, packed_grad + m * V, V * sizeof(float));
+  backend_.fill(UN * V, 0.f, dlogits);
+  backend_.scatter_rows(w.targets, V, tokens + 2 * UN, w.packed_grad.view().data, dlogits);
   const float* state_context = w.state_context.view().data;
   float* dsc = w.dstate_context.resize({U, N, SC}).data;
   backend_.gemm(false, false, UN, SC, V, 1.f, dlogits, V, params_.value(output_.weight).data, SC, 0.f, dsc, SC);
@@ -405,39 +342,27 @@ void Las::backward() {
   float* dc = w.dc.resize({int64_t(L), N, Hs}).data;
   float* dinput = w.dinput.resize({N, E + C}).data;
   float* dcarry = w.dcarry.resize({N, C}).data;
-  std::memset(dh, 0, L * N * Hs * sizeof(float));
-  std::memset(dc, 0, L * N * Hs * sizeof(float));
-  std::memset(dcarry, 0, N * C * sizeof(float));
+  backend_.fill(int64_t(L) * N * Hs, 0.f, dh);
+  backend_.fill(int64_t(L) * N * Hs, 0.f, dc);
+  backend_.fill(N * C, 0.f, dcarry);
   resize_owned(w.dgates, L, w.backend);
   for (size_t j = 0; j < L; ++j) w.dgates[j].resize({U, N, 4 * Hs});
   Tensor dembedding = params_.grad(embedding_);
-  std::memset(dembedding.data, 0, dembedding.numel() * sizeof(float));
+  backend_.fill(dembedding.numel(), 0.f, dembedding.data);
   const std::vector<int32_t>& lengths = lengths_.back();
-  std::vector<float> dalpha(Tl);
 
   for (int64_t t = U - 1; t >= 0; --t) {
     // The context c_t: the output layer's and the next step's input's gradients.
     float* dctx = dcontext + t * N * C;
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < C; ++k) dctx[n * C + k] = dsc[(t * N + n) * SC + Hs + k] + dcarry[n * C + k];
-    // Attention: alpha = softmax(K q), c = V^T alpha.
-    for (int64_t n = 0; n < N; ++n) {
-      const int64_t len = lengths[n];
-      const float* a = alpha + (t * N + n) * Tl;
-      backend_.gemm(false, false, len, 1, C, 1.f, values + n * Tl * C, C, dctx + n * C, 1, 0.f, dalpha.data(), 1);
-      float dot = 0.f;
-      for (int64_t k = 0; k < len; ++k) dot += a[k] * dalpha[k];
-      float* de = denergy + (t * N + n) * Tl;
-      for (int64_t k = 0; k < len; ++k) de[k] = a[k] * (dalpha[k] - dot);
-      std::fill(de + len, de + Tl, 0.f);
-      backend_.gemm(true, false, A, 1, len, 1.f, keys + n * Tl * A, A, de, 1, 0.f, dquery + (t * N + n) * A, 1);
-    }
+    backend_.copy_2d(N, C, dsc + t * N * SC + Hs, SC, dctx, C);
+    backend_.add(N * C, dctx, dcarry, dctx);
+    // Attention: alpha = softmax(K q), c = V^T alpha; then the query's ReLU.
     float* dq = dquery + t * N * A;
-    const float* q = query + t * N * A;
-    for (int64_t i = 0; i < N * A; ++i)
-      if (q[i] <= 0.f) dq[i] = 0.f;
+    backend_.attention_backward(N, Tl, A, C, lengths.data(), nullptr, keys, values, alpha + t * N * Tl, dctx,
+                                denergy + t * N * Tl, dq);
+    backend_.relu_backward(N * A, query + t * N * A, dq, dq);
     // s_t: the output layer's gradient plus the query's.
-    for (int64_t n = 0; n < N; ++n) std::memcpy(dstate + n * Hs, dsc + (t * N + n) * SC, Hs * sizeof(float));
+    backend_.copy_2d(N, Hs, dsc + t * N * SC, SC, dstate, Hs);
     backend_.gemm(false, false, N, Hs, A, 1.f, dq, A, params_.value(query_.weight).data, Hs, 1.f, dstate, Hs);
     // The cells, top down: the gradient from above plus the one carried from step t + 1.
     const float* from_above = dstate;
@@ -446,8 +371,8 @@ void Las::backward() {
       float* dh_j = dh + jj * N * Hs;
       backend_.add(N * Hs, dh_j, from_above, dh_j);
       float* dg = w.dgates[jj].view().data + t * N * 4 * Hs;
-      cell_backward(N, Hs, w.gates[jj].view().data + t * N * 4 * Hs, w.c[jj].view().data + t * N * Hs,
-                    w.tanh_c[jj].view().data + t * N * Hs, dh_j, dc + jj * N * Hs, dg);
+      backend_.lstm_cell_backward(N, Hs, w.gates[jj].view().data + t * N * 4 * Hs, w.c[jj].view().data + t * N * Hs,
+                                  w.tanh_c[jj].view().data + t * N * Hs, dh_j, dc + jj * N * Hs, dg);
       // dh for step t - 1 (this cell's recurrence), and the gradient of this cell's input.
       backend_.gemm(false, false, N, Hs, 4 * Hs, 1.f, dg, 4 * Hs, params_.value(cell.w_hh).data, Hs, 0.f, dh_j, Hs);
       float* dx = jj > 0 ? dstate : dinput;  // dstate is free once the top cell has read it
@@ -455,12 +380,10 @@ void Las::backward() {
                     0.f, dx, cell.input);
       from_above = dx;
     }
-    const int32_t* tokens = w.tokens.data() + t * N;
-    for (int64_t n = 0; n < N; ++n) {
-      float* row = dembedding.data + tokens[n] * E;
-      for (int64_t k = 0; k < E; ++k) row[k] += dinput[n * (E + C) + k];
-      std::memcpy(dcarry + n * C, dinput + n * (E + C) + E, C * sizeof(float));
-    }
+    // The input [embedding ; previous context]: the embedding's rows, and the context's gradient
+    // carried to step t - 1.
+    backend_.embedding_backward(N, E, tokens + t * N, dinput, E + C, dembedding.data);
+    backend_.copy_2d(N, C, dinput + E, E + C, dcarry, C);
   }
 
   // Weight gradients, all steps at once.

@@ -1,8 +1,8 @@
 // Listen-Attend-Spell decoding: greedy and beam search over the speller, all utterances' hypotheses
-// stepped together as one batch of rows.
+// stepped together as one batch of rows. The speller runs on the backend; the beam's bookkeeping
+// (scores, hypotheses, which rows survive) runs on the host from each step's logits.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <stdexcept>
 
@@ -33,8 +33,8 @@ std::vector<std::vector<int32_t>> Las::decode_beam(const SpeechInput& input, int
     resize_owned(w.dec_h[b], L, w.backend);
     resize_owned(w.dec_c[b], L, w.backend);
     for (size_t j = 0; j < L; ++j) {
-      std::memset(w.dec_h[b][j].resize({R, Hs}).data, 0, R * Hs * sizeof(float));
-      std::memset(w.dec_c[b][j].resize({R, Hs}).data, 0, R * Hs * sizeof(float));
+      backend_.fill(R * Hs, 0.f, w.dec_h[b][j].resize({R, Hs}).data);
+      backend_.fill(R * Hs, 0.f, w.dec_c[b][j].resize({R, Hs}).data);
     }
     w.dec_sc[b].resize({R, SC});
   }
@@ -43,17 +43,32 @@ std::vector<std::vector<int32_t>> Las::decode_beam(const SpeechInput& input, int
   w.dec_input.resize({R, E + C});
   w.dec_query.resize({R, A});
   w.dec_alpha.resize({R, Tl});
-  float* logits = w.dec_logits.resize({R, V}).data;
+  const float* device_logits = w.dec_logits.resize({R, V}).data;
+  // Each step's logits are scored on the host: R x classes floats (a few kB) a step, small beside
+  // the step itself. (A later change could take greedy decoding's argmax on the device.)
+  w.dec_host_logits.resize(R * V);
+  const float* logits = w.dec_host_logits.data();  // what the scoring below reads
+  // Each step's input tokens and the rows the next states come from (a survivor's parent; a dead
+  // row keeps its own), staged here and uploaded together.
+  std::vector<int32_t>& staged = w.dec_host_ints;
+  staged.assign(2 * R, 0);
+  int32_t* const tokens = staged.data();
+  int32_t* const source_rows = staged.data() + R;
+  w.dec_ints.reserve(2 * R);
+  const int32_t* device_tokens = device_ints(w.dec_ints);
+  const int32_t* device_source_rows = device_tokens + R;
 
   constexpr double kDead = -std::numeric_limits<double>::infinity();
-  std::vector<int32_t> row_utterance(R), tokens(R, kLasSos), next_tokens(R);
+  std::vector<int32_t> row_utterance(R), next_tokens(R);
   std::vector<double> score(R, kDead), next_score(R);
   std::vector<std::vector<int32_t>> hyp(R), next_hyp(R);
   std::vector<int64_t> parent(R);
   for (int64_t r = 0; r < R; ++r) {
     row_utterance[r] = static_cast<int32_t>(r / B);
     if (r % B == 0) score[r] = 0.0;  // one live hypothesis per utterance at the start
+    tokens[r] = kLasSos;
   }
+  backend_.copy_to_device(device_ints(w.dec_ints), staged.data(), sizeof(int32_t) * R);
   struct Finished {
     double normalized;
     std::vector<int32_t> tokens;
@@ -74,7 +89,7 @@ std::vector<std::vector<int32_t>> Las::decode_beam(const SpeechInput& input, int
   // another, so they share them.
   constexpr int cur = 0, nxt = 1;
   for (int64_t t = 0; t < opt_.max_decode_steps; ++t) {
-    s.tokens = tokens.data();
+    s.tokens = device_tokens;
     s.context_prev = t > 0 ? w.dec_sc[cur].view().data + Hs : nullptr;
     s.context_stride = SC;
     for (size_t j = 0; j < L; ++j) {
@@ -89,8 +104,9 @@ std::vector<std::vector<int32_t>> Las::decode_beam(const SpeechInput& input, int
     s.query = w.dec_query.view().data;
     s.alpha = w.dec_alpha.view().data;
     s.state_context = w.dec_sc[nxt].view().data;
-    s.logits = logits;
+    s.logits = w.dec_logits.view().data;
     speller_step(s, R, row_utterance.data());
+    copy_to_host(backend_, device_logits, R * V, w.dec_host_logits.data());  // waits: `staged` is free again
 
     // Expand every live hypothesis; per utterance keep the best B that did not end, and set aside
     // those that ended with <eos>.
@@ -139,21 +155,25 @@ std::vector<std::vector<int32_t>> Las::decode_beam(const SpeechInput& input, int
         done[n] = 1;
     }
     if (std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) break;
-    // Gather the survivors' states (rows of [nxt]) into [cur].
+    // Gather the survivors' states (rows of [nxt]) into [cur]: the source rows go up with the next
+    // tokens.
     for (int64_t r = 0; r < R; ++r) {
       const int64_t p = next_score[r] == kDead ? r : parent[r];
-      for (size_t j = 0; j < L; ++j) {
-        std::memcpy(w.dec_h[cur][j].view().data + r * Hs, w.dec_h[nxt][j].view().data + p * Hs, Hs * sizeof(float));
-        std::memcpy(w.dec_c[cur][j].view().data + r * Hs, w.dec_c[nxt][j].view().data + p * Hs, Hs * sizeof(float));
-      }
-      std::memcpy(w.dec_sc[cur].view().data + r * SC, w.dec_sc[nxt].view().data + p * SC, SC * sizeof(float));
+      source_rows[r] = static_cast<int32_t>(p);
       next_hyp[r] = hyp[p];
       if (next_score[r] != kDead) next_hyp[r].push_back(next_tokens[r]);
       tokens[r] = next_score[r] == kDead ? kLasEos : next_tokens[r];
     }
+    backend_.copy_to_device(device_ints(w.dec_ints), staged.data(), sizeof(int32_t) * 2 * R);
+    for (size_t j = 0; j < L; ++j) {
+      backend_.gather_rows(R, Hs, device_source_rows, w.dec_h[nxt][j].view().data, w.dec_h[cur][j].view().data);
+      backend_.gather_rows(R, Hs, device_source_rows, w.dec_c[nxt][j].view().data, w.dec_c[cur][j].view().data);
+    }
+    backend_.gather_rows(R, SC, device_source_rows, w.dec_sc[nxt].view().data, w.dec_sc[cur].view().data);
     hyp.swap(next_hyp);
     score.swap(next_score);
   }
+  backend_.synchronize();  // the last upload read `staged`, which the next decode rewrites
   std::vector<std::vector<int32_t>> result(N);
   for (int64_t n = 0; n < N; ++n) {
     double best = kDead;
