@@ -23,8 +23,7 @@ bool PoolGeometry::operator==(const PoolGeometry& o) const {
 }
 
 bool LstmGeometry::operator==(const LstmGeometry& o) const {
-  return std::tie(seq_len, batch, input, hidden, layers, bidirectional) ==
-         std::tie(o.seq_len, o.batch, o.input, o.hidden, o.layers, o.bidirectional);
+  return std::tie(input, hidden, layers, bidirectional) == std::tie(o.input, o.hidden, o.layers, o.bidirectional);
 }
 
 }  // namespace trainer::models

@@ -102,11 +102,13 @@ class PoolOp {
 // A whole LSTM: torch.nn.LSTM(input, hidden, num_layers = layers, bidirectional) without dropout,
 // time-major, from a zero initial state, over a padded batch with lengths, computing what PyTorch
 // computes on the packed sequence (gates i, f, g, o in that order; weights in its layout, so they
-// interchange). One op per layer and shape, as cuDNN's RNN descriptors want it; the CPU backend
-// runs it as a loop over layers and directions (models/cpu/lstm_ops.h), the CUDA backend as one
+// interchange). One op per layer, whatever the batches' shapes: speech batches change T (and the
+// last one N) from step to step, and a cuDNN RNN only needs them per call, while making one
+// allocates its weight spaces. The CPU backend runs it as a loop over layers and directions
+// (models/cpu/lstm_ops.h, keeping oneDNN's primitives per shape inside), the CUDA backend as one
 // cuDNN RNN (models/cuda/cudnn_lstm.cpp).
 struct LstmGeometry {
-  int64_t seq_len = 0, batch = 0, input = 0, hidden = 0;
+  int64_t input = 0, hidden = 0;
   int64_t layers = 1;
   bool bidirectional = false;
   int64_t directions() const { return bidirectional ? 2 : 1; }
@@ -129,19 +131,20 @@ struct LstmGradients {
 class LstmOp {
  public:
   virtual ~LstmOp() = default;
-  // x {T, N, I} -> y {T, N, D*H} (per step the forward direction's H features, then the reverse
-  // direction's). lengths: a host array of N values in [1, T] (the CPU backend also takes 0, an
+  // x {T, N, I} -> y {T, N, D*H}, T = steps, N = batch (per step the forward direction's H features,
+  // then the reverse direction's). lengths: a host array of N values in [1, T] (the CPU backend also takes 0, an
   // empty sequence; cuDNN fails on those); sequence n's reverse direction starts at its own step
   // lengths[n] - 1. Rows t >= lengths[n] of x are padding and do not affect y or any gradient
   // (finite values; the models pass zeros); those rows of y are written as zeros.
   // Training keeps what backward needs (gate activations, cell states) inside the op.
-  virtual void forward(const float* x, const int32_t* lengths, const LstmWeights& w, float* y, bool training) = 0;
-  // Gradients of the last training forward, given its x, lengths, weights and output y (all
+  virtual void forward(int64_t steps, int64_t batch, const float* x, const int32_t* lengths, const LstmWeights& w,
+                       float* y, bool training) = 0;
+  // Gradients of the last training forward, given its shape, x, lengths, weights and output y (all
   // unchanged since; one backward per training forward). dy's padding rows are ignored. Overwrites
   // dx (zero on padding rows) and every gradient in `grads` (the two biases of a (layer, direction)
   // get the same gradient).
-  virtual void backward(const float* x, const int32_t* lengths, const LstmWeights& w, const float* y,
-                        const float* dy, float* dx, const LstmGradients& grads) = 0;
+  virtual void backward(int64_t steps, int64_t batch, const float* x, const int32_t* lengths, const LstmWeights& w,
+                        const float* y, const float* dy, float* dx, const LstmGradients& grads) = 0;
 };
 
 // The coefficients of one fused SGD update (optim/sgd.h), already rounded to float by the optimizer:

@@ -126,11 +126,21 @@ struct HostParams {
 
 const char* kTensorNames[4] = {"w_ih", "w_hh", "b_ih", "b_hh"};
 
-// One op on each backend, run over each lengths set in turn, compared after every pass.
-void check_lstm(const LstmGeometry& g, const std::vector<std::vector<int32_t>>& batches, uint64_t seed, double rel) {
-  const int64_t T = g.seq_len, N = g.batch, I = g.input, H = g.hidden, D = g.directions();
-  INFO("LSTM T " << T << ", N " << N << ", input " << I << ", hidden " << H << ", layers " << g.layers
-                 << (g.bidirectional ? ", bidirectional" : ", unidirectional"));
+// An LSTM and the padded length of the batches it runs on.
+struct LstmShape {
+  int64_t steps = 0, batch = 0, input = 0, hidden = 0, layers = 1;
+  bool bidirectional = false;
+  LstmGeometry geometry() const { return {input, hidden, layers, bidirectional}; }
+};
+
+// One op on each backend, run over each lengths set in turn (N = its size; T = steps_per_pass[pass],
+// or the shape's steps), compared after every pass: the ops serve every batch shape.
+void check_lstm(const LstmShape& shape, const std::vector<std::vector<int32_t>>& batches, uint64_t seed, double rel,
+                const std::vector<int64_t>& steps_per_pass = {}) {
+  const LstmGeometry g = shape.geometry();
+  const int64_t I = g.input, H = g.hidden, D = g.directions();
+  INFO("LSTM T " << shape.steps << ", N " << shape.batch << ", input " << I << ", hidden " << H << ", layers "
+                 << g.layers << (g.bidirectional ? ", bidirectional" : ", unidirectional"));
   HostParams p(g, seed);
   const int64_t pairs = g.layers * D;
   // CPU weights and gradient buffers.
@@ -165,23 +175,25 @@ void check_lstm(const LstmGeometry& g, const std::vector<std::vector<int32_t>>& 
 
   for (size_t pass = 0; pass < batches.size(); ++pass) {
     const std::vector<int32_t>& lengths = batches[pass];
+    const int64_t T = steps_per_pass.empty() ? shape.steps : steps_per_pass[pass];
+    const int64_t N = static_cast<int64_t>(lengths.size());
     std::string list;
     for (int32_t l : lengths) list += " " + std::to_string(l);
-    INFO("pass " << pass << ", lengths" << list);
+    INFO("pass " << pass << ", T " << T << ", lengths" << list);
     auto x = random_vector(T * N * I, seed + 100 + pass), dy = random_vector(T * N * D * H, seed + 200 + pass);
     junk_padding(x, T, N, I, lengths);
     junk_padding(dy, T, N, D * H, lengths);
     std::vector<float> y(T * N * D * H, kNaN), yi(T * N * D * H, kNaN), dx(T * N * I, kNaN);
-    c->forward(x.data(), lengths.data(), cw, yi.data(), false);
-    c->forward(x.data(), lengths.data(), cw, y.data(), true);
-    c->backward(x.data(), lengths.data(), cw, y.data(), dy.data(), dx.data(), cg);
+    c->forward(T, N, x.data(), lengths.data(), cw, yi.data(), false);
+    c->forward(T, N, x.data(), lengths.data(), cw, y.data(), true);
+    c->backward(T, N, x.data(), lengths.data(), cw, y.data(), dy.data(), dx.data(), cg);
 
     GpuArray gx(x), gdy(dy), gy(T * N * D * H), gyi(T * N * D * H), gdx(T * N * I);
     for (int k = 0; k < 4; ++k)
       for (int64_t i = 0; i < pairs; ++i) gpu().fill(ggrad[k][i].n, kNaN, ggrad[k][i].data());
-    d->forward(gx.data(), lengths.data(), gw, gyi.data(), false);
-    d->forward(gx.data(), lengths.data(), gw, gy.data(), true);
-    d->backward(gx.data(), lengths.data(), gw, gy.data(), gdy.data(), gdx.data(), gg);
+    d->forward(T, N, gx.data(), lengths.data(), gw, gyi.data(), false);
+    d->forward(T, N, gx.data(), lengths.data(), gw, gy.data(), true);
+    d->backward(T, N, gx.data(), lengths.data(), gw, gy.data(), gdy.data(), gdx.data(), gg);
 
     const auto hy = gy.host(), hyi = gyi.host(), hdx = gdx.host();
     const double ey = std::max(require_close(yi, hyi, "inference forward y", rel),
@@ -228,8 +240,14 @@ TEST_CASE("cuDNN LSTM matches the CPU on a 48-step batch (two bidirectional laye
   check_lstm({48, 6, 32, 64, 2, true}, {{48, 17, 1, 33, 48, 40}}, 50, 1e-4);
 }
 
+TEST_CASE("One cuDNN LSTM op serves batches of changing length and size, as speech batches come", "[cuda][lstm]") {
+  // T and N change from pass to pass on the same ops: descriptors, device lengths, workspace and
+  // reserve follow (growing, then shrinking back to a smaller batch).
+  check_lstm({12, 3, 5, 6, 2, true}, {{12, 4, 9}, {20, 20, 7, 1, 13}, {2, 1}, {12, 4, 9}}, 70, 1e-5, {12, 20, 2, 12});
+}
+
 TEST_CASE("cuDNN LSTM refuses empty sequences and backward without a training forward", "[cuda][lstm]") {
-  const LstmGeometry g{4, 2, 3, 5, 1, false};
+  const LstmGeometry g{3, 5, 1, false};
   HostParams p(g, 60);
   GpuArray w_ih(p.tensors[0][0]), w_hh(p.tensors[1][0]), b_ih(p.tensors[2][0]), b_hh(p.tensors[3][0]);
   GpuArray x(random_vector(4 * 2 * 3, 61)), y(4 * 2 * 5), dy(random_vector(4 * 2 * 5, 62)), dx(4 * 2 * 3);
@@ -238,9 +256,9 @@ TEST_CASE("cuDNN LSTM refuses empty sequences and backward without a training fo
   const LstmGradients grads{{dw_ih.data()}, {dw_hh.data()}, {db_ih.data()}, {db_hh.data()}};
   auto op = gpu().make_lstm(g);
   const std::vector<int32_t> empty{4, 0}, fine{4, 2};
-  CHECK_THROWS_WITH(op->forward(x.data(), empty.data(), w, y.data(), true), Catch::Contains("empty sequences"));
-  op->forward(x.data(), fine.data(), w, y.data(), false);
-  CHECK_THROWS_WITH(op->backward(x.data(), fine.data(), w, y.data(), dy.data(), dx.data(), grads),
+  CHECK_THROWS_WITH(op->forward(4, 2, x.data(), empty.data(), w, y.data(), true), Catch::Contains("empty sequences"));
+  op->forward(4, 2, x.data(), fine.data(), w, y.data(), false);
+  CHECK_THROWS_WITH(op->backward(4, 2, x.data(), fine.data(), w, y.data(), dy.data(), dx.data(), grads),
                     Catch::Contains("training forward"));
 }
 

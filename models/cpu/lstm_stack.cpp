@@ -10,7 +10,9 @@
 //
 // This is the loop the Lstm layer ran before the op took whole LSTMs (so cuDNN could take them in
 // one call); moved here unchanged, it gives the same bits (checked on fixed-seed DeepSpeech and LAS
-// steps with both direction ops).
+// steps with both direction ops). The direction ops (oneDNN primitives) and buffers are per shape
+// (T, N): the op keeps the last few shapes' stacks, as the layer's op cache did before the op
+// became shape-free.
 #include <algorithm>
 #include <memory>
 #include <stdexcept>
@@ -23,13 +25,11 @@
 namespace trainer::models::cpu {
 namespace {
 
-class LstmStack final : public LstmOp {
+// The stack for one shape (T, N).
+class ShapedStack {
  public:
-  explicit LstmStack(const LstmGeometry& g) : g_(g) {
-    // An empty batch (or T = 0) is allowed, as it was before the op took whole LSTMs.
-    if (g.seq_len < 0 || g.batch < 0 || g.input <= 0 || g.hidden <= 0 || g.layers <= 0)
-      throw std::invalid_argument("CPU LSTM: sizes and layer count must be positive");
-    const int64_t T = g.seq_len, N = g.batch, H = g.hidden, D = g.directions();
+  ShapedStack(const LstmGeometry& g, int64_t steps, int64_t batch) : g_(g), T_(steps), N_(batch) {
+    const int64_t T = steps, N = batch, H = g.hidden, D = g.directions();
     dirs_.resize(g.layers * D);
     for (int64_t k = 0; k < g.layers; ++k) {
       const int64_t I = g.layer_input(k);
@@ -54,9 +54,10 @@ class LstmStack final : public LstmOp {
     if (D == 2) reversed_grad_.resize(T * N * std::max(g.input, D * H));
   }
 
-  void forward(const float* x, const int32_t* lengths, const LstmWeights& w, float* y, bool training) override {
-    check(w.w_ih.size(), w.w_hh.size(), w.b_ih.size(), w.b_hh.size(), "weights");
-    const int64_t T = g_.seq_len, N = g_.batch, H = g_.hidden, D = g_.directions();
+  bool fits(int64_t steps, int64_t batch) const { return steps == T_ && batch == N_; }
+
+  void forward(const float* x, const int32_t* lengths, const LstmWeights& w, float* y, bool training) {
+    const int64_t T = T_, N = N_, H = g_.hidden, D = g_.directions();
     const float* in = x;
     for (int64_t k = 0; k < g_.layers; ++k) {
       const int64_t I = g_.layer_input(k);
@@ -77,11 +78,9 @@ class LstmStack final : public LstmOp {
     }
   }
 
-  void backward(const float* x, const int32_t* lengths, const LstmWeights& w, const float*, const float* dy,
-                float* dx, const LstmGradients& grads) override {
-    check(w.w_ih.size(), w.w_hh.size(), w.b_ih.size(), w.b_hh.size(), "weights");
-    check(grads.w_ih.size(), grads.w_hh.size(), grads.b_ih.size(), grads.b_hh.size(), "gradients");
-    const int64_t T = g_.seq_len, N = g_.batch, H = g_.hidden, D = g_.directions();
+  void backward(const float* x, const int32_t* lengths, const LstmWeights& w, const float* dy, float* dx,
+                const LstmGradients& grads) {
+    const int64_t T = T_, N = N_, H = g_.hidden, D = g_.directions();
     const float* grad_out = dy;
     for (int64_t k = g_.layers - 1; k >= 0; --k) {
       const float* in = k == 0 ? x : outputs_[k - 1].data();
@@ -117,6 +116,46 @@ class LstmStack final : public LstmOp {
     HostBuffer x_reversed, y, dy, dx;
   };
 
+  LstmGeometry g_;
+  int64_t T_ = 0, N_ = 0;
+  std::vector<Direction> dirs_;        // layer-major: dirs_[layer * D + d]
+  std::vector<HostBuffer> outputs_;    // each layer's output but the last {T, N, D*H}
+  std::vector<HostBuffer> grads_;      // each layer's input gradient but the first
+  HostBuffer reversed_grad_;
+};
+
+class LstmStack final : public LstmOp {
+ public:
+  explicit LstmStack(const LstmGeometry& g) : g_(g) {
+    if (g.input <= 0 || g.hidden <= 0 || g.layers <= 0)
+      throw std::invalid_argument("CPU LSTM: sizes and layer count must be positive");
+  }
+
+  void forward(int64_t steps, int64_t batch, const float* x, const int32_t* lengths, const LstmWeights& w, float* y,
+               bool training) override {
+    check(w.w_ih.size(), w.w_hh.size(), w.b_ih.size(), w.b_hh.size(), "weights");
+    stack(steps, batch).forward(x, lengths, w, y, training);
+  }
+
+  void backward(int64_t steps, int64_t batch, const float* x, const int32_t* lengths, const LstmWeights& w,
+                const float*, const float* dy, float* dx, const LstmGradients& grads) override {
+    check(w.w_ih.size(), w.w_hh.size(), w.b_ih.size(), w.b_hh.size(), "weights");
+    check(grads.w_ih.size(), grads.w_hh.size(), grads.b_ih.size(), grads.b_hh.size(), "gradients");
+    stack(steps, batch).backward(x, lengths, w, dy, dx, grads);
+  }
+
+ private:
+  // The stack of this shape: kept, or made (an empty batch or T = 0 is allowed, as it was before the
+  // op took whole LSTMs), dropping the oldest of kMaxShapes.
+  ShapedStack& stack(int64_t steps, int64_t batch) {
+    if (steps < 0 || batch < 0) throw std::invalid_argument("CPU LSTM: a negative sequence length or batch");
+    for (const auto& s : stacks_)
+      if (s->fits(steps, batch)) return *s;
+    if (stacks_.size() == kMaxShapes) stacks_.erase(stacks_.begin());
+    stacks_.push_back(std::make_unique<ShapedStack>(g_, steps, batch));
+    return *stacks_.back();
+  }
+
   void check(size_t a, size_t b, size_t c, size_t d, const char* what) const {
     const size_t n = static_cast<size_t>(g_.layers * g_.directions());
     if (a != n || b != n || c != n || d != n)
@@ -124,11 +163,9 @@ class LstmStack final : public LstmOp {
                                   " (layer, direction) pairs expected");
   }
 
+  static constexpr size_t kMaxShapes = 4;
   LstmGeometry g_;
-  std::vector<Direction> dirs_;        // layer-major: dirs_[layer * D + d]
-  std::vector<HostBuffer> outputs_;    // each layer's output but the last {T, N, D*H}
-  std::vector<HostBuffer> grads_;      // each layer's input gradient but the first
-  HostBuffer reversed_grad_;
+  std::vector<std::unique_ptr<ShapedStack>> stacks_;
 };
 
 }  // namespace

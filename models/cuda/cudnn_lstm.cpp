@@ -12,6 +12,12 @@
 // each sequence over its own steps, the reverse direction from the sequence's own last step, which
 // is the contract. Zero initial states: hx, cx null (the descriptors are still required).
 //
+// Shapes: one op serves every (T, N) (the layer makes one per LSTM): the RNN descriptor and the
+// weight spaces depend on the sizes only, and the data and state descriptors, which carry T, N and
+// the lengths, are set per call (host-side calls, no allocation). The workspace, the reserve space
+// and the device lengths grow to the largest batch seen; a speech run meets its largest batch
+// within its first steps, after which nothing is allocated or freed (freeing waits for the device).
+//
 // Lengths: the data descriptors carry them as a host array (seqLengthArray), and the kernels read a
 // device copy (devSeqLengths) asynchronously, possibly after the call returns, so the op owns that
 // device array and uploads it whenever the lengths change (stream-ordered: a copy from pageable host
@@ -67,8 +73,7 @@ struct Piece {
 class CudnnLstm final : public LstmOp {
  public:
   CudnnLstm(const LstmGeometry& g, CudnnContext& context) : g_(g), ctx_(context) {
-    const int T = to_int(g.seq_len, "seq_len"), N = to_int(g.batch, "batch"), H = to_int(g.hidden, "hidden");
-    const int L = to_int(g.layers, "layers"), D = static_cast<int>(g.directions());
+    const int H = to_int(g.hidden, "hidden"), L = to_int(g.layers, "layers");
     cudnnHandle_t h = ctx_.handle();
     check(cudnnCreateDropoutDescriptor(&dropout_), "cudnnCreateDropoutDescriptor");
     check(cudnnSetDropoutDescriptor(dropout_, h, 0.f, nullptr, 0, 0), "cudnnSetDropoutDescriptor (no dropout)");
@@ -81,28 +86,12 @@ class CudnnLstm final : public LstmOp {
           "cudnnSetRNNDescriptor_v8");
     check(cudnnCreateRNNDataDescriptor(&x_), "cudnnCreateRNNDataDescriptor");
     check(cudnnCreateRNNDataDescriptor(&y_), "cudnnCreateRNNDataDescriptor");
-    // Initial/final hidden and cell states {L*D, N, H}, fully packed; one descriptor serves both
-    // (no projection, so they have the same shape). The states themselves are null: zero.
     check(cudnnCreateTensorDescriptor(&state_), "cudnnCreateTensorDescriptor");
-    const int dims[3] = {L * D, N, H}, strides[3] = {N * H, H, 1};
-    check(cudnnSetTensorNdDescriptor(state_, CUDNN_DATA_FLOAT, 3, dims, strides), "LSTM state descriptor");
 
     check(cudnnGetRNNWeightSpaceSize(h, rnn_, &weight_bytes_), "cudnnGetRNNWeightSpaceSize");
     weights_ = static_cast<float*>(ctx_.memory().allocate(weight_bytes_));
     dweights_ = static_cast<float*>(ctx_.memory().allocate(weight_bytes_));
-    dev_lengths_ = static_cast<int32_t*>(ctx_.memory().allocate(sizeof(int32_t) * N));
     map_weights();
-
-    // Workspace and reserve for full-length batches; cuDNN sizes them from maxSeqLength and batch,
-    // so forward only grows them if a batch's lengths ever ask for more.
-    describe(std::vector<int32_t>(N, T).data());
-    size_t work_train = 0, work_infer = 0, reserve = 0, reserve_infer = 0;
-    check(cudnnGetRNNTempSpaceSizes(h, rnn_, CUDNN_FWD_MODE_TRAINING, x_, &work_train, &reserve),
-          "cudnnGetRNNTempSpaceSizes (training)");
-    check(cudnnGetRNNTempSpaceSizes(h, rnn_, CUDNN_FWD_MODE_INFERENCE, x_, &work_infer, &reserve_infer),
-          "cudnnGetRNNTempSpaceSizes (inference)");
-    ctx_.reserve_workspace(std::max(work_train, work_infer));
-    grow_reserve(reserve);
   }
 
   ~CudnnLstm() override {
@@ -117,9 +106,10 @@ class CudnnLstm final : public LstmOp {
     cudnnDestroyDropoutDescriptor(dropout_);
   }
 
-  void forward(const float* x, const int32_t* lengths, const LstmWeights& w, float* y, bool training) override {
+  void forward(int64_t steps, int64_t batch, const float* x, const int32_t* lengths, const LstmWeights& w, float* y,
+               bool training) override {
     check_count(w.w_ih.size(), w.w_hh.size(), w.b_ih.size(), w.b_hh.size(), "weights");
-    describe(lengths);
+    describe(steps, batch, lengths);
     cudnnHandle_t h = ctx_.handle();
     const cudnnForwardMode_t mode = training ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE;
     size_t work = 0, reserve = 0;
@@ -140,13 +130,13 @@ class CudnnLstm final : public LstmOp {
     if (training) trained_ = true;
   }
 
-  void backward(const float* x, const int32_t* lengths, const LstmWeights& w, const float* y, const float* dy,
-                float* dx, const LstmGradients& grads) override {
+  void backward(int64_t steps, int64_t batch, const float* x, const int32_t* lengths, const LstmWeights& w,
+                const float* y, const float* dy, float* dx, const LstmGradients& grads) override {
     check_count(w.w_ih.size(), w.w_hh.size(), w.b_ih.size(), w.b_hh.size(), "weights");
     check_count(grads.w_ih.size(), grads.w_hh.size(), grads.b_ih.size(), grads.b_hh.size(), "gradients");
     if (!trained_) throw std::logic_error("cuDNN LSTM: backward without a training forward before it");
     trained_ = false;  // backward data rewrites the reserve space: one backward per training forward
-    describe(lengths);  // the forward's lengths (an evaluation forward may have changed the descriptors)
+    describe(steps, batch, lengths);  // the forward's (an evaluation forward may have changed the descriptors)
     cudnnHandle_t h = ctx_.handle();
     // The weight space still holds the forward's weights, which the contract says are unchanged.
     check(cudnnRNNBackwardData_v8(h, rnn_, dev_lengths_, y_, y, dy, x_, dx, state_, nullptr, nullptr, nullptr, state_,
@@ -181,18 +171,26 @@ class CudnnLstm final : public LstmOp {
                                   " (layer, direction) pairs expected");
   }
 
-  // Sets the data descriptors and the device lengths to `lengths` when they differ from the last.
-  void describe(const int32_t* lengths) {
-    const int64_t T = g_.seq_len, N = g_.batch;
+  // Sets the data and state descriptors and the device lengths to this batch when it differs from
+  // the last one described.
+  void describe(int64_t steps, int64_t batch, const int32_t* lengths) {
+    const int64_t T = to_int(steps, "sequence length"), N = to_int(batch, "batch");
     for (int64_t n = 0; n < N; ++n)
       if (lengths[n] < 1 || lengths[n] > T)
         throw std::invalid_argument("cuDNN LSTM: sequence " + std::to_string(n) + " has length " +
                                     std::to_string(lengths[n]) + ", outside [1, " + std::to_string(T) +
                                     "] (cuDNN's RNN kernels fail on empty sequences)");
-    if (described_.size() == static_cast<size_t>(N) && std::equal(described_.begin(), described_.end(), lengths))
+    if (T == steps_ && described_.size() == static_cast<size_t>(N) &&
+        std::equal(described_.begin(), described_.end(), lengths))
       return;
+    steps_ = T;
     described_.assign(lengths, lengths + N);
     const int D = static_cast<int>(g_.directions());
+    // Initial/final hidden and cell states {L*D, N, H}, fully packed; one descriptor serves both
+    // (no projection, so they have the same shape). The states themselves are null: zero.
+    const int H = static_cast<int>(g_.hidden), dims[3] = {static_cast<int>(g_.layers) * D, static_cast<int>(N), H},
+              strides[3] = {static_cast<int>(N) * H, H, 1};
+    check(cudnnSetTensorNdDescriptor(state_, CUDNN_DATA_FLOAT, 3, dims, strides), "LSTM state descriptor");
     // paddingFill is read when the descriptor describes an output: y in forward (dx: see above).
     check(cudnnSetRNNDataDescriptor(x_, CUDNN_DATA_FLOAT, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED,
                                     static_cast<int>(T), static_cast<int>(N), static_cast<int>(g_.input),
@@ -202,12 +200,18 @@ class CudnnLstm final : public LstmOp {
                                     static_cast<int>(T), static_cast<int>(N), static_cast<int>(D * g_.hidden),
                                     described_.data(), &padding_fill_),
           "cudnnSetRNNDataDescriptor (y)");
+    if (N > dev_lengths_capacity_) {  // freeing waits for the device: nothing still reads the old array
+      if (dev_lengths_) ctx_.memory().free(dev_lengths_);
+      dev_lengths_ = nullptr;
+      dev_lengths_ = static_cast<int32_t*>(ctx_.memory().allocate(sizeof(int32_t) * N));
+      dev_lengths_capacity_ = N;
+    }
     ctx_.memory().copy_to_device(dev_lengths_, described_.data(), sizeof(int32_t) * N);
   }
 
   // Rows t >= lengths[n] of sequence n in a {T, N, cols} tensor: one strided 2-D fill each.
   void zero_padding(float* data, int64_t cols) {
-    const int64_t T = g_.seq_len, N = g_.batch;
+    const int64_t T = steps_, N = static_cast<int64_t>(described_.size());
     for (int64_t n = 0; n < N; ++n) {
       const int64_t length = described_[n];
       if (length == T) continue;
@@ -309,7 +313,9 @@ class CudnnLstm final : public LstmOp {
   float* dweights_ = nullptr;   // its gradient
   void* reserve_ = nullptr;     // from a training forward to its backward
   int32_t* dev_lengths_ = nullptr;
-  std::vector<int32_t> described_;  // the lengths in x_, y_ and dev_lengths_
+  int64_t dev_lengths_capacity_ = 0;
+  int64_t steps_ = -1;              // T in x_ and y_
+  std::vector<int32_t> described_;  // the lengths in x_, y_, state_ (N) and dev_lengths_
   std::vector<Piece> pieces_;
   float padding_fill_ = 0.f;
   bool trained_ = false;

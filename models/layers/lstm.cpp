@@ -62,10 +62,10 @@ const Tensor& Lstm::forward(const Tensor& x, Mode mode) {
   lengths_ = lengths_for(x, "Lstm");
   x_ = x;
   const int64_t T = x.dim(0), N = x.dim(1), H = opt_.hidden_size, D = directions();
-  const LstmGeometry g{T, N, opt_.input_size, H, opt_.num_layers, opt_.bidirectional};
-  op_ = &ops_.get(g, [&](const LstmGeometry& geometry) { return ctx_.backend.make_lstm(geometry); });
+  const LstmGeometry g{opt_.input_size, H, opt_.num_layers, opt_.bidirectional};
+  if (!op_) op_ = ctx_.backend.make_lstm(g);  // one op for every batch shape
   Tensor& y = y_.resize({T, N, D * H});
-  op_->forward(x.data, lengths_, weights(), y.data, mode == Mode::kTrain);
+  op_->forward(T, N, x.data, lengths_, weights(), y.data, mode == Mode::kTrain);
   flops_ = 0;
   for (int64_t k = 0; k < opt_.num_layers; ++k)
     for (int64_t d = 0; d < D; ++d) flops_ += 2.0 * T * N * 4 * H * (g.layer_input(k) + H);
@@ -75,7 +75,7 @@ const Tensor& Lstm::forward(const Tensor& x, Mode mode) {
 const Tensor& Lstm::backward(const Tensor& dy) {
   if (!op_) throw std::logic_error("Lstm: backward before forward");
   Tensor& dx = dx_.resize(x_.shape);
-  op_->backward(x_.data, lengths_, weights(), y_.view().data, dy.data, dx.data, gradients());
+  op_->backward(x_.dim(0), x_.dim(1), x_.data, lengths_, weights(), y_.view().data, dy.data, dx.data, gradients());
   return dx;
 }
 

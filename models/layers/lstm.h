@@ -1,5 +1,6 @@
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "models/layers/sequence.h"
@@ -42,8 +43,7 @@ class Lstm final : public SequenceLayer {
   LstmOptions opt_;
   double flops_ = 0;
   std::vector<Direction> dirs_;  // layer-major: dirs_[layer * directions() + d]
-  OpCache<LstmGeometry, LstmOp> ops_;
-  LstmOp* op_ = nullptr;
+  std::unique_ptr<LstmOp> op_;  // made at the first forward
   LstmWeights weights_;
   LstmGradients grads_;
   OwnedTensor y_{ctx_.backend}, dx_{ctx_.backend};
