@@ -5,7 +5,7 @@
 // forward, finite junk in the padding rows of x and dy (which must not matter), and every output
 // poisoned with NaN before the GPU writes it. FP32 on both sides (FMA math, no TF32).
 //
-// Tolerance, element-wise as cuda_backend_test's require_close (|cpu - cuda| <= rel * max(|cpu|,
+// Tolerance, element-wise as tests/cuda_parity.h's require_close (|cpu - cuda| <= rel * max(|cpu|,
 // the tensor's RMS)): 1e-5 for the short sequences. The 48-step case allows 1e-4: its errors pass
 // through 48 steps of recurrence (each step's rounding, from GEMMs summed in another order and
 // cuDNN's own sigmoid and tanh, feeds every later step), and its weight gradients are sums of
@@ -30,66 +30,14 @@
 #include "models/cuda/cuda_backend.h"
 #include "models/device_buffer.h"
 #include "models/layers/lstm.h"
+#include "cuda_parity.h"
 
 using namespace trainer::models;
+using namespace trainer::cuda_testing;
 
 namespace {
 
-Backend* the_gpu = nullptr;
-Backend& gpu() { return *the_gpu; }
-Backend& cpu() { return cpu_backend(); }
-
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-std::vector<float> random_vector(int64_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = u(rng);
-  return v;
-}
-
-// A copy of host data on the GPU.
-struct GpuArray {
-  DeviceBuffer buffer;
-  int64_t n;
-  explicit GpuArray(const std::vector<float>& host) : buffer(gpu(), std::max<int64_t>(1, host.size())), n(host.size()) {
-    if (n) copy_to_device(gpu(), host.data(), n, buffer.data());
-  }
-  // n floats, all NaN: whatever the op does not write stays visible.
-  explicit GpuArray(int64_t size) : GpuArray(std::vector<float>(static_cast<size_t>(size), kNaN)) {}
-  float* data() { return buffer.data(); }
-  std::vector<float> host() const {
-    std::vector<float> h(static_cast<size_t>(n));
-    if (n) copy_to_host(gpu(), buffer.data(), n, h.data());
-    return h;
-  }
-};
-
-// Returns the largest error relative to max(|cpu|, rms), for the report of a first GPU run.
-double require_close(const std::vector<float>& want, const std::vector<float>& got, const std::string& what,
-                     double rel) {
-  INFO(what);
-  REQUIRE(want.size() == got.size());
-  double sq = 0;
-  for (float w : want) sq += double(w) * w;
-  const double rms = want.empty() ? 0.0 : std::sqrt(sq / want.size());
-  int64_t bad = 0, first = -1;
-  double worst = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double scale = std::max(std::fabs(double(want[i])), rms) + 1e-30;
-    const double err = std::fabs(double(want[i]) - got[i]) / scale;
-    if (!(err <= rel)) {
-      if (first < 0) first = static_cast<int64_t>(i);
-      ++bad;
-    }
-    if (err > worst || std::isnan(err)) worst = err;
-  }
-  if (bad) INFO("first mismatch at " << first << ": cpu " << want[first] << ", cuda " << got[first] << " (rms " << rms << ")");
-  INFO("largest error relative to max(|cpu|, rms): " << worst);
-  CHECK(bad == 0);
-  return worst;
-}
 
 // The padding rows (t >= lengths[n]) of a {T, N, cols} tensor must be exactly zero.
 void require_zero_padding(const std::vector<float>& v, int64_t T, int64_t N, int64_t cols,
@@ -296,16 +244,7 @@ TEST_CASE("The Lstm layer on CUDA matches the CPU (two bidirectional layers, PyT
   require_close(grads, ggrads, "layer parameter gradients", 1e-5);
 }
 
-int main(int argc, char** argv) {
-  try {
-    the_gpu = &trainer::models::cuda::cuda_backend(0);
-  } catch (const std::exception& e) {
-    std::printf("skip: %s\n", e.what());
-    return 77;  // ctest's SKIP_RETURN_CODE
-  }
-  std::printf("%s\n", the_gpu->describe().c_str());
-  return Catch::Session().run(argc, argv);
-}
+int main(int argc, char** argv) { return trainer::cuda_testing::run_cuda_tests(argc, argv); }
 #else
 #include <cstdio>
 int main() {

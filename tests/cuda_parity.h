@@ -59,31 +59,39 @@ struct GpuArray {
   }
 };
 
-// Every element within rel * max(|want|, rms(want)); a NaN on either side (an output never written)
-// fails, since NaN compares false.
-inline void require_close(const std::vector<float>& want, const std::vector<float>& got, const std::string& what,
-                          double rel = 1e-4) {
+// Every element within rel * max(|want|, rms(want)) (the RMS over want's finite values); a NaN on
+// either side (an output never written) fails, since NaN compares false. Returns the largest error
+// relative to that scale, which tests print on success too: the margin a GPU leaves.
+inline double require_close(const std::vector<float>& want, const std::vector<float>& got, const std::string& what,
+                            double rel = 1e-4) {
   INFO(what);
   REQUIRE(want.size() == got.size());
   double sq = 0;
-  for (float w : want) sq += double(w) * w;
-  const double rms = want.empty() ? 0.0 : std::sqrt(sq / want.size());
+  int64_t finite = 0;
+  for (float w : want)
+    if (std::isfinite(w)) sq += double(w) * w, ++finite;
+  const double rms = finite ? std::sqrt(sq / finite) : 0.0;
   int64_t bad = 0, first = -1;
+  double worst = 0;
   for (size_t i = 0; i < want.size(); ++i) {
-    const double tol = rel * std::max(std::fabs(double(want[i])), rms) + 1e-30;
-    if (!(std::fabs(double(want[i]) - got[i]) <= tol)) {
+    const double scale = std::max(std::fabs(double(want[i])), rms) + 1e-30;
+    const double err = std::fabs(double(want[i]) - got[i]) / scale;
+    if (!(err <= rel)) {
       if (first < 0) first = static_cast<int64_t>(i);
       ++bad;
     }
+    if (err > worst || std::isnan(err)) worst = err;
   }
   // Built in this scope: an INFO inside an if ends with the if, before the CHECK reports.
   std::ostringstream detail;
   detail.precision(9);
   if (bad)
     detail << bad << " mismatches, the first at " << first << ": cpu " << want[first] << ", cuda " << got[first]
-           << " (rms " << rms << ")";
+           << " (rms " << rms << "); ";
+  detail << "largest error relative to max(|cpu|, rms): " << worst;
   INFO(detail.str());
   CHECK(bad == 0);
+  return worst;
 }
 
 // Relative L2 error of each parameter tensor (gradients or values), named in the failure message,

@@ -108,33 +108,30 @@ TEST_CASE("CUDA Listen-Attend-Spell training step matches the CPU, teacher forci
   }
 }
 
+// One training step's loss and gradients, no update: the paper-size models.
+static void compare_loss_and_gradients(SpeechModel& on_cpu, SpeechModel& on_gpu, const SpeechTestBatch& batch,
+                                const std::string& what) {
+  INFO(what);
+  const SpeechInput cin = batch.input();
+  GpuInput gin(batch);
+  CHECK(on_gpu.forward(gin.input, Mode::kTrain) == Approx(on_cpu.forward(cin, Mode::kTrain)).epsilon(1e-4));
+  on_cpu.backward();
+  on_gpu.backward();
+  require_views_close(on_cpu.parameters(), host_grads(on_cpu.parameters()), host_grads(on_gpu.parameters()),
+                      what + " gradient", 1e-3);
+}
+
 TEST_CASE("CUDA speech models at their paper sizes take a training step that matches the CPU's loss",
           "[cuda][model][speech][large]") {
   // The default sizes exercise cuDNN's and the kernels' large-shape paths (hidden 800, 5 layers;
-  // listener 384, speller 640); one step, loss and gradients.
-  SpeechTestBatch batch(161, {120, 64, 97}, {{3, 7, 7, 12, 1}, {5, 6}, {28, 1, 9}}, 41);
+  // listener 384, speller 640).
   DeepSpeech ds_cpu(cpu(), DeepSpeechOptions{}, 1), ds_gpu(gpu(), DeepSpeechOptions{}, 1);
-  SpeechInput cin = batch.input();
-  trainer::cuda_testing::GpuArray features(batch.features);
-  SpeechInput gin = cin;
-  gin.features = features.data();
-  CHECK(ds_gpu.forward(gin, Mode::kTrain) == Approx(ds_cpu.forward(cin, Mode::kTrain)).epsilon(1e-4));
-  ds_cpu.backward();
-  ds_gpu.backward();
-  require_views_close(ds_cpu.parameters(), host_grads(ds_cpu.parameters()), host_grads(ds_gpu.parameters()),
-                      "deepspeech gradient", 1e-3);
-
-  SpeechTestBatch las_batch(80, {120, 64, 97}, {{3, 7, 7, 12, 1}, {5, 6}, {28, 1, 9}}, 43);
+  compare_loss_and_gradients(ds_cpu, ds_gpu,
+                             SpeechTestBatch(161, {120, 64, 97}, {{3, 7, 7, 12, 1}, {5, 6}, {28, 1, 9}}, 41),
+                             "deepspeech");
   Las las_cpu(cpu(), LasOptions{}, 2), las_gpu(gpu(), LasOptions{}, 2);
-  cin = las_batch.input();
-  trainer::cuda_testing::GpuArray las_features(las_batch.features);
-  gin = cin;
-  gin.features = las_features.data();
-  CHECK(las_gpu.forward(gin, Mode::kTrain) == Approx(las_cpu.forward(cin, Mode::kTrain)).epsilon(1e-4));
-  las_cpu.backward();
-  las_gpu.backward();
-  require_views_close(las_cpu.parameters(), host_grads(las_cpu.parameters()), host_grads(las_gpu.parameters()),
-                      "las gradient", 1e-3);
+  compare_loss_and_gradients(las_cpu, las_gpu,
+                             SpeechTestBatch(80, {120, 64, 97}, {{3, 7, 7, 12, 1}, {5, 6}, {28, 1, 9}}, 43), "las");
 }
 
 int main(int argc, char** argv) { return trainer::cuda_testing::run_cuda_tests(argc, argv); }

@@ -24,24 +24,17 @@
 #include "models/backend.h"
 #include "models/cuda/cuda_backend.h"
 #include "models/device_buffer.h"
+#include "cuda_parity.h"
 
 using namespace trainer::models;
+using trainer::cuda_testing::cpu;
+using trainer::cuda_testing::GpuArray;
+using trainer::cuda_testing::gpu;
+using trainer::cuda_testing::random_vector;
 
 namespace {
 
-Backend* the_gpu = nullptr;
-Backend& gpu() { return *the_gpu; }
-Backend& cpu() { return cpu_backend(); }
-
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-std::vector<float> random_vector(int64_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = u(rng);
-  return v;
-}
 
 std::vector<int32_t> random_ints(int64_t n, int32_t below, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -51,21 +44,6 @@ std::vector<int32_t> random_ints(int64_t n, int32_t below, uint64_t seed) {
 }
 
 // A copy of host data on the GPU.
-struct GpuArray {
-  DeviceBuffer buffer;
-  int64_t n;
-  explicit GpuArray(const std::vector<float>& host) : buffer(gpu(), std::max<int64_t>(1, host.size())), n(host.size()) {
-    if (n) copy_to_device(gpu(), host.data(), n, buffer.data());
-  }
-  float* data() { return buffer.data(); }
-  std::vector<float> host() const {
-    std::vector<float> h(static_cast<size_t>(n));
-    if (n) copy_to_host(gpu(), buffer.data(), n, h.data());
-    return h;
-  }
-};
-
-// Device int32 arrays ride in a float buffer, as the model keeps them (las_workspace.h).
 static_assert(sizeof(int32_t) == sizeof(float), "int32 in float storage");
 struct GpuInts {
   DeviceBuffer buffer;
@@ -83,30 +61,12 @@ struct GpuInts {
   }
 };
 
+// Element-wise within 1e-5 of max(|cpu|, rms) (tests/cuda_parity.h).
 void require_close(const std::vector<float>& want, const std::vector<float>& got, const std::string& what,
                    double rel = 1e-5) {
-  INFO(what);
-  REQUIRE(want.size() == got.size());
-  double sq = 0;
-  int64_t finite = 0;
-  for (float w : want)
-    if (std::isfinite(w)) sq += double(w) * w, ++finite;
-  const double rms = finite ? std::sqrt(sq / finite) : 0.0;
-  int64_t bad = 0, first = -1;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double tol = rel * std::max(std::fabs(double(want[i])), rms) + 1e-30;
-    // A NaN on either side fails (the comparison is false), so a poisoned element left unwritten shows.
-    if (!(std::fabs(double(want[i]) - got[i]) <= tol)) {
-      if (first < 0) first = static_cast<int64_t>(i);
-      ++bad;
-    }
-  }
-  if (bad) INFO("first mismatch at " << first << ": cpu " << want[first] << ", cuda " << got[first] << " (rms " << rms << ")");
-  CHECK(bad == 0);
+  trainer::cuda_testing::require_close(want, got, what, rel);
 }
 
-// NaN in the first `cols` of every row of {rows, ld} and random values past them: the output of an
-// op that writes that block and must leave the rest alone.
 std::vector<float> poisoned_block(int64_t rows, int64_t cols, int64_t ld, uint64_t seed) {
   std::vector<float> y = random_vector(rows * ld, seed);
   for (int64_t i = 0; i < rows; ++i)
@@ -317,16 +277,7 @@ TEST_CASE("CUDA attention forward and backward match the CPU: lengths 1 to full,
   check_attention(12, 40, 50, {5, 12}, {1, 0, 1, 1, 0}, 5, 60);
 }
 
-int main(int argc, char** argv) {
-  try {
-    the_gpu = &trainer::models::cuda::cuda_backend(0);
-  } catch (const std::exception& e) {
-    std::printf("skip: %s\n", e.what());
-    return 77;  // ctest's SKIP_RETURN_CODE
-  }
-  std::printf("%s\n", the_gpu->describe().c_str());
-  return Catch::Session().run(argc, argv);
-}
+int main(int argc, char** argv) { return trainer::cuda_testing::run_cuda_tests(argc, argv); }
 
 #else
 #include <cstdio>
