@@ -1,0 +1,164 @@
+// The CPU backend dressed as a device: every op is the CPU backend's, but is_host() is false and its
+// memory counts the copies across, so code that branches on where a backend's memory is (the speech
+// models' uploads of tokens and indices, DeepSpeech's decoding copy, the trainer's DeviceCopy) runs
+// its device path here, on machines without a GPU, and must give the CPU path's bits.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "counting_memory.h"
+#include "models/backend.h"
+
+namespace trainer::models {
+
+// (In trainer::models so the op signatures read as backend.h's.)
+class DeviceLikeCpu final : public Backend {
+ public:
+  // ---- DeviceMemory: host memory that counts copies (counting_memory.h), not host to its users.
+  std::string name() const override { return "device-like cpu"; }
+  bool is_host() const override { return false; }
+  void* allocate(size_t bytes) override { return memory.allocate(bytes); }
+  void free(void* p) override { memory.free(p); }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override { memory.copy_to_device(dst, src, bytes); }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override { memory.copy_to_host(dst, src, bytes); }
+  void fill(int64_t n, float value, float* y) override { memory.fill(n, value, y); }
+  void synchronize() override { memory.synchronize(); }
+
+  // ---- Every op: the CPU backend's.
+  Layout activation_layout(int64_t channels) const override { return cpu_.activation_layout(channels); }
+  std::unique_ptr<ConvOp> make_conv(const ConvGeometry& g) override { return cpu_.make_conv(g); }
+  std::unique_ptr<BatchNormOp> make_batchnorm(const BatchNormGeometry& g) override { return cpu_.make_batchnorm(g); }
+  std::unique_ptr<PoolOp> make_pool(const PoolGeometry& g) override { return cpu_.make_pool(g); }
+  std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g) override { return cpu_.make_lstm(g); }
+  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+            const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
+    cpu_.gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  void layer_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                  const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
+    cpu_.layer_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  void broadcast_rows(int64_t rows, int64_t cols, const float* bias, float* y) override {
+    cpu_.broadcast_rows(rows, cols, bias, y);
+  }
+  void sum_rows(int64_t rows, int64_t cols, const float* dy, float* db) override { cpu_.sum_rows(rows, cols, dy, db); }
+  void relu_forward(int64_t n, const float* x, float* y) override { cpu_.relu_forward(n, x, y); }
+  void relu_backward(int64_t n, const float* y, const float* dy, float* dx) override {
+    cpu_.relu_backward(n, y, dy, dx);
+  }
+  void add(int64_t n, const float* a, const float* b, float* y) override { cpu_.add(n, a, b, y); }
+  void copy(int64_t n, const float* x, float* y) override { cpu_.copy(n, x, y); }
+  void shortcut_a_forward(const Tensor& x, int64_t stride, int64_t pad, Tensor& y) override {
+    cpu_.shortcut_a_forward(x, stride, pad, y);
+  }
+  void shortcut_a_backward(const Tensor& dy, int64_t stride, int64_t pad, Tensor& dx) override {
+    cpu_.shortcut_a_backward(dy, stride, pad, dx);
+  }
+  void convert_layout(const Tensor& x, Tensor& y) override { cpu_.convert_layout(x, y); }
+  void to_nchw(const Tensor& x, float* y) override { cpu_.to_nchw(x, y); }
+  void from_nchw(const float* x, Tensor& y) override { cpu_.from_nchw(x, y); }
+  double softmax_cross_entropy(int64_t batch, int64_t classes, const float* logits, const int32_t* labels,
+                               float smoothing, float* dlogits, int64_t* correct) override {
+    return cpu_.softmax_cross_entropy(batch, classes, logits, labels, smoothing, dlogits, correct);
+  }
+  void sequence_gather(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, bool reverse,
+                       const float* src, int64_t src_ld, float* dst, int64_t dst_ld) override {
+    cpu_.sequence_gather(steps, batch, cols, lengths, reverse, src, src_ld, dst, dst_ld);
+  }
+  void pack_sequences(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, const float* x,
+                      float* packed) override {
+    cpu_.pack_sequences(steps, batch, cols, lengths, x, packed);
+  }
+  void unpack_sequences(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, const float* packed,
+                        float* x) override {
+    cpu_.unpack_sequences(steps, batch, cols, lengths, packed, x);
+  }
+  void hardtanh_forward(int64_t n, float lo, float hi, const float* x, float* y) override {
+    cpu_.hardtanh_forward(n, lo, hi, x, y);
+  }
+  void hardtanh_backward(int64_t n, float lo, float hi, const float* y, const float* dy, float* dx) override {
+    cpu_.hardtanh_backward(n, lo, hi, y, dy, dx);
+  }
+  void lookahead_forward(int64_t steps, int64_t batch, int64_t channels, int64_t context, const float* x,
+                         const float* w, float* y) override {
+    cpu_.lookahead_forward(steps, batch, channels, context, x, w, y);
+  }
+  void lookahead_backward(int64_t steps, int64_t batch, int64_t channels, int64_t context, const float* x,
+                          const float* w, const float* dy, float* dx, float* dw) override {
+    cpu_.lookahead_backward(steps, batch, channels, context, x, w, dy, dx, dw);
+  }
+  void ctc_loss(int64_t steps, int64_t batch, int64_t classes, const float* logits, const int32_t* frames,
+                const int32_t* labels, const int32_t* label_lengths, float grad_scale, double* losses,
+                float* dlogits) override {
+    cpu_.ctc_loss(steps, batch, classes, logits, frames, labels, label_lengths, grad_scale, losses, dlogits);
+  }
+  void image_to_sequence(const Tensor& x, float* y) override { cpu_.image_to_sequence(x, y); }
+  void sequence_to_image(const float* y, Tensor& x) override { cpu_.sequence_to_image(y, x); }
+  void mask_width(const Tensor& x, const int32_t* lengths) override { cpu_.mask_width(x, lengths); }
+  void transpose(int64_t batch, int64_t rows, int64_t cols, const float* x, float* y) override {
+    cpu_.transpose(batch, rows, cols, x, y);
+  }
+  void swap_axes(int64_t outer, int64_t a, int64_t b, int64_t cols, const float* x, float* y) override {
+    cpu_.swap_axes(outer, a, b, cols, x, y);
+  }
+  void copy_2d(int64_t rows, int64_t cols, const float* x, int64_t ldx, float* y, int64_t ldy) override {
+    cpu_.copy_2d(rows, cols, x, ldx, y, ldy);
+  }
+  void gather_rows(int64_t count, int64_t cols, const int32_t* index, const float* x, float* y) override {
+    cpu_.gather_rows(count, cols, index, x, y);
+  }
+  void scatter_rows(int64_t count, int64_t cols, const int32_t* index, const float* x, float* y) override {
+    cpu_.scatter_rows(count, cols, index, x, y);
+  }
+  void embedding_forward(int64_t rows, int64_t dim, const int32_t* tokens, const float* table, float* y,
+                         int64_t ldy) override {
+    cpu_.embedding_forward(rows, dim, tokens, table, y, ldy);
+  }
+  void embedding_backward(int64_t rows, int64_t dim, const int32_t* tokens, const float* dy, int64_t ldy,
+                          float* dtable) override {
+    cpu_.embedding_backward(rows, dim, tokens, dy, ldy, dtable);
+  }
+  void select_tokens(int64_t rows, int64_t classes, const float* logits, const int32_t* use_model, const int32_t* truth,
+                     int32_t* tokens) override {
+    cpu_.select_tokens(rows, classes, logits, use_model, truth, tokens);
+  }
+  void lstm_cell_forward(int64_t rows, int64_t hidden, float* gates, const float* c_prev, float* c, float* h,
+                         float* tanh_c) override {
+    cpu_.lstm_cell_forward(rows, hidden, gates, c_prev, c, h, tanh_c);
+  }
+  void lstm_cell_backward(int64_t rows, int64_t hidden, const float* gates, const float* c_prev, const float* tanh_c,
+                          const float* dh, float* dc, float* dgates) override {
+    cpu_.lstm_cell_backward(rows, hidden, gates, c_prev, tanh_c, dh, dc, dgates);
+  }
+  void attention_forward(int64_t rows, int64_t steps, int64_t dim, int64_t cols, const int32_t* lengths,
+                         const int32_t* row_utterance, const float* query, const float* keys, const float* values,
+                         float* alpha, float* context, int64_t ldc) override {
+    cpu_.attention_forward(rows, steps, dim, cols, lengths, row_utterance, query, keys, values, alpha, context, ldc);
+  }
+  void attention_backward(int64_t rows, int64_t steps, int64_t dim, int64_t cols, const int32_t* lengths,
+                          const int32_t* row_utterance, const float* keys, const float* values, const float* alpha,
+                          const float* dcontext, float* denergy, float* dquery) override {
+    cpu_.attention_backward(rows, steps, dim, cols, lengths, row_utterance, keys, values, alpha, dcontext, denergy,
+                            dquery);
+  }
+  void sgd_update(int64_t n, const SgdUpdate& u, float* params, const float* grads, float* momentum) override {
+    cpu_.sgd_update(n, u, params, grads, momentum);
+  }
+  void adam_update(int64_t n, const AdamUpdate& u, float* params, const float* grads, float* m, float* v) override {
+    cpu_.adam_update(n, u, params, grads, m, v);
+  }
+  double sum_of_squares(int64_t n, const float* x) override { return cpu_.sum_of_squares(n, x); }
+  void scale(int64_t n, float alpha, float* x) override { cpu_.scale(n, alpha, x); }
+  void batchnorm_update_running(int64_t channels, float momentum, float unbias, const float* batch_mean,
+                                const float* batch_var, float* running_mean, float* running_var) override {
+    cpu_.batchnorm_update_running(channels, momentum, unbias, batch_mean, batch_var, running_mean, running_var);
+  }
+
+  testing::CountingMemory memory;
+
+ private:
+  Backend& cpu_ = cpu_backend();
+};
+
+}  // namespace trainer::models
