@@ -15,6 +15,7 @@
 #include "comm/communicator.h"
 #include "comm/sync/dense.h"
 #include "comm/sync/registry.h"
+#include "device_like_backend.h"
 #include "trainer/config.h"
 #include "trainer/config_sync.h"
 #include "trainer/run.h"
@@ -138,6 +139,23 @@ TEST_CASE("a registered method is built by the factory, inside the dense warmup,
     sync->reduce(b, step);
     const float scale = step < 2 ? 1.f : 0.5f;
     for (int64_t i = 0; i < n; ++i) CHECK(grads[i] == scale * ((p - 1) / 2.f + static_cast<float>(i)));
+  }
+}
+
+TEST_CASE("methods that keep host state get a host backend: staged by the factory on a device, refused directly",
+          "[registry]") {
+  comm::Communicator& world = comm::world();
+  trainer::models::DeviceLikeCpu device;  // not host memory, as a GPU's
+  const std::vector<models::ParamView> views{{"w", 0, {4, 2}}, {"b", 8, {4}}};
+  const std::vector<bool> none;
+  for (const char* method : {"diloco", "powersgd", "oktopk"}) {
+    INFO(method);
+    Config config = parse_config(std::string("[sync]\nmethod = \"") + method + "\"\n", "t");
+    comm::SyncOptions o = sync_options(config);
+    const comm::SyncContext direct{world, 12, &views, device, none};
+    CHECK_THROWS_WITH(comm::sync_method(method).make(o, direct), Contains("keeps its state in host memory"));
+    o.backend = &device;  // through the factory: built for the host, run on host copies
+    CHECK(comm::make_gradient_sync(o, world, 12, &views)->name() == method);
   }
 }
 

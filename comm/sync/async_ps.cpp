@@ -39,6 +39,7 @@ SyncMethod async_ps_method() {
   m.can.keeps_parameters_equal = false;
   m.can.wrapped_in_warmup = false;  // the servers run the warmup's synchronous rounds
   m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
+    c.host_backend(o.method);  // the worker pushes and pulls host arrays over MPI
     return std::make_unique<AsyncPsWorker>(c.comm, o, c.n);
   };
   return m;

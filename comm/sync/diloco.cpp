@@ -19,11 +19,11 @@ float lerp(float start, float end, float weight) {
   return std::abs(weight) < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.f - weight);
 }
 
-std::unique_ptr<optim::Sgd> make_outer_optimizer(const DilocoOptions& o, int64_t size) {
+std::unique_ptr<optim::Sgd> make_outer_optimizer(models::Backend& backend, const DilocoOptions& o, int64_t size) {
   optim::SgdOptions sgd;
   sgd.momentum = o.outer_momentum;
   sgd.nesterov = o.outer_optimizer == "nesterov";
-  return std::make_unique<optim::Sgd>(models::cpu_backend(), size, sgd);
+  return std::make_unique<optim::Sgd>(backend, size, sgd);
 }
 
 double mb(int64_t floats) { return static_cast<double>(floats) * 4 / 1e6; }
@@ -75,22 +75,25 @@ SyncMethod diloco_method() {
   // A delayed fragment's allreduce runs on its own thread while the training thread calls MPI.
   m.concurrent_calls = [](const SyncOptions& o) { return o.sync_delay > 0 && o.overlap; };
   m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
-    return std::make_unique<Diloco>(c.comm, c.n, c.views, diloco_options(o));
+    return std::make_unique<Diloco>(c.comm, c.host_backend("diloco"), c.n, c.views, diloco_options(o));
   };
   return m;
 }
 
-Diloco::Diloco(Communicator& comm, int64_t n, const std::vector<models::ParamView>* views, const DilocoOptions& o)
+Diloco::Diloco(Communicator& comm, models::Backend& backend, int64_t n, const std::vector<models::ParamView>* views,
+               const DilocoOptions& o)
     : comm_(comm),
+      backend_(backend),
       n_(n),
       options_(o),
       fragments_(plan_fragments(n, views, o.fragments)),
       schedule_(o.period, o.fragments, o.delay),
-      transfer_(std::make_unique<OuterTransfer>(comm, o.outer_dtype, o.bucket_elements, o.overlap && o.delay > 0)) {
+      transfer_(std::make_unique<OuterTransfer>(comm, backend, o.outer_dtype, o.bucket_elements,
+                                                o.overlap && o.delay > 0)) {
   for (const SyncOptionProblem& problem : diloco_problems(o)) throw std::invalid_argument(problem.message);
   int64_t largest = 0;
   for (const Fragment& f : fragments_) {
-    outer_optimizers_.push_back(make_outer_optimizer(o, f.size()));
+    outer_optimizers_.push_back(make_outer_optimizer(backend, o, f.size()));
     largest = std::max(largest, f.size());
   }
   pseudo_gradient_.resize(static_cast<size_t>(largest));
@@ -185,7 +188,7 @@ void Diloco::finish_sync(SyncBuffers& b, int f) {
   for (int64_t i = 0; i < fr.size(); ++i) local[i] = lerp(outer[i], local[i], alpha);
   in_flight_ = -1;
   if (f + 1 == static_cast<int>(fragments_.size()) && b.n_state > 0)
-    allreduce_average(comm_, models::cpu_backend(), b.state, b.n_state, options_.bucket_elements,
+    allreduce_average(comm_, backend_, b.state, b.n_state, options_.bucket_elements,
                       "ALLREDUCE_BN_STATS");
 }
 
@@ -244,7 +247,7 @@ void Diloco::load(std::istream& in) {
   if (!in || inner_steps < 0) throw std::runtime_error("diloco state: truncated");
   std::vector<std::unique_ptr<optim::Sgd>> optimizers;
   for (const Fragment& f : fragments_) {
-    optimizers.push_back(make_outer_optimizer(options_, f.size()));
+    optimizers.push_back(make_outer_optimizer(backend_, options_, f.size()));
     optimizers.back()->load(in);
   }
   const auto in_flight = read_pod<int32_t>(in);

@@ -84,7 +84,9 @@ class Diloco final : public GradientSync {
  public:
   // `views`: the model's tensors (needed for F > 1). Throws std::invalid_argument naming the key
   // for an impossible fragment count, delay, mixing or outer optimizer.
-  Diloco(Communicator& comm, int64_t n, const std::vector<models::ParamView>* views, const DilocoOptions& options);
+  // `backend`: a host backend (theta_outer and the outer state are host vectors).
+  Diloco(Communicator& comm, models::Backend& backend, int64_t n, const std::vector<models::ParamView>* views,
+         const DilocoOptions& options);
   std::string name() const override { return "diloco"; }
   std::string describe() const override;
   Phase phase(int64_t) const override { return Phase::kCompressed; }
@@ -112,6 +114,7 @@ class Diloco final : public GradientSync {
   void finish_sync(SyncBuffers& b, int f);                     // steps 2 and 3, and the BN statistics
 
   Communicator& comm_;
+  models::Backend& backend_;
   int64_t n_;
   DilocoOptions options_;
   std::vector<Fragment> fragments_;

@@ -92,6 +92,7 @@ SyncMethod sparse_method(std::string name, std::string doc, SparseFactory make) 
     return problems;
   };
   m.make = [make](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
+    models::Backend& backend = c.host_backend(o.method);  // the residual and selection are host loops
     auto method = [&](int64_t count) -> std::unique_ptr<GradientSync> {
       std::unique_ptr<ErrorFeedbackSync> sparse = make(o, c.comm, count);
       sparse->set_keep_residual(o.error_feedback);
@@ -100,16 +101,17 @@ SyncMethod sparse_method(std::string name, std::string doc, SparseFactory make) 
       return sparse;
     };
     if (c.kept.empty()) return method(c.n);
-    return std::make_unique<KeepDenseSync>(c.comm, *c.views, c.kept, method, o.bucket_mb, o.wire_dtype);
+    return std::make_unique<KeepDenseSync>(c.comm, backend, *c.views, c.kept, method, o.bucket_mb, o.wire_dtype);
   };
   return m;
 }
 
-KeepDenseSync::KeepDenseSync(Communicator& comm, const std::vector<models::ParamView>& views,
+KeepDenseSync::KeepDenseSync(Communicator& comm, models::Backend& backend, const std::vector<models::ParamView>& views,
                              const std::vector<bool>& kept,
                              const std::function<std::unique_ptr<GradientSync>(int64_t)>& make_method,
                              double bucket_mb, WireDType wire)
     : comm_(comm),
+      backend_(backend),
       split_(split_gradient(views, kept)),
       method_(make_method(split_.compressed_count)),
       bucket_elements_(bucket_elements(bucket_mb)),
@@ -133,7 +135,7 @@ SyncStats KeepDenseSync::reduce(SyncBuffers& b, int64_t step) {
   scatter(split_.compressed, compressed_values_.data(), b.grads);
 
   gather(split_.kept, b.grads, kept_values_.data());
-  allreduce_average(comm_, models::cpu_backend(), kept_values_.data(), split_.kept_count, bucket_elements_,
+  allreduce_average(comm_, backend_, kept_values_.data(), split_.kept_count, bucket_elements_,
                     "ALLREDUCE_DENSE", wire_);
   scatter(split_.kept, kept_values_.data(), b.grads);
 

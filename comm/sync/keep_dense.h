@@ -40,7 +40,9 @@ class KeepDenseSync final : public GradientSync {
  public:
   // make_method(count) builds the compressing method for a gradient of `count` entries. Throws
   // std::invalid_argument when `kept` keeps every tensor or none.
-  KeepDenseSync(Communicator& comm, const std::vector<models::ParamView>& views, const std::vector<bool>& kept,
+  // `backend`: a host backend (the kept values live in host vectors).
+  KeepDenseSync(Communicator& comm, models::Backend& backend, const std::vector<models::ParamView>& views,
+                const std::vector<bool>& kept,
                 const std::function<std::unique_ptr<GradientSync>(int64_t)>& make_method, double bucket_mb,
                 WireDType wire);
   std::string name() const override { return method_->name(); }
@@ -68,6 +70,7 @@ class KeepDenseSync final : public GradientSync {
 
  private:
   Communicator& comm_;
+  models::Backend& backend_;
   Split split_;  // before the members sized from it
   std::unique_ptr<GradientSync> method_;
   int64_t bucket_elements_;

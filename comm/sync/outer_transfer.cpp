@@ -11,8 +11,9 @@
 
 namespace trainer::comm {
 
-OuterTransfer::OuterTransfer(Communicator& comm, OuterDType dtype, int64_t bucket_elements, bool overlap)
-    : comm_(comm), dtype_(dtype), bucket_elements_(bucket_elements), overlap_(overlap && comm.concurrent_calls()) {}
+OuterTransfer::OuterTransfer(Communicator& comm, models::Backend& backend, OuterDType dtype, int64_t bucket_elements,
+                             bool overlap)
+    : comm_(comm), backend_(backend), dtype_(dtype), bucket_elements_(bucket_elements), overlap_(overlap && comm.concurrent_calls()) {}
 
 OuterTransfer::~OuterTransfer() {
   if (thread_.joinable()) thread_.join();
@@ -20,11 +21,11 @@ OuterTransfer::~OuterTransfer() {
 
 void OuterTransfer::average(Communicator& comm, float* data, int64_t count) {
   if (dtype_ == OuterDType::kF32) {
-    allreduce_average(comm, models::cpu_backend(), data, count, bucket_elements_, "ALLREDUCE_OUTER");
+    allreduce_average(comm, backend_, data, count, bucket_elements_, "ALLREDUCE_OUTER");
     return;
   }
   allreduce_sum_quantized(comm, data, count, dtype_, quantized_, "ALLREDUCE_OUTER");
-  models::cpu_backend().scale(count, 1.f / static_cast<float>(comm.size()), data);
+  backend_.scale(count, 1.f / static_cast<float>(comm.size()), data);
 }
 
 void OuterTransfer::prepare() {

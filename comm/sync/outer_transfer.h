@@ -44,13 +44,15 @@
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
 #include "comm/quantized_allreduce.h"
+#include "models/backend.h"
 
 namespace trainer::comm {
 
 class OuterTransfer {
  public:
   // `overlap`: run transfers on a thread of their own when `comm` allows concurrent calls.
-  OuterTransfer(Communicator& comm, OuterDType dtype, int64_t bucket_elements, bool overlap);
+  // `backend`: where the data averaged lives (a host backend: the quantized sum is host code).
+  OuterTransfer(Communicator& comm, models::Backend& backend, OuterDType dtype, int64_t bucket_elements, bool overlap);
   ~OuterTransfer();
   OuterTransfer(const OuterTransfer&) = delete;
   OuterTransfer& operator=(const OuterTransfer&) = delete;
@@ -75,6 +77,7 @@ class OuterTransfer {
   void run(float* data, int64_t count);                          // the thread's body
 
   Communicator& comm_;
+  models::Backend& backend_;
   OuterDType dtype_;
   int64_t bucket_elements_;
   bool overlap_;

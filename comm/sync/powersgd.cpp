@@ -29,7 +29,7 @@ SyncMethod powersgd_method() {
   m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
     if (!c.views) throw std::invalid_argument("sync.method 'powersgd' needs the model's tensor shapes");
     auto powersgd = std::make_unique<PowerSgd>(c.comm, *c.views, c.n, o.rank, o.min_compression_rate, o.seed,
-                                               models::cpu_backend(), o.wire_dtype, o.bucket_mb,
+                                               c.host_backend("powersgd"), o.wire_dtype, o.bucket_mb,
                                                DenseBuckets{o.first_bucket_mb, o.overlap, c.views}, c.kept);
     powersgd->set_keep_residual(o.error_feedback);
     if (o.adaptive) {

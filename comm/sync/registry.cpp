@@ -65,4 +65,11 @@ std::string sync_methods_that(bool SyncCapabilities::*capability) {
   return list;
 }
 
+models::Backend& SyncContext::host_backend(const std::string& method) const {
+  if (!backend.is_host())
+    throw std::logic_error("sync method '" + method + "' keeps its state in host memory and was given the " +
+                           backend.name() + " backend (make_gradient_sync stages such methods on a device)");
+  return backend;
+}
+
 }  // namespace trainer::comm

@@ -50,6 +50,11 @@ struct SyncContext {
   models::Backend& backend;  // where SyncBuffers live (the CPU unless device_buffers)
   // sync.keep_dense, one flag per view (empty: nothing kept); only for methods that compress.
   const std::vector<bool>& kept;
+
+  // The backend of a method without device_buffers, which keeps its state in host vectors: the
+  // factory builds such a method for the host (and stages it on a device run), so this is a host
+  // backend; a logic_error says so if a caller ever hands it a device's.
+  models::Backend& host_backend(const std::string& method) const;
 };
 
 // A problem with a method's own keys, found before anything is built: the keys it involves (the
