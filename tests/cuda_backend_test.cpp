@@ -328,7 +328,8 @@ TEST_CASE("CUDA training step of vgg16 matches the CPU (batch 4)", "[cuda][model
   compare_training_step("vgg16", 4);
 }
 
-TEST_CASE("CUDA backend: describes itself and keeps activations channels-last", "[cuda]") {
+// [native]: not under scripts/cuda_emulation, whose layouts are the CPU convolutions'.
+TEST_CASE("CUDA backend: describes itself and keeps activations channels-last", "[cuda][native]") {
   CHECK(gpu().activation_layout(16) == Layout::kChannelsLast);
   CHECK(gpu().name() == "cuda");
 }

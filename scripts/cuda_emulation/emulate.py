@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Makes the CUDA backend's kernels runnable on the host (run.sh drives it).
+
+usage: emulate.py SOURCE_DIR OUT_DIR
+
+- Every models/cuda/*.cu (and .cuh) is rewritten into OUT_DIR/models/cuda as C++ (.cpp, .cuh):
+  each `kernel<<<grid, block, shared, stream>>>(args)` becomes `emulated_launch(whole_grid, grid,
+  block, kernel, args)` (cuda_runtime.h here). whole_grid is false for the kernels that stride over
+  the grid (their body reads gridDim.x or calls grid_stride()), so they run on a few blocks only.
+- OUT_DIR/emulated_backend.cpp defines cuda::cuda_backend(): the CUDA backend's own methods that
+  launch our kernels, copied from models/cuda/cuda_backend.cpp (so its wiring is what runs), and
+  the CPU backend's ops for the rest (cuDNN's and cuBLAS's: convolution, pooling, batch norm's op,
+  the LSTM, GEMM, copies), over host memory that says it is not host memory (is_host() false).
+"""
+import glob
+import os
+import re
+import sys
+
+src, out = sys.argv[1], sys.argv[2]
+os.makedirs(os.path.join(out, "models", "cuda"), exist_ok=True)
+
+
+def split_top(text):
+    """Splits a launch configuration at its top-level commas."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch in "(["
+        depth -= ch in ")]"
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return parts + [cur.strip()]
+
+
+def grid_striding(text):
+    """The names of the __global__ functions whose body strides over the grid."""
+    names = set()
+    for m in re.finditer(r"__global__\s+void\s+(\w+)\s*\(", text):
+        body_start = text.index("{", m.end())
+        depth, i = 0, body_start
+        while True:
+            depth += text[i] == "{"
+            depth -= text[i] == "}"
+            i += 1
+            if depth == 0:
+                break
+        body = text[body_start:i]
+        if "grid_stride()" in body or "gridDim.x" in body:
+            names.add(m.group(1))
+    return names
+
+
+def convert(text, striding):
+    result, i = "", 0
+    while True:
+        j = text.find("<<<", i)
+        if j < 0:
+            return result + text[i:]
+        k = text.find(">>>", j)
+        m = re.search(r"([A-Za-z_]\w*(?:<[^<>;]*>)?)\s*$", text[i:j])
+        name = m.group(1)
+        config = split_top(text[j + 3:k])
+        assert text[k + 3] == "(", "a launch without arguments: " + text[j:k + 10]
+        whole = "false" if name.split("<")[0] in striding else "true"
+        result += text[i:i + m.start(1)] + "emulated_launch(%s, %s, %s, %s, " % (whole, config[0], config[1], name)
+        i = k + 4
+
+
+sources = sorted(glob.glob(os.path.join(src, "models/cuda/*.cu")) + glob.glob(os.path.join(src, "models/cuda/*.cuh")))
+texts = {path: open(path).read() for path in sources}
+striding = set().union(*(grid_striding(t) for t in texts.values()))
+for path, text in texts.items():
+    name = os.path.basename(path)
+    target = name[:-3] + ".cpp" if name.endswith(".cu") else name
+    with open(os.path.join(out, "models", "cuda", target), "w") as f:
+        f.write(convert(text, striding))
+
+
+# ---- The backend: CudaBackend's kernel-launching methods, the CPU's ops for everything else.
+backend_cpp = open(os.path.join(src, "models/cuda/cuda_backend.cpp")).read()
+helpers = backend_cpp[backend_cpp.index("namespace {") + len("namespace {"):backend_cpp.index("class CudaBackend")]
+cls = backend_cpp[backend_cpp.index("class CudaBackend"):]
+cls = cls[:cls.index("\n};\n")]
+
+
+def members(text):
+    """(name, source) of each member function defined at the class's top level."""
+    found, lines, i = [], text.split("\n"), 0
+    while i < len(lines):
+        m = re.match(r"  (?:[\w:<>,*& ]+?)\b(\w+)\((.*)", lines[i])
+        if m and not lines[i].startswith("   ") and "(" in lines[i]:
+            depth, start, body = 0, i, []
+            while True:
+                code = lines[i].split("//")[0].rstrip()  # a trailing comment is not code
+                depth += code.count("{") - code.count("}")
+                body.append(lines[i])
+                i += 1
+                if depth == 0 and (code.endswith("}") or code.endswith(";")):
+                    break
+            found.append((m.group(1), "\n".join(body)))
+        else:
+            i += 1
+    return found
+
+
+# The methods that launch our kernels, and their scratch and result helpers. The layout choice stays
+# the CPU's: its convolutions (which stand in for cuDNN's) pick their own layouts, and the kernels
+# take any layout (ActivationDims).
+own = {"scratch", "read_result"}
+launching = [(name, body) for name, body in members(cls) if "launch_" in body or name in own]
+launching_names = {name for name, _ in launching}
+
+backend_h = open(os.path.join(src, "models/backend.h")).read()
+interface = backend_h[backend_h.index("class Backend : public DeviceMemory"):]
+interface = interface[:interface.index("\n};")]
+forwarded = []
+for d in re.findall(r"virtual\s+([^;{]*?)\s*(?:=\s*0\s*;|\{)", interface, re.S):
+    d = " ".join(d.split())
+    m = re.match(r"(.*?)\b(\w+)\((.*)\)( const)?$", d)
+    ret, name, args, const = m.group(1).strip(), m.group(2), m.group(3), m.group(4) or ""
+    if name in launching_names or name == "describe":
+        continue
+    names = [a.strip().split()[-1].lstrip("*&") for a in args.split(",")] if args.strip() else []
+    call = "cpu_.%s(%s)" % (name, ", ".join(names))
+    forwarded.append("  %s %s(%s)%s override { %s%s; }" % (ret, name, args, const, "" if ret == "void" else "return ",
+                                                          call))
+
+with open(os.path.join(out, "emulated_backend.cpp"), "w") as f:
+    f.write("""// Generated by scripts/cuda_emulation/emulate.py from models/cuda/cuda_backend.cpp and models/backend.h.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "models/backend.h"
+#include "models/cuda/cuda_backend.h"
+#include "models/cuda/host_ints.h"
+#include "models/cuda/kernels.h"
+
+namespace trainer::models::cuda {
+namespace {
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) throw std::runtime_error(std::string("CUDA (emulated): ") + what);
+}
+""" + helpers + """
+class EmulatedCudaBackend final : public Backend {
+ public:
+  std::string name() const override { return "cuda"; }
+  std::string describe() const override { return "cuda (emulated on the host: scripts/cuda_emulation)"; }
+  bool is_host() const override { return false; }
+  void* allocate(size_t bytes) override { return host_memory().allocate(bytes); }
+  void free(void* p) override { host_memory().free(p); }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override { if (bytes) std::memcpy(dst, src, bytes); }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override { if (bytes) std::memcpy(dst, src, bytes); }
+  void fill(int64_t n, float value, float* y) override { std::fill(y, y + n, value); }
+  void synchronize() override {}
+
+  // ---- Launching our kernels: models/cuda/cuda_backend.cpp's own methods.
+""" + "\n".join(body for _, body in launching) + """
+
+  // ---- The rest (cuDNN, cuBLAS, copies): the CPU backend's ops.
+""" + "\n".join(forwarded) + """
+
+ private:
+  Backend& cpu_ = cpu_backend();
+  cudaStream_t stream_ = nullptr;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  double host_result_[2] = {0, 0};
+  DeviceMemory& memory_ = host_memory();
+};
+
+bool g_emulated_tf32 = false;
+
+}  // namespace
+
+Backend& cuda_backend(int) {
+  static EmulatedCudaBackend* backend = new EmulatedCudaBackend;
+  return *backend;
+}
+void set_deterministic_algorithms(bool) {}
+void set_tf32(bool allow) { g_emulated_tf32 = allow; }
+bool tf32_allowed() { return g_emulated_tf32; }
+
+}  // namespace trainer::models::cuda
+""")

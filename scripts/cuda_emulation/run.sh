@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The CUDA parity tests on a machine without a GPU: our kernels (models/cuda/*.cu) run on the host,
+# each CUDA thread a std::thread (cuda_runtime.h here), through the CUDA backend's own launching
+# methods (models/cuda/cuda_backend.cpp); cuDNN's and cuBLAS's ops are the CPU backend's there, so
+# what this checks is our kernels and their wiring, not cuDNN or cuBLAS, nor timing, nor the
+# memory model beyond barriers. A GPU run (scripts/gpu_check.sh) remains the test.
+#
+#   scripts/cuda_emulation/run.sh [ctest args...]     e.g. -R speller
+# Builds in build-emulation/ (a CPU build with -DTRAINER_CUDA_EMULATION=ON), runs the emulated_* tests.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+cmake -S . -B build-emulation -G Ninja -DTRAINER_CUDA_EMULATION=ON -DTRAINER_NATIVE=OFF >/dev/null
+targets=(emulated_cuda_backend_test emulated_cuda_sequence_test emulated_cuda_speller_test emulated_cuda_speech_models_test)
+ninja -C build-emulation "${targets[@]/#/tests/}"
+cd build-emulation && ctest --output-on-failure -R '^emulated_' "$@"
