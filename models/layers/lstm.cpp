@@ -33,26 +33,30 @@ void Lstm::init(Rng& rng) {
     }
 }
 
-const LstmWeights& Lstm::weights() {
-  weights_.w_ih.clear(), weights_.w_hh.clear(), weights_.b_ih.clear(), weights_.b_hh.clear();
-  for (const Direction& dir : dirs_) {
-    weights_.w_ih.push_back(ctx_.params.value(dir.w_ih).data);
-    weights_.w_hh.push_back(ctx_.params.value(dir.w_hh).data);
-    weights_.b_ih.push_back(ctx_.params.value(dir.b_ih).data);
-    weights_.b_hh.push_back(ctx_.params.value(dir.b_hh).data);
+namespace {
+
+// The four tensors of every (layer, direction) into `set` (LstmWeights or LstmGradients), each as
+// `tensor(parameter id)` gives it: a value or a gradient.
+template <class Set, class Directions, class TensorOf>
+const Set& collect(Set& set, const Directions& dirs, TensorOf tensor) {
+  set = {};
+  for (const auto& dir : dirs) {
+    set.w_ih.push_back(tensor(dir.w_ih).data);
+    set.w_hh.push_back(tensor(dir.w_hh).data);
+    set.b_ih.push_back(tensor(dir.b_ih).data);
+    set.b_hh.push_back(tensor(dir.b_hh).data);
   }
-  return weights_;
+  return set;
+}
+
+}  // namespace
+
+const LstmWeights& Lstm::weights() {
+  return collect(weights_, dirs_, [this](int id) { return ctx_.params.value(id); });
 }
 
 const LstmGradients& Lstm::gradients() {
-  grads_.w_ih.clear(), grads_.w_hh.clear(), grads_.b_ih.clear(), grads_.b_hh.clear();
-  for (const Direction& dir : dirs_) {
-    grads_.w_ih.push_back(ctx_.params.grad(dir.w_ih).data);
-    grads_.w_hh.push_back(ctx_.params.grad(dir.w_hh).data);
-    grads_.b_ih.push_back(ctx_.params.grad(dir.b_ih).data);
-    grads_.b_hh.push_back(ctx_.params.grad(dir.b_hh).data);
-  }
-  return grads_;
+  return collect(grads_, dirs_, [this](int id) { return ctx_.params.grad(id); });
 }
 
 const Tensor& Lstm::forward(const Tensor& x, Mode mode) {

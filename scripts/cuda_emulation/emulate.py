@@ -92,7 +92,7 @@ def members(text):
     while i < len(lines):
         m = re.match(r"  (?:[\w:<>,*& ]+?)\b(\w+)\((.*)", lines[i])
         if m and not lines[i].startswith("   ") and "(" in lines[i]:
-            depth, start, body = 0, i, []
+            depth, body = 0, []
             while True:
                 code = lines[i].split("//")[0].rstrip()  # a trailing comment is not code
                 depth += code.count("{") - code.count("}")
