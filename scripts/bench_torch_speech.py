@@ -48,6 +48,9 @@ def parse_args():
                          "packed backward is much slower on the CPU; the default runs them unpacked)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    ap.add_argument("--autocast-bf16", dest="autocast_bf16", action="store_true",
+                    help="forward and loss under torch.autocast(dtype=torch.bfloat16), as runtime.precision = "
+                         "bf16 (on the CPU autocast runs the LSTMs and Linears on bf16 copies)")
     args = ap.parse_args()
     if min(args.threads, args.batch, args.steps, args.frames, args.label_length) < 1 or args.warmup < 0:
         ap.error("--threads, --batch, --frames, --label-length and --steps must be >= 1, --warmup >= 0")
@@ -85,9 +88,10 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
 
     def loss_of():
-        if args.model == "deepspeech":
-            return tsm.deepspeech_loss(model, features, frames, labels)[0]
-        return tsm.las_loss(model, features, frames, labels, smoothing=0.1, teacher_forcing=1.0)[0]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.autocast_bf16):
+            if args.model == "deepspeech":
+                return tsm.deepspeech_loss(model, features, frames, labels)[0]
+            return tsm.las_loss(model, features, frames, labels, smoothing=0.1, teacher_forcing=1.0)[0]
 
     def sync():  # a phase ends when the device has done its work
         if device.type == "cuda":
@@ -132,6 +136,7 @@ def main():
         "frames": args.frames,
         "label_length": args.label_length,
         "packed": args.packed,
+        "autocast_bf16": args.autocast_bf16,
         "threads": torch.get_num_threads(),
         "warmup": args.warmup,
         "steps": args.steps,

@@ -12,7 +12,8 @@
 #
 # Steps: the GPU's description; cuda_backend_test (every CUDA op and a resnet20/vgg16 step against
 # the CPU backend) and the speech parity tests (sequence ops, CTC, LSTM, speller, DeepSpeech and LAS
-# steps); device_test's CUDA cases; a short quickstart training run on the GPU (whose
+# steps); cuda_precision_test (bf16 copies, convolutions and GEMMs within bf16's bound, a bf16
+# ResNet-20 step); device_test's CUDA cases; a short quickstart training run on the GPU (whose
 # metrics must show the sync phase under 5% of the step); and
 # the same on two ranks sharing the GPU (staged MPI), with staged_comm_test's GPU cases; every sync
 # method on two ranks; and
@@ -39,7 +40,7 @@ step nvidia_smi nvidia-smi
 step cuda_backend_test "$build/tests/cuda_backend_test" --durations yes
 # The speech half: sequence ops and CTC, the cuDNN LSTM, the speller's ops, then whole DeepSpeech
 # and LAS training steps against the CPU.
-for t in cuda_sequence_test cuda_lstm_test cuda_speller_test cuda_speech_models_test; do
+for t in cuda_sequence_test cuda_lstm_test cuda_speller_test cuda_speech_models_test cuda_precision_test; do
   step "$t" timeout 300 "$build/tests/$t" --durations yes
 done
 step device_test "$build/tests/device_test" "[cuda]"
@@ -56,6 +57,12 @@ sync = sum(r["t_sync_ms"] for r in rows)
 step = sum(r["t_data_ms"] + r["t_compute_ms"] + r["t_sync_ms"] + r["t_optim_ms"] for r in rows)
 print(f"sync {sync:.1f} ms of {step:.1f} ms: {100 * sync / step:.1f}%")
 sys.exit(0 if sync < 0.05 * step else 1)' "$out/quickstart_run/metrics.jsonl"
+# runtime.precision on the GPU: the same run in bf16 and in tf32 (the loss curves beside fp32's).
+for precision in bf16 tf32; do
+  step "quickstart_cuda_$precision" "$build/trainer" --config configs/quickstart_cifar.toml --set runtime.device=cuda \
+    --set runtime.precision=$precision --set train.max_steps=40 --set train.log_every_steps=10 \
+    --set experiment.output_dir="$out/quickstart_run_$precision"
+done
 # The same short run on the CPU, for the loss curve side by side (same seed, same data).
 step quickstart_cpu "$build/trainer" --config configs/quickstart_cifar.toml --set runtime.device=cpu \
   --set train.max_steps=40 --set train.log_every_steps=10 --set experiment.output_dir="$out/quickstart_run_cpu"
@@ -90,6 +97,10 @@ else
   echo "no datasets/an4_quickstart here: the speech runs are skipped"
 fi
 step bench_resnet20 "$build/trainer" bench --model resnet20 --batch 128 --device cuda
+for precision in bf16 tf32; do
+  step "bench_resnet18_$precision" timeout 300 "$build/trainer" bench --model resnet18 --batch 128 --device cuda \
+    --precision $precision
+done
 step bench_deepspeech timeout 300 "$build/trainer" bench --model deepspeech --batch 8 --device cuda
 step bench_las timeout 300 "$build/trainer" bench --model las --batch 8 --device cuda
 

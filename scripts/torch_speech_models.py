@@ -56,7 +56,7 @@ def on_valid_frames(module, x, lengths):
         return out.reshape(x.shape[:2] + out.shape[1:])
     valid = torch.arange(x.shape[0], device=x.device)[:, None] < lengths.to(x.device)[None, :]  # {T, N}
     out = module(x[valid])
-    y = x.new_zeros(x.shape[:2] + out.shape[1:])
+    y = out.new_zeros(x.shape[:2] + out.shape[1:])  # out's dtype: bf16 under autocast
     y[valid] = out
     return y
 

@@ -3,14 +3,7 @@
 // CPU; bf16 below AVX-512, run capped at AVX2 by ctest). ctest also runs this binary capped at
 // AVX512_CORE, where oneDNN emulates bf16.
 //
-// The bound tested. An output element is a k-term dot product y = sum_i a_i b_i of fp32 inputs.
-// The bf16 op rounds each a_i and b_i to bf16 (8 significant bits, round to nearest: relative
-// error <= u = 2^-8), multiplies exactly (8 x 8 bits fit fp32's 24) and accumulates in fp32 in
-// some order (relative error <= k * 2^-24 of the sum of magnitudes). So
-//     |y_bf16 - y| <= (2u + u^2 + k * 2^-24) * sum_i |a_i| |b_i|,
-// with y and the sum of magnitudes computed in double from the fp32 inputs. The same checks also
-// require an error of at least u / 16 of that sum somewhere: an op that skipped the rounding (ran
-// in fp32) would fail them.
+// The bound tested is bf16_bound.h's.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -24,13 +17,13 @@
 #include "models/cpu/dnnl_precision.h"
 #include "models/model.h"
 #include "trainer/experiment.h"
+#include "bf16_bound.h"
 
 using namespace trainer::models;
 using trainer::models::cpu::Precision;
+using namespace trainer::bf16_testing;
 
 namespace {
-
-constexpr double kU = 1.0 / 256;  // bf16's unit roundoff
 
 std::vector<float> random_vector(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -45,31 +38,6 @@ struct PrecisionScope {
   explicit PrecisionScope(Precision p) { cpu::set_precision(p); }
   ~PrecisionScope() { cpu::set_precision(Precision::kFp32); }
 };
-
-// Exact values (double) and the sums of |a| |b| of the terms of each, with the term count.
-struct Exact {
-  std::vector<double> value, magnitude;
-  int64_t terms = 0;
-};
-
-// Checks got against exact within the bound of the header; returns the largest error relative to
-// the sum of magnitudes.
-double check_within_bf16_bound(const char* what, const std::vector<float>& got, const Exact& exact) {
-  REQUIRE(got.size() == exact.value.size());
-  const double bound = 2 * kU + kU * kU + exact.terms * std::ldexp(1.0, -24);
-  double worst = 0;
-  size_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double m = exact.magnitude[i];
-    const double err = std::abs(got[i] - exact.value[i]);
-    if (err > bound * m + 1e-30) ++bad;
-    if (m > 0) worst = std::max(worst, err / m);
-  }
-  INFO(what << ": largest error " << worst << " of sum |a||b| (bound " << bound << ")");
-  CHECK(bad == 0);
-  CHECK(worst > kU / 16);  // the rounding to bf16 happened
-  return worst;
-}
 
 // Activation of shape {n, c, h, w} in `layout`, to and from NCHW (the reference's order).
 std::vector<float> to_layout(const std::vector<float>& nchw, const Shape& shape, Layout layout) {
@@ -90,27 +58,7 @@ void check_bf16_conv(const ConvGeometry& g) {
   const auto x = random_vector(N * C * H * W, 1), w = random_vector(K * C * R * S, 2);
   const auto b = random_vector(K, 3), dy = random_vector(N * K * P * Q, 4);
 
-  // The exact forward, input gradient and weight gradient, term by term.
-  Exact y{std::vector<double>(N * K * P * Q), std::vector<double>(N * K * P * Q), C * R * S + 1};
-  Exact dx{std::vector<double>(x.size()), std::vector<double>(x.size()), K * R * S};
-  Exact dw{std::vector<double>(w.size()), std::vector<double>(w.size()), N * P * Q};
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t k = 0; k < K; ++k)
-      for (int64_t p = 0; p < P; ++p)
-        for (int64_t q = 0; q < Q; ++q) {
-          const int64_t yi = ((n * K + k) * P + p) * Q + q;
-          if (g.bias) y.value[yi] += b[k], y.magnitude[yi] += std::abs(b[k]);
-          for (int64_t c = 0; c < C; ++c)
-            for (int64_t r = 0; r < R; ++r)
-              for (int64_t s = 0; s < S; ++s) {
-                const int64_t ih = p * g.stride_h - g.pad_h + r, iw = q * g.stride_w - g.pad_w + s;
-                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-                const int64_t xi = ((n * C + c) * H + ih) * W + iw, wi = ((k * C + c) * R + r) * S + s;
-                y.value[yi] += double(x[xi]) * w[wi], y.magnitude[yi] += std::abs(double(x[xi]) * w[wi]);
-                dx.value[xi] += double(dy[yi]) * w[wi], dx.magnitude[xi] += std::abs(double(dy[yi]) * w[wi]);
-                dw.value[wi] += double(dy[yi]) * x[xi], dw.magnitude[wi] += std::abs(double(dy[yi]) * x[xi]);
-              }
-        }
+  const ExactConv exact = exact_conv(g, x, w, b, dy);
 
   PrecisionScope bf16(Precision::kBf16);
   auto op = cpu::make_dnnl_conv(g);
@@ -121,9 +69,9 @@ void check_bf16_conv(const ConvGeometry& g) {
   op->forward(x_op.data(), w.data(), g.bias ? b.data() : nullptr, y_op.data());
   op->backward_weights(x_op.data(), dy_op.data(), dw_op.data(), g.bias ? db_op.data() : nullptr);
   op->backward_data(dy_op.data(), w.data(), dx_op.data());
-  check_within_bf16_bound("forward", from_layout(y_op, y_shape, op->output_layout()), y);
-  check_within_bf16_bound("backward data", from_layout(dx_op, x_shape, g.src_layout), dx);
-  check_within_bf16_bound("backward weights", dw_op, dw);
+  check_within_bf16_bound("forward", from_layout(y_op, y_shape, op->output_layout()), exact.y);
+  check_within_bf16_bound("backward data", from_layout(dx_op, x_shape, g.src_layout), exact.dx);
+  check_within_bf16_bound("backward weights", dw_op, exact.dw);
 }
 
 }  // namespace
@@ -164,31 +112,13 @@ TEST_CASE("bf16 layer GEMMs are within bf16's error bound of exact products", "[
     return;
   }
   PrecisionScope bf16(Precision::kBf16);
-  // Linear's three products (forward with the bias preset and beta 1, weight and input gradients),
-  // and one with alpha and beta other than 1.
-  struct Case {
-    bool ta, tb;
-    int64_t m, n, k;
-    float alpha, beta;
-  };
-  for (const Case& t : {Case{false, true, 32, 10, 64, 1.f, 1.f}, Case{true, false, 10, 64, 32, 1.f, 0.f},
-                        Case{false, false, 32, 64, 10, 1.f, 0.f}, Case{true, true, 17, 33, 70, 0.5f, 2.f}}) {
+  for (const GemmCase& t : gemm_cases()) {
     INFO("trans_a " << t.ta << " trans_b " << t.tb << " m " << t.m << " n " << t.n << " k " << t.k);
     const auto a = random_vector(t.m * t.k, 5), b = random_vector(t.k * t.n, 6), c0 = random_vector(t.m * t.n, 7);
-    const int64_t lda = t.ta ? t.m : t.k, ldb = t.tb ? t.k : t.n;
-    Exact c{std::vector<double>(t.m * t.n), std::vector<double>(t.m * t.n), t.k + 1};
-    for (int64_t i = 0; i < t.m; ++i)
-      for (int64_t j = 0; j < t.n; ++j) {
-        double v = double(t.beta) * c0[i * t.n + j], m = std::abs(v);
-        for (int64_t l = 0; l < t.k; ++l) {
-          const double p = double(t.alpha) * (t.ta ? a[l * lda + i] : a[i * lda + l]) * (t.tb ? b[j * ldb + l] : b[l * ldb + j]);
-          v += p, m += std::abs(p);
-        }
-        c.value[i * t.n + j] = v, c.magnitude[i * t.n + j] = m;
-      }
     std::vector<float> got = c0;
-    cpu_backend().layer_gemm(t.ta, t.tb, t.m, t.n, t.k, t.alpha, a.data(), lda, b.data(), ldb, t.beta, got.data(), t.n);
-    check_within_bf16_bound("layer_gemm", got, c);
+    cpu_backend().layer_gemm(t.ta, t.tb, t.m, t.n, t.k, t.alpha, a.data(), t.lda(), b.data(), t.ldb(), t.beta,
+                             got.data(), t.n);
+    check_within_bf16_bound("layer_gemm", got, exact_gemm(t, a, b, c0));
   }
 }
 
@@ -244,11 +174,11 @@ TEST_CASE("Precisions a device cannot run are refused with one line naming the k
                                                               Catch::Contains("GPU"));
   config.runtime.precision = "fp32";
   CHECK(trainer::app::precision_plan(config) == "fp32");
-  config.runtime.device = "cuda";  // tf32 is a GPU mode; bf16 is not built there yet
+  config.runtime.device = "cuda";  // tf32 is a GPU mode; bf16 runs on both
   config.runtime.precision = "tf32";
   CHECK_THAT(trainer::app::precision_plan(config), Catch::StartsWith("tf32 ("));
   config.runtime.precision = "bf16";
-  CHECK_THROWS_WITH(trainer::app::precision_plan(config), Catch::Contains("runtime.precision = \"bf16\""));
+  CHECK_THAT(trainer::app::precision_plan(config), Catch::StartsWith("bf16 (cuDNN"));
   config.runtime.device = "cpu";
 
   // ctest runs this case capped at AVX2 too, where oneDNN 2.6 has no bf16 kernel at all.

@@ -155,9 +155,11 @@ Workload speech_workload(const BenchOptions& o, models::Backend& backend) {
   // on packed sequences as deepspeech.pytorch and most LAS code run them (a much slower backward on
   // the CPU).
   const std::string args = "--model " + o.model + " --batch " + std::to_string(batch) + " --frames " +
-                           std::to_string(o.frames) + " --label-length " + std::to_string(o.label_length);
-  w.torch_runs = {{"pytorch (unpacked LSTMs)", "torch_ms", args},
-                  {"pytorch (packed sequences)", "torch_packed_ms", args + " --packed"}};
+                           std::to_string(o.frames) + " --label-length " + std::to_string(o.label_length) +
+                           (o.precision == "bf16" ? " --autocast-bf16" : "");
+  const std::string mode = o.precision == "bf16" ? ", bf16 autocast" : "";
+  w.torch_runs = {{"pytorch (unpacked LSTMs" + mode + ")", "torch_ms", args},
+                  {"pytorch (packed sequences" + mode + ")", "torch_packed_ms", args + " --packed"}};
   return w;
 }
 

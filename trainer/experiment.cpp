@@ -36,7 +36,10 @@ int configure_runtime(const Config& config, int local_ranks) {
                                                                   : models::cpu::Precision::kFp32);
 #ifdef TRAINER_HAS_CUDA
   models::cuda::set_deterministic_algorithms(config.runtime.deterministic);
-  if (config.runtime.device == "cuda") models::cuda::set_tf32(config.runtime.precision == "tf32");
+  if (config.runtime.device == "cuda") {
+    models::cuda::set_tf32(config.runtime.precision == "tf32");
+    models::cuda::set_bf16(config.runtime.precision == "bf16");
+  }
 #endif
   return threads;
 }
@@ -48,9 +51,11 @@ std::string precision_plan(const Config& config) {
   if (config.runtime.device == "cuda" && p == "tf32")
     return "tf32 (cuDNN convolutions and cuBLAS GEMMs may multiply on TF32 tensor cores; data and "
            "accumulation fp32)";
+  if (config.runtime.device == "cuda" && p == "bf16")
+    return "bf16 (cuDNN convolutions and cuBLAS Linear GEMMs on bf16 copies with fp32 accumulation, their outputs "
+           "rounded to bf16 once; the rest fp32)";
   if (config.runtime.device != "cpu")
-    throw std::invalid_argument(key + "not built for runtime.device = \"" + config.runtime.device +
-                                "\" yet (fp32 and tf32 run there; bf16 is the GPU half of issue 32)");
+    throw std::invalid_argument(key + "runtime.device = \"" + config.runtime.device + "\" is not cpu or cuda");
   if (p == "tf32")
     throw std::invalid_argument(key + "TF32 is a GPU tensor-core mode that CPUs do not have; use fp32 or bf16 on "
                                       "runtime.device = \"cpu\"");

@@ -18,6 +18,7 @@ namespace trainer::models::cuda {
 namespace {
 
 bool g_tf32 = false;
+bool g_bf16 = false;
 
 // Pieces of one scratch allocation, each at a multiple of 256 bytes (cudaMalloc's alignment), for
 // ops that need several device arrays at once.
@@ -108,6 +109,33 @@ class CudaBackend final : public Backend {
                       to_int(n, "n"), to_int(m, "m"), to_int(k, "k"), &alpha, b, to_int(ldb, "ldb"), a,
                       to_int(lda, "lda"), &beta, c, to_int(ldc, "ldc")),
           "cublasSgemm");
+  }
+
+  // runtime.precision = bf16 (set_bf16): op(A) and op(B) rounded to packed bf16 copies, multiplied
+  // by cuBLAS with fp32 accumulation into the fp32 C.
+  void layer_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
+    if (!g_bf16) {
+      gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
+    // Each operand as stored: rows of the row-major matrix (op(A) is m x k, so A is k x m when transposed).
+    const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+    const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+    ScratchPlan plan;
+    const size_t a_at = plan.add(sizeof(uint16_t) * a_rows * a_cols);
+    const size_t b_at = plan.add(sizeof(uint16_t) * b_rows * b_cols);
+    char* base = static_cast<char*>(scratch(plan.bytes));
+    auto* a16 = reinterpret_cast<uint16_t*>(base + a_at);
+    auto* b16 = reinterpret_cast<uint16_t*>(base + b_at);
+    check(launch_to_bf16_2d(a_rows, a_cols, a, lda, a16, stream_), "layer_gemm: A to bf16");
+    check(launch_to_bf16_2d(b_rows, b_cols, b, ldb, b16, stream_), "layer_gemm: B to bf16");
+    // Row-major as column-major transposes, as in gemm(); the copies are packed (ld = their row length).
+    check(cublasGemmEx(cublas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                       to_int(n, "n"), to_int(m, "m"), to_int(k, "k"), &alpha, b16, CUDA_R_16BF,
+                       to_int(b_cols, "ldb"), a16, CUDA_R_16BF, to_int(a_cols, "lda"), &beta, c, CUDA_R_32F,
+                       to_int(ldc, "ldc"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx (bf16)");
   }
 
   void broadcast_rows(int64_t rows, int64_t cols, const float* bias, float* y) override {
@@ -366,6 +394,8 @@ class CudaBackend final : public Backend {
 
 void set_tf32(bool allow) { g_tf32 = allow; }
 bool tf32_allowed() { return g_tf32; }
+void set_bf16(bool on) { g_bf16 = on; }
+bool bf16_enabled() { return g_bf16; }
 
 Backend& cuda_backend(int local_rank) {
   // Never destroyed: at exit the device (another function's static) may already be gone, and the

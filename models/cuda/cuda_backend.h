@@ -35,4 +35,13 @@ void set_deterministic_algorithms(bool deterministic);
 void set_tf32(bool allow);
 bool tf32_allowed();
 
+// runtime.precision = "bf16", as on the CPU (models/cpu/dnnl_precision.h): convolutions (cuDNN) and
+// the layers' GEMMs (layer_gemm, cuBLAS) read bf16 copies of their operands and accumulate in fp32
+// on tensor cores; parameters, activations in memory, gradients, batch norm, pooling, the LSTM, the
+// losses and the optimizer stay fp32. cuDNN's bf16 convolutions write bf16 outputs, so a
+// convolution's output and its input and weight gradients are also rounded to bf16 once (as under
+// PyTorch's autocast) before they are widened into the fp32 tensors. Set before ops are made.
+void set_bf16(bool on);
+bool bf16_enabled();
+
 }  // namespace trainer::models::cuda

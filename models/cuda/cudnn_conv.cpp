@@ -16,6 +16,13 @@
 // the fastest whatever its determinism: backward filter's fast kernels sum with atomics (on the H200,
 // ResNet-20's weight gradients took 11.7 ms a step on the deterministic choice against PyTorch's
 // 0.49 ms on cuDNN's fastest).
+//
+// runtime.precision = bf16 (set_bf16): the descriptors are bf16 with fp32 compute (cuDNN's
+// BFLOAT16 configuration, tensor cores), so the op keeps bf16 copies: the input's (made in forward
+// and read again by backward_weights), the weights' (made in forward, read by backward_data), the
+// output gradient's (made by backward_weights, read by backward_data on the same dy), and bf16
+// buffers for what cuDNN writes (the output, the input and weight gradients), widened into the
+// fp32 tensors. The bias is added to, and its gradient summed from, the fp32 tensors.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -35,17 +42,36 @@ bool deterministic_algorithms = false;  // runtime.deterministic, read when an o
 
 bool fp32_math(cudnnMathType_t m) { return m == CUDNN_DEFAULT_MATH || m == CUDNN_FMA_MATH; }
 
-// The fastest acceptable result of a cudnnFind* call (its results come sorted by time).
+// The algorithms that compute through a transform (FFT, Winograd) rather than as dot products: their
+// rounding is not a dot product's, so bf16 (whose error bound is stated for dot products,
+// dnnl_precision.h) takes only the GEMM-like ones.
+bool transform_based(cudnnConvolutionFwdAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+bool transform_based(cudnnConvolutionBwdDataAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+bool transform_based(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+
+// The fastest acceptable result of a cudnnFind* call (its results come sorted by time). In fp32 only
+// the algorithms that keep FP32 math; in bf16 any math type (tensor-core math is what bf16 is for)
+// but only dot-product algorithms.
 template <class Perf>
-Perf choose(const Perf* results, int count, const char* direction, const ConvGeometry& g) {
+Perf choose(const Perf* results, int count, const char* direction, const ConvGeometry& g, bool bf16) {
   for (bool need_deterministic : {deterministic_algorithms, false})
     for (int i = 0; i < count; ++i) {
       const Perf& p = results[i];
-      if (p.status != CUDNN_STATUS_SUCCESS || !fp32_math(p.mathType) || p.memory > kMaxWorkspace) continue;
+      const bool math_ok = bf16 ? !transform_based(p.algo) : fp32_math(p.mathType);
+      if (p.status != CUDNN_STATUS_SUCCESS || !math_ok || p.memory > kMaxWorkspace) continue;
       if (need_deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
       return p;
     }
-  throw std::runtime_error(std::string("cuDNN: no FP32 ") + direction + " convolution algorithm for input " +
+  throw std::runtime_error(std::string("cuDNN: no ") + (bf16 ? "bf16 " : "FP32 ") + direction + " convolution algorithm for input " +
                            std::to_string(g.batch) + "x" + std::to_string(g.in_channels) + "x" +
                            std::to_string(g.in_h) + "x" + std::to_string(g.in_w) + ", " +
                            std::to_string(g.out_channels) + " filters " + std::to_string(g.kernel_h) + "x" +
@@ -69,16 +95,21 @@ class CudnnConv final : public ConvOp {
     check(cudnnCreateTensorDescriptor(&x_), "cudnnCreateTensorDescriptor");
     check(cudnnCreateTensorDescriptor(&y_), "cudnnCreateTensorDescriptor");
     check(cudnnCreateTensorDescriptor(&bias_), "cudnnCreateTensorDescriptor");
+    check(cudnnCreateTensorDescriptor(&y32_), "cudnnCreateTensorDescriptor");
     check(cudnnCreateFilterDescriptor(&w_), "cudnnCreateFilterDescriptor");
     check(cudnnCreateConvolutionDescriptor(&conv_), "cudnnCreateConvolutionDescriptor");
-    check(cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, c, static_cast<int>(g.in_h),
+    const cudnnDataType_t data = bf16_ ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+    check(cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NHWC, data, n, c, static_cast<int>(g.in_h),
                                      static_cast<int>(g.in_w)),
           "conv input descriptor");
-    check(cudnnSetTensor4dDescriptor(y_, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, k, static_cast<int>(g.out_h()),
+    check(cudnnSetTensor4dDescriptor(y_, CUDNN_TENSOR_NHWC, data, n, k, static_cast<int>(g.out_h()),
                                      static_cast<int>(g.out_w())),
           "conv output descriptor");
+    check(cudnnSetTensor4dDescriptor(y32_, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, k, static_cast<int>(g.out_h()),
+                                     static_cast<int>(g.out_w())),
+          "conv fp32 output descriptor");
     check(cudnnSetTensor4dDescriptor(bias_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, k, 1, 1), "conv bias descriptor");
-    check(cudnnSetFilter4dDescriptor(w_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, k, c, static_cast<int>(g.kernel_h),
+    check(cudnnSetFilter4dDescriptor(w_, data, CUDNN_TENSOR_NHWC, k, c, static_cast<int>(g.kernel_h),
                                      static_cast<int>(g.kernel_w)),
           "conv filter descriptor");
     check(cudnnSetConvolution2dDescriptor(conv_, static_cast<int>(g.pad_h), static_cast<int>(g.pad_w),
@@ -86,8 +117,11 @@ class CudnnConv final : public ConvOp {
                                           CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
           "conv descriptor");
     // FMA math never uses tensor cores for FP32 data; DEFAULT math lets cuDNN use TF32 ones (and
-    // the algorithms cudnnFind* then returns include them): runtime.precision = "tf32".
-    check(cudnnSetConvolutionMathType(conv_, tf32_allowed() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH),
+    // the algorithms cudnnFind* then returns include them): runtime.precision = "tf32". bf16 data
+    // runs on tensor cores under tensor-op math.
+    check(cudnnSetConvolutionMathType(conv_, bf16_            ? CUDNN_TENSOR_OP_MATH
+                                             : tf32_allowed() ? CUDNN_DEFAULT_MATH
+                                                              : CUDNN_FMA_MATH),
           "cudnnSetConvolutionMathType");
     int on = 0, oc = 0, oh = 0, ow = 0;
     check(cudnnGetConvolution2dForwardOutputDim(conv_, x_, w_, &on, &oc, &oh, &ow), "conv output size");
@@ -100,17 +134,17 @@ class CudnnConv final : public ConvOp {
     check(cudnnFindConvolutionForwardAlgorithm(h, x_, w_, conv_, y_, static_cast<int>(fwd.size()), &returned,
                                                fwd.data()),
           "cudnnFindConvolutionForwardAlgorithm");
-    const auto f = choose(fwd.data(), returned, "forward", g);
+    const auto f = choose(fwd.data(), returned, "forward", g, bf16_);
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bwd_data(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
     check(cudnnFindConvolutionBackwardDataAlgorithm(h, w_, y_, conv_, x_, static_cast<int>(bwd_data.size()),
                                                     &returned, bwd_data.data()),
           "cudnnFindConvolutionBackwardDataAlgorithm");
-    const auto d = choose(bwd_data.data(), returned, "backward-data", g);
+    const auto d = choose(bwd_data.data(), returned, "backward-data", g, bf16_);
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bwd_filter(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
     check(cudnnFindConvolutionBackwardFilterAlgorithm(h, x_, y_, conv_, w_, static_cast<int>(bwd_filter.size()),
                                                       &returned, bwd_filter.data()),
           "cudnnFindConvolutionBackwardFilterAlgorithm");
-    const auto b = choose(bwd_filter.data(), returned, "backward-filter", g);
+    const auto b = choose(bwd_filter.data(), returned, "backward-filter", g, bf16_);
     fwd_algo_ = f.algo;
     bwd_data_algo_ = d.algo;
     bwd_filter_algo_ = b.algo;
@@ -127,14 +161,27 @@ class CudnnConv final : public ConvOp {
       w_nhwc_ = static_cast<float*>(ctx_.memory().allocate(bytes));
       dw_nhwc_ = static_cast<float*>(ctx_.memory().allocate(bytes));
     }
+    if (bf16_) {
+      auto half = [this](int64_t count) {
+        return static_cast<uint16_t*>(ctx_.memory().allocate(sizeof(uint16_t) * static_cast<size_t>(count)));
+      };
+      x16_ = half(inputs());
+      dx16_ = half(inputs());
+      out16_ = half(outputs());
+      w16_ = half(weights());
+      dw16_ = half(weights());
+    }
   }
 
   ~CudnnConv() override {
-    if (w_nhwc_) ctx_.memory().free(w_nhwc_);
-    if (dw_nhwc_) ctx_.memory().free(dw_nhwc_);
+    for (void* p : {static_cast<void*>(w_nhwc_), static_cast<void*>(dw_nhwc_), static_cast<void*>(x16_),
+                    static_cast<void*>(dx16_), static_cast<void*>(out16_), static_cast<void*>(w16_),
+                    static_cast<void*>(dw16_)})
+      if (p) ctx_.memory().free(p);
     cudnnDestroyConvolutionDescriptor(conv_);
     cudnnDestroyFilterDescriptor(w_);
     cudnnDestroyTensorDescriptor(bias_);
+    cudnnDestroyTensorDescriptor(y32_);
     cudnnDestroyTensorDescriptor(y_);
     cudnnDestroyTensorDescriptor(x_);
   }
@@ -147,43 +194,83 @@ class CudnnConv final : public ConvOp {
             "filter to channels-last");
       w = w_nhwc_;
     }
-    check(cudnnConvolutionForward(ctx_.handle(), &one, x_, x, w_, w, conv_, fwd_algo_, ctx_.workspace(),
-                                  ctx_.workspace_bytes(), &zero, y_, y),
-          "cudnnConvolutionForward");
-    if (g_.bias && b) check(cudnnAddTensor(ctx_.handle(), &one, bias_, b, &one, y_, y), "cudnnAddTensor (conv bias)");
+    if (bf16_) {
+      check(launch_to_bf16(weights(), w, w16_, ctx_.stream()), "conv weights to bf16");
+      check(launch_to_bf16(inputs(), x, x16_, ctx_.stream()), "conv input to bf16");
+      x16_of_ = x;
+      dy16_of_ = nullptr;
+      check(cudnnConvolutionForward(ctx_.handle(), &one, x_, x16_, w_, w16_, conv_, fwd_algo_, ctx_.workspace(),
+                                    ctx_.workspace_bytes(), &zero, y_, out16_),
+            "cudnnConvolutionForward (bf16)");
+      check(launch_from_bf16(outputs(), out16_, y, ctx_.stream()), "conv output from bf16");
+    } else {
+      check(cudnnConvolutionForward(ctx_.handle(), &one, x_, x, w_, w, conv_, fwd_algo_, ctx_.workspace(),
+                                    ctx_.workspace_bytes(), &zero, y_, y),
+            "cudnnConvolutionForward");
+    }
+    if (g_.bias && b) check(cudnnAddTensor(ctx_.handle(), &one, bias_, b, &one, y32_, y), "cudnnAddTensor (conv bias)");
   }
 
   void backward_data(const float* dy, const float* w, float* dx) override {
     const float one = 1.f, zero = 0.f;
     if (reorder_) w = w_nhwc_;  // forward's reordered copy of the same weights
-    check(cudnnConvolutionBackwardData(ctx_.handle(), &one, w_, w, y_, dy, conv_, bwd_data_algo_, ctx_.workspace(),
-                                       ctx_.workspace_bytes(), &zero, x_, dx),
-          "cudnnConvolutionBackwardData");
+    if (!bf16_) {
+      check(cudnnConvolutionBackwardData(ctx_.handle(), &one, w_, w, y_, dy, conv_, bwd_data_algo_, ctx_.workspace(),
+                                         ctx_.workspace_bytes(), &zero, x_, dx),
+            "cudnnConvolutionBackwardData");
+      return;
+    }
+    // backward_weights right before, on the same dy, made its bf16 copy; w16_ is forward's copy.
+    if (dy != dy16_of_) check(launch_to_bf16(outputs(), dy, out16_, ctx_.stream()), "conv output gradient to bf16");
+    dy16_of_ = nullptr;  // once: a second call may bring other values in the same buffer
+    check(cudnnConvolutionBackwardData(ctx_.handle(), &one, w_, w16_, y_, out16_, conv_, bwd_data_algo_,
+                                       ctx_.workspace(), ctx_.workspace_bytes(), &zero, x_, dx16_),
+          "cudnnConvolutionBackwardData (bf16)");
+    check(launch_from_bf16(inputs(), dx16_, dx, ctx_.stream()), "conv input gradient from bf16");
   }
 
   void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
     const float one = 1.f, zero = 0.f;
-    check(cudnnConvolutionBackwardFilter(ctx_.handle(), &one, x_, x, y_, dy, conv_, bwd_filter_algo_,
-                                         ctx_.workspace(), ctx_.workspace_bytes(), &zero, w_,
-                                         reorder_ ? dw_nhwc_ : dw),
-          "cudnnConvolutionBackwardFilter");
+    float* dw_out = reorder_ ? dw_nhwc_ : dw;
+    if (bf16_) {
+      if (x != x16_of_) check(launch_to_bf16(inputs(), x, x16_, ctx_.stream()), "conv input to bf16");
+      check(launch_to_bf16(outputs(), dy, out16_, ctx_.stream()), "conv output gradient to bf16");
+      dy16_of_ = dy;
+      check(cudnnConvolutionBackwardFilter(ctx_.handle(), &one, x_, x16_, y_, out16_, conv_, bwd_filter_algo_,
+                                           ctx_.workspace(), ctx_.workspace_bytes(), &zero, w_, dw16_),
+            "cudnnConvolutionBackwardFilter (bf16)");
+      check(launch_from_bf16(weights(), dw16_, dw_out, ctx_.stream()), "conv weight gradient from bf16");
+    } else {
+      check(cudnnConvolutionBackwardFilter(ctx_.handle(), &one, x_, x, y_, dy, conv_, bwd_filter_algo_,
+                                           ctx_.workspace(), ctx_.workspace_bytes(), &zero, w_, dw_out),
+            "cudnnConvolutionBackwardFilter");
+    }
     if (reorder_)
       check(launch_filter_from_channels_last(dw_nhwc_, g_.out_channels, g_.in_channels, g_.kernel_h, g_.kernel_w, dw,
                                              ctx_.stream()),
             "filter gradient from channels-last");
     if (g_.bias && db)
-      check(cudnnConvolutionBackwardBias(ctx_.handle(), &one, y_, dy, &zero, bias_, db), "cudnnConvolutionBackwardBias");
+      check(cudnnConvolutionBackwardBias(ctx_.handle(), &one, y32_, dy, &zero, bias_, db),
+            "cudnnConvolutionBackwardBias");
   }
 
  private:
   int64_t weights() const { return g_.out_channels * g_.in_channels * g_.kernel_h * g_.kernel_w; }
+  int64_t inputs() const { return g_.batch * g_.in_channels * g_.in_h * g_.in_w; }
+  int64_t outputs() const { return g_.batch * g_.out_channels * g_.out_h() * g_.out_w(); }
 
   ConvGeometry g_;
   CudnnContext& ctx_;
+  const bool bf16_ = bf16_enabled();  // declared before the constructor body reads it
   const bool reorder_ = g_.kernel_h * g_.kernel_w > 1 && g_.in_channels > 1;
   float* w_nhwc_ = nullptr;   // the last forward's weights, {O, KH, KW, I}
   float* dw_nhwc_ = nullptr;  // backward_weights' result before its reorder
-  cudnnTensorDescriptor_t x_ = nullptr, y_ = nullptr, bias_ = nullptr;
+  // runtime.precision = bf16: the copies (see the header).
+  uint16_t *x16_ = nullptr, *dx16_ = nullptr, *out16_ = nullptr, *w16_ = nullptr, *dw16_ = nullptr;
+  const float* x16_of_ = nullptr;   // the input whose copy x16_ holds
+  const float* dy16_of_ = nullptr;  // the output gradient whose copy out16_ holds
+  // x_, y_, w_ in the data type the kernels read (bf16 or fp32); y32_ the fp32 output tensor.
+  cudnnTensorDescriptor_t x_ = nullptr, y_ = nullptr, bias_ = nullptr, y32_ = nullptr;
   cudnnFilterDescriptor_t w_ = nullptr;
   cudnnConvolutionDescriptor_t conv_ = nullptr;
   cudnnConvolutionFwdAlgo_t fwd_algo_{};

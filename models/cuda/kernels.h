@@ -5,7 +5,7 @@
 //   shortcut.cu, layout.cu, loss.cu, optim_kernels.cu, batch_norm.cu (its op lives there too);
 //   the speech models' sequence ops: sequence.cu (gather, packing, Hardtanh, image <-> sequence,
 //   width mask, transpose), lookahead.cu, ctc.cu; Listen-Attend-Spell's rows, cells and attention:
-//   speller.cu, attention.cu. A batch's lengths reach those kernels by value (HostInts, host_ints.h),
+//   speller.cu, attention.cu; runtime.precision = bf16's copies: bf16.cu. A batch's lengths reach those kernels by value (HostInts, host_ints.h),
 //   never through device memory.
 #pragma once
 
@@ -32,6 +32,15 @@ cudaError_t launch_add(int64_t n, const float* a, const float* b, float* y, cuda
 cudaError_t launch_scale(int64_t n, float alpha, float* x, cudaStream_t stream);
 // y[i, :] = bias for `rows` rows of `cols`.
 cudaError_t launch_broadcast_rows(int64_t rows, int64_t cols, const float* bias, float* y, cudaStream_t stream);
+
+// ---- bf16.cu: the bf16 copies that cuDNN's and cuBLAS's bf16 kernels read and write (bf16 as its raw
+// 16 bits). Rounding to nearest even, NaN kept, as oneDNN's reorders on the CPU.
+// y (rows x cols, packed) = x rows of `cols` at leading dimension ldx, rounded.
+cudaError_t launch_to_bf16_2d(int64_t rows, int64_t cols, const float* x, int64_t ldx, uint16_t* y,
+                              cudaStream_t stream);
+cudaError_t launch_to_bf16(int64_t n, const float* x, uint16_t* y, cudaStream_t stream);
+// y = x widened (exact).
+cudaError_t launch_from_bf16(int64_t n, const uint16_t* x, float* y, cudaStream_t stream);
 
 // ---- reduce.cu. Both sum in double over fixed row chunks / element blocks in a fixed order, so the
 // result depends on the shape only (never on timing).

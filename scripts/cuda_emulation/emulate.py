@@ -110,7 +110,11 @@ def members(text):
 # the CPU's: its convolutions (which stand in for cuDNN's) pick their own layouts, and the kernels
 # take any layout (ActivationDims).
 own = {"scratch", "read_result"}
-launching = [(name, body) for name, body in members(cls) if "launch_" in body or name in own]
+# Methods that launch our kernels around a cuBLAS call (the bf16 layer GEMM's copies): the CPU's
+# product stands in for the whole method, as it does for cuBLAS.
+library = {"layer_gemm"}
+launching = [(name, body) for name, body in members(cls)
+             if ("launch_" in body or name in own) and name not in library]
 launching_names = {name for name, _ in launching}
 
 backend_h = open(os.path.join(src, "models/backend.h")).read()
@@ -177,6 +181,7 @@ class EmulatedCudaBackend final : public Backend {
 };
 
 bool g_emulated_tf32 = false;
+bool g_emulated_bf16 = false;
 
 }  // namespace
 
@@ -187,6 +192,8 @@ Backend& cuda_backend(int) {
 void set_deterministic_algorithms(bool) {}
 void set_tf32(bool allow) { g_emulated_tf32 = allow; }
 bool tf32_allowed() { return g_emulated_tf32; }
+void set_bf16(bool on) { g_emulated_bf16 = on; }
+bool bf16_enabled() { return g_emulated_bf16; }
 
 }  // namespace trainer::models::cuda
 """)
