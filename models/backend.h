@@ -30,6 +30,9 @@ struct ConvGeometry {
   int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
   bool bias = false;
   Layout src_layout = Layout::kChannelsLast, dst_layout = Layout::kChannelsLast;
+  // The input's and output's formats (tensor.h); the gradients have the same. bf16 only where the
+  // backend keeps bf16 activations (Backend::bf16_activations).
+  DType src_dtype = DType::kF32, dst_dtype = DType::kF32;
   int64_t out_h() const { return (in_h + 2 * pad_h - kernel_h) / stride_h + 1; }
   int64_t out_w() const { return (in_w + 2 * pad_w - kernel_w) / stride_w + 1; }
   bool operator==(const ConvGeometry& o) const;
@@ -62,6 +65,7 @@ struct BatchNormGeometry {
   // the mean of its samples' gradients (so data parallelism equals one process exactly).
   bool frozen_stats = false;
   Layout layout = Layout::kChannelsLast;
+  DType dtype = DType::kF32;  // of x, y and their gradients; the statistics and gamma/beta are fp32
   bool operator==(const BatchNormGeometry& o) const;
 };
 
@@ -86,6 +90,7 @@ struct PoolGeometry {
   int64_t kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
   PoolKind kind = PoolKind::kMax;
   Layout layout = Layout::kChannelsLast;
+  DType dtype = DType::kF32;  // of x, y and their gradients
   int64_t out_h() const { return (in_h + 2 * pad_h - kernel_h) / stride_h + 1; }
   int64_t out_w() const { return (in_w + 2 * pad_w - kernel_w) / stride_w + 1; }
   bool operator==(const PoolGeometry& o) const;
@@ -171,6 +176,10 @@ class Backend : public DeviceMemory {
   virtual std::string describe() const { return name(); }
   // The layout convolutions write for an output of `channels` channels.
   virtual Layout activation_layout(int64_t channels) const = 0;
+  // Whether the image networks keep their activations in bf16 (tensor.h, DType): the CPU backend
+  // under runtime.precision = bf16. Convolutions, batch norm, pooling and the activation ops below
+  // then take bf16 tensors.
+  virtual bool bf16_activations() const { return false; }
 
   virtual std::unique_ptr<ConvOp> make_conv(const ConvGeometry& g) = 0;
   virtual std::unique_ptr<BatchNormOp> make_batchnorm(const BatchNormGeometry& g) = 0;
@@ -199,16 +208,25 @@ class Backend : public DeviceMemory {
   virtual void add(int64_t n, const float* a, const float* b, float* y) = 0;
   virtual void copy(int64_t n, const float* x, float* y) = 0;
 
+  // The residual block's element-wise ops on activations of either dtype (tensor.h; bf16 computed in
+  // fp32 and rounded once to nearest even): y = relu(a + b) (y may be a or b), and dx = dy where y >
+  // 0, else 0. The defaults run relu_forward / add / relu_backward on fp32 tensors and refuse bf16.
+  virtual void add_relu_tensors(const Tensor& a, const Tensor& b, Tensor& y);
+  virtual void relu_backward_tensors(const Tensor& y, const Tensor& dy, Tensor& dx);
+  // y = a + b on activations of either dtype (the residual block's input gradient).
+  virtual void add_tensors(const Tensor& a, const Tensor& b, Tensor& y);
+
   // Option-A shortcut of CIFAR ResNets: spatial subsampling by `stride`, then `pad` zero channels
   // on each side (x.dim(1) + 2*pad out, in layout y.layout). Backward keeps the gradient of the
   // data channels. The tensors carry shapes and layouts; y/dx must be sized by the caller.
   virtual void shortcut_a_forward(const Tensor& x, int64_t stride, int64_t pad, Tensor& y) = 0;
   virtual void shortcut_a_backward(const Tensor& dy, int64_t stride, int64_t pad, Tensor& dx) = 0;
 
-  // y = x in y.layout (shapes equal): the one reorder where a consumer wants another layout than
-  // the producer chose (a residual add whose branches' convolutions chose differently).
+  // y = x in y.layout (shapes and dtypes equal): the one reorder where a consumer wants another
+  // layout than the producer chose (a residual add whose branches' convolutions chose differently).
   virtual void convert_layout(const Tensor& x, Tensor& y) = 0;
-  // PyTorch's NCHW order (what its flatten and its tensors see) <-> a tensor in any layout.
+  // PyTorch's NCHW order (what its flatten and its tensors see; fp32) <-> a tensor in any layout
+  // (and dtype: a bf16 tensor is widened, or rounded to nearest even on the way in).
   virtual void to_nchw(const Tensor& x, float* y) = 0;
   virtual void from_nchw(const float* x, Tensor& y) = 0;
 

@@ -21,6 +21,8 @@ const char* layout_name(Layout layout) {
   }
 }
 
+const char* dtype_name(DType dtype) { return dtype == DType::kBf16 ? "bf16" : "f32"; }
+
 void HostBuffer::resize(int64_t n) {
   if (n > capacity_) {
     size_t bytes = ((static_cast<size_t>(n) * sizeof(float) + 63) / 64) * 64;

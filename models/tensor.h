@@ -49,10 +49,21 @@ inline int64_t numel(const Shape& shape) {
 
 std::string shape_string(const Shape& shape);
 
+// The number format of an activation in memory. Everything is fp32 except, under runtime.precision
+// = bf16 on a backend that keeps bf16 activations (Backend::bf16_activations), the image networks'
+// activations and their gradients between the first convolution and the flatten before the
+// classifier (models/nets/cifar_nets.cpp): bf16 there halves the memory traffic of batch norm, the
+// element-wise ops and the convolutions' inputs, as PyTorch's autocast does. A bf16 tensor's `data`
+// points at numel() 16-bit values (the float pointer type is only the storage's).
+enum class DType : uint8_t { kF32, kBf16 };
+
+const char* dtype_name(DType dtype);  // "f32", "bf16"
+
 struct Tensor {
   float* data = nullptr;
   Shape shape;
   Layout layout = Layout::kChannelsLast;
+  DType dtype = DType::kF32;
 
   int64_t numel() const { return models::numel(shape); }
   int64_t dim(size_t i) const { return shape.at(i); }
@@ -90,10 +101,12 @@ class OwnedTensor {
  public:
   explicit OwnedTensor(DeviceMemory& memory) : buffer_(memory) {}
   // Reshapes, reallocating only when the new shape needs more room.
-  Tensor& resize(const Shape& shape, Layout layout = Layout::kChannelsLast) {
-    view_.data = buffer_.reserve(models::numel(shape));
+  Tensor& resize(const Shape& shape, Layout layout = Layout::kChannelsLast, DType dtype = DType::kF32) {
+    const int64_t n = models::numel(shape);
+    view_.data = buffer_.reserve(dtype == DType::kBf16 ? (n + 1) / 2 : n);  // in floats
     view_.shape = shape;
     view_.layout = layout;
+    view_.dtype = dtype;
     return view_;
   }
   Tensor& view() { return view_; }

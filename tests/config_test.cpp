@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "trainer/config.h"
+#include "trainer/config_defaults.h"
 #include "trainer/config_schema.h"
 
 using namespace trainer;
@@ -44,6 +45,34 @@ TEST_CASE("keys the file does not set keep their defaults", "[config]") {
   CHECK(output_dir(parse("[experiment]\noutput_dir = \"/tmp/r\"\n")) == "/tmp/r");
   // Dotted keys and inline tables are the same TOML.
   CHECK(parse("optim.lr = 0.05\ntrain = { epochs = 3 }\n") == expected);
+}
+
+TEST_CASE("method-dependent defaults apply where the config is silent, and say so", "[config]") {
+  // diloco over the default optimizer (sgd, momentum 0.9): H = 8, outer momentum 0.5.
+  Config c = parse("[sync]\nmethod = \"diloco\"\n");
+  CHECK(c.sync.period == 8);
+  CHECK(c.sync.outer_momentum == 0.5);
+  const auto lines = method_default_lines(c);
+  REQUIRE(lines.size() == 2);
+  CHECK_THAT(lines[0], Catch::StartsWith("sync.period = 8: diloco's H"));
+  CHECK_THAT(lines[1], Catch::StartsWith("sync.outer_momentum = 0.5: "));
+  // The paper's 0.9 over AdamW; a value the file or a --set gives always wins.
+  CHECK(parse("[optim]\nname = \"adamw\"\n[sync]\nmethod = \"diloco\"\n").sync.outer_momentum == 0.9);
+  c = parse("[sync]\nmethod = \"diloco\"\nperiod = 2\n", {"sync.outer_momentum=0.7"});
+  CHECK(c.sync.period == 2);
+  CHECK(c.sync.outer_momentum == 0.7);
+  CHECK(method_default_lines(c).empty());  // neither is the default's value
+  CHECK(parse("", {"sync.method=local_sgd"}).sync.period == 4);
+  // Methods without such defaults keep the schema's values.
+  CHECK(parse("", {"sync.method=dense"}).sync.period == Config{}.sync.period);
+  CHECK(method_default_lines(parse("")).empty());
+  // powersgd under sync.adaptive: the measured pair, rank 1 below adaptive_rank 4.
+  c = parse("", {"sync.method=powersgd", "sync.adaptive=true"});
+  CHECK(c.sync.rank == 1);
+  CHECK(c.sync.adaptive_rank == 4);
+  // The written config holds the chosen values, and reads back to the same config.
+  c = parse("[sync]\nmethod = \"diloco\"\n");
+  CHECK(parse_config(to_toml(c), "config.toml") == c);
 }
 
 TEST_CASE("unknown keys name the key and suggest the nearest one", "[config]") {

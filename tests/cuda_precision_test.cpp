@@ -40,22 +40,6 @@ uint32_t bits_of(float x) {
   std::memcpy(&b, &x, sizeof b);
   return b;
 }
-float float_of(uint32_t b) {
-  float x;
-  std::memcpy(&x, &b, sizeof x);
-  return x;
-}
-
-// Round to nearest even on the float's bits, NaN kept (oneDNN's reorder, and what bf16.cu must do),
-// written from the definition: the nearest of the two bf16 neighbours, the even one on a tie.
-uint16_t reference_bf16(float x) {
-  if (std::isnan(x)) return static_cast<uint16_t>((bits_of(x) >> 16) | 0x40u);
-  const uint32_t bits = bits_of(x);
-  const uint32_t down = bits & 0xffff0000u, rest = bits & 0xffffu;
-  uint32_t chosen = down;
-  if (rest > 0x8000u || (rest == 0x8000u && (down >> 16) & 1u)) chosen = down + 0x10000u;
-  return static_cast<uint16_t>(chosen >> 16);
-}
 
 }  // namespace
 
@@ -89,7 +73,7 @@ TEST_CASE("CUDA bf16 copies round to nearest even as the CPU's, keep NaN and wid
   for (int64_t i = 0; i < n; ++i) {
     const uint16_t want = reference_bf16(x[i]);
     if (got[i] != want) ++bad;
-    const float widened = float_of(static_cast<uint32_t>(want) << 16);
+    const float widened = reference_widen(want);
     if (bits_of(wide[i]) != bits_of(widened)) ++bad;
     if (i < 3 * cols && got_2d[i] != want) ++bad;
   }

@@ -39,39 +39,57 @@ struct PrecisionScope {
   ~PrecisionScope() { cpu::set_precision(Precision::kFp32); }
 };
 
-// Activation of shape {n, c, h, w} in `layout`, to and from NCHW (the reference's order).
-std::vector<float> to_layout(const std::vector<float>& nchw, const Shape& shape, Layout layout) {
+// Activation of shape {n, c, h, w} in `layout` (and dtype: bf16 rounds), to and from NCHW fp32
+// (the reference's order). A bf16 tensor uses the first half of the vector's storage.
+std::vector<float> to_layout(const std::vector<float>& nchw, const Shape& shape, Layout layout,
+                             DType dtype = DType::kF32) {
   std::vector<float> out(nchw.size());
-  Tensor t{out.data(), shape, layout};
+  Tensor t{out.data(), shape, layout, dtype};
   cpu::reorder_nchw(t, const_cast<float*>(nchw.data()), false);
   return out;
 }
-std::vector<float> from_layout(std::vector<float>& data, const Shape& shape, Layout layout) {
+std::vector<float> from_layout(std::vector<float>& data, const Shape& shape, Layout layout,
+                               DType dtype = DType::kF32) {
   std::vector<float> nchw(data.size());
-  cpu::reorder_nchw(Tensor{data.data(), shape, layout}, nchw.data(), true);
+  cpu::reorder_nchw(Tensor{data.data(), shape, layout, dtype}, nchw.data(), true);
   return nchw;
 }
 
-void check_bf16_conv(const ConvGeometry& g) {
+// Values that bf16 holds exactly, so that an op reading them as bf16 tensors rounds nothing on the way in.
+std::vector<float> bf16_exact(std::vector<float> v) {
+  for (float& x : v) x = reference_widen(reference_bf16(x));
+  return v;
+}
+
+// One convolution in bf16 against exact products. With bf16 activations (the image networks under
+// bf16: tensor.h) the input and output gradient are bf16 tensors and the output and input gradient
+// come back rounded to bf16 once more.
+void check_bf16_conv(ConvGeometry g, bool bf16_activations = false) {
   const int64_t N = g.batch, C = g.in_channels, H = g.in_h, W = g.in_w, K = g.out_channels;
   const int64_t R = g.kernel_h, S = g.kernel_w, P = g.out_h(), Q = g.out_w();
-  const auto x = random_vector(N * C * H * W, 1), w = random_vector(K * C * R * S, 2);
-  const auto b = random_vector(K, 3), dy = random_vector(N * K * P * Q, 4);
+  auto x = random_vector(N * C * H * W, 1), dy = random_vector(N * K * P * Q, 4);
+  const auto w = random_vector(K * C * R * S, 2), b = random_vector(K, 3);
+  const DType act = bf16_activations ? DType::kBf16 : DType::kF32;
+  if (bf16_activations) x = bf16_exact(x), dy = bf16_exact(dy);
+  g.src_dtype = g.dst_dtype = act;
 
   const ExactConv exact = exact_conv(g, x, w, b, dy);
 
   PrecisionScope bf16(Precision::kBf16);
   auto op = cpu::make_dnnl_conv(g);
   const Shape x_shape{N, C, H, W}, y_shape{N, K, P, Q};
-  auto x_op = to_layout(x, x_shape, g.src_layout);
-  auto dy_op = to_layout(dy, y_shape, op->output_layout());
+  auto x_op = to_layout(x, x_shape, g.src_layout, act);
+  auto dy_op = to_layout(dy, y_shape, op->output_layout(), act);
   std::vector<float> y_op(dy.size()), dx_op(x.size()), dw_op(w.size()), db_op(K);
   op->forward(x_op.data(), w.data(), g.bias ? b.data() : nullptr, y_op.data());
   op->backward_weights(x_op.data(), dy_op.data(), dw_op.data(), g.bias ? db_op.data() : nullptr);
   op->backward_data(dy_op.data(), w.data(), dx_op.data());
-  check_within_bf16_bound("forward", from_layout(y_op, y_shape, op->output_layout()), exact.y);
-  check_within_bf16_bound("backward data", from_layout(dx_op, x_shape, g.src_layout), exact.dx);
-  check_within_bf16_bound("backward weights", dw_op, exact.dw);
+  check_within_bf16_bound("forward", from_layout(y_op, y_shape, op->output_layout(), act), exact.y,
+                          bf16_activations);
+  check_within_bf16_bound("backward data", from_layout(dx_op, x_shape, g.src_layout, act), exact.dx,
+                          bf16_activations);
+  // With bf16 activations both of dw's factors are bf16 tensors already: only the sum rounds.
+  check_within_bf16_bound("backward weights", dw_op, exact.dw, false, /*inputs_rounded=*/!bf16_activations);
 }
 
 }  // namespace
@@ -103,7 +121,78 @@ TEST_CASE("bf16 convolutions are within bf16's error bound of exact products", "
   for (const Case& c : cases) {
     INFO(c.name);
     check_bf16_conv(c.g);
+    if (c.g.in_channels > 3) {  // past the stem: bf16 tensors in and out, as the image networks keep them
+      INFO("bf16 activations");
+      check_bf16_conv(c.g, /*bf16_activations=*/true);
+    }
   }
+}
+
+TEST_CASE("bf16 activations: the residual block's ops, the shortcut and the reorders round as bf16 defines", "[precision]") {
+  if (!cpu::dnnl_has_bf16()) {
+    WARN("skipped: no bf16 at ISA " << cpu::dnnl_isa_name());
+    return;
+  }
+  PrecisionScope scope(Precision::kBf16);
+  Backend& be = cpu_backend();
+  REQUIRE(be.bf16_activations());
+  const Layout layout = cpu::dnnl_activation_layout(16);
+  const Shape shape{4, 16, 6, 6};
+  const int64_t n = numel(shape);
+  // Inputs exactly representable in bf16 (what a bf16 tensor holds), in the tensors' storage.
+  std::vector<uint16_t> a(n), b(n), dy(n);
+  {
+    const auto ra = random_vector(n, 21), rb = random_vector(n, 22), rd = random_vector(n, 23);
+    for (int64_t i = 0; i < n; ++i) a[i] = reference_bf16(ra[i]), b[i] = reference_bf16(rb[i]), dy[i] = reference_bf16(rd[i]);
+  }
+  auto tensor = [&](std::vector<uint16_t>& v) { return Tensor{reinterpret_cast<float*>(v.data()), shape, layout, DType::kBf16}; };
+  std::vector<uint16_t> y(n, 0xffff), dx(n, 0xffff), sum(n, 0xffff);  // NaN: anything not written fails
+  Tensor ta = tensor(a), tb = tensor(b), tdy = tensor(dy), ty = tensor(y), tdx = tensor(dx), tsum = tensor(sum);
+  be.add_relu_tensors(ta, tb, ty);
+  be.relu_backward_tensors(ty, tdy, tdx);
+  be.add_tensors(ta, tb, tsum);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float s = reference_widen(a[i]) + reference_widen(b[i]);  // exact in fp32: both have 8-bit mantissas
+    if (sum[i] != reference_bf16(s)) ++bad;
+    if (y[i] != reference_bf16(s > 0.f ? s : 0.f)) ++bad;
+    if (dx[i] != (reference_widen(y[i]) > 0.f ? dy[i] : uint16_t(0))) ++bad;
+  }
+  CHECK(bad == 0);
+
+  // The option-A shortcut moves bf16 values as they are; the reorders to and from NCHW fp32 widen
+  // exactly and round to nearest even.
+  const Shape out_shape{4, 32, 3, 3};
+  std::vector<uint16_t> sy(numel(out_shape), 0xffff), sdx(n, 0xffff);
+  Tensor tsy{reinterpret_cast<float*>(sy.data()), out_shape, cpu::dnnl_activation_layout(32), DType::kBf16};
+  Tensor tsdx{reinterpret_cast<float*>(sdx.data()), shape, layout, DType::kBf16};
+  be.shortcut_a_forward(ta, 2, 8, tsy);
+  be.shortcut_a_backward(tsy, 2, 8, tsdx);
+  std::vector<float> a_nchw(n), sy_nchw(numel(out_shape)), sdx_nchw(n);
+  be.to_nchw(ta, a_nchw.data());
+  be.to_nchw(tsy, sy_nchw.data());
+  be.to_nchw(tsdx, sdx_nchw.data());
+  bad = 0;
+  for (int64_t i = 0; i < 4; ++i)
+    for (int64_t c = 0; c < 32; ++c)
+      for (int64_t h = 0; h < 3; ++h)
+        for (int64_t w = 0; w < 3; ++w) {
+          const bool data = c >= 8 && c < 24;
+          const float want = data ? a_nchw[((i * 16 + c - 8) * 6 + 2 * h) * 6 + 2 * w] : 0.f;
+          if (sy_nchw[((i * 32 + c) * 3 + h) * 3 + w] != want) ++bad;
+          if (data && sdx_nchw[((i * 16 + c - 8) * 6 + 2 * h) * 6 + 2 * w] != want) ++bad;
+        }
+  CHECK(bad == 0);
+  const auto values = random_vector(n, 24);
+  std::vector<uint16_t> rounded(n, 0xffff);
+  Tensor tr{reinterpret_cast<float*>(rounded.data()), shape, layout, DType::kBf16};
+  be.from_nchw(values.data(), tr);
+  std::vector<float> back(n);
+  be.to_nchw(tr, back.data());
+  bad = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (back[i] != reference_widen(reference_bf16(values[i]))) ++bad;
+  CHECK(bad == 0);
 }
 
 TEST_CASE("bf16 layer GEMMs are within bf16's error bound of exact products", "[precision]") {
@@ -131,18 +220,18 @@ TEST_CASE("The fp32 layer GEMM is still fp32", "[precision]") {
   CHECK(plain == layer);
 }
 
-TEST_CASE("A ResNet-20 training step in bf16 matches fp32", "[precision]") {
-  if (!cpu::dnnl_has_bf16()) {
-    WARN("skipped: no bf16 at ISA " << cpu::dnnl_isa_name());
-    return;
-  }
-  const int64_t batch = 32;
+namespace {
+
+// One training step of an image network in bf16 (with bf16 activations) against fp32: the loss
+// within 1e-2 relative, the gradient's cosine above min_cosine.
+void check_bf16_step(const std::string& arch, int64_t batch, double min_cosine) {
+  INFO(arch << ", batch " << batch);
   const auto x = random_vector(batch * 3 * 32 * 32, 10);
   std::vector<int32_t> labels(batch);
   for (int64_t i = 0; i < batch; ++i) labels[i] = static_cast<int32_t>((i * 7) % 10);
   auto step = [&](Precision p, std::vector<float>& grads) {
     PrecisionScope scope(p);
-    auto model = make_image_model({"resnet20", 10, 0.f}, cpu_backend(), 3);
+    auto model = make_image_model({arch, 10, 0.f}, cpu_backend(), 3);
     const double loss = model->forward(Tensor{const_cast<float*>(x.data()), {batch, 3, 32, 32}}, labels.data(),
                                        Mode::kTrain);
     model->backward();
@@ -163,8 +252,23 @@ TEST_CASE("A ResNet-20 training step in bf16 matches fp32", "[precision]") {
   INFO("ISA " << cpu::dnnl_isa_name() << ": loss bf16 " << loss16 << " fp32 " << loss32 << ", gradient cosine "
               << cosine);
   CHECK(std::abs(loss16 - loss32) <= 1e-2 * std::abs(loss32));
-  CHECK(cosine > 0.99);
+  CHECK(cosine > min_cosine);
   CHECK(diff > 0);  // the bf16 step did round: it is not the fp32 step
+}
+
+}  // namespace
+
+TEST_CASE("A training step in bf16 matches fp32: ResNet-20, ResNet-18, VGG-16", "[precision]") {
+  if (!cpu::dnnl_has_bf16()) {
+    WARN("skipped: no bf16 at ISA " << cpu::dnnl_isa_name());
+    return;
+  }
+  // The issue's 0.99 for ResNet-20. The deeper networks' gradients at initialization move more under
+  // bf16, in PyTorch's autocast as here (scripts/bf16_step_cosine.py: 0.956 for ResNet-18 and 0.887
+  // for VGG-16 at these batches; ours 0.952 and 0.884): their thresholds sit a little below those.
+  check_bf16_step("resnet20", 32, 0.99);
+  check_bf16_step("resnet18", 16, 0.93);
+  check_bf16_step("vgg16", 16, 0.85);
 }
 
 TEST_CASE("Precisions a device cannot run are refused with one line naming the key", "[precision][refusal]") {

@@ -21,6 +21,7 @@
 
 #include "comm/sync/registry.h"
 #include "trainer/config.h"
+#include "trainer/config_defaults.h"
 #include "trainer/config_schema.h"
 #include "trainer/config_sync.h"
 
@@ -450,6 +451,8 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
   Config config;
   Loader loader{settings};
   visit_config(config, loader);
+  // Defaults that depend on the method and the optimizer (config_defaults.h), where the config is silent.
+  apply_method_defaults(config, [&](const std::string& key) { return settings.count(key) > 0; });
   check_consistency(config, settings, source_name);
   return config;
 }

@@ -8,6 +8,7 @@
 #include "comm/sync/async_ps.h"
 #include "comm/sync/registry.h"
 #include "models/model.h"
+#include "trainer/config_defaults.h"
 #include "trainer/experiment.h"
 #include "trainer/preemption.h"
 #include "trainer/reshard.h"
@@ -38,6 +39,8 @@ void print_dry_run(const Config& config, comm::Communicator& comm) {
   options.backend = &backend;  // a host method on a device run says it goes through host copies
   auto sync = comm::make_gradient_sync(options, comm, n, &views);
   std::printf("sync: %s\n", sync->describe().c_str());
+  // The defaults this method and optimizer chose (trainer/config_defaults.h), where they are in effect.
+  for (const std::string& line : method_default_lines(config)) std::printf("default: %s\n", line.c_str());
   std::printf("overlap with backward: %s\n", config.sync.overlap ? sync->overlap_plan().c_str()
                                                                   : "off (sync.overlap = false: every message is "
                                                                     "sent after backward)");

@@ -26,6 +26,7 @@
 #include "trainer/reshard.h"
 #include "trainer/roles.h"
 #include "trainer/run_output.h"
+#include "trainer/config_defaults.h"
 #include "trainer/start_notes.h"
 #include "trainer/step_clock.h"
 #include "trainer/trace_spans.h"
@@ -230,6 +231,8 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
                 static_cast<long long>(frame_.first_step), static_cast<long long>(total_steps_), batch.c_str(), threads,
                 config.runtime.precision.c_str(), config.sync.method.c_str(), out.c_str());
   say(line);
+  // The defaults this method and optimizer chose (config_defaults.h), then the measured warnings.
+  for (const std::string& line : method_default_lines(config)) say("default: " + line);
   for (const std::string& note : start_notes(config, total_steps_)) say(note);
   // Only ranks that take their steps together can agree on a window (not async_ps's workers).
   const auto compressed_at = [this](int64_t s) { return e_.sync->phase(s) == comm::Phase::kCompressed; };

@@ -7,9 +7,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "models/backend.h"
+#include "models/cpu/bf16.h"
 #include "models/cpu/dnnl_dispatch.h"
 #include "models/cpu/dnnl_matmul.h"
 #include "models/cpu/dnnl_precision.h"
@@ -27,6 +30,41 @@ inline int64_t offset(const Tensor& t, int64_t n, int64_t c, int64_t h, int64_t 
   const int64_t C = t.shape[1], H = t.shape[2], W = t.shape[3];
   if (const int64_t B = channel_block(t.layout)) return (((n * (C / B) + c / B) * H + h) * W + w) * B + c % B;
   return ((n * H + h) * W + w) * C + c;
+}
+
+// A bf16 tensor's 16-bit values (tensor.h: `data` is only the storage's pointer type).
+inline uint16_t* halves(const Tensor& t) { return reinterpret_cast<uint16_t*>(t.data); }
+
+void require_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.dtype != b.dtype)
+    throw std::logic_error(std::string(op) + ": a " + dtype_name(a.dtype) + " and a " + dtype_name(b.dtype) +
+                           " tensor");
+}
+
+// The option-A shortcut's copy (backend.h) on either element type.
+template <class T>
+void shortcut_a_copy(const Tensor& x, const T* xs, int64_t stride, int64_t pad, const Tensor& y, T* ys) {
+  const int64_t batch = y.dim(0), oc = y.dim(1), oh = y.dim(2), ow = y.dim(3), channels = x.dim(1);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t n = 0; n < batch; ++n)
+    for (int64_t i = 0; i < oh; ++i)
+      for (int64_t j = 0; j < ow; ++j)
+        for (int64_t c = 0; c < oc; ++c) {
+          const int64_t src = c - pad;
+          ys[offset(y, n, c, i, j)] = src >= 0 && src < channels ? xs[offset(x, n, src, i * stride, j * stride)] : T(0);
+        }
+}
+
+template <class T>
+void shortcut_a_gradient(const Tensor& dy, const T* dys, int64_t stride, int64_t pad, const Tensor& dx, T* dxs) {
+  const int64_t batch = dx.dim(0), channels = dx.dim(1), h = dx.dim(2), w = dx.dim(3);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t n = 0; n < batch; ++n)
+    for (int64_t i = 0; i < h; ++i)
+      for (int64_t j = 0; j < w; ++j)
+        for (int64_t c = 0; c < channels; ++c)
+          dxs[offset(dx, n, c, i, j)] =
+              i % stride == 0 && j % stride == 0 ? dys[offset(dy, n, c + pad, i / stride, j / stride)] : T(0);
 }
 
 class CpuBackend final : public Backend {
@@ -110,28 +148,55 @@ class CpuBackend final : public Backend {
   Layout activation_layout(int64_t channels) const override { return cpu::dnnl_activation_layout(channels); }
 
   void shortcut_a_forward(const Tensor& x, int64_t stride, int64_t pad, Tensor& y) override {
-    const int64_t batch = y.dim(0), oc = y.dim(1), oh = y.dim(2), ow = y.dim(3), channels = x.dim(1);
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t n = 0; n < batch; ++n)
-      for (int64_t i = 0; i < oh; ++i)
-        for (int64_t j = 0; j < ow; ++j)
-          for (int64_t c = 0; c < oc; ++c) {
-            const int64_t src = c - pad;
-            y.data[offset(y, n, c, i, j)] =
-                src >= 0 && src < channels ? x.data[offset(x, n, src, i * stride, j * stride)] : 0.f;
-          }
+    require_same_dtype("shortcut_a_forward", x, y);
+    if (x.dtype == DType::kBf16) shortcut_a_copy(x, halves(x), stride, pad, y, halves(y));
+    else shortcut_a_copy(x, x.data, stride, pad, y, y.data);
   }
 
   void shortcut_a_backward(const Tensor& dy, int64_t stride, int64_t pad, Tensor& dx) override {
-    const int64_t batch = dx.dim(0), channels = dx.dim(1), h = dx.dim(2), w = dx.dim(3);
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t n = 0; n < batch; ++n)
-      for (int64_t i = 0; i < h; ++i)
-        for (int64_t j = 0; j < w; ++j)
-          for (int64_t c = 0; c < channels; ++c)
-            dx.data[offset(dx, n, c, i, j)] = i % stride == 0 && j % stride == 0
-                                                  ? dy.data[offset(dy, n, c + pad, i / stride, j / stride)]
-                                                  : 0.f;
+    require_same_dtype("shortcut_a_backward", dy, dx);
+    if (dy.dtype == DType::kBf16) shortcut_a_gradient(dy, halves(dy), stride, pad, dx, halves(dx));
+    else shortcut_a_gradient(dy, dy.data, stride, pad, dx, dx.data);
+  }
+
+  // The residual block's ops: fp32 tensors through the fp32 loops above (bit for bit what fp32 runs
+  // always computed); bf16 widened, computed in fp32, rounded once.
+  bool bf16_activations() const override { return cpu::precision() == cpu::Precision::kBf16; }
+
+  void add_relu_tensors(const Tensor& a, const Tensor& b, Tensor& y) override {
+    if (y.dtype == DType::kF32) return Backend::add_relu_tensors(a, b, y);
+    require_same_dtype("add_relu_tensors", a, y);
+    require_same_dtype("add_relu_tensors", b, y);
+    const uint16_t *pa = halves(a), *pb = halves(b);
+    uint16_t* py = halves(y);
+    const int64_t n = y.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = cpu::widen_bf16(pa[i]) + cpu::widen_bf16(pb[i]);
+      py[i] = cpu::round_to_bf16(v > 0.f ? v : 0.f);
+    }
+  }
+
+  void relu_backward_tensors(const Tensor& y, const Tensor& dy, Tensor& dx) override {
+    if (dx.dtype == DType::kF32) return Backend::relu_backward_tensors(y, dy, dx);
+    require_same_dtype("relu_backward_tensors", y, dx);
+    require_same_dtype("relu_backward_tensors", dy, dx);
+    const uint16_t *py = halves(y), *pdy = halves(dy);
+    uint16_t* pdx = halves(dx);
+    const int64_t n = dx.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) pdx[i] = cpu::widen_bf16(py[i]) > 0.f ? pdy[i] : uint16_t(0);
+  }
+
+  void add_tensors(const Tensor& a, const Tensor& b, Tensor& y) override {
+    if (y.dtype == DType::kF32) return Backend::add_tensors(a, b, y);
+    require_same_dtype("add_tensors", a, y);
+    require_same_dtype("add_tensors", b, y);
+    const uint16_t *pa = halves(a), *pb = halves(b);
+    uint16_t* py = halves(y);
+    const int64_t n = y.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) py[i] = cpu::round_to_bf16(cpu::widen_bf16(pa[i]) + cpu::widen_bf16(pb[i]));
   }
 
   void convert_layout(const Tensor& x, Tensor& y) override { cpu::reorder_layout(x, y); }

@@ -17,6 +17,7 @@ dnnl::primitive_attr dnnl_scratchpad_attr();
 // The shared scratchpad, grown to hold md.
 dnnl::memory dnnl_scratchpad(const dnnl::memory::desc& md);
 // The memory descriptor of an {N, C, H, W} activation in `layout`.
-dnnl::memory::desc activation_md(int64_t n, int64_t c, int64_t h, int64_t w, Layout layout);
+dnnl::memory::desc activation_md(int64_t n, int64_t c, int64_t h, int64_t w, Layout layout,
+                                 DType dtype = DType::kF32);
 
 }  // namespace trainer::models::cpu

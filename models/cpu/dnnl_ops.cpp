@@ -158,8 +158,9 @@ ConvPrimitiveDescs choose_conv_primitives(const ConvGeometry& g, const memory::d
 }
 
 // The same for runtime.precision = bf16 (dnnl_precision.h): the primitives read bf16 copies of the
-// input, the weights and the output gradient, and write fp32 outputs, input gradients and weight
-// gradients (oneDNN accumulates in fp32). The bf16 copies are made by the reorders that also change
+// input, the weights and the output gradient, and write outputs and input gradients in the tensors'
+// formats (fp32, or bf16 where the model keeps bf16 activations: then the copies of the input and
+// the gradient are the tensors themselves) and fp32 weight gradients (oneDNN accumulates in fp32). The bf16 copies are made by the reorders that also change
 // the layout, so the source layout is always oneDNN's choice (`any`) and costs nothing extra; the
 // output is written in the tensor's layout, else channels-last, else oneDNN's choice. Direct only:
 // oneDNN 2.6's Winograd kernels are f32. Asked of oneDNN 2.6 on Sapphire Rapids: its AMX forward
@@ -174,10 +175,14 @@ ConvPrimitiveDescs choose_bf16_conv_primitives(const ConvGeometry& g, const memo
   const memory::dims w_dims{g.out_channels, g.in_channels, g.kernel_h, g.kernel_w};
   const memory::desc bf16_w(w_dims, dt::bf16, tag::any), f32_w(w_dims, dt::f32, tag::any);
   const memory::desc bias = g.bias ? bias_md : memory::desc();
-  const memory::desc bf16_src(src_md.dims(), dt::bf16, tag::any), f32_src(src_md.dims(), dt::f32, tag::any);
-  auto dst_in = [&](Layout layout) { return activation_md(g.batch, g.out_channels, g.out_h(), g.out_w(), layout); };
+  // The input gradient and the output in the tensors' own formats (fp32, or bf16 activations).
+  const dt src_dt = src_md.data_type(), dst_dt = g.dst_dtype == DType::kBf16 ? dt::bf16 : dt::f32;
+  const memory::desc bf16_src(src_md.dims(), dt::bf16, tag::any), any_src(src_md.dims(), src_dt, tag::any);
+  auto dst_in = [&](Layout layout) {
+    return activation_md(g.batch, g.out_channels, g.out_h(), g.out_w(), layout, g.dst_dtype);
+  };
   const memory::desc bf16_dst(dst_in(g.dst_layout).dims(), dt::bf16, tag::any);
-  const memory::desc f32_dst(dst_in(g.dst_layout).dims(), dt::f32, tag::any);
+  const memory::desc any_dst(dst_in(g.dst_layout).dims(), dst_dt, tag::any);
   const auto direct = dnnl::algorithm::convolution_direct;
 
   struct Candidate {
@@ -186,10 +191,10 @@ ConvPrimitiveDescs choose_bf16_conv_primitives(const ConvGeometry& g, const memo
   };
   const std::vector<Candidate> candidates{{dst_in(g.dst_layout), g.dst_layout},
                                           {dst_in(Layout::kChannelsLast), Layout::kChannelsLast},
-                                          {f32_dst, Layout::kChannelsLast}};
+                                          {any_dst, Layout::kChannelsLast}};
   std::optional<ConvPrimitiveDescs> fallback;
   for (const auto& [dst, dst_layout] : candidates)
-    for (const memory::desc& diff_src : {src_md, f32_src}) {  // the input gradient in the tensor's layout first
+    for (const memory::desc& diff_src : {src_md, any_src}) {  // the input gradient in the tensor's layout first
       try {
         dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, direct, bf16_src, bf16_w, bias, dst,
                                            strides, pad_l, pad_r);
@@ -213,7 +218,9 @@ ConvPrimitiveDescs choose_bf16_conv_primitives(const ConvGeometry& g, const memo
 class DnnlConv final : public ConvOp {
  public:
   explicit DnnlConv(const ConvGeometry& g) : g_(g) {
-    src_md_ = activation_md(g.batch, g.in_channels, g.in_h, g.in_w, g.src_layout);
+    src_md_ = activation_md(g.batch, g.in_channels, g.in_h, g.in_w, g.src_layout, g.src_dtype);
+    if ((g.src_dtype == DType::kBf16 || g.dst_dtype == DType::kBf16) && precision() != Precision::kBf16)
+      throw std::logic_error("convolution: bf16 activations need runtime.precision = bf16");
     user_w_md_ = memory::desc({g.out_channels, g.in_channels, g.kernel_h, g.kernel_w}, dt::f32, tag::oihw);
     bias_md_ = memory::desc({g.out_channels}, dt::f32, tag::x);
     ConvPrimitiveDescs chosen = precision() == Precision::kBf16 ? choose_bf16_conv_primitives(g, src_md_, bias_md_)
@@ -222,7 +229,8 @@ class DnnlConv final : public ConvOp {
     bwd_data_pd_ = chosen.bwd_data;
     bwd_w_pd_ = chosen.bwd_w;
     dst_layout_ = chosen.dst_layout;
-    const memory::desc user_dst = activation_md(g.batch, g.out_channels, g.out_h(), g.out_w(), dst_layout_);
+    const memory::desc user_dst =
+        activation_md(g.batch, g.out_channels, g.out_h(), g.out_w(), dst_layout_, g.dst_dtype);
     fwd_ = dnnl::convolution_forward(fwd_pd_);
     bwd_data_ = dnnl::convolution_backward_data(bwd_data_pd_);
     bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
@@ -259,7 +267,8 @@ class DnnlConv final : public ConvOp {
   }
 
   void backward_data(const float* dy, const float* w, float* dx) override {
-    const bool reuse_dy = dy == bf16_dy_ && bwd_data_dst_.want == bwd_w_dst_.want;
+    // (A copy that was never made, the gradient being in the wanted format already, is not reused.)
+    const bool reuse_dy = dy == bf16_dy_ && bwd_data_dst_.want == bwd_w_dst_.want && !bwd_w_dst_.same();
     memory diff_dst = reuse_dy ? bwd_w_dst_.mem : bwd_data_dst_.in(dy);
     bf16_dy_ = nullptr;  // once: a second call may bring other values in the same buffer
     memory diff_src = diff_src_.out(dx);
@@ -276,7 +285,8 @@ class DnnlConv final : public ConvOp {
   // x's from forward (backward_weights takes the forward's input, unchanged since), and dy's from
   // backward_weights in the backward_data right after it on the same dy (the layer's order).
   void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
-    memory src = x == bf16_x_ && bwd_w_src_.want == fwd_src_.want ? fwd_src_.mem : bwd_w_src_.in(x);
+    const bool reuse_x = x == bf16_x_ && bwd_w_src_.want == fwd_src_.want && !fwd_src_.same();
+    memory src = reuse_x ? fwd_src_.mem : bwd_w_src_.in(x);
     memory diff_dst = bwd_w_dst_.in(dy);
     bf16_dy_ = bf16_ ? dy : nullptr;
     memory dwm = diff_w_.out(dw);
@@ -307,7 +317,7 @@ class DnnlConv final : public ConvOp {
 class DnnlBatchNorm final : public BatchNormOp {
  public:
   explicit DnnlBatchNorm(const BatchNormGeometry& g) : g_(g) {
-    md_ = activation_md(g.batch, g.channels, g.h, g.w, g.layout);
+    md_ = activation_md(g.batch, g.channels, g.h, g.w, g.layout, g.dtype);
     stat_md_ = memory::desc({g.channels}, dt::f32, tag::x);
     using flags = dnnl::normalization_flags;
     auto f = flags::use_scale | flags::use_shift;
@@ -385,8 +395,8 @@ class DnnlBatchNorm final : public BatchNormOp {
 class DnnlPool final : public PoolOp {
  public:
   explicit DnnlPool(const PoolGeometry& g) : g_(g) {
-    src_md_ = activation_md(g.batch, g.channels, g.in_h, g.in_w, g.layout);
-    dst_md_ = activation_md(g.batch, g.channels, g.out_h(), g.out_w(), g.layout);
+    src_md_ = activation_md(g.batch, g.channels, g.in_h, g.in_w, g.layout, g.dtype);
+    dst_md_ = activation_md(g.batch, g.channels, g.out_h(), g.out_w(), g.layout, g.dtype);
     const auto algo = g.kind == PoolKind::kMax ? dnnl::algorithm::pooling_max
                                                : dnnl::algorithm::pooling_avg_exclude_padding;
     const memory::dims strides{g.stride_h, g.stride_w}, kernel{g.kernel_h, g.kernel_w};
@@ -447,26 +457,27 @@ dnnl::stream& dnnl_stream() { return stream(); }
 dnnl::primitive_attr dnnl_scratchpad_attr() { return scratchpad_attr(); }
 dnnl::memory dnnl_scratchpad(const dnnl::memory::desc& md) { return scratchpad(md); }
 
-dnnl::memory::desc activation_md(int64_t n, int64_t c, int64_t h, int64_t w, Layout layout) {
+dnnl::memory::desc activation_md(int64_t n, int64_t c, int64_t h, int64_t w, Layout layout, DType dtype) {
   tag t = tag::nhwc;
   if (layout == Layout::kBlocked8) t = tag::nChw8c;
   if (layout == Layout::kBlocked16) t = tag::nChw16c;
-  return memory::desc({n, c, h, w}, dt::f32, t);
+  return memory::desc({n, c, h, w}, dtype == DType::kBf16 ? dt::bf16 : dt::f32, t);
 }
 
 void set_conv_algorithm(ConvAlgorithm algorithm) { g_conv_algorithm = algorithm; }
 
 void reorder_layout(const Tensor& x, Tensor& y) {
-  if (x.shape != y.shape) throw std::logic_error("convert_layout: shapes differ");
-  memory src(activation_md(x.dim(0), x.dim(1), x.dim(2), x.dim(3), x.layout), engine(), x.data);
-  memory dst(activation_md(y.dim(0), y.dim(1), y.dim(2), y.dim(3), y.layout), engine(), y.data);
+  if (x.shape != y.shape || x.dtype != y.dtype) throw std::logic_error("convert_layout: shapes or dtypes differ");
+  memory src(activation_md(x.dim(0), x.dim(1), x.dim(2), x.dim(3), x.layout, x.dtype), engine(), x.data);
+  memory dst(activation_md(y.dim(0), y.dim(1), y.dim(2), y.dim(3), y.layout, y.dtype), engine(), y.data);
   dnnl::reorder(src, dst).execute(stream(), src, dst);
   stream().wait();
 }
 
 void reorder_nchw(const Tensor& t, float* nchw, bool to_nchw) {
   const memory::dims dims{t.dim(0), t.dim(1), t.dim(2), t.dim(3)};
-  memory tensor_mem(activation_md(t.dim(0), t.dim(1), t.dim(2), t.dim(3), t.layout), engine(), t.data);
+  // A bf16 tensor is widened on the way out and rounded to nearest even on the way in.
+  memory tensor_mem(activation_md(t.dim(0), t.dim(1), t.dim(2), t.dim(3), t.layout, t.dtype), engine(), t.data);
   memory nchw_mem(memory::desc(dims, dt::f32, tag::nchw), engine(), nchw);
   if (to_nchw) dnnl::reorder(tensor_mem, nchw_mem).execute(stream(), tensor_mem, nchw_mem);
   else dnnl::reorder(nchw_mem, tensor_mem).execute(stream(), nchw_mem, tensor_mem);

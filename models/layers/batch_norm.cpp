@@ -29,10 +29,10 @@ const Tensor& BatchNorm2d::forward(const Tensor& x, Mode mode) {
     throw std::invalid_argument("BatchNorm2d: expected input {N, " + std::to_string(opt_.channels) +
                                 ", ...}, got " + shape_string(x.shape));
   BatchNormGeometry g{x.dim(0), x.dim(1), x.rank() == 4 ? x.dim(2) : 1, x.rank() == 4 ? x.dim(3) : 1, opt_.eps,
-                      opt_.relu, opt_.frozen && mode == Mode::kTrain, x.layout};
+                      opt_.relu, opt_.frozen && mode == Mode::kTrain, x.layout, x.dtype};
   op_ = &ops_.get(g, [this](const BatchNormGeometry& geometry) { return ctx_.backend.make_batchnorm(geometry); });
   x_ = x;
-  Tensor& y = y_.resize(x.shape, x.layout);
+  Tensor& y = y_.resize(x.shape, x.layout, x.dtype);
   const float* gamma = ctx_.params.value(weight_).data;
   const float* beta = ctx_.params.value(bias_).data;
   float* running_mean = ctx_.buffers.value(running_mean_).data;
@@ -58,7 +58,7 @@ const Tensor& BatchNorm2d::forward(const Tensor& x, Mode mode) {
 }
 
 const Tensor& BatchNorm2d::backward(const Tensor& dy) {
-  Tensor& dx = dx_.resize(x_.shape, x_.layout);
+  Tensor& dx = dx_.resize(x_.shape, x_.layout, x_.dtype);
   op_->backward(x_.data, dy.data, ctx_.params.value(weight_).data, ctx_.params.value(bias_).data,
                 batch_mean_.data(), batch_var_.data(),
                 dx.data, ctx_.params.grad(weight_).data, ctx_.params.grad(bias_).data);

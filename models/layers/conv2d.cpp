@@ -30,17 +30,21 @@ const Tensor& Conv2d::forward(const Tensor& x, Mode) {
   ConvGeometry g{x.dim(0), x.dim(1), x.dim(2), x.dim(3), opt_.out_channels, opt_.kernel_h, opt_.kernel_w,
                  opt_.stride_h, opt_.stride_w, opt_.pad_h, opt_.pad_w, opt_.bias,
                  x.layout, ctx_.backend.activation_layout(opt_.out_channels)};
+  g.src_dtype = x.dtype;
+  const bool bf16_out = x.dtype == DType::kBf16 || (opt_.start_bf16 && ctx_.backend.bf16_activations());
+  g.dst_dtype = bf16_out ? DType::kBf16 : DType::kF32;
   op_ = &ops_.get(g, [this](const ConvGeometry& geometry) { return ctx_.backend.make_conv(geometry); });
   x_ = x;
   flops_ = 2.0 * g.batch * g.out_channels * g.out_h() * g.out_w() * g.in_channels * g.kernel_h * g.kernel_w;
-  Tensor& y = y_.resize({g.batch, g.out_channels, g.out_h(), g.out_w()}, op_->output_layout());
+  Tensor& y = y_.resize({g.batch, g.out_channels, g.out_h(), g.out_w()}, op_->output_layout(), g.dst_dtype);
   op_->forward(x.data, ctx_.params.value(weight_).data, bias_ >= 0 ? ctx_.params.value(bias_).data : nullptr,
                y.data);
   return y;
 }
 
 const Tensor& Conv2d::backward(const Tensor& dy) {
-  Tensor& dx = dx_.resize(x_.shape, x_.layout);
+  if (dy.dtype != y_.view().dtype) throw std::logic_error("Conv2d: the output gradient's dtype differs from the output's");
+  Tensor& dx = dx_.resize(x_.shape, x_.layout, x_.dtype);
   op_->backward_weights(x_.data, dy.data, ctx_.params.grad(weight_).data,
                         bias_ >= 0 ? ctx_.params.grad(bias_).data : nullptr);
   op_->backward_data(dy.data, ctx_.params.value(weight_).data, dx.data);

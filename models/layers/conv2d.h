@@ -8,6 +8,10 @@ struct Conv2dOptions {
   int64_t in_channels = 0, out_channels = 0;
   int64_t kernel_h = 3, kernel_w = 3, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
   bool bias = false;
+  // A network's first convolution: write bf16 output where the backend keeps bf16 activations
+  // (Backend::bf16_activations; the image networks set it). A convolution whose input is bf16
+  // always writes bf16, so the rest of such a network follows.
+  bool start_bf16 = false;
 };
 
 // 2-D convolution over channels-last input {N, C, H, W}; weight {O, I, KH, KW} (+ bias {O}).

@@ -13,14 +13,15 @@ class ShortcutA final : public Layer {
   const Tensor& forward(const Tensor& x, Mode) override {
     in_shape_ = x.shape;
     in_layout_ = x.layout;
+    in_dtype_ = x.dtype;
     const int64_t n = x.dim(0), c = x.dim(1), h = x.dim(2), w = x.dim(3);
     Tensor& y = y_.resize({n, c + 2 * pad_, (h + stride_ - 1) / stride_, (w + stride_ - 1) / stride_},
-                          ctx_.backend.activation_layout(c + 2 * pad_));
+                          ctx_.backend.activation_layout(c + 2 * pad_), x.dtype);
     ctx_.backend.shortcut_a_forward(x, stride_, pad_, y);
     return y;
   }
   const Tensor& backward(const Tensor& dy) override {
-    Tensor& dx = dx_.resize(in_shape_, in_layout_);
+    Tensor& dx = dx_.resize(in_shape_, in_layout_, in_dtype_);
     ctx_.backend.shortcut_a_backward(dy, stride_, pad_, dx);
     return dx;
   }
@@ -30,6 +31,7 @@ class ShortcutA final : public Layer {
   int64_t stride_, pad_;
   Shape in_shape_;
   Layout in_layout_ = Layout::kChannelsLast;
+  DType in_dtype_ = DType::kF32;
   OwnedTensor y_{ctx_.backend}, dx_{ctx_.backend};
 };
 

@@ -48,31 +48,29 @@ const Tensor& BasicBlock::forward(const Tensor& x, Mode mode) {
   if (side->shape != main.shape) throw std::logic_error("BasicBlock: shortcut and residual branch disagree in shape");
   side_layout_ = side->layout;
   side = &in_layout(*side, main.layout, side_converted_);
-  Tensor& y = y_.resize(main.shape, main.layout);
-  Backend& be = ctx_.backend;
-  be.add(y.numel(), main.data, side->data, y.data);
-  be.relu_forward(y.numel(), y.data, y.data);
+  Tensor& y = y_.resize(main.shape, main.layout, main.dtype);
+  ctx_.backend.add_relu_tensors(main, *side, y);
   return y;
 }
 
 const Tensor& BasicBlock::in_layout(const Tensor& t, Layout layout, OwnedTensor& buffer) {
   if (t.layout == layout) return t;
-  Tensor& converted = buffer.resize(t.shape, layout);
+  Tensor& converted = buffer.resize(t.shape, layout, t.dtype);
   ctx_.backend.convert_layout(t, converted);
   return converted;
 }
 
 const Tensor& BasicBlock::backward(const Tensor& dy) {
   Backend& be = ctx_.backend;
-  Tensor& dsum = dsum_.resize(dy.shape, dy.layout);
-  be.relu_backward(dy.numel(), y_.view().data, dy.data, dsum.data);
+  Tensor& dsum = dsum_.resize(dy.shape, dy.layout, dy.dtype);
+  be.relu_backward_tensors(y_.view(), dy, dsum);
   const Tensor& dx_main = conv1_.backward(bn1_.backward(conv2_.backward(bn2_.backward(dsum))));
   const Tensor* dx_side = &in_layout(dsum, side_layout_, dside_);
   if (shortcut_bn_) dx_side = &shortcut_bn_->backward(*dx_side);
   if (shortcut_) dx_side = &shortcut_->backward(*dx_side);
   dx_side = &in_layout(*dx_side, x_.layout, dx_side_converted_);
-  Tensor& dx = dx_.resize(x_.shape, x_.layout);
-  be.add(dx.numel(), dx_main.data, dx_side->data, dx.data);
+  Tensor& dx = dx_.resize(x_.shape, x_.layout, x_.dtype);
+  be.add_tensors(dx_main, *dx_side, dx);
   return dx;
 }
 

@@ -18,7 +18,7 @@ namespace {
 // shortcuts, global average pool, Linear(64 -> classes). Depth = 6n + 2.
 void build_resnet_cifar(ImageClassifier& m, int blocks_per_stage, int64_t classes, bool frozen) {
   LayerContext ctx = m.context();
-  m.add(std::make_unique<Conv2d>(ctx, "conv1", Conv2dOptions{3, 16, 3, 3, 1, 1, 1, 1, false}));
+  m.add(std::make_unique<Conv2d>(ctx, "conv1", Conv2dOptions{3, 16, 3, 3, 1, 1, 1, 1, false, /*start_bf16=*/true}));
   m.add(std::make_unique<BatchNorm2d>(ctx, "bn1", BatchNormOptions{16, 1e-5f, 0.1f, true, frozen}));
   int64_t in = 16;
   const int64_t widths[3] = {16, 32, 64};
@@ -40,7 +40,7 @@ void build_resnet_cifar(ImageClassifier& m, int blocks_per_stage, int64_t classe
 // projection shortcuts, 4x4 average pool, Linear(512 -> classes).
 void build_resnet18(ImageClassifier& m, int64_t classes, bool frozen) {
   LayerContext ctx = m.context();
-  m.add(std::make_unique<Conv2d>(ctx, "conv1", Conv2dOptions{3, 64, 3, 3, 1, 1, 1, 1, false}));
+  m.add(std::make_unique<Conv2d>(ctx, "conv1", Conv2dOptions{3, 64, 3, 3, 1, 1, 1, 1, false, /*start_bf16=*/true}));
   m.add(std::make_unique<BatchNorm2d>(ctx, "bn1", BatchNormOptions{64, 1e-5f, 0.1f, true, frozen}));
   int64_t in = 64;
   const int64_t widths[4] = {64, 128, 256, 512};
@@ -58,6 +58,9 @@ void build_resnet18(ImageClassifier& m, int64_t classes, bool frozen) {
   m.add(std::make_unique<Linear>(ctx, "linear", 512, classes));
 }
 
+// Under runtime.precision = bf16 on the CPU each network keeps its activations in bf16 from its first
+// convolution (Conv2dOptions::start_bf16) to the Flatten before the classifier (tensor.h, DType).
+
 // VGG-16 with batch norm (Simonyan & Zisserman 2015; CIFAR variant): 13 conv3x3 with bias, each
 // + BN + ReLU, five max-pools, Linear(512 -> classes). Names follow nn.Sequential indices.
 void build_vgg16(ImageClassifier& m, int64_t classes, bool frozen) {
@@ -72,7 +75,7 @@ void build_vgg16(ImageClassifier& m, int64_t classes, bool frozen) {
       continue;
     }
     m.add(std::make_unique<Conv2d>(ctx, "features." + std::to_string(index),
-                                   Conv2dOptions{in, c, 3, 3, 1, 1, 1, 1, true}));
+                                   Conv2dOptions{in, c, 3, 3, 1, 1, 1, 1, true, /*start_bf16=*/index == 0}));
     m.add(std::make_unique<BatchNorm2d>(ctx, "features." + std::to_string(index + 1),
                                         BatchNormOptions{c, 1e-5f, 0.1f, true, frozen}));
     index += 3;
