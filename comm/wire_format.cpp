@@ -9,23 +9,15 @@
 #endif
 
 #include "comm/float_bits.h"
+#include "models/bf16.h"
 
 namespace trainer::comm {
 
 namespace {
 
-// Branch free so that the array loop vectorizes. Dropping the low 16 bits rounds to nearest even
-// by adding 0x7fff plus the lowest kept bit; a carry out of the significand moves into the exponent,
-// which is right (up to Inf from the largest finite values). A NaN is kept apart because that add
-// could carry its payload into Inf's pattern; it is quieted (bit 6 of the result).
-inline uint16_t bf16_from(float x) {
-  const uint32_t b = bits_of(x);
-  const uint32_t rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
-  const uint32_t quiet_nan = (b >> 16) | 0x40u;
-  return static_cast<uint16_t>((b & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-}
-
-inline float bf16_to(uint16_t h) { return float_of(static_cast<uint32_t>(h) << 16); }
+// bf16 is models/bf16.h's (the CPU backend's bf16 activations round the same way).
+inline uint16_t bf16_from(float x) { return models::round_to_bf16(x); }
+inline float bf16_to(uint16_t h) { return models::widen_bf16(h); }
 
 inline uint16_t fp16_from(float x) {
   uint32_t b = bits_of(x);

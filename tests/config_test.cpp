@@ -70,6 +70,11 @@ TEST_CASE("method-dependent defaults apply where the config is silent, and say s
   c = parse("", {"sync.method=powersgd", "sync.adaptive=true"});
   CHECK(c.sync.rank == 1);
   CHECK(c.sync.adaptive_rank == 4);
+  // The sparse methods under sync.adaptive: 0.01 below adaptive_density's 0.1; without it the
+  // measured 0.1 (the schema's), and powersgd's measured rank 8.
+  CHECK(parse("", {"sync.method=oktopk", "sync.adaptive=true"}).sync.density == 0.01);
+  CHECK(parse("", {"sync.method=oktopk"}).sync.density == 0.1);
+  CHECK(parse("", {"sync.method=powersgd"}).sync.rank == 8);
   // The written config holds the chosen values, and reads back to the same config.
   c = parse("[sync]\nmethod = \"diloco\"\n");
   CHECK(parse_config(to_toml(c), "config.toml") == c);

@@ -58,3 +58,18 @@ TEST_CASE("A speech model compressed after a dense warmup under a tenth of the r
   c.sync.rank = 8;
   CHECK(app::start_notes(c, 1250).empty());
 }
+
+TEST_CASE("An image model compressed from its first step gets one note, with a dense warmup none", "[config]") {
+  Config c;
+  c.model.arch = "resnet20";
+  c.sync.method = "oktopk";
+  c.sync.dense_warmup_steps = 0;
+  auto notes = app::start_notes(c, 468);
+  REQUIRE(notes.size() == 1);
+  CHECK_THAT(notes[0], Contains("note: oktopk from the first step (sync.dense_warmup_steps = 0)"));
+  c.sync.dense_warmup_steps = 39;
+  CHECK(app::start_notes(c, 468).empty());
+  c.sync.dense_warmup_steps = 0;
+  c.sync.method = "local_sgd";  // averages parameters: not a compressor
+  CHECK(app::start_notes(c, 468).empty());
+}

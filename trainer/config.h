@@ -134,13 +134,13 @@ struct SyncConfig {
   bool overlap = true;
   std::string wire_dtype = "fp32";  // comm::wire_dtype_names()
   int64_t period = 1;
-  double density = 0.01;
+  double density = 0.1;
   int64_t local_threshold_every = 32;
   int64_t global_threshold_every = 32;
   int64_t region_every = 64;
   int64_t max_in_flight = 4;
   bool balance = true;
-  int64_t rank = 2;
+  int64_t rank = 8;
   double min_compression_rate = 2.0;
   bool error_feedback = true;
   std::string keep_dense;                 // comma-separated globs of tensor names

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "models/backend.h"
-#include "models/cpu/bf16.h"
+#include "models/bf16.h"
 #include "models/cpu/dnnl_dispatch.h"
 #include "models/cpu/dnnl_matmul.h"
 #include "models/cpu/dnnl_precision.h"
@@ -172,8 +172,8 @@ class CpuBackend final : public Backend {
     const int64_t n = y.numel();
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) {
-      const float v = cpu::widen_bf16(pa[i]) + cpu::widen_bf16(pb[i]);
-      py[i] = cpu::round_to_bf16(v > 0.f ? v : 0.f);
+      const float v = widen_bf16(pa[i]) + widen_bf16(pb[i]);
+      py[i] = round_to_bf16(v > 0.f ? v : 0.f);
     }
   }
 
@@ -185,7 +185,7 @@ class CpuBackend final : public Backend {
     uint16_t* pdx = halves(dx);
     const int64_t n = dx.numel();
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) pdx[i] = cpu::widen_bf16(py[i]) > 0.f ? pdy[i] : uint16_t(0);
+    for (int64_t i = 0; i < n; ++i) pdx[i] = widen_bf16(py[i]) > 0.f ? pdy[i] : uint16_t(0);
   }
 
   void add_tensors(const Tensor& a, const Tensor& b, Tensor& y) override {
@@ -196,7 +196,7 @@ class CpuBackend final : public Backend {
     uint16_t* py = halves(y);
     const int64_t n = y.numel();
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) py[i] = cpu::round_to_bf16(cpu::widen_bf16(pa[i]) + cpu::widen_bf16(pb[i]));
+    for (int64_t i = 0; i < n; ++i) py[i] = round_to_bf16(widen_bf16(pa[i]) + widen_bf16(pb[i]));
   }
 
   void convert_layout(const Tensor& x, Tensor& y) override { cpu::reorder_layout(x, y); }

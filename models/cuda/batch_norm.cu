@@ -170,6 +170,7 @@ class CudaBatchNorm final : public BatchNormOp {
 }  // namespace
 
 std::unique_ptr<BatchNormOp> make_batchnorm_op(const BatchNormGeometry& g, DeviceMemory& memory, cudaStream_t stream) {
+  if (g.dtype != DType::kF32) throw std::invalid_argument("CUDA batch norm: fp32 activations only");
   return std::make_unique<CudaBatchNorm>(g, memory, stream);
 }
 

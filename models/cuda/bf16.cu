@@ -1,21 +1,12 @@
 // runtime.precision = bf16 on the CUDA backend: the copies cuDNN's and cuBLAS's bf16 kernels read
-// and write. The rounding is written out on the float bits rather than taken from cuda_bf16.h, so it
-// is visibly the CPU's (oneDNN's reorders round to nearest even, NaN kept quiet) and the host
-// emulation (scripts/cuda_emulation) runs the same code.
+// and write. The rounding is models/bf16.h's, the CPU's (oneDNN's reorders round to nearest even and
+// keep NaN quiet), rather than cuda_bf16.h's; the host emulation (scripts/cuda_emulation) runs it too.
+#include "models/bf16.h"
 #include "models/cuda/kernels.h"
 #include "models/cuda/launch.cuh"
 
 namespace trainer::models::cuda {
 namespace {
-
-__device__ inline uint16_t round_to_bf16(float x) {
-  const uint32_t bits = __float_as_uint(x);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // NaN stays NaN
-  // Round to nearest, ties to even: add just under half of the dropped unit, plus the kept lsb.
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
-__device__ inline float widen_bf16(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
 
 __global__ void to_bf16_kernel(int64_t rows, int64_t cols, const float* x, int64_t ldx, uint16_t* y) {
   const int64_t n = rows * cols;

@@ -91,6 +91,8 @@ class CudnnConv final : public ConvOp {
   CudnnConv(const ConvGeometry& g, CudnnContext& context) : g_(g), ctx_(context) {
     if (g.src_layout != Layout::kChannelsLast || g.dst_layout != Layout::kChannelsLast)
       throw std::invalid_argument("CUDA convolution: only channels-last activations (the CUDA backend's layout)");
+    if (g.src_dtype != DType::kF32 || g.dst_dtype != DType::kF32)
+      throw std::invalid_argument("CUDA convolution: fp32 activations only (the CUDA backend keeps no bf16 ones)");
     const int n = static_cast<int>(g.batch), c = static_cast<int>(g.in_channels), k = static_cast<int>(g.out_channels);
     check(cudnnCreateTensorDescriptor(&x_), "cudnnCreateTensorDescriptor");
     check(cudnnCreateTensorDescriptor(&y_), "cudnnCreateTensorDescriptor");

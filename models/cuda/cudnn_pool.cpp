@@ -15,6 +15,7 @@ class CudnnPool final : public PoolOp {
   CudnnPool(const PoolGeometry& g, CudnnContext& context) : g_(g), ctx_(context) {
     if (g.layout != Layout::kChannelsLast)
       throw std::invalid_argument("CUDA pooling: only channels-last activations (the CUDA backend's layout)");
+    if (g.dtype != DType::kF32) throw std::invalid_argument("CUDA pooling: fp32 activations only");
     const int n = static_cast<int>(g.batch), c = static_cast<int>(g.channels);
     check(cudnnCreateTensorDescriptor(&x_), "cudnnCreateTensorDescriptor");
     check(cudnnCreateTensorDescriptor(&y_), "cudnnCreateTensorDescriptor");

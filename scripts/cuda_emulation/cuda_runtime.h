@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <barrier>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -43,9 +42,6 @@ inline std::vector<std::barrier<>*> warp_barriers;
 inline float shuffled[1024];
 inline unsigned thread_in_block() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
 }  // namespace cuda_emulation
-
-inline unsigned __float_as_uint(float x) { return std::bit_cast<unsigned>(x); }
-inline float __uint_as_float(unsigned x) { return std::bit_cast<float>(x); }
 
 inline void __syncthreads() { cuda_emulation::block_barrier->arrive_and_wait(); }
 
