@@ -140,8 +140,8 @@ TEST_CASE("Models in bf16: no reference primitive, every convolution and Linear 
     }
   CHECK(matmuls > 0);
 
-  // The speech models train in bf16 too: their convolutions and Linear layers in bf16, the LSTMs
-  // (and LAS's own attention and speller GEMMs) in fp32.
+  // The speech models train in bf16 too: their convolutions and Linear products in bf16, the LSTMs
+  // (and LAS's attention products) in fp32.
   for (int64_t batch : {1, 8}) {
     INFO("deepspeech batch " << batch);
     auto model = make_speech_model("deepspeech", cpu_backend(), 1);

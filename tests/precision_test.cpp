@@ -16,6 +16,9 @@
 #include "models/cpu/dnnl_ops.h"
 #include "models/cpu/dnnl_precision.h"
 #include "models/model.h"
+#include "models/nets/deepspeech.h"
+#include "models/nets/las.h"
+#include "models/speech_model.h"
 #include "trainer/experiment.h"
 #include "bf16_bound.h"
 
@@ -256,7 +259,55 @@ void check_bf16_step(const std::string& arch, int64_t batch, double min_cosine) 
   CHECK(diff > 0);  // the bf16 step did round: it is not the fp32 step
 }
 
+// The same for a speech model on a small ragged batch: under bf16 DeepSpeech's convolutions and
+// Linear and LAS's Linear products (the listener's key projection, the speller's cells, query and
+// output) read bf16 copies; their LSTMs and activations stay fp32.
+double speech_step(const std::string& arch, Precision p, std::vector<float>& grads) {
+  PrecisionScope scope(p);
+  const bool las = arch == "las";
+  auto model = las ? make_las(cpu_backend(), LasOptions{}, 5) : make_speech_model(arch, cpu_backend(), 5);
+  const int64_t features = las ? LasOptions{}.feature_dim : DeepSpeechOptions{}.feature_dim;
+  const int64_t batch = 4, frames = las ? 64 : 120;
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(batch * frames * features);
+  for (auto& v : x) v = normal(rng);
+  std::vector<int32_t> lengths(batch), labels, label_lengths(batch, 6);
+  for (int64_t n = 0; n < batch; ++n) lengths[n] = static_cast<int32_t>(frames - 3 * n);
+  for (int64_t i = 0; i < 6 * batch; ++i) labels.push_back(static_cast<int32_t>(1 + rng() % 28));
+  const SpeechInput input{x.data(), batch, frames, features, lengths.data(), labels.data(), label_lengths.data()};
+  const double loss = model->forward(input, Mode::kTrain);
+  model->backward();
+  const auto& params = model->parameters();
+  grads.assign(params.grads(), params.grads() + params.size());
+  return loss;
+}
+
 }  // namespace
+
+TEST_CASE("A DeepSpeech and a LAS training step in bf16 match fp32", "[precision]") {
+  if (!cpu::dnnl_has_bf16()) {
+    WARN("skipped: no bf16 at ISA " << cpu::dnnl_isa_name());
+    return;
+  }
+  for (const std::string arch : {"deepspeech", "las"}) {
+    INFO(arch);
+    std::vector<float> g16, g32;
+    const double loss16 = speech_step(arch, Precision::kBf16, g16);
+    const double loss32 = speech_step(arch, Precision::kFp32, g32);
+    REQUIRE(g16.size() == g32.size());
+    double dot = 0, n16 = 0, n32 = 0, diff = 0;
+    for (size_t i = 0; i < g32.size(); ++i) {
+      dot += double(g16[i]) * g32[i], n16 += double(g16[i]) * g16[i], n32 += double(g32[i]) * g32[i];
+      diff += std::abs(double(g16[i]) - g32[i]);
+    }
+    const double cosine = dot / std::sqrt(n16 * n32);
+    INFO("loss bf16 " << loss16 << " fp32 " << loss32 << ", gradient cosine " << cosine);
+    CHECK(std::abs(loss16 - loss32) <= 1e-2 * std::abs(loss32));
+    CHECK(cosine > 0.99);
+    CHECK(diff > 0);  // the bf16 step did round
+  }
+}
 
 TEST_CASE("A training step in bf16 matches fp32: ResNet-20, ResNet-18, VGG-16", "[precision]") {
   if (!cpu::dnnl_has_bf16()) {

@@ -280,8 +280,8 @@ void visit_config(Cfg& c, Visitor& v) {
         "fp32's exponent range) and checkpoints are the same files in either precision. On the CPU "
         "bf16 needs AVX-512 (native with avx512_bf16 or AMX, emulated on plain AVX-512) and is "
         "refused below it. On CUDA bf16 runs cuDNN's and cuBLAS's bf16 kernels, whose outputs are "
-        "rounded to bf16 once more (as under autocast). The LSTMs and the LAS speller's own products "
-        "stay fp32 on both. tf32: fp32 data, "
+        "rounded to bf16 once more (as under autocast). The LSTMs and LAS's attention products stay fp32 "
+        "on both. tf32: fp32 data, "
         "with cuDNN convolutions and cuBLAS GEMMs allowed to multiply on TF32 tensor cores (10-bit "
         "mantissa inputs, fp32 accumulation); a GPU mode, refused on the CPU.",
         kPrecisions);

@@ -72,10 +72,16 @@ void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, float, int64_t, int64_t, float, int64_t>;
   static std::map<Key, std::unique_ptr<Bf16Gemm>> cache;
   static std::mutex mutex;  // ops run one at a time; the lock only guards the cache
+  // Speech batches change their lengths, and with them LAS's GEMM shapes, from step to step: past
+  // this many shapes the cache starts again, so that its memory stays bounded (a step uses a few
+  // dozen shapes; a miss costs one primitive creation).
+  constexpr size_t kMaxShapes = 256;
   Bf16Gemm* gemm;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    auto& slot = cache[Key{trans_a, trans_b, m, n, k, alpha, lda, ldb, beta, ldc}];
+    const Key key{trans_a, trans_b, m, n, k, alpha, lda, ldb, beta, ldc};
+    if (cache.size() >= kMaxShapes && cache.find(key) == cache.end()) cache.clear();
+    auto& slot = cache[key];
     if (!slot) slot = std::make_unique<Bf16Gemm>(trans_a, trans_b, m, n, k, alpha, lda, ldb, beta, ldc);
     gemm = slot.get();
   }

@@ -118,7 +118,8 @@ void Las::listen(const SpeechInput& in, Mode mode) {
   backend_.swap_axes(1, Tl, N, C, h->data, values.data);
   Tensor& keys = w.keys.resize({N, Tl, A});
   backend_.broadcast_rows(N * Tl, A, params_.value(key_.bias).data, keys.data);
-  backend_.gemm(false, true, N * Tl, A, C, 1.f, values.data, C, params_.value(key_.weight).data, C, 1.f, keys.data, A);
+  backend_.layer_gemm(false, true, N * Tl, A, C, 1.f, values.data, C, params_.value(key_.weight).data, C, 1.f,
+                      keys.data, A);
   backend_.relu_forward(keys.numel(), keys.data, keys.data);
   flops_ += 2.0 * N * Tl * C * A;
   // Each cell's two bias vectors, summed once for all its steps.
@@ -137,12 +138,12 @@ void Las::listener_backward() {
   Tensor dkeys = w.dkeys.view();
   Tensor dvalues = w.dvalues.view();
   backend_.relu_backward(dkeys.numel(), w.keys.view().data, dkeys.data, dkeys.data);
-  backend_.gemm(true, false, A, C, N * Tl, 1.f, dkeys.data, A, w.values.view().data, C, 0.f,
-                params_.grad(key_.weight).data, C);
+  backend_.layer_gemm(true, false, A, C, N * Tl, 1.f, dkeys.data, A, w.values.view().data, C, 0.f,
+                      params_.grad(key_.weight).data, C);
   backend_.sum_rows(N * Tl, A, dkeys.data, params_.grad(key_.bias).data);
   gradients_final_from("attention.query");  // the key and the query (its gradient came first)
-  backend_.gemm(false, false, N * Tl, C, A, 1.f, dkeys.data, A, params_.value(key_.weight).data, C, 1.f,
-                dvalues.data, C);
+  backend_.layer_gemm(false, false, N * Tl, C, A, 1.f, dkeys.data, A, params_.value(key_.weight).data, C, 1.f,
+                      dvalues.data, C);
   // Back to time-major, then down the pyramid.
   Tensor& d = w.dlistener.resize({Tl, N, C});
   backend_.swap_axes(1, N, Tl, C, dvalues.data, d.data);
@@ -180,10 +181,10 @@ void Las::speller_step(const Step& s, int64_t rows, const int32_t* row_utterance
   for (size_t j = 0; j < cells_.size(); ++j) {
     const Cell& cell = cells_[j];
     backend_.broadcast_rows(rows, 4 * Hs, w.bias_sum.view().data + j * 4 * Hs, s.gates[j]);
-    backend_.gemm(false, true, rows, 4 * Hs, cell.input, 1.f, x, cell.input, params_.value(cell.w_ih).data,
-                  cell.input, 1.f, s.gates[j], 4 * Hs);
-    backend_.gemm(false, true, rows, 4 * Hs, Hs, 1.f, s.h_prev[j], Hs, params_.value(cell.w_hh).data, Hs, 1.f,
-                  s.gates[j], 4 * Hs);
+    backend_.layer_gemm(false, true, rows, 4 * Hs, cell.input, 1.f, x, cell.input, params_.value(cell.w_ih).data,
+                        cell.input, 1.f, s.gates[j], 4 * Hs);
+    backend_.layer_gemm(false, true, rows, 4 * Hs, Hs, 1.f, s.h_prev[j], Hs, params_.value(cell.w_hh).data, Hs, 1.f,
+                        s.gates[j], 4 * Hs);
     backend_.lstm_cell_forward(rows, Hs, s.gates[j], s.c_prev[j], s.c[j], s.h[j], s.tanh_c[j]);
     x = s.h[j];
     flops_ += 2.0 * rows * 4 * Hs * (cell.input + Hs);
@@ -192,15 +193,15 @@ void Las::speller_step(const Step& s, int64_t rows, const int32_t* row_utterance
   const int64_t SC = Hs + C, Tl = ws_->values.view().dim(1);
   backend_.copy_2d(rows, Hs, x, Hs, s.state_context, SC);
   backend_.broadcast_rows(rows, A, params_.value(query_.bias).data, s.query);
-  backend_.gemm(false, true, rows, A, Hs, 1.f, x, Hs, params_.value(query_.weight).data, Hs, 1.f, s.query, A);
+  backend_.layer_gemm(false, true, rows, A, Hs, 1.f, x, Hs, params_.value(query_.weight).data, Hs, 1.f, s.query, A);
   backend_.relu_forward(rows * A, s.query, s.query);
   const std::vector<int32_t>& lengths = lengths_.back();
   backend_.attention_forward(rows, Tl, A, C, lengths.data(), row_utterance, s.query, w.keys.view().data,
                              w.values.view().data, s.alpha, s.state_context + Hs, SC);
   for (int64_t r = 0; r < rows; ++r) flops_ += 2.0 * lengths[row_utterance ? row_utterance[r] : r] * (A + C);
   backend_.broadcast_rows(rows, V, params_.value(output_.bias).data, s.logits);
-  backend_.gemm(false, true, rows, V, SC, 1.f, s.state_context, SC, params_.value(output_.weight).data, SC, 1.f,
-                s.logits, V);
+  backend_.layer_gemm(false, true, rows, V, SC, 1.f, s.state_context, SC, params_.value(output_.weight).data, SC,
+                      1.f, s.logits, V);
   flops_ += 2.0 * rows * (Hs * A + SC * V);
 }
 
@@ -321,8 +322,9 @@ void Las::backward() {
   backend_.scatter_rows(w.targets, V, tokens + 2 * UN, w.packed_grad.view().data, dlogits);
   const float* state_context = w.state_context.view().data;
   float* dsc = w.dstate_context.resize({U, N, SC}).data;
-  backend_.gemm(false, false, UN, SC, V, 1.f, dlogits, V, params_.value(output_.weight).data, SC, 0.f, dsc, SC);
-  backend_.gemm(true, false, V, SC, UN, 1.f, dlogits, V, state_context, SC, 0.f, params_.grad(output_.weight).data, SC);
+  backend_.layer_gemm(false, false, UN, SC, V, 1.f, dlogits, V, params_.value(output_.weight).data, SC, 0.f, dsc, SC);
+  backend_.layer_gemm(true, false, V, SC, UN, 1.f, dlogits, V, state_context, SC, 0.f,
+                      params_.grad(output_.weight).data, SC);
   backend_.sum_rows(UN, V, dlogits, params_.grad(output_.bias).data);
   // Overlap: the output layer (declared last) is final; its bucket can go out during the steps
   // back through time.
@@ -363,7 +365,7 @@ void Las::backward() {
     backend_.relu_backward(N * A, query + t * N * A, dq, dq);
     // s_t: the output layer's gradient plus the query's.
     backend_.copy_2d(N, Hs, dsc + t * N * SC, SC, dstate, Hs);
-    backend_.gemm(false, false, N, Hs, A, 1.f, dq, A, params_.value(query_.weight).data, Hs, 1.f, dstate, Hs);
+    backend_.layer_gemm(false, false, N, Hs, A, 1.f, dq, A, params_.value(query_.weight).data, Hs, 1.f, dstate, Hs);
     // The cells, top down: the gradient from above plus the one carried from step t + 1.
     const float* from_above = dstate;
     for (size_t jj = L; jj-- > 0;) {
@@ -374,10 +376,11 @@ void Las::backward() {
       backend_.lstm_cell_backward(N, Hs, w.gates[jj].view().data + t * N * 4 * Hs, w.c[jj].view().data + t * N * Hs,
                                   w.tanh_c[jj].view().data + t * N * Hs, dh_j, dc + jj * N * Hs, dg);
       // dh for step t - 1 (this cell's recurrence), and the gradient of this cell's input.
-      backend_.gemm(false, false, N, Hs, 4 * Hs, 1.f, dg, 4 * Hs, params_.value(cell.w_hh).data, Hs, 0.f, dh_j, Hs);
+      backend_.layer_gemm(false, false, N, Hs, 4 * Hs, 1.f, dg, 4 * Hs, params_.value(cell.w_hh).data, Hs, 0.f,
+                          dh_j, Hs);
       float* dx = jj > 0 ? dstate : dinput;  // dstate is free once the top cell has read it
-      backend_.gemm(false, false, N, cell.input, 4 * Hs, 1.f, dg, 4 * Hs, params_.value(cell.w_ih).data, cell.input,
-                    0.f, dx, cell.input);
+      backend_.layer_gemm(false, false, N, cell.input, 4 * Hs, 1.f, dg, 4 * Hs, params_.value(cell.w_ih).data,
+                          cell.input, 0.f, dx, cell.input);
       from_above = dx;
     }
     // The input [embedding ; previous context]: the embedding's rows, and the context's gradient
@@ -387,16 +390,17 @@ void Las::backward() {
   }
 
   // Weight gradients, all steps at once.
-  backend_.gemm(true, false, A, Hs, UN, 1.f, dquery, A, state_context, SC, 0.f, params_.grad(query_.weight).data, Hs);
+  backend_.layer_gemm(true, false, A, Hs, UN, 1.f, dquery, A, state_context, SC, 0.f,
+                      params_.grad(query_.weight).data, Hs);
   backend_.sum_rows(UN, A, dquery, params_.grad(query_.bias).data);
   for (size_t j = 0; j < L; ++j) {
     const Cell& cell = cells_[j];
     const float* dg = w.dgates[j].view().data;
     const float* x = j == 0 ? w.input.view().data : w.h[j - 1].view().data + N * Hs;  // h[j-1] at steps 1..U
-    backend_.gemm(true, false, 4 * Hs, cell.input, UN, 1.f, dg, 4 * Hs, x, cell.input, 0.f,
-                  params_.grad(cell.w_ih).data, cell.input);
-    backend_.gemm(true, false, 4 * Hs, Hs, UN, 1.f, dg, 4 * Hs, w.h[j].view().data, Hs, 0.f,
-                  params_.grad(cell.w_hh).data, Hs);
+    backend_.layer_gemm(true, false, 4 * Hs, cell.input, UN, 1.f, dg, 4 * Hs, x, cell.input, 0.f,
+                        params_.grad(cell.w_ih).data, cell.input);
+    backend_.layer_gemm(true, false, 4 * Hs, Hs, UN, 1.f, dg, 4 * Hs, w.h[j].view().data, Hs, 0.f,
+                        params_.grad(cell.w_hh).data, Hs);
     backend_.sum_rows(UN, 4 * Hs, dg, params_.grad(cell.b_ih).data);
     backend_.copy(4 * Hs, params_.grad(cell.b_ih).data, params_.grad(cell.b_hh).data);
   }
