@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "models/backend.h"
@@ -129,6 +130,23 @@ inline Exact exact_gemm(const GemmCase& t, const std::vector<float>& a, const st
       c.value[i * t.n + j] = v, c.magnitude[i * t.n + j] = m;
     }
   return c;
+}
+
+// A training step in bf16 against the fp32 step: the losses within 1e-2 relative, the gradients'
+// cosine above min_cosine, and the two gradients not equal (the bf16 step did round). `what` names it.
+inline void check_bf16_step_close(const std::string& what, double loss16, double loss32, const std::vector<float>& g16,
+                                  const std::vector<float>& g32, double min_cosine) {
+  REQUIRE(g16.size() == g32.size());
+  double dot = 0, n16 = 0, n32 = 0, diff = 0;
+  for (size_t i = 0; i < g32.size(); ++i) {
+    dot += double(g16[i]) * g32[i], n16 += double(g16[i]) * g16[i], n32 += double(g32[i]) * g32[i];
+    diff += std::abs(double(g16[i]) - g32[i]);
+  }
+  const double cosine = dot / std::sqrt(n16 * n32);
+  INFO(what << ": loss bf16 " << loss16 << " fp32 " << loss32 << ", gradient cosine " << cosine);
+  CHECK(std::abs(loss16 - loss32) <= 1e-2 * std::abs(loss32));
+  CHECK(cosine > min_cosine);
+  CHECK(diff > 0);
 }
 
 // Linear's three products (forward with the bias preset and beta 1, weight and input gradients),
