@@ -41,6 +41,20 @@ void require_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
                            " tensor");
 }
 
+// y = a + b (then relu(y) when `relu`) on bf16 tensors, in fp32, rounded once.
+void add_halves(const char* op, const Tensor& a, const Tensor& b, Tensor& y, bool relu) {
+  require_same_dtype(op, a, y);
+  require_same_dtype(op, b, y);
+  const uint16_t *pa = halves(a), *pb = halves(b);
+  uint16_t* py = halves(y);
+  const int64_t n = y.numel();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = widen_bf16(pa[i]) + widen_bf16(pb[i]);
+    py[i] = round_to_bf16(relu && !(v > 0.f) ? 0.f : v);
+  }
+}
+
 // The option-A shortcut's copy (backend.h) on either element type.
 template <class T>
 void shortcut_a_copy(const Tensor& x, const T* xs, int64_t stride, int64_t pad, const Tensor& y, T* ys) {
@@ -165,16 +179,7 @@ class CpuBackend final : public Backend {
 
   void add_relu_tensors(const Tensor& a, const Tensor& b, Tensor& y) override {
     if (y.dtype == DType::kF32) return Backend::add_relu_tensors(a, b, y);
-    require_same_dtype("add_relu_tensors", a, y);
-    require_same_dtype("add_relu_tensors", b, y);
-    const uint16_t *pa = halves(a), *pb = halves(b);
-    uint16_t* py = halves(y);
-    const int64_t n = y.numel();
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = widen_bf16(pa[i]) + widen_bf16(pb[i]);
-      py[i] = round_to_bf16(v > 0.f ? v : 0.f);
-    }
+    add_halves("add_relu_tensors", a, b, y, /*relu=*/true);
   }
 
   void relu_backward_tensors(const Tensor& y, const Tensor& dy, Tensor& dx) override {
@@ -190,13 +195,7 @@ class CpuBackend final : public Backend {
 
   void add_tensors(const Tensor& a, const Tensor& b, Tensor& y) override {
     if (y.dtype == DType::kF32) return Backend::add_tensors(a, b, y);
-    require_same_dtype("add_tensors", a, y);
-    require_same_dtype("add_tensors", b, y);
-    const uint16_t *pa = halves(a), *pb = halves(b);
-    uint16_t* py = halves(y);
-    const int64_t n = y.numel();
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) py[i] = round_to_bf16(widen_bf16(pa[i]) + widen_bf16(pb[i]));
+    add_halves("add_tensors", a, b, y, /*relu=*/false);
   }
 
   void convert_layout(const Tensor& x, Tensor& y) override { cpu::reorder_layout(x, y); }
