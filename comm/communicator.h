@@ -95,6 +95,11 @@ class Communicator {
   // Completes all, logging each at the moment it completed (not when the last one did).
   virtual void wait_all(std::vector<Request>& requests) = 0;
 
+  // The communicator over the same ranks, with the same log, that moves host memory: this one
+  // unless it moves a device's (NCCL, host staging), whose own MPI communicator it then is. For a
+  // method that takes device buffers but exchanges lists it built on the host (comm/sync/sparse_passes.h).
+  virtual Communicator& host_side() { return *this; }
+
   // True when two threads may call at the same time, each on its own communicator of this job (one
   // split from the other): MPI_THREAD_MULTIPLE. Never on one communicator from two threads at once.
   // A method that keeps a transfer running on a thread of its own across training steps (diloco's

@@ -50,6 +50,7 @@ class StagedCommunicator final : public Communicator {
   int local_size() const override { return host_->local_size(); }
   int local_rank() const override { return host_->local_rank(); }
   CommLog& log() override { return host_->log(); }
+  Communicator& host_side() override { return *host_; }
 
   void allreduce(void* buffer, int64_t count, DType type, ReduceOp op, const char* tag) override;
   void allgather(const void* send, int64_t count, void* recv, DType type, const char* tag) override;

@@ -362,6 +362,36 @@ class Backend : public DeviceMemory {
   // (unbias = M / (M - 1) turns the biased batch variance into the unbiased one).
   virtual void batchnorm_update_running(int64_t channels, float momentum, float unbias, const float* batch_mean,
                                         const float* batch_var, float* running_mean, float* running_var) = 0;
+
+  // ---- Sparse gradient sync (comm/sync/sparse_passes.h): the passes over gradient-sized buffers
+  // of the sparse methods (oktopk, topka, gaussiank, gtopk) where the gradient lives; what they do
+  // with their k-entry lists stays on the host. Each op that takes `grad` forms error feedback's
+  // acc = grad + residual into `acc` first, in the same pass, when grad is not null (one float add
+  // per entry, so any device gives the host's bits); with grad null, `acc` is only read.
+  // A magnitude's key is the bits of |acc_i| (for non-negative floats bit order is numeric order).
+  //
+  // One digit of a radix select over the keys: histogram[d] (256 int32 in this backend's memory,
+  // overwritten) counts the entries with min_key <= key <= the key of +inf (NaN never counts),
+  // (key & mask) == prefix, and (key >> shift) & 255 == d.
+  virtual void magnitude_histogram(int64_t n, const float* grad, float* acc, uint32_t min_key, uint32_t mask,
+                                   uint32_t prefix, int shift, int32_t* histogram) = 0;
+  // Stream compaction: the entries with |acc_i| >= t, in index order, into index and value (the
+  // first `capacity` of them; index holds int32 in float-sized slots of this backend's memory).
+  // Returns how many there are, which may exceed capacity (then call again, grad null, with room):
+  // the count is read back, so this waits for the device.
+  virtual int64_t select_at_least(int64_t n, const float* grad, float* acc, float t, int32_t* index, float* value,
+                                  int64_t capacity) = 0;
+  // GaussianK's moments: acc = grad + acc (grad required), then sums[0] = sum acc_i and
+  // sums[1] = sum acc_i^2 (host doubles; waits),
+  // accumulated in double in a fixed order (the CPU: per-thread partials in thread order; a GPU:
+  // fixed blocks), so the last bits of the sums may differ between devices.
+  virtual void accumulate_moments(int64_t n, const float* grad, float* acc, double* sums) = 0;
+  // The dense output of a sparse step: y = 0 except y[index[j]] = value[j] / divisor (the indices
+  // distinct, in this backend's memory).
+  virtual void sparse_to_dense(int64_t n, int64_t count, const int32_t* index, const float* value, float divisor,
+                               float* y) = 0;
+  // y[index[j]] = value for j < count (error feedback's clears).
+  virtual void scatter_fill(int64_t count, const int32_t* index, float value, float* y) = 0;
 };
 
 // The CPU backend (oneDNN primitives, OpenBLAS, OpenMP loops). One per process.

@@ -154,6 +154,24 @@ class DeviceLikeCpu final : public Backend {
                                 const float* batch_var, float* running_mean, float* running_var) override {
     cpu_.batchnorm_update_running(channels, momentum, unbias, batch_mean, batch_var, running_mean, running_var);
   }
+  void magnitude_histogram(int64_t n, const float* grad, float* acc, uint32_t min_key, uint32_t mask, uint32_t prefix,
+                           int shift, int32_t* histogram) override {
+    cpu_.magnitude_histogram(n, grad, acc, min_key, mask, prefix, shift, histogram);
+  }
+  int64_t select_at_least(int64_t n, const float* grad, float* acc, float t, int32_t* index, float* value,
+                          int64_t capacity) override {
+    return cpu_.select_at_least(n, grad, acc, t, index, value, capacity);
+  }
+  void accumulate_moments(int64_t n, const float* grad, float* acc, double* sums) override {
+    cpu_.accumulate_moments(n, grad, acc, sums);
+  }
+  void sparse_to_dense(int64_t n, int64_t count, const int32_t* index, const float* value, float divisor,
+                       float* y) override {
+    cpu_.sparse_to_dense(n, count, index, value, divisor, y);
+  }
+  void scatter_fill(int64_t count, const int32_t* index, float value, float* y) override {
+    cpu_.scatter_fill(count, index, value, y);
+  }
 
   testing::CountingMemory memory;
 

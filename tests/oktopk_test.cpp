@@ -252,7 +252,7 @@ TEST_CASE("oktopk with exact thresholds every step returns the global top-k of t
         o.region_every = region_every;
         o.max_in_flight = in_flight;
         o.balance = balance;
-        comm::OkTopk sync(comm, n, o);
+        comm::OkTopk sync(comm, n, o, models::cpu_backend());
         INFO("balance " << balance << ", max_in_flight " << in_flight << ", region_every " << region_every);
         check_against_reference(sync, ref_oktopk, n, sync.k(), 5);
       }
@@ -261,7 +261,7 @@ TEST_CASE("oktopk with exact thresholds every step returns the global top-k of t
 TEST_CASE("topka equals its definition: exact local top-k, summed in rank order", "[topka][mpi]") {
   Communicator& comm = comm::world();
   const int64_t n = 12007;
-  comm::TopkA sync(comm, n, 0.02);
+  comm::TopkA sync(comm, n, 0.02, models::cpu_backend());
   check_against_reference(sync, ref_topka, n, sync.k(), 4);
 }
 
@@ -274,7 +274,7 @@ TEST_CASE("gtopk equals its definition: pairwise merge and reselect, then broadc
         Catch::Matchers::Contains("power-of-two") && Catch::Matchers::Contains(std::to_string(comm.size())));
     return;
   }
-  comm::GTopk sync(comm, n, 0.02);
+  comm::GTopk sync(comm, n, 0.02, models::cpu_backend());
   check_against_reference(sync, ref_gtopk, n, sync.k(), 4);
 }
 
@@ -282,7 +282,7 @@ TEST_CASE("gaussiank selects about k entries by its fitted threshold, the same o
           "[gaussiank][mpi]") {
   Communicator& comm = comm::world();
   const int64_t n = 50021;
-  comm::GaussianK sync(comm, n, 0.01);
+  comm::GaussianK sync(comm, n, 0.01, models::cpu_backend());
   World w(comm.size(), n, sync.k());
   for (int step = 0; step < 4; ++step) {
     const auto acc = w.accumulate(step);
@@ -370,19 +370,19 @@ TEST_CASE("Error feedback conserves mass in all four sparse methods", "[oktopk][
     o.local_threshold_every = 3;
     o.global_threshold_every = 2;
     o.region_every = 4;
-    comm::OkTopk sync(comm, n, o);
+    comm::OkTopk sync(comm, n, o, models::cpu_backend());
     check_mass(sync, n, 8);
   }
   {
-    comm::TopkA sync(comm, n, 0.01);
+    comm::TopkA sync(comm, n, 0.01, models::cpu_backend());
     check_mass(sync, n, 5);
   }
   {
-    comm::GaussianK sync(comm, n, 0.01);
+    comm::GaussianK sync(comm, n, 0.01, models::cpu_backend());
     check_mass(sync, n, 5);
   }
   if (is_power_of_two(comm.size())) {
-    comm::GTopk sync(comm, n, 0.01);
+    comm::GTopk sync(comm, n, 0.01, models::cpu_backend());
     check_mass(sync, n, 5);
   }
 }

@@ -148,7 +148,7 @@ TEST_CASE("methods that keep host state get a host backend: staged by the factor
   trainer::models::DeviceLikeCpu device;  // not host memory, as a GPU's
   const std::vector<models::ParamView> views{{"w", 0, {4, 2}}, {"b", 8, {4}}};
   const std::vector<bool> none;
-  for (const char* method : {"diloco", "powersgd", "oktopk"}) {
+  for (const char* method : {"diloco", "powersgd"}) {
     INFO(method);
     Config config = parse_config(std::string("[sync]\nmethod = \"") + method + "\"\n", "t");
     comm::SyncOptions o = sync_options(config);
@@ -157,6 +157,24 @@ TEST_CASE("methods that keep host state get a host backend: staged by the factor
     o.backend = &device;  // through the factory: built for the host, run on host copies
     CHECK(comm::make_gradient_sync(o, world, 12, &views)->name() == method);
   }
+}
+
+TEST_CASE("a sparse method takes device buffers unless its options need host loops", "[registry]") {
+  trainer::models::DeviceLikeCpu device;
+  const std::vector<models::ParamView> views{{"w", 0, {4, 2}}, {"b", 8, {4}}};
+  Config config = parse_config("[sync]\nmethod = \"oktopk\"\n", "t");
+  comm::SyncOptions o = sync_options(config);
+  o.backend = &device;
+  const comm::SyncMethod& spec = comm::sync_method("oktopk");
+  CHECK(comm::takes_device_buffers(spec, o));
+  CHECK_THAT(comm::make_gradient_sync(o, comm::world(), 12, &views)->describe(), !Contains("through host memory"));
+  o.keep_dense = "b";  // keep_dense's gathers are host loops: host copies
+  CHECK_FALSE(comm::takes_device_buffers(spec, o));
+  CHECK_THAT(comm::make_gradient_sync(o, comm::world(), 12, &views)->describe(), Contains("through host memory"));
+  o.keep_dense.clear();
+  o.adaptive = true;  // so is Accordion's detector
+  o.adaptive_density = 0.5;
+  CHECK_FALSE(comm::takes_device_buffers(spec, o));
 }
 
 TEST_CASE("--dry-run describes a registered method", "[registry]") {
@@ -171,7 +189,8 @@ TEST_CASE("--dry-run describes a registered method", "[registry]") {
 
 TEST_CASE("the built-in methods' capabilities", "[registry]") {
   using comm::SyncCapabilities;
-  CHECK(comm::sync_methods_that(&SyncCapabilities::device_buffers) == "dense and local_sgd");
+  CHECK(comm::sync_methods_that(&SyncCapabilities::device_buffers) ==
+        "dense, local_sgd, oktopk, topka, gaussiank and gtopk");
   CHECK(comm::sync_methods_that(&SyncCapabilities::compresses) == "oktopk, topka, gaussiank, gtopk and powersgd");
   CHECK(comm::sync_methods_that(&SyncCapabilities::applies_update) == "async_ps");
   for (const char* name : {"local_sgd", "diloco", "async_ps"})

@@ -408,7 +408,7 @@ void check_consistency(const Config& c, const Settings& settings, const std::str
              c.sync.method + "\"");
   // A method without device buffers runs on host copies on a GPU (comm/sync/host_staged.h), where
   // the 16-bit casts work as on the CPU; the device methods' buckets stay fp32 there.
-  if (c.runtime.device != "cpu" && method.can.device_buffers && c.sync.wire_dtype != "fp32")
+  if (c.runtime.device != "cpu" && comm::takes_device_buffers(method, sync_options(c)) && c.sync.wire_dtype != "fp32")
     fail(origin({"runtime.device", "sync.wire_dtype"}),
          "sync.wire_dtype = \"" + c.sync.wire_dtype + "\" casts on the host and cannot run with runtime.device = \"" +
              c.runtime.device + "\" yet (fp32 can)");

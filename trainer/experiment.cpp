@@ -136,7 +136,7 @@ Experiment build_experiment(const Config& config, comm::Communicator& world, com
   so.backend = e.backend;
   // A method that takes device buffers gets a communicator that moves them (NCCL, or MPI through
   // pinned staging); the others run on host copies (comm/sync/host_staged.h) and talk MPI.
-  if (comm::sync_method(config.sync.method).can.device_buffers) {
+  if (comm::takes_device_buffers(comm::sync_method(config.sync.method), so)) {
     comm::SyncCommunicator carrier = comm::make_sync_communicator(config.runtime.communicator, world, *e.backend);
     e.sync_comm = std::move(carrier.device);
     if (e.sync_comm) announce("sync communicator: " + carrier.description);

@@ -84,6 +84,7 @@ class NcclCommunicator final : public Communicator {
   int local_size() const override { return world_.local_size(); }
   int local_rank() const override { return world_.local_rank(); }
   CommLog& log() override { return world_.log(); }
+  Communicator& host_side() override { return world_; }
 
   void allreduce(void* buffer, int64_t count, DType type, ReduceOp op, const char* tag) override {
     const bool timed = begin();

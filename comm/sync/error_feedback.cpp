@@ -12,7 +12,30 @@
 
 namespace trainer::comm {
 
+void ErrorFeedback::require_host(const char* call) const {
+  if (device_)
+    throw std::logic_error(std::string("error feedback: ") + call + " on a residual in device memory (" +
+                           device_->name() + "): only the device passes touch it");
+}
+
+float* ErrorFeedback::device_storage() {
+  if (on_device_.empty()) {
+    on_device_.resize(n_);
+    device_->fill(n_, 0.f, on_device_.data());
+  }
+  return on_device_.data();
+}
+
+std::vector<float> ErrorFeedback::device_values() const {
+  std::vector<float> host;
+  if (on_device_.empty()) return host;
+  host.resize(static_cast<size_t>(n_));
+  models::copy_to_host(*device_, on_device_.data(), n_, host.data());
+  return host;
+}
+
 float* ErrorFeedback::storage() {
+  require_host("the host residual");
   if (residual_.empty()) {
     residual_.assign(n_, 0.f);
     pending_.assign((n_ + 15) / 16, 0);
@@ -36,6 +59,10 @@ float* ErrorFeedback::residual() {
 
 void ErrorFeedback::clear_all() {
   if (!allocated()) return;
+  if (device_) {
+    device_->fill(n_, 0.f, on_device_.data());
+    return;
+  }
   std::fill(residual_.begin(), residual_.end(), 0.f);
   if (has_pending_) std::fill(pending_.begin(), pending_.end(), uint16_t{0});
   has_pending_ = false;
@@ -62,8 +89,13 @@ uint16_t* ErrorFeedback::clear_flags() {
 
 void ErrorFeedback::save(std::ostream& out) const {
   write_pod(out, n_);
-  write_pod(out, static_cast<uint8_t>(!residual_.empty()));
-  if (residual_.empty()) return;
+  write_pod(out, static_cast<uint8_t>(allocated()));
+  if (!allocated()) return;
+  if (device_) {
+    const std::vector<float> host = device_values();
+    out.write(reinterpret_cast<const char*>(host.data()), static_cast<std::streamsize>(n_ * sizeof(float)));
+    return;
+  }
   if (!has_pending_) {
     out.write(reinterpret_cast<const char*>(residual_.data()), static_cast<std::streamsize>(n_ * sizeof(float)));
     return;
@@ -92,14 +124,27 @@ void ErrorFeedback::load(std::istream& in, const char* what) {
     residual_.shrink_to_fit();
     pending_.clear();
     has_pending_ = false;
+    if (device_) on_device_ = models::DeviceBuffer(*device_);
     return;
   }
   std::vector<float> r(n_);
   in.read(reinterpret_cast<char*>(r.data()), static_cast<std::streamsize>(n_ * sizeof(float)));
   if (!in) throw std::runtime_error(std::string(what) + " state: residual truncated");
+  adopt_loaded(std::move(r));
+}
+
+void ErrorFeedback::adopt_loaded(std::vector<float> r) {
+  pending_.clear();
+  has_pending_ = false;
+  if (device_) {
+    on_device_.resize(n_);
+    models::copy_to_device(*device_, r.data(), n_, on_device_.data());
+    residual_.clear();
+    residual_.shrink_to_fit();
+    return;
+  }
   residual_ = std::move(r);
   pending_.assign((n_ + 15) / 16, 0);
-  has_pending_ = false;
 }
 
 void ErrorFeedback::load_mean(const std::vector<std::istream*>& saved, const char* what) {
@@ -129,10 +174,10 @@ void ErrorFeedback::load_mean(const std::vector<std::istream*>& saved, const cha
   has_pending_ = false;
   if (present == 0) {
     residual_.shrink_to_fit();
+    if (device_) on_device_ = models::DeviceBuffer(*device_);
     return;
   }
-  residual_ = sum.mean();
-  pending_.assign((n_ + 15) / 16, 0);
+  adopt_loaded(sum.mean());
 }
 
 void ErrorFeedback::Step::require_formed(const char* call) const {
@@ -144,6 +189,13 @@ SelectSource ErrorFeedback::Step::fused() {
   if (state_ != State::kFresh) throw std::logic_error("error feedback: acc = grad + residual formed twice in a step");
   state_ = State::kWhole;
   return ef_.accumulate(grad_);
+}
+
+float* ErrorFeedback::Step::on_device() {
+  if (!ef_.device_) throw std::logic_error("error feedback: a device pass on a residual in host memory");
+  if (state_ != State::kFresh) throw std::logic_error("error feedback: acc = grad + residual formed twice in a step");
+  state_ = State::kWhole;
+  return ef_.device_storage();
 }
 
 float* ErrorFeedback::Step::in_place() {

@@ -15,6 +15,12 @@
 //
 // The buffer is allocated (zero) on first use, so the dense warmup holds no residual and
 // compression starts from zeros. Saved as a count, a presence byte and the raw n floats.
+//
+// On a device (a backend whose memory is not the host's: runtime.device = "cuda") the residual is a
+// DeviceBuffer of that backend, which only the device passes (sparse_passes.h, through
+// Step::on_device) touch; its clears are applied at once there (scattered writes cost a GPU little),
+// so nothing is deferred. Saving and loading copy through the host: the checkpoint is the same file
+// on either device, and a run resumes on the other.
 #pragma once
 
 #include <cstdint>
@@ -23,19 +29,30 @@
 #include <vector>
 
 #include "comm/sync/select.h"
+#include "models/backend.h"
+#include "models/device_buffer.h"
 
 namespace trainer::comm {
 
 class ErrorFeedback {
  public:
-  explicit ErrorFeedback(int64_t n) : n_(n) {}
+  // `device`: where the residual lives; null (or a host backend): host memory.
+  explicit ErrorFeedback(int64_t n, models::Backend* device = nullptr)
+      : n_(n), device_(device && !device->is_host() ? device : nullptr) {
+    if (device_) on_device_ = models::DeviceBuffer(*device_);
+  }
   int64_t size() const { return n_; }
-  bool allocated() const { return !residual_.empty(); }
+  bool allocated() const { return device_ ? !on_device_.empty() : !residual_.empty(); }
+  // The device the residual lives on, or null (host memory).
+  models::Backend* device() const { return device_; }
   // The residual, pending clears applied (zero-filled on the first call).
   float* residual();
   // The residual as it is stored (empty before the first use), for readers that know no clears are
   // pending (a dense compressor never defers any).
-  const std::vector<float>& values() const { return residual_; }
+  const std::vector<float>& values() const {
+    require_host("values()");
+    return residual_;
+  }
   // For a selection pass forming acc = grad + residual (select.h's SelectSource): the pass applies
   // and resets the pending clears, so call this right before the pass.
   SelectSource accumulate(const float* grad);
@@ -86,6 +103,9 @@ class ErrorFeedback {
     Step(ErrorFeedback& ef, const float* grad) : ef_(ef), grad_(grad) {}
     SelectSource fused();
     float* in_place();
+    // The device residual itself (zero-filled on the first call) for the device passes, which form
+    // acc in it and apply the step's clears there (ErrorFeedback on a device only).
+    float* on_device();
     float* materialize(int64_t at, int64_t count);
     float* adopt(int64_t at, const float* acc, int64_t count);
     void sent(const int32_t* index, int64_t count);
@@ -104,8 +124,16 @@ class ErrorFeedback {
 
  private:
   float* storage();  // allocated, pending clears not applied
+  float* device_storage();  // allocated (zero) on the device
+  void require_host(const char* call) const;
+  // The residual as read back from the device (empty when none is allocated).
+  std::vector<float> device_values() const;
+  // A loaded residual (load, load_mean) becomes this one, on the device where it lives.
+  void adopt_loaded(std::vector<float> r);
 
   int64_t n_;
+  models::Backend* device_ = nullptr;
+  models::DeviceBuffer on_device_;
   std::vector<float> residual_;
   std::vector<uint16_t> pending_;  // one bit per entry; all zero when has_pending_ is false
   bool has_pending_ = false;

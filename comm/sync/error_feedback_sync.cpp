@@ -102,7 +102,7 @@ void ErrorFeedbackSync::load(std::istream& in) {
   std::stringstream before;  // the compressor's state is small (no residual): kept to roll back
   save_adaptive(before);
   save_state(before);
-  ErrorFeedback residual(ef_.size());
+  ErrorFeedback residual(ef_.size(), ef_.device());
   try {
     load_adaptive(in);
     load_state(in);
@@ -139,7 +139,7 @@ std::string ErrorFeedbackSync::load_resharded(const std::vector<std::string>& st
   for (const std::string& s : states) streams.emplace_back(s);
   std::vector<std::istream*> saved;
   for (auto& s : streams) saved.push_back(&s);
-  ErrorFeedback residual(ef_.size());
+  ErrorFeedback residual(ef_.size(), ef_.device());
   std::string what;
   std::stringstream adaptive_before;
   save_adaptive(adaptive_before);

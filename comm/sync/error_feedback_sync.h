@@ -68,7 +68,8 @@ class ErrorFeedbackSync : public GradientSync {
   std::string adaptive_note(const char* what) const;
 
  protected:
-  explicit ErrorFeedbackSync(int64_t n) : ef_(n) {}
+  // `device`: where the residual lives (error_feedback.h); null: host memory.
+  explicit ErrorFeedbackSync(int64_t n, models::Backend* device = nullptr) : ef_(n, device) {}
   // One compressed step: on return b.grads holds the output (the same on every rank).
   virtual SyncStats compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) = 0;
   // The compressor's versioned state (write_sync_header first); load_state throws

@@ -1,7 +1,5 @@
 #include "comm/sync/gaussiank.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -16,8 +14,8 @@ namespace trainer::comm {
 
 SyncMethod gaussiank_method() {
   return sparse_method("gaussiank", "normal-fit threshold, allgatherv",
-                       [](const SyncOptions& o, Communicator& comm, int64_t count) {
-                         return std::make_unique<GaussianK>(comm, count, o.density);
+                       [](const SyncOptions& o, Communicator& comm, int64_t count, models::Backend& backend) {
+                         return std::make_unique<GaussianK>(comm, count, o.density, backend);
                        });
 }
 
@@ -35,8 +33,13 @@ double normal_two_sided_quantile(double tail) {
   return z;
 }
 
-GaussianK::GaussianK(Communicator& comm, int64_t n, double density)
-    : ErrorFeedbackSync(n), comm_(comm), n_(n), k_(top_k_count(density, n)), density_(density) {}
+GaussianK::GaussianK(Communicator& comm, int64_t n, double density, models::Backend& backend)
+    : ErrorFeedbackSync(n, &backend),
+      comm_(comm),
+      n_(n),
+      k_(top_k_count(density, n)),
+      density_(density),
+      passes_(make_sparse_passes(backend, n)) {}
 
 std::string GaussianK::describe() const {
   const int p = comm_.size();
@@ -48,34 +51,7 @@ std::string GaussianK::describe() const {
   return out.str();
 }
 
-void GaussianK::accumulate_with_moments(const float* g, float* r, double& mean, double& stddev) {
-  // Per-thread partial sums added in thread order (an OpenMP reduction may combine in arrival
-  // order, and the threshold must be the same on a resumed run).
-  const int threads = omp_get_max_threads();
-  partial_.assign(2 * threads, 0.0);
-#pragma omp parallel num_threads(threads)
-  {
-    const int t = omp_get_thread_num(), T = omp_get_num_threads();
-    const int64_t begin = n_ * t / T, end = n_ * (t + 1) / T;
-    double sum = 0, sum_sq = 0;
-#pragma omp simd reduction(+ : sum, sum_sq)
-    for (int64_t i = begin; i < end; ++i) {
-      const float a = g[i] + r[i];
-      r[i] = a;
-      sum += a;
-      sum_sq += static_cast<double>(a) * a;
-    }
-    partial_[2 * t] = sum;
-    partial_[2 * t + 1] = sum_sq;
-  }
-  double sum = 0, sum_sq = 0;
-  for (int t = 0; t < threads; ++t) sum += partial_[2 * t], sum_sq += partial_[2 * t + 1];
-  mean = sum / n_;
-  // Unbiased, as torch.std.
-  stddev = n_ > 1 ? std::sqrt(std::max(0.0, (sum_sq - sum * mean) / (n_ - 1))) : 0.0;
-}
-
-float GaussianK::adjusted_threshold(float t, const float* acc) {
+float GaussianK::adjusted_threshold(float t) {
   constexpr float kScale = 1.012f;
   constexpr int kMaxLoops = 50, kCollectBelow = 12;
   auto count_at_least = [&](float x) {
@@ -87,7 +63,7 @@ float GaussianK::adjusted_threshold(float t, const float* acc) {
   auto collect_below = [&](float x) {
     float lo = x;
     for (int i = 0; i < kCollectBelow; ++i) lo /= kScale;
-    select_at_least(read_only(acc), n_, std::max(lo, min_threshold()), local_, scratch_);
+    passes_->select_at_least(std::max(lo, min_threshold()), local_);
     return lo;
   };
   float lo = collect_below(t);
@@ -113,11 +89,11 @@ float GaussianK::adjusted_threshold(float t, const float* acc) {
 SyncStats GaussianK::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) {
   comm_.log().set_step(step, Phase::kCompressed);
   const int p = comm_.size(), me = comm_.rank();
-  float* acc = ef.in_place();
+  passes_->begin(b.grads, ef);
   double mean = 0, stddev = 0;
-  accumulate_with_moments(b.grads, acc, mean, stddev);
+  passes_->moments(mean, stddev);
   const float fit = static_cast<float>(mean + stddev * normal_two_sided_quantile(std::min(density_, 1.0 - 1e-12)));
-  threshold_ = adjusted_threshold(std::max(fit, min_threshold()), acc);
+  threshold_ = adjusted_threshold(std::max(fit, min_threshold()));
   const int64_t mine = keep_at_least(local_, threshold_);
 
   counts_.resize(p);
@@ -145,8 +121,8 @@ SyncStats GaussianK::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step&
   }
   merge_sum_all(lists_, merged_, tmp_);
   lists_.assign(1, {merged_.index(), merged_.value(), merged_.size()});
-  write_sparse_output(b.grads, n_, lists_, static_cast<float>(p), output_);
-  ef.sent(local_.index(), mine);
+  passes_->write_output(lists_, static_cast<float>(p), nullptr);
+  passes_->sent(local_.index(), mine);
   ++steps_;
   return {Phase::kCompressed, static_cast<double>(mine) / n_};
 }

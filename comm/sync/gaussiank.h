@@ -2,6 +2,7 @@
 
 #include "comm/sync/error_feedback_sync.h"
 #include "comm/sync/select.h"
+#include "comm/sync/sparse_passes.h"
 
 namespace trainer::comm {
 
@@ -18,7 +19,8 @@ namespace trainer::comm {
 // Per rank and step: about 2k words sent, 2k(P-1) received.
 class GaussianK final : public ErrorFeedbackSync {
  public:
-  GaussianK(Communicator& comm, int64_t n, double density);
+  // `backend`: where the gradient and the residual live (sparse_passes.h); `comm` moves host memory.
+  GaussianK(Communicator& comm, int64_t n, double density, models::Backend& backend);
   std::string name() const override { return "gaussiank"; }
   std::string describe() const override;
 
@@ -32,24 +34,19 @@ class GaussianK final : public ErrorFeedbackSync {
   // sync.adaptive: k from sync.adaptive_density or sync.density (one group: the whole gradient).
   void adapt(const std::vector<uint8_t>& low, bool fresh) override;
   std::string merge_state(const std::vector<std::istream*>& saved) override;
-  // acc = grad + residual into the residual (ErrorFeedback::Step::in_place), fused with the mean and
-  // standard deviation of acc.
-  void accumulate_with_moments(const float* grads, float* residual, double& mean, double& stddev);
-  float adjusted_threshold(float t, const float* acc);
+  float adjusted_threshold(float t);
 
   Communicator& comm_;
   int64_t n_, k_;
   double density_;
   int64_t steps_ = 0;
   float threshold_ = 0.f;  // the last step's final threshold (reported, not reused)
+  std::unique_ptr<SparsePasses> passes_;
   SparseList local_, merged_, tmp_;
-  SelectScratch scratch_;
-  OutputScratch output_;
   std::vector<int32_t> counts_;
   std::vector<int64_t> block_counts_;
   std::vector<int32_t> gathered_;  // per rank: [indices][value bits]
   std::vector<ListRef> lists_;
-  std::vector<double> partial_;  // per-thread moment sums
 };
 
 // The z with P(|Z| > z) = tail for a standard normal Z (0 < tail < 1).

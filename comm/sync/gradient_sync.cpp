@@ -92,9 +92,10 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
   const SyncMethod& spec = sync_method(o.method);
   models::Backend& device = o.backend ? *o.backend : models::cpu_backend();
   // A method that computes on host buffers, on a run whose buffers are a device's: built for the
-  // host (the CPU backend; `comm` moves host memory) and run on host copies (host_staged.h).
-  const bool staged = !device.is_host() && !spec.can.device_buffers;
+  // host (the CPU backend, and the host side of `comm`) and run on host copies (host_staged.h).
+  const bool staged = !device.is_host() && !takes_device_buffers(spec, o);
   models::Backend& backend = staged ? models::cpu_backend() : device;
+  Communicator& method_comm = staged ? comm.host_side() : comm;
   if (spec.check)
     for (const SyncOptionProblem& problem : spec.check(o)) throw std::invalid_argument(problem.message);
   // sync.keep_dense (keep_dense.h): the tensors it names, per view; empty when unset.
@@ -109,9 +110,9 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
   if (o.adaptive && !spec.can.compresses)
     throw std::invalid_argument("sync.adaptive applies to the compressing methods (" +
                                 sync_methods_that(&SyncCapabilities::compresses) + "), not to '" + o.method + "'");
-  std::unique_ptr<GradientSync> method = spec.make(o, SyncContext{comm, n, views, backend, kept});
+  std::unique_ptr<GradientSync> method = spec.make(o, SyncContext{method_comm, n, views, backend, kept});
   if (o.dense_warmup_steps > 0 && spec.can.wrapped_in_warmup)
-    method = std::make_unique<WarmupSync>(std::move(method), comm, n, o.bucket_mb, o.dense_warmup_steps, backend,
+    method = std::make_unique<WarmupSync>(std::move(method), method_comm, n, o.bucket_mb, o.dense_warmup_steps, backend,
                                           o.wire_dtype, DenseBuckets{o.first_bucket_mb, o.overlap, views});
   // The methods that sync parameters (their spec: keeps_parameters_equal is false) read and write
   // them; the others only the gradient.

@@ -12,13 +12,18 @@ namespace trainer::comm {
 
 SyncMethod gtopk_method() {
   return sparse_method("gtopk", "tree of pairwise top-k merges, power-of-two process counts",
-                       [](const SyncOptions& o, Communicator& comm, int64_t count) {
-                         return std::make_unique<GTopk>(comm, count, o.density);
+                       [](const SyncOptions& o, Communicator& comm, int64_t count, models::Backend& backend) {
+                         return std::make_unique<GTopk>(comm, count, o.density, backend);
                        });
 }
 
-GTopk::GTopk(Communicator& comm, int64_t n, double density)
-    : ErrorFeedbackSync(n), comm_(comm), n_(n), k_(top_k_count(density, n)), words_((comm.size() + 31) / 32) {
+GTopk::GTopk(Communicator& comm, int64_t n, double density, models::Backend& backend)
+    : ErrorFeedbackSync(n, &backend),
+      comm_(comm),
+      n_(n),
+      k_(top_k_count(density, n)),
+      words_((comm.size() + 31) / 32),
+      passes_(make_sparse_passes(backend, n)) {
   const int p = comm.size();
   if (p < 1 || (p & (p - 1)) != 0)
     throw std::invalid_argument("sync.method 'gtopk' needs a power-of-two number of processes, this run has " +
@@ -89,7 +94,8 @@ void GTopk::merge_received(const int32_t* message) {
 SyncStats GTopk::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) {
   comm_.log().set_step(step, Phase::kCompressed);
   const int p = comm_.size(), me = comm_.rank();
-  select_top_k(ef.fused(), n_, k_, /*exactly_k=*/true, local_, scratch_);
+  passes_->begin(b.grads, ef);
+  passes_->select_top_k(k_, /*exactly_k=*/true, local_);
   const int64_t k = local_.size();  // == k_
   const int64_t message_words = (2 + words_) * k;
   message_.resize(message_words);
@@ -116,12 +122,12 @@ SyncStats GTopk::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef)
   const float* value = reinterpret_cast<const float*>(message_.data() + k);
   const auto* mask = reinterpret_cast<const uint32_t*>(message_.data() + 2 * k);
   runs_.assign(1, {index, value, k});
-  write_sparse_output(b.grads, n_, runs_, static_cast<float>(p), output_);
+  passes_->write_output(runs_, static_cast<float>(p), nullptr);
   // Clear what reached the output: final entries whose mask holds this rank (all are in local_).
   contributed_.clear();
   for (int64_t j = 0; j < k; ++j)
     if (mask[j * words_ + me / 32] >> (me % 32) & 1u) contributed_.push_back(index[j]);
-  ef.sent(contributed_.data(), static_cast<int64_t>(contributed_.size()));
+  passes_->sent(contributed_.data(), static_cast<int64_t>(contributed_.size()));
   const auto contributed = static_cast<int64_t>(contributed_.size());
   ++steps_;
   return {Phase::kCompressed, static_cast<double>(contributed) / n_};

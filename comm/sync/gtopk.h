@@ -2,6 +2,7 @@
 
 #include "comm/sync/error_feedback_sync.h"
 #include "comm/sync/select.h"
+#include "comm/sync/sparse_passes.h"
 
 namespace trainer::comm {
 
@@ -27,7 +28,8 @@ namespace trainer::comm {
 // P must be a power of two; construction throws std::invalid_argument otherwise.
 class GTopk final : public ErrorFeedbackSync {
  public:
-  GTopk(Communicator& comm, int64_t n, double density);
+  // `backend`: where the gradient and the residual live (sparse_passes.h); `comm` moves host memory.
+  GTopk(Communicator& comm, int64_t n, double density, models::Backend& backend);
   std::string name() const override { return "gtopk"; }
   std::string describe() const override;
 
@@ -49,7 +51,7 @@ class GTopk final : public ErrorFeedbackSync {
   SparseList local_, current_, merged_;
   std::vector<uint32_t> mask_, merged_mask_;  // words_ per entry of current_ / merged_
   SelectScratch scratch_;
-  OutputScratch output_;
+  std::unique_ptr<SparsePasses> passes_;
   std::vector<ListRef> runs_;
   std::vector<int32_t> contributed_;
   std::vector<int32_t> message_;  // k indices, k value bits, k * words_ mask words

@@ -82,6 +82,8 @@ SyncMethod sparse_method(std::string name, std::string doc, SparseFactory make) 
   m.name = std::move(name);
   m.doc = std::move(doc);
   m.can.compresses = true;
+  m.can.device_buffers = true;
+  m.needs_host_buffers = [](const SyncOptions& o) { return o.adaptive || !o.keep_dense.empty(); };
   m.check = [](const SyncOptions& o) {
     std::vector<SyncOptionProblem> problems;
     if (o.adaptive && !(o.adaptive_density > o.density))
@@ -92,16 +94,18 @@ SyncMethod sparse_method(std::string name, std::string doc, SparseFactory make) 
     return problems;
   };
   m.make = [make](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
-    models::Backend& backend = c.host_backend(o.method);  // the residual and selection are host loops
     auto method = [&](int64_t count) -> std::unique_ptr<GradientSync> {
-      std::unique_ptr<ErrorFeedbackSync> sparse = make(o, c.comm, count);
+      // The lists are host arrays: on a device run, the MPI side of the device's communicator.
+      std::unique_ptr<ErrorFeedbackSync> sparse = make(o, c.comm.host_side(), count, c.backend);
       sparse->set_keep_residual(o.error_feedback);
       // One k over the flat gradient, so one group: the whole gradient (accordion.h).
       if (o.adaptive) sparse->enable_adaptive(c.comm, {{0, count}}, adaptive_options(o), o.density, o.adaptive_density);
       return sparse;
     };
     if (c.kept.empty()) return method(c.n);
-    return std::make_unique<KeepDenseSync>(c.comm, backend, *c.views, c.kept, method, o.bucket_mb, o.wire_dtype);
+    // The kept values live in host vectors (needs_host_buffers: never on a device's buffers).
+    return std::make_unique<KeepDenseSync>(c.comm, c.host_backend(o.method), *c.views, c.kept, method, o.bucket_mb,
+                                           o.wire_dtype);
   };
   return m;
 }

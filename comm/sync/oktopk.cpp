@@ -14,8 +14,8 @@ namespace trainer::comm {
 
 SyncMethod oktopk_method() {
   return sparse_method("oktopk", "Ok-Top-k sparse allreduce",
-                       [](const SyncOptions& o, Communicator& comm, int64_t count) {
-                         return std::make_unique<OkTopk>(comm, count, o);
+                       [](const SyncOptions& o, Communicator& comm, int64_t count, models::Backend& backend) {
+                         return std::make_unique<OkTopk>(comm, count, o, backend);
                        });
 }
 namespace {
@@ -39,8 +39,8 @@ float from_bits(uint32_t bits) {
 
 }  // namespace
 
-OkTopk::OkTopk(Communicator& comm, int64_t n, const SyncOptions& o)
-    : ErrorFeedbackSync(n),
+OkTopk::OkTopk(Communicator& comm, int64_t n, const SyncOptions& o, models::Backend& backend)
+    : ErrorFeedbackSync(n, &backend),
       comm_(comm),
       n_(n),
       k_(top_k_count(o.density, n)),
@@ -51,7 +51,8 @@ OkTopk::OkTopk(Communicator& comm, int64_t n, const SyncOptions& o)
       region_every_(o.region_every),
       max_in_flight_(o.max_in_flight),
       balance_(o.balance),
-      bounds_(comm.size() + 1) {
+      bounds_(comm.size() + 1),
+      passes_(make_sparse_passes(backend, n)) {
   if (local_every_ < 1 || global_every_ < 1 || region_every_ < 1 || max_in_flight_ < 1)
     throw std::invalid_argument(
         "oktopk: sync.local_threshold_every, global_threshold_every, region_every and max_in_flight must be >= 1");
@@ -217,7 +218,7 @@ void OkTopk::select_global(bool exact) {
   global_.resize(kept);
 }
 
-void OkTopk::gather_output(float* grads, uint16_t* sent_flags) {
+void OkTopk::gather_output() {
   const int64_t mine = global_.size();
   int64_t total = 0, offset = 0;  // offset: where this rank's entries start in the global order
   for (int r = 0; r < p_; ++r) {
@@ -281,14 +282,11 @@ void OkTopk::gather_output(float* grads, uint16_t* sent_flags) {
     const int32_t* index = final_.data() + 2 * block_offsets_[r];
     if (count > 0) lists_.push_back({index, reinterpret_cast<const float*>(index + count), count});
   }
-  mine_.resize((n_ + 15) / 16);
-  for (int64_t j = 0; j < local_.size(); ++j) set_flag(mine_.data(), local_.index()[j]);
-  contributed_ =
-      write_sparse_output(grads, n_, lists_, static_cast<float>(p_), output_, mine_.data(), sent_flags);
+  contributed_ = passes_->write_output(lists_, static_cast<float>(p_), &local_);
 }
 
-void OkTopk::reuse_local_threshold(const SelectSource& acc) {
-  select_at_least(acc, n_, std::max(t_local_, min_threshold()), local_, scratch_);
+void OkTopk::reuse_local_threshold() {
+  passes_->select_at_least(std::max(t_local_, min_threshold()), local_);
   // The reference's guard on reuse steps: while more than 3k/2 entries pass, raise t by 3% (at
   // most 5 times). Raising only drops collected entries, so this costs no pass over the gradient.
   for (int loop = 0; loop < kGuardSteps && 2 * local_.size() > 3 * k_; ++loop) {
@@ -302,10 +300,11 @@ SyncStats OkTopk::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef
   // 1. Local selection, acc = grad + residual formed in the same pass.
   const bool exact = exact_due_;
   exact_due_ = false;
+  passes_->begin(b.grads, ef);
   if (iteration_ % local_every_ == 0 || exact)
-    t_local_ = select_top_k(ef.fused(), n_, k_, /*exactly_k=*/false, local_, scratch_);
+    t_local_ = passes_->select_top_k(k_, /*exactly_k=*/false, local_);
   else
-    reuse_local_threshold(ef.fused());
+    reuse_local_threshold();
   t_local_ = nudge_threshold(t_local_, local_.size(), k_);
   // 2-3. Regions, split and reduce.
   if (iteration_ % region_every_ == 0 || repartition_due_ || exact) repartition();
@@ -314,7 +313,7 @@ SyncStats OkTopk::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef
   // 4. Global selection in this rank's region.
   select_global(iteration_ % global_every_ == 0 || exact);
   // 5-6. Balance, allgatherv, output and residual.
-  gather_output(b.grads, ef.sent_flags());
+  gather_output();
   ++iteration_;
   return {Phase::kCompressed, static_cast<double>(contributed_) / n_};
 }

@@ -2,6 +2,7 @@
 
 #include "comm/sync/error_feedback_sync.h"
 #include "comm/sync/select.h"
+#include "comm/sync/sparse_passes.h"
 
 namespace trainer::comm {
 
@@ -55,7 +56,8 @@ namespace trainer::comm {
 // the step after it takes both thresholds exactly and recomputes the regions.
 class OkTopk final : public ErrorFeedbackSync {
  public:
-  OkTopk(Communicator& comm, int64_t n, const SyncOptions& options);
+  // `backend`: where the gradient and the residual live (sparse_passes.h); `comm` moves host memory.
+  OkTopk(Communicator& comm, int64_t n, const SyncOptions& options, models::Backend& backend);
   std::string name() const override { return "oktopk"; }
   std::string describe() const override;
 
@@ -74,12 +76,12 @@ class OkTopk final : public ErrorFeedbackSync {
   // sync.adaptive: k from sync.adaptive_density or sync.density (one group: the whole gradient).
   void adapt(const std::vector<uint8_t>& low, bool fresh) override;
   std::string merge_state(const std::vector<std::istream*>& saved) override;
-  void reuse_local_threshold(const SelectSource& acc);
+  void reuse_local_threshold();
   void repartition();
   void split_and_reduce();
   float exact_global_threshold();
   void select_global(bool exact);
-  void gather_output(float* grads, uint16_t* sent_flags);
+  void gather_output();
 
   Communicator& comm_;
   int64_t n_, k_;
@@ -97,8 +99,7 @@ class OkTopk final : public ErrorFeedbackSync {
   bool exact_due_ = false;
 
   // Per-step buffers, reused (they only grow).
-  SelectScratch scratch_;
-  OutputScratch output_;
+  std::unique_ptr<SparsePasses> passes_;
   std::vector<int64_t> proposal_;      // region bounds this rank proposes
   SparseList local_;                   // this rank's selection: global indices, sorted
   std::vector<int64_t> region_begin_;  // P + 1 positions in local_ where each region starts
@@ -116,7 +117,6 @@ class OkTopk final : public ErrorFeedbackSync {
   std::vector<int32_t> counts_;      // global selection per rank
   std::vector<int64_t> blocks_, block_offsets_, gather_counts_;
   std::vector<int32_t> final_;  // per rank: [indices][value bits]
-  std::vector<uint16_t> mine_;  // flags of local_ for the output pass (zero between steps)
   std::vector<Request> requests_;
   int64_t contributed_ = 0;
   int64_t global_total_ = 0;

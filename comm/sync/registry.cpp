@@ -65,6 +65,10 @@ std::string sync_methods_that(bool SyncCapabilities::*capability) {
   return list;
 }
 
+bool takes_device_buffers(const SyncMethod& method, const SyncOptions& options) {
+  return method.can.device_buffers && !(method.needs_host_buffers && method.needs_host_buffers(options));
+}
+
 models::Backend& SyncContext::host_backend(const std::string& method) const {
   if (!backend.is_host())
     throw std::logic_error("sync method '" + method + "' keeps its state in host memory and was given the " +

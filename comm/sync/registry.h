@@ -77,7 +77,14 @@ struct SyncMethod {
   // True when these options make the method call MPI from a second thread while the training thread
   // does too (MPI_THREAD_MULTIPLE is then requested at start). Null: never.
   std::function<bool(const SyncOptions&)> concurrent_calls;
+  // True when these options keep a method with device_buffers on host buffers after all (the sparse
+  // methods' sync.keep_dense and sync.adaptive are host loops). Null: never.
+  std::function<bool(const SyncOptions&)> needs_host_buffers;
 };
+
+// Whether the method runs on device buffers with these options (device_buffers, and not
+// needs_host_buffers); on a device run the others compute on host copies (host_staged.h).
+bool takes_device_buffers(const SyncMethod& method, const SyncOptions& options);
 
 // Every method, built-in ones first, in the order docs and errors list them.
 const std::vector<SyncMethod>& sync_methods();  // their names: sync_method_names() (gradient_sync.h)

@@ -11,13 +11,17 @@ namespace trainer::comm {
 
 SyncMethod topka_method() {
   return sparse_method("topka", "local top-k, allgather",
-                       [](const SyncOptions& o, Communicator& comm, int64_t count) {
-                         return std::make_unique<TopkA>(comm, count, o.density);
+                       [](const SyncOptions& o, Communicator& comm, int64_t count, models::Backend& backend) {
+                         return std::make_unique<TopkA>(comm, count, o.density, backend);
                        });
 }
 
-TopkA::TopkA(Communicator& comm, int64_t n, double density)
-    : ErrorFeedbackSync(n), comm_(comm), n_(n), k_(top_k_count(density, n)) {}
+TopkA::TopkA(Communicator& comm, int64_t n, double density, models::Backend& backend)
+    : ErrorFeedbackSync(n, &backend),
+      comm_(comm),
+      n_(n),
+      k_(top_k_count(density, n)),
+      passes_(make_sparse_passes(backend, n)) {}
 
 std::string TopkA::describe() const {
   const int p = comm_.size();
@@ -32,7 +36,8 @@ std::string TopkA::describe() const {
 SyncStats TopkA::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) {
   comm_.log().set_step(step, Phase::kCompressed);
   const int p = comm_.size();
-  select_top_k(ef.fused(), n_, k_, /*exactly_k=*/true, local_, scratch_);
+  passes_->begin(b.grads, ef);
+  passes_->select_top_k(k_, /*exactly_k=*/true, local_);
   all_index_.resize(p * k_);
   all_value_.resize(p * k_);
   comm_.allgather(local_.index(), k_, all_index_.data(), DType::kI32, "ALLGATHER_TOPK");
@@ -41,8 +46,8 @@ SyncStats TopkA::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef)
   for (int r = 0; r < p; ++r) lists_.push_back({all_index_.data() + r * k_, all_value_.data() + r * k_, k_});
   merge_sum_all(lists_, merged_, tmp_);
   lists_.assign(1, {merged_.index(), merged_.value(), merged_.size()});
-  write_sparse_output(b.grads, n_, lists_, static_cast<float>(p), output_);
-  ef.sent(local_.index(), local_.size());
+  passes_->write_output(lists_, static_cast<float>(p), nullptr);
+  passes_->sent(local_.index(), local_.size());
   ++steps_;
   return {Phase::kCompressed, static_cast<double>(k_) / n_};
 }

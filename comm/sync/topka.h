@@ -2,6 +2,7 @@
 
 #include "comm/sync/error_feedback_sync.h"
 #include "comm/sync/select.h"
+#include "comm/sync/sparse_passes.h"
 
 namespace trainer::comm {
 
@@ -14,7 +15,8 @@ namespace trainer::comm {
 // the method's volume 2k(P-1) in docs/architecture.md section 4 (what a ring allgather forwards).
 class TopkA final : public ErrorFeedbackSync {
  public:
-  TopkA(Communicator& comm, int64_t n, double density);
+  // `backend`: where the gradient and the residual live (sparse_passes.h); `comm` moves host memory.
+  TopkA(Communicator& comm, int64_t n, double density, models::Backend& backend);
   std::string name() const override { return "topka"; }
   std::string describe() const override;
 
@@ -30,9 +32,8 @@ class TopkA final : public ErrorFeedbackSync {
   Communicator& comm_;
   int64_t n_, k_;
   int64_t steps_ = 0;  // compressed steps done
+  std::unique_ptr<SparsePasses> passes_;
   SparseList local_, merged_, tmp_;
-  SelectScratch scratch_;
-  OutputScratch output_;
   std::vector<int32_t> all_index_;  // P blocks of k
   std::vector<float> all_value_;
   std::vector<ListRef> lists_;

@@ -20,6 +20,7 @@
 #include "models/cpu/lstm_ops.h"
 #include "models/cpu/optim_ops.h"
 #include "models/cpu/sequence_ops.h"
+#include "models/cpu/sparse_ops.h"
 #include "models/cpu/speller_ops.h"
 
 namespace trainer::models {
@@ -336,6 +337,26 @@ class CpuBackend final : public Backend {
       running_mean[c] = (1.f - m) * running_mean[c] + m * batch_mean[c];
       running_var[c] = (1.f - m) * running_var[c] + m * batch_var[c] * unbias;
     }
+  }
+
+  // Sparse gradient sync: sparse_ops.cpp.
+  void magnitude_histogram(int64_t n, const float* grad, float* acc, uint32_t min_key, uint32_t mask, uint32_t prefix,
+                           int shift, int32_t* histogram) override {
+    cpu::magnitude_histogram(n, grad, acc, min_key, mask, prefix, shift, histogram);
+  }
+  int64_t select_at_least(int64_t n, const float* grad, float* acc, float t, int32_t* index, float* value,
+                          int64_t capacity) override {
+    return cpu::select_at_least(n, grad, acc, t, index, value, capacity);
+  }
+  void accumulate_moments(int64_t n, const float* grad, float* acc, double* sums) override {
+    cpu::accumulate_moments(n, grad, acc, sums);
+  }
+  void sparse_to_dense(int64_t n, int64_t count, const int32_t* index, const float* value, float divisor,
+                       float* y) override {
+    cpu::sparse_to_dense(n, count, index, value, divisor, y);
+  }
+  void scatter_fill(int64_t count, const int32_t* index, float value, float* y) override {
+    cpu::scatter_fill(count, index, value, y);
   }
 };
 

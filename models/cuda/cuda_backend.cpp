@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -360,6 +361,37 @@ class CudaBackend final : public Backend {
           "batchnorm_update_running");
   }
 
+  // ---- Sparse gradient sync (sparse.cu).
+  void magnitude_histogram(int64_t n, const float* grad, float* acc, uint32_t min_key, uint32_t mask, uint32_t prefix,
+                           int shift, int32_t* histogram) override {
+    check(launch_magnitude_histogram(n, grad, acc, min_key, mask, prefix, shift, histogram, stream_),
+          "magnitude_histogram");
+  }
+  int64_t select_at_least(int64_t n, const float* grad, float* acc, float t, int32_t* index, float* value,
+                          int64_t capacity) override {
+    const int64_t blocks = select_blocks(n);
+    auto* counts = static_cast<int64_t*>(scratch(sizeof(int64_t) * (blocks + 1)));
+    check(launch_count_at_least(n, grad, acc, t, counts, stream_), "select_at_least (count)");
+    const int64_t total = read_count(counts + blocks);
+    if (total > 0 && total <= capacity)
+      check(launch_write_at_least(n, acc, t, counts, index, value, stream_), "select_at_least (write)");
+    return total;
+  }
+  void accumulate_moments(int64_t n, const float* grad, float* acc, double* sums) override {
+    auto* result = static_cast<double*>(scratch(sizeof(double) * (2 + 2 * moments_partials(n))));
+    check(launch_accumulate_moments(n, grad, acc, result + 2, result, stream_), "accumulate_moments");
+    const double* host = read_result(result, 2);
+    sums[0] = host[0];
+    sums[1] = host[1];
+  }
+  void sparse_to_dense(int64_t n, int64_t count, const int32_t* index, const float* value, float divisor,
+                       float* y) override {
+    check(launch_sparse_to_dense(n, count, index, value, divisor, y, stream_), "sparse_to_dense");
+  }
+  void scatter_fill(int64_t count, const int32_t* index, float value, float* y) override {
+    check(launch_scatter_fill(count, index, value, y, stream_), "scatter_fill");
+  }
+
  private:
   // Device scratch for reductions, grown only (freeing waits for the device, so nothing enqueued
   // still uses the old one). Ops run in stream order, so one scratch serves them all.
@@ -378,6 +410,14 @@ class CudaBackend final : public Backend {
     copy_to_host(host_result_, device, sizeof(double) * n);
     synchronize();
     return host_result_;
+  }
+  // The same for one int64 (a count).
+  int64_t read_count(const int64_t* device) {
+    copy_to_host(host_result_, device, sizeof(int64_t));
+    synchronize();
+    int64_t count;
+    std::memcpy(&count, host_result_, sizeof count);
+    return count;
   }
 
   DeviceMemory& memory_;

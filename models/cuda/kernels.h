@@ -5,7 +5,8 @@
 //   shortcut.cu, layout.cu, loss.cu, optim_kernels.cu, batch_norm.cu (its op lives there too);
 //   the speech models' sequence ops: sequence.cu (gather, packing, Hardtanh, image <-> sequence,
 //   width mask, transpose), lookahead.cu, ctc.cu; Listen-Attend-Spell's rows, cells and attention:
-//   speller.cu, attention.cu; runtime.precision = bf16's copies: bf16.cu. A batch's lengths reach those kernels by value (HostInts, host_ints.h),
+//   speller.cu, attention.cu; runtime.precision = bf16's copies: bf16.cu; the sparse gradient-sync
+//   passes: sparse.cu. A batch's lengths reach those kernels by value (HostInts, host_ints.h),
 //   never through device memory.
 #pragma once
 
@@ -51,6 +52,26 @@ cudaError_t launch_sum_rows(int64_t rows, int64_t cols, const float* dy, float* 
 // *result = sum x[i]^2. `partial` holds sum_of_squares_partials(n) doubles; result is one device double.
 int64_t sum_of_squares_partials(int64_t n);
 cudaError_t launch_sum_of_squares(int64_t n, const float* x, double* partial, double* result, cudaStream_t stream);
+
+// ---- sparse.cu: the sparse gradient-sync passes (backend.h). grad null: acc is only read.
+// histogram: 256 device int32, zeroed here, then counted.
+cudaError_t launch_magnitude_histogram(int64_t n, const float* grad, float* acc, uint32_t min_key, uint32_t mask,
+                                       uint32_t prefix, int shift, int32_t* histogram, cudaStream_t stream);
+// Selection of |acc| >= t in index order, in two launches: count_at_least leaves in `counts`
+// (select_blocks(n) + 1 device int64) each block's offset and, last, the total; write_at_least then
+// writes the entries (index and value need room for the total).
+int64_t select_blocks(int64_t n);
+cudaError_t launch_count_at_least(int64_t n, const float* grad, float* acc, float t, int64_t* counts,
+                                  cudaStream_t stream);
+cudaError_t launch_write_at_least(int64_t n, const float* acc, float t, const int64_t* offsets, int32_t* index,
+                                  float* value, cudaStream_t stream);
+// sums[0, 2) = sum acc, sum acc^2 (device doubles); `partial` holds 2 * moments_partials(n) doubles.
+int64_t moments_partials(int64_t n);
+cudaError_t launch_accumulate_moments(int64_t n, const float* grad, float* acc, double* partial, double* sums,
+                                      cudaStream_t stream);
+cudaError_t launch_sparse_to_dense(int64_t n, int64_t count, const int32_t* index, const float* value, float divisor,
+                                   float* y, cudaStream_t stream);
+cudaError_t launch_scatter_fill(int64_t count, const int32_t* index, float value, float* y, cudaStream_t stream);
 
 // ---- shortcut.cu: option-A shortcut (backend.h).
 cudaError_t launch_shortcut_a_forward(const float* x, ActivationDims xd, int64_t stride, int64_t pad, float* y,

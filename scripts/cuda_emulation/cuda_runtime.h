@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -56,6 +57,9 @@ inline float __shfl_down_sync(unsigned, float v, int offset) {
   warp.arrive_and_wait();
   return result;
 }
+
+// Integer atomics (the radix select's histogram): the block's threads run concurrently here too.
+inline int atomicAdd(int* address, int value) { return std::atomic_ref<int>(*address).fetch_add(value); }
 
 template <class Kernel, class... Args>
 cudaError_t emulated_launch(bool whole_grid, dim3 grid, dim3 block, Kernel kernel, Args... args) {

@@ -109,7 +109,7 @@ def members(text):
 # The methods that launch our kernels, and their scratch and result helpers. The layout choice stays
 # the CPU's: its convolutions (which stand in for cuDNN's) pick their own layouts, and the kernels
 # take any layout (ActivationDims).
-own = {"scratch", "read_result"}
+own = {"scratch", "read_result", "read_count"}
 # Methods that launch our kernels around a cuBLAS call (the bf16 layer GEMM's copies): the CPU's
 # product stands in for the whole method, as it does for cuBLAS.
 library = {"layer_gemm"}

@@ -1,0 +1,245 @@
+// The sparse gradient-sync passes of the CUDA backend (backend.h, "Sparse gradient sync"): the
+// passes over the gradient, error feedback's residual and the dense output that the sparse methods
+// (comm/sync/sparse_passes.h) make on the device, so that only their k-entry lists cross to the host.
+//
+// - acc = grad + residual is formed in the first pass that reads acc (one float add per entry: the
+//   host's bits).
+// - The radix select's histogram counts with integer atomics (shared memory per block, then one
+//   add per bin and block into the device histogram), so its counts are exact and repeatable.
+// - Selection is a stream compaction in index order: each block owns a fixed chunk of entries;
+//   pass 1 counts per block, one block scans the counts into offsets, pass 2 re-reads the chunk tile
+//   by tile and writes each tile's selected entries at their rank from a block-wide scan of the
+//   flags. No atomics decide an order, so the list is the same every run and on every device.
+// - GaussianK's moments sum in double over fixed element blocks in block order.
+#include <cstring>
+
+#include "models/cuda/kernels.h"
+#include "models/cuda/launch.cuh"
+
+namespace trainer::models::cuda {
+namespace {
+
+constexpr uint32_t kInfinityKey = 0x7f800000u;
+constexpr int kSelectThreads = 256;
+// Entries per block of the compaction: 16 tiles of one entry per thread.
+constexpr int64_t kSelectChunk = int64_t{kSelectThreads} * 16;
+constexpr int kScanThreads = 1024;
+constexpr int64_t kMomentsBlock = 1 << 16;
+constexpr int kMomentsThreads = 256;
+
+__device__ inline uint32_t magnitude_key(float v) {
+  uint32_t bits;
+  memcpy(&bits, &v, sizeof bits);
+  return bits & 0x7fffffffu;
+}
+
+// acc[i], formed as grad[i] + acc[i] (and stored) when grad is given.
+__device__ inline float accumulated(const float* grad, float* acc, int64_t i) {
+  if (!grad) return acc[i];
+  const float a = grad[i] + acc[i];
+  acc[i] = a;
+  return a;
+}
+
+__global__ void zero_ints_kernel(int64_t n, int32_t* x) {
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) x[i] = 0;
+}
+
+__global__ void magnitude_histogram_kernel(int64_t n, const float* grad, float* acc, uint32_t min_key, uint32_t mask,
+                                           uint32_t prefix, int shift, int32_t* histogram) {
+  __shared__ int32_t local[256];
+  for (int d = threadIdx.x; d < 256; d += blockDim.x) local[d] = 0;
+  __syncthreads();
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    const uint32_t key = magnitude_key(accumulated(grad, acc, i));
+    if (key >= min_key && key <= kInfinityKey && (key & mask) == prefix) atomicAdd(&local[(key >> shift) & 255], 1);
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < 256; d += blockDim.x)
+    if (local[d] != 0) atomicAdd(&histogram[d], local[d]);
+}
+
+// Exclusive prefix sums of one value per thread of a block of kThreadsPerBlock threads
+// (Hillis-Steele in shared memory); `total` gets the block's sum.
+template <int kThreadsPerBlock>
+__device__ int64_t block_exclusive_scan(int64_t v, int64_t& total) {
+  __shared__ int64_t scan[kThreadsPerBlock];
+  scan[threadIdx.x] = v;
+  __syncthreads();
+  for (int offset = 1; offset < kThreadsPerBlock; offset *= 2) {
+    const int64_t add = threadIdx.x >= offset ? scan[threadIdx.x - offset] : 0;
+    __syncthreads();
+    scan[threadIdx.x] += add;
+    __syncthreads();
+  }
+  total = scan[kThreadsPerBlock - 1];
+  const int64_t inclusive = scan[threadIdx.x];
+  __syncthreads();  // the next call reuses the array
+  return inclusive - v;
+}
+
+// Pass 1: counts[b] = entries of block b's chunk with |acc| >= t (acc formed on the way).
+__global__ void count_at_least_kernel(int64_t n, const float* grad, float* acc, float t, int64_t* counts) {
+  const int64_t begin = blockIdx.x * kSelectChunk;
+  const int64_t end = begin + kSelectChunk < n ? begin + kSelectChunk : n;
+  int64_t c = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += kSelectThreads) c += fabsf(accumulated(grad, acc, i)) >= t;
+  int64_t total = 0;
+  block_exclusive_scan<kSelectThreads>(c, total);
+  if (threadIdx.x == 0) counts[blockIdx.x] = total;
+}
+
+// counts[0, blocks) becomes their exclusive prefix sums and counts[blocks] the total (one block:
+// each thread sums a contiguous run of blocks, the runs are scanned, then written back).
+__global__ void scan_counts_kernel(int64_t blocks, int64_t* counts) {
+  const int64_t per = (blocks + kScanThreads - 1) / kScanThreads;
+  const int64_t begin = threadIdx.x * per;
+  const int64_t end = begin + per < blocks ? begin + per : blocks;
+  int64_t sum = 0;
+  for (int64_t b = begin; b < end; ++b) sum += counts[b];
+  int64_t total = 0;
+  int64_t running = block_exclusive_scan<kScanThreads>(sum, total);
+  for (int64_t b = begin; b < end; ++b) {
+    const int64_t c = counts[b];
+    counts[b] = running;
+    running += c;
+  }
+  if (threadIdx.x == 0) counts[blocks] = total;
+}
+
+// Pass 2: block b writes its chunk's selected entries from offsets[b] on, in index order.
+__global__ void write_at_least_kernel(int64_t n, const float* acc, float t, const int64_t* offsets, int32_t* index,
+                                      float* value) {
+  const int64_t begin = blockIdx.x * kSelectChunk;
+  const int64_t end = begin + kSelectChunk < n ? begin + kSelectChunk : n;
+  int64_t at = offsets[blockIdx.x];
+  for (int64_t tile = begin; tile < end; tile += kSelectThreads) {
+    const int64_t i = tile + threadIdx.x;
+    const float v = i < end ? acc[i] : 0.f;
+    const bool selected = i < end && fabsf(v) >= t;
+    int64_t tile_count = 0;
+    const int64_t rank = block_exclusive_scan<kSelectThreads>(selected ? 1 : 0, tile_count);
+    if (selected) {
+      index[at + rank] = static_cast<int32_t>(i);
+      value[at + rank] = v;
+    }
+    at += tile_count;
+  }
+}
+
+// Per block of kMomentsBlock entries: the sums of acc and acc^2 in double (acc formed).
+__global__ void moments_partial_kernel(int64_t n, const float* grad, float* acc, double* partial) {
+  const int64_t begin = blockIdx.x * kMomentsBlock;
+  const int64_t end = begin + kMomentsBlock < n ? begin + kMomentsBlock : n;
+  double sum = 0, sum_sq = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += kMomentsThreads) {
+    const double a = accumulated(grad, acc, i);
+    sum += a;
+    sum_sq += a * a;
+  }
+  __shared__ double shared[2][kMomentsThreads];
+  shared[0][threadIdx.x] = sum;
+  shared[1][threadIdx.x] = sum_sq;
+  __syncthreads();
+  for (int half = kMomentsThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      shared[0][threadIdx.x] += shared[0][threadIdx.x + half];
+      shared[1][threadIdx.x] += shared[1][threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    partial[2 * blockIdx.x] = shared[0][0];
+    partial[2 * blockIdx.x + 1] = shared[1][0];
+  }
+}
+
+// The blocks' partials in block order (one thread: a few hundred blocks for the largest gradients).
+__global__ void moments_finish_kernel(int64_t blocks, const double* partial, double* sums) {
+  double sum = 0, sum_sq = 0;
+  for (int64_t b = 0; b < blocks; ++b) sum += partial[2 * b], sum_sq += partial[2 * b + 1];
+  sums[0] = sum;
+  sums[1] = sum_sq;
+}
+
+__global__ void fill_kernel(int64_t n, float value, float* y) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = value;
+}
+
+__global__ void scatter_divided_kernel(int64_t count, const int32_t* index, const float* value, float divisor,
+                                       float* y) {
+  for (int64_t j = first_index(); j < count; j += grid_stride()) y[index[j]] = value[j] / divisor;
+}
+
+__global__ void scatter_fill_kernel(int64_t count, const int32_t* index, float value, float* y) {
+  for (int64_t j = first_index(); j < count; j += grid_stride()) y[index[j]] = value;
+}
+
+}  // namespace
+
+cudaError_t launch_magnitude_histogram(int64_t n, const float* grad, float* acc, uint32_t min_key, uint32_t mask,
+                                       uint32_t prefix, int shift, int32_t* histogram, cudaStream_t stream) {
+  zero_ints_kernel<<<1, kThreads, 0, stream>>>(256, histogram);
+  cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess || n == 0) return status;
+  magnitude_histogram_kernel<<<grid_for(n), kThreads, 0, stream>>>(n, grad, acc, min_key, mask, prefix, shift,
+                                                                   histogram);
+  return cudaGetLastError();
+}
+
+int64_t select_blocks(int64_t n) { return (n + kSelectChunk - 1) / kSelectChunk; }
+
+cudaError_t launch_count_at_least(int64_t n, const float* grad, float* acc, float t, int64_t* counts,
+                                  cudaStream_t stream) {
+  const int64_t blocks = select_blocks(n);
+  if (blocks > 0) {
+    count_at_least_kernel<<<static_cast<unsigned>(blocks), kSelectThreads, 0, stream>>>(n, grad, acc, t, counts);
+    const cudaError_t status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+  }
+  scan_counts_kernel<<<1, kScanThreads, 0, stream>>>(blocks, counts);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_write_at_least(int64_t n, const float* acc, float t, const int64_t* offsets, int32_t* index,
+                                  float* value, cudaStream_t stream) {
+  const int64_t blocks = select_blocks(n);
+  if (blocks == 0) return cudaSuccess;
+  write_at_least_kernel<<<static_cast<unsigned>(blocks), kSelectThreads, 0, stream>>>(n, acc, t, offsets, index,
+                                                                                       value);
+  return cudaGetLastError();
+}
+
+int64_t moments_partials(int64_t n) { return n > 0 ? (n + kMomentsBlock - 1) / kMomentsBlock : 0; }
+
+cudaError_t launch_accumulate_moments(int64_t n, const float* grad, float* acc, double* partial, double* sums,
+                                      cudaStream_t stream) {
+  const int64_t blocks = moments_partials(n);
+  if (blocks > 0) {
+    moments_partial_kernel<<<static_cast<unsigned>(blocks), kMomentsThreads, 0, stream>>>(n, grad, acc, partial);
+    const cudaError_t status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+  }
+  moments_finish_kernel<<<1, 1, 0, stream>>>(blocks, partial, sums);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sparse_to_dense(int64_t n, int64_t count, const int32_t* index, const float* value, float divisor,
+                                   float* y, cudaStream_t stream) {
+  if (n > 0) {
+    fill_kernel<<<grid_for(n), kThreads, 0, stream>>>(n, 0.f, y);
+    const cudaError_t status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+  }
+  if (count == 0) return cudaSuccess;
+  scatter_divided_kernel<<<grid_for(count), kThreads, 0, stream>>>(count, index, value, divisor, y);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_scatter_fill(int64_t count, const int32_t* index, float value, float* y, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  scatter_fill_kernel<<<grid_for(count), kThreads, 0, stream>>>(count, index, value, y);
+  return cudaGetLastError();
+}
+
+}  // namespace trainer::models::cuda

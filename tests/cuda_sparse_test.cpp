@@ -1,0 +1,183 @@
+// The sparse gradient-sync passes on the GPU (models/cuda/sparse.cu, comm/sync/sparse_passes.h)
+// against the CPU: each backend op on random inputs (outputs poisoned with NaN first), exactly,
+// since they are integer counts, compactions and single float adds (GaussianK's double sums to
+// 1e-12); then each sparse method on the CUDA backend against the same method on the CPU over 12
+// steps (a dense warmup of 2, exact and reused thresholds): every output bit for bit and the saved
+// state byte for byte. Under mpiexec (scripts/gpu_check.sh: P = 2, 3 sharing the GPU through
+// staged MPI) the exchanges are real.
+// Needs a GPU: without one the binary prints why and exits 77 (ctest: skipped).
+#ifdef TRAINER_HAS_CUDA
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <sstream>
+
+#include "comm/communicator.h"
+#include "comm/staged_communicator.h"
+#include "comm/sync/registry.h"
+#include "tests/cuda_parity.h"
+
+using namespace trainer;
+using namespace trainer::cuda_testing;
+
+namespace {
+
+// Values with exact zeros and many ties (multiples of 1/8), plus ordinary floats.
+std::vector<float> gradient_like(int64_t n, uint64_t seed) {
+  std::vector<float> v = random_vector(n, seed, -2.f, 2.f);
+  for (int64_t i = 0; i < n; ++i) {
+    if (i % 11 == 0) v[i] = 0.f;
+    if (i % 5 == 0) v[i] = std::round(v[i] * 8.f) / 8.f;
+  }
+  return v;
+}
+
+std::vector<int32_t> as_ints(const std::vector<float>& v, int64_t count) {
+  std::vector<int32_t> out(static_cast<size_t>(count));
+  std::memcpy(out.data(), v.data(), sizeof(int32_t) * count);
+  return out;
+}
+
+uint32_t key_of(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return bits & 0x7fffffffu;
+}
+
+const std::vector<int64_t> kSizes{1, 255, 4096, 4097, 70001};
+
+}  // namespace
+
+TEST_CASE("magnitude_histogram forms acc and counts digits exactly", "[sparse]") {
+  for (int64_t n : kSizes) {
+    INFO("n = " << n);
+    const auto grad = gradient_like(n, 1 + n), residual = gradient_like(n, 2 + n);
+    for (const bool fuse : {true, false}) {
+      // A prefix taken from a real entry's key, so the masked rounds count something.
+      const uint32_t key = key_of(grad[n / 2] + residual[n / 2]);
+      for (const int shift : {24, 16, 0}) {
+        const uint32_t mask = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
+        const uint32_t prefix = key & mask;
+        for (const uint32_t min_key : {0u, 1u}) {
+          std::vector<float> cpu_acc = residual;
+          std::vector<int32_t> cpu_hist(256, -1);
+          cpu().magnitude_histogram(n, fuse ? grad.data() : nullptr, cpu_acc.data(), min_key, mask, prefix, shift,
+                                    cpu_hist.data());
+          GpuArray g(grad), acc(residual), hist(256);
+          gpu().magnitude_histogram(n, fuse ? g.data() : nullptr, acc.data(), min_key, mask, prefix, shift,
+                                    reinterpret_cast<int32_t*>(hist.data()));
+          CHECK(as_ints(hist.host(), 256) == cpu_hist);
+          CHECK(acc.host() == cpu_acc);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("select_at_least compacts in index order and reports the count", "[sparse]") {
+  for (int64_t n : kSizes) {
+    INFO("n = " << n);
+    const auto grad = gradient_like(n, 3 + n), residual = gradient_like(n, 4 + n);
+    for (const float t : {0.f, 1e-45f, 0.5f, 1.25f, 3.f, 10.f}) {
+      INFO("t = " << t);
+      std::vector<float> cpu_acc = residual, cpu_index(n + 1), cpu_value(n + 1);
+      const int64_t want = cpu().select_at_least(n, grad.data(), cpu_acc.data(), t,
+                                                 reinterpret_cast<int32_t*>(cpu_index.data()), cpu_value.data(), n);
+      GpuArray g(grad), acc(residual), index(n), value(n);
+      // No room first: the count only, acc formed.
+      CHECK(gpu().select_at_least(n, g.data(), acc.data(), t, reinterpret_cast<int32_t*>(index.data()), value.data(),
+                                  0) == want);
+      CHECK(acc.host() == cpu_acc);
+      const int64_t got = gpu().select_at_least(n, nullptr, acc.data(), t, reinterpret_cast<int32_t*>(index.data()),
+                                                value.data(), n);
+      REQUIRE(got == want);
+      const auto gi = index.host(), gv = value.host();
+      CHECK(std::memcmp(gi.data(), cpu_index.data(), sizeof(float) * want) == 0);
+      CHECK(std::memcmp(gv.data(), cpu_value.data(), sizeof(float) * want) == 0);
+    }
+  }
+}
+
+TEST_CASE("accumulate_moments, sparse_to_dense and scatter_fill", "[sparse]") {
+  for (int64_t n : kSizes) {
+    INFO("n = " << n);
+    const auto grad = gradient_like(n, 5 + n), residual = gradient_like(n, 6 + n);
+    std::vector<float> cpu_acc = residual;
+    double want[2], got[2];
+    cpu().accumulate_moments(n, grad.data(), cpu_acc.data(), want);
+    GpuArray g(grad), acc(residual);
+    gpu().accumulate_moments(n, g.data(), acc.data(), got);
+    CHECK(acc.host() == cpu_acc);
+    CHECK(std::fabs(got[0] - want[0]) <= 1e-12 * (std::fabs(want[0]) + n));
+    CHECK(std::fabs(got[1] - want[1]) <= 1e-12 * std::fabs(want[1]));
+
+    // Every third index (distinct, sorted), values to divide.
+    std::vector<int32_t> idx;
+    for (int64_t i = 0; i < n; i += 3) idx.push_back(static_cast<int32_t>(i));
+    const auto count = static_cast<int64_t>(idx.size());
+    std::vector<float> idx_slots(count);
+    std::memcpy(idx_slots.data(), idx.data(), sizeof(int32_t) * count);
+    const auto values = random_vector(count, 7 + n);
+    std::vector<float> cpu_out(n, std::numeric_limits<float>::quiet_NaN());
+    cpu().sparse_to_dense(n, count, idx.data(), values.data(), 3.f, cpu_out.data());
+    GpuArray gidx(idx_slots), gvalues(values), out(n);
+    gpu().sparse_to_dense(n, count, reinterpret_cast<int32_t*>(gidx.data()), gvalues.data(), 3.f, out.data());
+    CHECK(out.host() == cpu_out);
+
+    cpu().scatter_fill(count, idx.data(), 0.f, cpu_acc.data());
+    gpu().scatter_fill(count, reinterpret_cast<int32_t*>(gidx.data()), 0.f, acc.data());
+    CHECK(acc.host() == cpu_acc);
+  }
+}
+
+TEST_CASE("every sparse method on the GPU gives the CPU's outputs and state, bit for bit", "[sparse][methods]") {
+  comm::Communicator& world = comm::world();
+  constexpr int64_t n = 9001;
+  constexpr int kSteps = 12;
+  std::vector<const char*> methods{"oktopk", "topka", "gaussiank"};
+  if ((world.size() & (world.size() - 1)) == 0) methods.push_back("gtopk");
+  for (const char* name : methods) {
+    SECTION(name) {
+      comm::SyncOptions o;
+      o.method = name;
+      o.density = 0.02;
+      o.dense_warmup_steps = 2;
+      o.local_threshold_every = 3;
+      o.global_threshold_every = 2;
+      o.region_every = 4;
+      auto host = comm::make_gradient_sync(o, world, n, nullptr);
+      // Device buffers move over MPI through host staging (ranks may share the GPU); the methods'
+      // own lists go over its host side.
+      comm::StagedCommunicator staged(world, gpu());
+      o.backend = &gpu();
+      auto device = comm::make_gradient_sync(o, staged, n, nullptr);
+      std::vector<float> params(n, 0.f);
+      GpuArray gparams(params), ggrads(n);
+      for (int step = 0; step < kSteps; ++step) {
+        INFO("step " << step);
+        std::vector<float> grads = gradient_like(n, 100 * step + world.rank());
+        copy_to_device(gpu(), grads.data(), n, ggrads.data());
+        comm::SyncBuffers hb{params.data(), grads.data(), n, nullptr, 0, nullptr};
+        comm::SyncBuffers db{gparams.data(), ggrads.data(), n, nullptr, 0, nullptr};
+        host->reduce(hb, step);
+        device->reduce(db, step);
+        CHECK(ggrads.host() == grads);
+      }
+      std::ostringstream a, b;
+      host->save(a);
+      device->save(b);
+      CHECK(a.str() == b.str());
+    }
+  }
+}
+
+int main(int argc, char** argv) { return trainer::cuda_testing::run_cuda_tests(argc, argv); }
+
+#else
+#include <cstdio>
+int main() {
+  std::puts("skip: built without TRAINER_CUDA");
+  return 77;
+}
+#endif
