@@ -212,7 +212,8 @@ def setup_cuda(args, device):
     if not torch.cuda.is_available():
         sys.exit(f"bench_torch: --device {args.device} needs a GPU, and torch {torch.__version__} "
                  f"(CUDA {torch.version.cuda}) sees none")
-    torch.cuda.set_device(device)
+    if device.index is not None:  # plain "cuda" is the current device (set_device wants an index)
+        torch.cuda.set_device(device)
     torch.backends.cudnn.benchmark = True
     # Both switches: cuBLAS (the Linear layer) and cuDNN (the convolutions) decide TF32 separately.
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
