@@ -317,7 +317,7 @@ def main():
         times_ms = time_cuda(eager, args.warmup, args.steps)
         cpu_per_wall = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
         extra = {"timing": "cuda events", "optimizer": optimizer_name, "tf32": args.tf32,
-                 "gpu": torch.cuda.get_device_name(device), "cudnn_version": torch.backends.cudnn.version()}
+                 "gpu": torch.cuda.get_device_name(device), "cudnn_version": torch.backends.cudnn.version() or 0}
         if args.graph:
             graph, loss = capture_step(lambda: forward_backward(cache=False), opt)
             extra.update(summary("graph_", time_cuda(graph.replay, args.warmup, args.steps), args.batch))
