@@ -15,6 +15,14 @@ trainer implements (docs/architecture.md section 5), and their parameter counts 
 samples_per_s is batch / median step time. cpu_per_wall (CPU seconds of this process per wall second
 while timing) should be close to --threads; a much lower value means other processes were using the
 cores and the times are inflated.
+
+On a GPU (--device cuda) it runs what a practitioner would: channels_last (the default there),
+cudnn.benchmark, fp32 with TF32 off unless --tf32, SGD fused (or foreach) rather than a loop over
+parameters, step times from CUDA events between steps the host queues back to back. median_ms is
+then the eager step, and graph_median_ms (and graph_mean/min/max_ms, graph_samples_per_s) the same
+step captured once in one CUDA graph and replayed (static input and target, as the trainer's bench
+uses a fixed batch); --no-graph skips it. `trainer bench --device cuda` runs this twice: TF32 off,
+and --tf32 for PyTorch's best.
 """
 
 import argparse
@@ -36,15 +44,24 @@ def parse_args():
     ap.add_argument("--channels-last", dest="channels_last", action="store_true",
                     help="model and input in channels-last (NHWC) memory format")
     ap.add_argument("--no-channels-last", dest="channels_last", action="store_false")
-    ap.set_defaults(channels_last=False)
+    ap.set_defaults(channels_last=None)  # on for cuda, off for cpu (the CPU numbers' default)
     ap.add_argument("--autocast-bf16", dest="autocast_bf16", action="store_true",
                     help="forward and loss under torch.autocast(dtype=torch.bfloat16): mixed precision, "
                          "parameters and optimizer state fp32")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     ap.add_argument("--steps", type=int, default=10, help="timed steps")
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    ap.add_argument("--tf32", action="store_true",
+                    help="cuda: let cuDNN and cuBLAS use TF32 for fp32 (off by default, as the trainer's fp32)")
+    ap.add_argument("--no-graph", dest="graph", action="store_false",
+                    help="cuda: skip timing the step captured in one CUDA graph")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    cuda = args.device.startswith("cuda")
+    if args.channels_last is None:
+        args.channels_last = cuda
+    if not cuda and args.tf32:
+        ap.error("--tf32 is for --device cuda")
     if args.threads < 1 or args.batch < 1 or args.steps < 1 or args.warmup < 0:
         ap.error("--threads, --batch and --steps must be >= 1, --warmup >= 0")
     return args
@@ -178,11 +195,88 @@ def build(name):
     raise ValueError(name)
 
 
+def make_optimizer(model, device):
+    """SGD with momentum and weight decay. On a GPU the strongest form PyTorch has: fused (one
+    multi-tensor kernel a step) where this release has it, else foreach; the CPU keeps the default
+    per-parameter loop that BENCHMARKS.md's CPU numbers were taken with."""
+    kwargs = dict(lr=0.01, momentum=0.9, weight_decay=5e-4)
+    if device.type != "cuda":
+        return torch.optim.SGD(model.parameters(), **kwargs), "sgd"
+    try:
+        return torch.optim.SGD(model.parameters(), fused=True, **kwargs), "sgd fused"
+    except (TypeError, RuntimeError):  # a release without fused SGD
+        return torch.optim.SGD(model.parameters(), foreach=True, **kwargs), "sgd foreach"
+
+
+def setup_cuda(args, device):
+    if not torch.cuda.is_available():
+        sys.exit(f"bench_torch: --device {args.device} needs a GPU, and torch {torch.__version__} "
+                 f"(CUDA {torch.version.cuda}) sees none")
+    if device.index is not None:  # plain "cuda" is the current device (set_device wants an index)
+        torch.cuda.set_device(device)
+    torch.backends.cudnn.benchmark = True
+    # Both switches: cuBLAS (the Linear layer) and cuDNN (the convolutions) decide TF32 separately.
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
+
+
+def time_cuda(run, warmup, steps):
+    """Milliseconds of each of `steps` calls of run() after `warmup`, from CUDA events recorded
+    between them on the current stream. The host queues the steps back to back with no
+    synchronization, as a training loop does, so a step costs whichever is slower: the GPU's work or
+    the host's launches (an eager step of a small network is launch-bound)."""
+    for _ in range(warmup):
+        run()
+    torch.cuda.synchronize()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+    events[0].record()
+    for i in range(steps):
+        run()
+        events[i + 1].record()
+    torch.cuda.synchronize()
+    return [events[i].elapsed_time(events[i + 1]) for i in range(steps)]
+
+
+def capture_step(forward_backward, opt):
+    """The whole step (forward, loss, backward, optimizer) captured in one CUDA graph, by the recipe
+    of PyTorch's CUDA-graph documentation: a few steps on a side stream first (cudnn.benchmark's
+    search, the momentum buffers and the allocator's pools all settle outside the capture), then the
+    capture with the gradients set to None, so backward allocates them in the graph's pool. Returns
+    the graph and its static loss tensor."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            forward_backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        loss = forward_backward()
+        opt.step()
+    return graph, loss
+
+
+def summary(prefix, times_ms, batch):
+    median = statistics.median(times_ms)
+    return {
+        prefix + "median_ms": round(median, 3),
+        prefix + "mean_ms": round(statistics.fmean(times_ms), 3),
+        prefix + "min_ms": round(min(times_ms), 3),
+        prefix + "max_ms": round(max(times_ms), 3),
+        prefix + "samples_per_s": round(batch / (median / 1e3), 2),
+    }
+
+
 def main():
     args = ARGS
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
+    if device.type == "cuda":
+        setup_cuda(args, device)
     model = build(args.model)
     params = sum(p.numel() for p in model.parameters())
     assert params == PARAM_COUNTS[args.model], f"{args.model}: {params} parameters, expected {PARAM_COUNTS[args.model]}"
@@ -190,33 +284,58 @@ def main():
     model = model.to(device=device, memory_format=fmt).train()
     x = torch.randn(args.batch, 3, 32, 32, device=device).contiguous(memory_format=fmt)
     y = torch.randint(0, 10, (args.batch,), device=device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    opt, optimizer_name = make_optimizer(model, device)
 
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.autocast_bf16):
+    def forward_backward(cache=True):
+        # Autocast's weight cache must be off inside a graph capture (the cached casts would be
+        # freed tensors on replay).
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.autocast_bf16,
+                            cache_enabled=None if cache else False):
             loss = F.cross_entropy(model(x), y)
         loss.backward()
+        return loss
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = forward_backward()
         opt.step()
         return loss
 
-    for _ in range(args.warmup):
-        step()
-    sync()
-    times_ms = []
+    extra = {}
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        loss = step()
+    if device.type == "cuda":
+        loss = None
+
+        def eager():
+            nonlocal loss
+            loss = step()
+
+        times_ms = time_cuda(eager, args.warmup, args.steps)
+        cpu_per_wall = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+        extra = {"timing": "cuda events", "optimizer": optimizer_name, "tf32": args.tf32,
+                 "gpu": torch.cuda.get_device_name(device), "cudnn_version": torch.backends.cudnn.version() or 0}
+        if args.graph:
+            graph, loss = capture_step(lambda: forward_backward(cache=False), opt)
+            extra.update(summary("graph_", time_cuda(graph.replay, args.warmup, args.steps), args.batch))
+    else:
+        for _ in range(args.warmup):
+            step()
         sync()
-        times_ms.append((time.perf_counter() - t0) * 1e3)
-    # CPU seconds of all this process's threads per wall second: about --threads on an idle machine,
-    # well below it when other processes take the cores (then the times are not comparable).
-    cpu_per_wall = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+        times_ms = []
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            loss = step()
+            sync()
+            times_ms.append((time.perf_counter() - t0) * 1e3)
+        # CPU seconds of all this process's threads per wall second: about --threads on an idle
+        # machine, well below it when other processes take the cores (then the times are not
+        # comparable).
+        cpu_per_wall = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
     if not torch.isfinite(loss).item():
         sys.exit("bench_torch: loss is not finite")
 
@@ -243,6 +362,7 @@ def main():
         "cpu_per_wall": round(cpu_per_wall, 2),
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "cpu": platform.processor() or platform.machine(),
+        **extra,
     }))
 
 

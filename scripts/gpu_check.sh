@@ -20,8 +20,9 @@
 # the same on two ranks sharing the GPU (staged MPI), with staged_comm_test's GPU cases; every sync
 # method on two ranks; and
 # the speech quickstart on the GPU (one and two ranks) and DeepSpeech, when the corpus is here; and
-# `trainer bench` of resnet20 at batch 128, DeepSpeech and LAS at batch 8 on the GPU (with PyTorch on
-# the same GPU beside it when torch imports).
+# the CIFAR loader alone (`trainer bench loader`: augmented images/s at 1 and 2 workers); `trainer
+# bench` of resnet20, vgg16 and resnet18 at batch 128, DeepSpeech and LAS at batch 8 on the GPU (with
+# PyTorch on the same GPU beside it when torch imports: eager, one CUDA graph, and TF32 for images).
 set -x
 build=${1:-build-cuda}
 out=${2:-${OUT:-gpu_check_out}}
@@ -109,13 +110,17 @@ if [[ -d datasets/an4_quickstart ]]; then
 else
   echo "no datasets/an4_quickstart here: the speech runs are skipped"
 fi
-step bench_resnet20 "$build/trainer" bench --model resnet20 --batch 128 --device cuda
-for precision in bf16 tf32; do
+# TORCH_PYTHON: a Python whose torch has CUDA (default /usr/bin/python3).
+torch_python=(--torch-python "${TORCH_PYTHON:-/usr/bin/python3}")
+step bench_loader timeout 120 "$build/trainer" bench loader --threads 1 2
+step bench_resnet20 "$build/trainer" bench --model resnet20 --batch 128 --device cuda "${torch_python[@]}"
+step bench_vgg16 timeout 300 "$build/trainer" bench --model vgg16 --batch 128 --device cuda "${torch_python[@]}"
+for precision in fp32 bf16 tf32; do
   step "bench_resnet18_$precision" timeout 300 "$build/trainer" bench --model resnet18 --batch 128 --device cuda \
-    --precision $precision
+    --precision $precision "${torch_python[@]}"
 done
-step bench_deepspeech timeout 300 "$build/trainer" bench --model deepspeech --batch 8 --device cuda
-step bench_las timeout 300 "$build/trainer" bench --model las --batch 8 --device cuda
+step bench_deepspeech timeout 300 "$build/trainer" bench --model deepspeech --batch 8 --device cuda "${torch_python[@]}"
+step bench_las timeout 300 "$build/trainer" bench --model las --batch 8 --device cuda "${torch_python[@]}"
 
 {
   echo "{"

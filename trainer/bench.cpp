@@ -9,6 +9,8 @@
 #include <memory>
 #include <random>
 #include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -54,6 +56,8 @@ struct Workload {
   std::string torch_script;  // under scripts/
   struct TorchRun {
     std::string label, key, args;  // output label, JSON key, arguments after the script
+    // On a GPU the same run also times the step captured in one CUDA graph (its graph_median_ms).
+    std::string graph_label = {}, graph_key = {};
   };
   std::vector<TorchRun> torch_runs;
 };
@@ -93,8 +97,22 @@ Workload image_workload(const BenchOptions& o, models::Backend& backend) {
   const bool bf16 = o.precision == "bf16";
   const std::string args = "--model " + o.model + " --batch " + std::to_string(batch) + (bf16 ? " --autocast-bf16" : "");
   const std::string mode = bf16 ? ", bf16 autocast" : "";
-  w.torch_runs = {{"pytorch (default layout" + mode + ")", "torch_default_ms", args},
-                  {"pytorch (channels_last" + mode + ")", "torch_channels_last_ms", args + " --channels-last"}};
+  if (o.device == "cpu") {
+    w.torch_runs = {{"pytorch (default layout" + mode + ")", "torch_default_ms", args},
+                    {"pytorch (channels_last" + mode + ")", "torch_channels_last_ms", args + " --channels-last"}};
+    return w;
+  }
+  // On a GPU what a practitioner runs (channels_last, cudnn.benchmark, fused SGD), eager and with
+  // the step in one CUDA graph, at the trainer's precision (TF32 only where the trainer has it);
+  // then PyTorch's best, TF32 on, unless that is the run already made.
+  const bool tf32 = o.precision == "tf32";
+  const std::string gpu_mode = tf32 ? ", TF32" : mode;
+  w.torch_runs = {{"pytorch (eager" + gpu_mode + ")", "torch_channels_last_ms",
+                   args + " --channels-last" + (tf32 ? " --tf32" : ""), "pytorch (CUDA graph" + gpu_mode + ")",
+                   "torch_graph_ms"}};
+  if (!tf32)
+    w.torch_runs.push_back({"pytorch (eager, TF32" + mode + ")", "torch_tf32_ms", args + " --channels-last --tf32",
+                            "pytorch best (TF32 graph" + mode + ")", "torch_best_ms"});
   return w;
 }
 
@@ -197,6 +215,23 @@ double sgemm_gflops() {
   return 2.0 * n * n * n / (best / 1e3) / 1e9;
 }
 
+void print_torch_line(const std::string& label, double tms, int64_t batch, double step_gflop, double trainer_ms) {
+  std::printf("  %-26s %9.1f ms/step %8.2f samples/s %6.1f GFLOP/s  trainer speedup %.2fx\n", label.c_str(), tms,
+              batch * 1e3 / tms, step_gflop / (tms / 1e3), tms / trainer_ms);
+}
+
+// The GPU comparison in one line, as issue 31's table has it: ours, then PyTorch eager, in one CUDA
+// graph, and at its best (TF32, graph), with two decimals (a GPU step is a few ms).
+void print_side_by_side(const nlohmann::json& report) {
+  std::printf("  side by side, ms/step: trainer %.2f (forward %.2f, backward %.2f)", report["trainer_ms"].get<double>(),
+              report["trainer_forward_ms"].get<double>(), report["trainer_backward_ms"].get<double>());
+  for (const auto& [key, label] : {std::pair<const char*, const char*>{"torch_channels_last_ms", "pytorch eager"},
+                                   {"torch_graph_ms", "graph"},
+                                   {"torch_best_ms", "best (TF32, graph)"}})
+    if (report.contains(key)) std::printf(" | %s %.2f", label, report[key].get<double>());
+  std::printf("\n");
+}
+
 bool is_one_of(const std::string& name, const std::vector<std::string>& names) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
@@ -288,10 +323,19 @@ int run_bench(const BenchOptions& o) {
         continue;
       }
       const double tms = t["median_ms"].get<double>();
-      std::printf("  %-26s %9.1f ms/step %8.2f samples/s %6.1f GFLOP/s  trainer speedup %.2fx\n", run.label.c_str(),
-                  tms, w.batch * 1e3 / tms, step_gflop / (tms / 1e3), tms / ms);
-      std::printf("  %-26s torch %s, ATen CPU capability %s\n", "", t.value("torch_version", "?").c_str(),
-                  t.value("cpu_capability", "?").c_str());
+      print_torch_line(run.label, tms, w.batch, step_gflop, ms);
+      if (!t.contains("gpu"))
+        std::printf("  %-26s torch %s, ATen CPU capability %s\n", "", t.value("torch_version", "?").c_str(),
+                    t.value("cpu_capability", "?").c_str());
+      else  // bench_torch.py on a GPU
+        std::printf("  %-26s torch %s, cuDNN %d, %s, %s on %s\n", "", t.value("torch_version", "?").c_str(),
+                    t.value("cudnn_version", 0), t.value("optimizer", "?").c_str(),
+                    t.value("timing", "?").c_str(), t.value("gpu", "?").c_str());
+      if (!run.graph_key.empty() && t.contains("graph_median_ms")) {
+        const double gms = t["graph_median_ms"].get<double>();
+        print_torch_line(run.graph_label, gms, w.batch, step_gflop, ms);
+        report[run.graph_key] = gms;
+      }
       if (t.contains("forward_ms"))
         std::printf("  %-26s forward %.1f, backward %.1f, sgd %.1f ms; %.2f cpu/wall\n", "",
                     t["forward_ms"].get<double>(), t["backward_ms"].get<double>(), t["optimizer_ms"].get<double>(),
@@ -300,6 +344,7 @@ int run_bench(const BenchOptions& o) {
       report["torch_version"] = t.value("torch_version", "?");
       if (speech) report[run.key + "_cpu_per_wall"] = t.value("cpu_per_wall", 0.0);
     }
+    if (o.device != "cpu" && !speech) print_side_by_side(report);
   }
   std::printf("%s\n", report.dump().c_str());
   return 0;

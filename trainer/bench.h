@@ -1,13 +1,15 @@
 // `trainer bench`: times a training step (forward, backward, SGD momentum update) of a model and
 // compares it, in the same run and with the same thread count, with the same model in PyTorch:
-// image models on random 3x32x32 images against scripts/bench_torch.py (default and channels_last
-// layouts), speech models (deepspeech, las) on a batch of equal-length utterances with ~40-character
+// image models on random 3x32x32 images against scripts/bench_torch.py (on the CPU the default and
+// channels_last layouts; on a GPU channels_last eager, the step in one CUDA graph, and PyTorch's best
+// with TF32 and the graph, printed side by side with ours at the end), speech models (deepspeech, las) on a batch of equal-length utterances with ~40-character
 // transcripts against scripts/bench_torch_speech.py (LSTMs on the plain batch and on packed
 // sequences).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace trainer::app {
 
@@ -30,6 +32,22 @@ struct BenchOptions {
 };
 
 int run_bench(const BenchOptions& options);
+
+// `trainer bench loader`: the CIFAR input pipeline alone (data/loader.h), augmented training batches
+// handed out as fast as the workers prepare them, for each worker count. A GPU step of ResNet-20 at
+// batch 128 in 4 ms needs 32,000 images/s from it.
+struct LoaderBenchOptions {
+  std::vector<int> threads = {0, 1, 2};  // loader workers per run; 0 = next() prepares the batch itself
+  int64_t batch = 128;
+  int64_t batches = 300;  // timed batches per run
+  int64_t warmup = 10;    // batches first
+  // A CIFAR-10 binary folder (data.root); empty: 50,000 random images in memory, the real training
+  // split's size (the loader's work does not depend on the pixel values).
+  std::string data;
+  bool augment = true;
+};
+
+int run_loader_bench(const LoaderBenchOptions& options);
 
 // The path of a benchmark's PyTorch side in this source tree's scripts/ folder.
 std::string bench_script(const std::string& name);

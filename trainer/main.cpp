@@ -5,6 +5,7 @@
 //   trainer bench [--model resnet20|...|deepspeech|las] [--batch N] [--threads N] [--no-torch]
 //   mpiexec -n P trainer bench comm [--n N]     (Communicator + log overhead vs bare MPI_Allreduce)
 //   mpiexec -n P trainer bench sync [--n N]     (every sync method on synthetic gradients)
+//   trainer bench loader [--threads 0 1 2] [--data DIR]   (the CIFAR loader alone, augmented images/s)
 //   trainer report RUN_DIR [RUN_DIR2 ...] [--out DIR] [--latency L]   (RUN_DIR/report/report.md and figures)
 //   trainer whatif RUN_DIR --bandwidth 1gbit --latency 0.1ms [--ranks P]   (step time on another network)
 //   trainer whatif RUN_DIR --calibration FILE.json [--ranks P]              (... on a measured one)
@@ -62,7 +63,7 @@ Tool add_make_cifar(CLI::App& app) {
           }};
 }
 
-// `bench` and its `comm`, `outer` and `sync` subcommands: the nested ones first (they are also `bench`).
+// `bench` and its `comm`, `outer`, `sync` and `loader` subcommands: the nested ones first (they are also `bench`).
 std::vector<Tool> add_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Time a training step against PyTorch on this machine");
   auto bo = std::make_shared<trainer::app::BenchOptions>();
@@ -115,6 +116,16 @@ std::vector<Tool> add_bench(CLI::App& app) {
   sync->add_option("--powersgd-ranks", so->powersgd_ranks, "Factor ranks powersgd runs with");
   sync->add_flag("--no-torch", *sync_no_torch, "Skip PyTorch's DDP powerSGD_hook beside powersgd");
 
+  auto* loader = bench->add_subcommand("loader", "The CIFAR loader alone: augmented images/s per worker count");
+  auto lo = std::make_shared<trainer::app::LoaderBenchOptions>();
+  auto no_augment = std::make_shared<bool>(false);
+  loader->add_option("--threads", lo->threads, "Loader worker counts, one run each (0: next() prepares)");
+  loader->add_option("--batch", lo->batch, "Images per batch")->check(CLI::PositiveNumber);
+  loader->add_option("--batches", lo->batches, "Timed batches per run")->check(CLI::PositiveNumber);
+  loader->add_option("--warmup", lo->warmup, "Batches first");
+  loader->add_option("--data", lo->data, "CIFAR-10 binary folder (default: 50,000 random images in memory)");
+  loader->add_flag("--no-augment", *no_augment, "Without the random crop and flip");
+
   return {{comm,
            [co] {
              trainer::comm::world();
@@ -129,6 +140,11 @@ std::vector<Tool> add_bench(CLI::App& app) {
            [so, sync_no_torch] {
              if (!*sync_no_torch) so->torch_script = trainer::app::bench_script("bench_torch_powersgd.py");
              return trainer::comm::run_sync_bench(*so);
+           }},
+          {loader,
+           [lo, no_augment] {
+             lo->augment = !*no_augment;
+             return trainer::app::run_loader_bench(*lo);
            }},
           {bench, [bo, no_torch] {
              bo->torch = !*no_torch;
