@@ -170,6 +170,12 @@ struct AdamUpdate {
 
 // Memory, copies, fill and synchronize come from DeviceMemory; device-to-device copies of floats are
 // copy() below.
+// A row-major rows x cols matrix in a backend's memory (Backend::orthonormalize_columns).
+struct TallMatrix {
+  float* data = nullptr;
+  int64_t rows = 0, cols = 0;
+};
+
 class Backend : public DeviceMemory {
  public:
   // One line for --dry-run: the device, and for a GPU its name and memory.
@@ -392,6 +398,17 @@ class Backend : public DeviceMemory {
                                float* y) = 0;
   // y[index[j]] = value for j < count (error feedback's clears).
   virtual void scatter_fill(int64_t count, const int32_t* index, float value, float* y) = 0;
+
+  // ---- Low-rank gradient sync (PowerSGD, comm/sync/powersgd.h).
+  // Makes each matrix's columns orthonormal, in place, by Gram-Schmidt with dot products in double:
+  // each column is normalized after the earlier ones are projected out, twice when there are more
+  // than two columns ("twice is enough": Householder QR's orthogonality, QR's Q up to column signs).
+  // A column whose norm after projection is at most kDependentColumn of its norm before (or zero,
+  // or not finite) is set to zero rather than normalized from rounding noise.
+  static constexpr double kDependentColumn = 1e-4;
+  virtual void orthonormalize_columns(const std::vector<TallMatrix>& batch) = 0;
+  // y = a - b (error feedback's residual = acc - what was sent).
+  virtual void subtract(int64_t n, const float* a, const float* b, float* y) = 0;
 };
 
 // The CPU backend (oneDNN primitives, OpenBLAS, OpenMP loops). One per process.

@@ -13,7 +13,7 @@
 # Steps: the GPU's description; cuda_backend_test (every CUDA op and a resnet20/vgg16 step against
 # the CPU backend) and the speech parity tests (sequence ops, CTC, LSTM, speller, DeepSpeech and LAS
 # steps); cuda_precision_test (bf16 copies, convolutions and GEMMs within bf16's bound, a bf16
-# ResNet-20 step); cuda_sparse_test (the sparse methods' device passes, op by op and whole methods
+# ResNet-20 step); cuda_compressors_test (the sparse methods and PowerSGD on device buffers, op by op and whole methods
 # against the CPU, on 1, 2 and 3 ranks, and once under compute-sanitizer's memcheck);
 # device_test's CUDA cases; a short quickstart training run on the GPU (whose
 # metrics must show the sync phase under 5% of the step); and
@@ -74,13 +74,13 @@ step quickstart_cpu "$build/trainer" --config configs/quickstart_cifar.toml --se
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # The sparse methods on device buffers: ops and methods against the CPU, the exchanges real on 2 and
 # 3 ranks sharing the GPU; memcheck over the single-rank run (out-of-bounds compaction writes).
-step cuda_sparse_test timeout 300 "$build/tests/cuda_sparse_test" --durations yes
-step cuda_sparse_test_2 timeout 300 mpirun --oversubscribe -n 2 "$build/tests/cuda_sparse_test"
-step cuda_sparse_test_3 timeout 300 mpirun --oversubscribe -n 3 "$build/tests/cuda_sparse_test"
+step cuda_compressors_test timeout 300 "$build/tests/cuda_compressors_test" --durations yes
+step cuda_compressors_test_2 timeout 300 mpirun --oversubscribe -n 2 "$build/tests/cuda_compressors_test"
+step cuda_compressors_test_3 timeout 300 mpirun --oversubscribe -n 3 "$build/tests/cuda_compressors_test"
 if command -v compute-sanitizer >/dev/null || [[ -x /usr/local/cuda/bin/compute-sanitizer ]]; then
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  step cuda_sparse_memcheck timeout 300 "$sanitizer" --tool memcheck --error-exitcode 1 \
-    "$build/tests/cuda_sparse_test" "[sparse]~[methods]"
+  step cuda_compressors_memcheck timeout 300 "$sanitizer" --tool memcheck --error-exitcode 1 \
+    "$build/tests/cuda_compressors_test" "~[methods]"
 fi
 step staged_comm_test_2 mpirun --oversubscribe -n 2 "$build/tests/staged_comm_test"
 step quickstart_cuda_2ranks mpirun --oversubscribe -n 2 "$build/trainer" --config configs/quickstart_cifar.toml \

@@ -172,6 +172,8 @@ class DeviceLikeCpu final : public Backend {
   void scatter_fill(int64_t count, const int32_t* index, float value, float* y) override {
     cpu_.scatter_fill(count, index, value, y);
   }
+  void orthonormalize_columns(const std::vector<TallMatrix>& batch) override { cpu_.orthonormalize_columns(batch); }
+  void subtract(int64_t n, const float* a, const float* b, float* y) override { cpu_.subtract(n, a, b, y); }
 
   testing::CountingMemory memory;
 

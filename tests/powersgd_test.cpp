@@ -329,7 +329,7 @@ TEST_CASE("Orthonormalization zeroes dependent columns instead of dividing by ze
       m[i * cols + 1] = 2.f * (1.f + i);
       if (cols == 3) m[i * cols + 2] = (i % 3) - 1.f;
     }
-    comm::orthonormalize_columns(m.data(), 10, cols);
+    models::cpu_backend().orthonormalize_columns({{m.data(), 10, cols}});
     double n0 = 0, n1 = 0, n2 = 0, d02 = 0;
     for (int i = 0; i < 10; ++i) {
       n0 += m[i * cols] * m[i * cols];

@@ -208,8 +208,13 @@ float* ErrorFeedback::Step::materialize(int64_t at, int64_t count) {
   if (state_ == State::kWhole) throw std::logic_error("error feedback: acc = grad + residual formed twice in a step");
   if (at < 0 || count < 0 || at + count > ef_.size()) throw std::logic_error("error feedback: range outside the gradient");
   state_ = State::kRanges;
-  float* acc = ef_.residual() + at;
   const float* grad = grad_ + at;
+  if (ef_.device_) {
+    float* acc = ef_.device_storage() + at;
+    ef_.device_->add(count, acc, grad, acc);
+    return acc;
+  }
+  float* acc = ef_.residual() + at;
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < count; ++i) acc[i] += grad[i];
   return acc;
@@ -219,6 +224,11 @@ float* ErrorFeedback::Step::adopt(int64_t at, const float* acc, int64_t count) {
   if (state_ == State::kWhole) throw std::logic_error("error feedback: acc = grad + residual formed twice in a step");
   if (at < 0 || count < 0 || at + count > ef_.size()) throw std::logic_error("error feedback: range outside the gradient");
   state_ = State::kRanges;
+  if (ef_.device_) {
+    float* stored = ef_.device_storage() + at;
+    ef_.device_->copy(count, acc, stored);
+    return stored;
+  }
   float* stored = ef_.residual() + at;
   std::copy(acc, acc + count, stored);
   return stored;
@@ -237,6 +247,11 @@ uint16_t* ErrorFeedback::Step::sent_flags() {
 void ErrorFeedback::Step::sent_approximately(int64_t at, const float* approx, int64_t count) {
   require_formed("sent_approximately()");
   if (at < 0 || count < 0 || at + count > ef_.size()) throw std::logic_error("error feedback: range outside the gradient");
+  if (ef_.device_) {
+    float* e = ef_.device_storage() + at;
+    ef_.device_->subtract(count, e, approx, e);
+    return;
+  }
   float* e = ef_.residual() + at;
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < count; ++i) e[i] -= approx[i];

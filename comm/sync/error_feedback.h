@@ -17,9 +17,9 @@
 // compression starts from zeros. Saved as a count, a presence byte and the raw n floats.
 //
 // On a device (a backend whose memory is not the host's: runtime.device = "cuda") the residual is a
-// DeviceBuffer of that backend, which only the device passes (sparse_passes.h, through
-// Step::on_device) touch; its clears are applied at once there (scattered writes cost a GPU little),
-// so nothing is deferred. Saving and loading copy through the host: the checkpoint is the same file
+// DeviceBuffer of that backend: the sparse methods' device passes (sparse_passes.h, through
+// Step::on_device) apply their clears there at once (scattered writes cost a GPU little), so nothing
+// is deferred; a dense compressor's materialize, adopt and sent_approximately run as backend ops. Saving and loading copy through the host: the checkpoint is the same file
 // on either device, and a run resumes on the other.
 #pragma once
 
@@ -47,6 +47,9 @@ class ErrorFeedback {
   models::Backend* device() const { return device_; }
   // The residual, pending clears applied (zero-filled on the first call).
   float* residual();
+  // The same wherever it lives: host memory, or the device's (a dense compressor reads it there
+  // before its step forms acc: PowerSGD).
+  float* data() { return device_ ? device_storage() : residual(); }
   // The residual as it is stored (empty before the first use), for readers that know no clears are
   // pending (a dense compressor never defers any).
   const std::vector<float>& values() const {

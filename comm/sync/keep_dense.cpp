@@ -83,7 +83,9 @@ SyncMethod sparse_method(std::string name, std::string doc, SparseFactory make) 
   m.doc = std::move(doc);
   m.can.compresses = true;
   m.can.device_buffers = true;
-  m.needs_host_buffers = [](const SyncOptions& o) { return o.adaptive || !o.keep_dense.empty(); };
+  m.needs_host_buffers = [](const SyncOptions& o) {
+    return o.adaptive || !o.keep_dense.empty() || o.wire_dtype != WireDType::kF32;
+  };
   m.check = [](const SyncOptions& o) {
     std::vector<SyncOptionProblem> problems;
     if (o.adaptive && !(o.adaptive_density > o.density))

@@ -31,8 +31,9 @@ std::vector<bool> match_keep_dense(const std::string& patterns, const std::vecto
 
 // The spec of a whole-gradient sparse method (oktopk, topka, gaussiank, gtopk): it compresses, takes
 // device buffers (its gradient-sized passes run on the backend, sparse_passes.h; its lists go over
-// `comm`, which moves host memory), except with sync.keep_dense or sync.adaptive, whose gathers and
-// detector are host loops (needs_host_buffers: host copies on a device). Its factory applies
+// `comm`, which moves host memory), except with sync.keep_dense, sync.adaptive or a 16-bit
+// sync.wire_dtype, whose gathers, detector and casts are host loops (needs_host_buffers: host
+// copies on a device). Its factory applies
 // sync.error_feedback and, with sync.keep_dense, runs the method built by
 // make(options, comm, count, backend) on the `count` entries not kept, inside KeepDenseSync.
 using SparseFactory = std::function<std::unique_ptr<ErrorFeedbackSync>(const SyncOptions&, Communicator&, int64_t count,

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "comm/sync/low_rank.h"
+#include "models/device_memory.h"
 #include "comm/sync/registry.h"
 #include "comm/sync/sync_state.h"
 
@@ -17,6 +18,9 @@ SyncMethod powersgd_method() {
   m.name = "powersgd";
   m.doc = "rank-r factors P Q^T of each weight matrix, PyTorch's powerSGD_hook";
   m.can.compresses = true;
+  m.can.device_buffers = true;
+  // Accordion's detector and the 16-bit wire casts are host loops.
+  m.needs_host_buffers = [](const SyncOptions& o) { return o.adaptive || o.wire_dtype != WireDType::kF32; };
   m.check = [](const SyncOptions& o) {
     std::vector<SyncOptionProblem> problems;
     if (o.adaptive && o.adaptive_rank <= o.rank)
@@ -29,7 +33,7 @@ SyncMethod powersgd_method() {
   m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
     if (!c.views) throw std::invalid_argument("sync.method 'powersgd' needs the model's tensor shapes");
     auto powersgd = std::make_unique<PowerSgd>(c.comm, *c.views, c.n, o.rank, o.min_compression_rate, o.seed,
-                                               c.host_backend("powersgd"), o.wire_dtype, o.bucket_mb,
+                                               c.backend, o.wire_dtype, o.bucket_mb,
                                                DenseBuckets{o.first_bucket_mb, o.overlap, c.views}, c.kept);
     powersgd->set_keep_residual(o.error_feedback);
     if (o.adaptive) {
@@ -47,15 +51,6 @@ SyncMethod powersgd_method() {
 
 namespace {
 
-void scale(int64_t count, float s, float* y) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < count; ++i) y[i] *= s;
-}
-
-}  // namespace
-
-namespace {
-
 // The dense method's bucket plan, of whole tensors; bucket_mb <= 0: one bucket.
 std::vector<GradientBucket> plan_buckets(int64_t n, const std::vector<models::ParamView>& views, double bucket_mb,
                                          double first_bucket_mb) {
@@ -69,7 +64,7 @@ std::vector<GradientBucket> plan_buckets(int64_t n, const std::vector<models::Pa
 PowerSgd::PowerSgd(Communicator& comm, const std::vector<models::ParamView>& views, int64_t n, int64_t rank,
                    double min_compression_rate, uint64_t seed, models::Backend& backend, WireDType wire,
                    double bucket_mb, const DenseBuckets& buckets, const std::vector<bool>& keep_dense)
-    : ErrorFeedbackSync(n),
+    : ErrorFeedbackSync(n, &backend),
       comm_(comm),
       backend_(backend),
       n_(n),
@@ -78,6 +73,9 @@ PowerSgd::PowerSgd(Communicator& comm, const std::vector<models::ParamView>& vie
       wire_(wire),
       requested_overlap_(buckets.overlap && backend.is_host()),
       overlap_(requested_overlap_ && comm.size() > 1),
+      p_(backend),
+      q_(backend),
+      q_next_(backend),
       reducer_(comm, plan_buckets(n, views, bucket_mb, buckets.first_bucket_mb),
                [this](size_t bucket, float* grads) { exchange(bucket, grads); }, &views) {
   if (rank < 1) throw std::invalid_argument("powersgd: sync.rank must be at least 1");
@@ -160,10 +158,11 @@ void PowerSgd::adapt(const std::vector<uint8_t>& low, bool) {
   std::vector<Matrix> model;
   std::vector<int64_t> old_rank;
   std::vector<std::vector<float>> old_q;  // the warm starts, before the layout moves them
+  const std::vector<float> q_before = started_ ? q_on_host() : std::vector<float>();
   for (size_t g = 0; g < order.size(); ++g) {
     Matrix m = *order[g];
     old_rank.push_back(m.rank);
-    if (started_) old_q.emplace_back(q_.begin() + m.q_offset, q_.begin() + m.q_offset + m.cols * m.rank);
+    if (started_) old_q.emplace_back(q_before.begin() + m.q_offset, q_before.begin() + m.q_offset + m.cols * m.rank);
     m.rank = std::min({m.rows, m.cols, static_cast<int64_t>(adaptive_setting(low[g] != 0))});
     model.push_back(m);
   }
@@ -174,16 +173,39 @@ void PowerSgd::adapt(const std::vector<uint8_t>& low, bool) {
   if (!started_) return;  // prepare() seeds every Q at its rank
   // A tensor whose rank changed starts again from its seeded Q at the new rank, as a run at that
   // rank starts (the paper's code builds a new reducer); its residual (full size) is kept.
-  q_.assign(q_floats_ + dense_floats_, 0.f);
-  p_.assign(p_floats_, 0.f);
+  std::vector<float> q(q_floats_ + dense_floats_, 0.f);
   const std::vector<const Matrix*> now = in_model_order();
   for (size_t g = 0; g < now.size(); ++g) {
     const Matrix& m = *now[g];
     if (m.rank == old_rank[g])
-      std::copy(old_q[g].begin(), old_q[g].end(), q_.begin() + m.q_offset);
+      std::copy(old_q[g].begin(), old_q[g].end(), q.begin() + m.q_offset);
     else
-      seeded_uniform(seed_, static_cast<uint64_t>(m.view), m.cols * m.rank, q_.data() + m.q_offset);
+      seeded_uniform(seed_, static_cast<uint64_t>(m.view), m.cols * m.rank, q.data() + m.q_offset);
   }
+  set_q(q);
+  p_.resize(p_floats_);
+  backend_.fill(p_floats_, 0.f, p_.data());
+}
+
+std::vector<float> PowerSgd::q_on_host() const {
+  std::vector<float> q(static_cast<size_t>(q_.size()));
+  models::copy_to_host(backend_, q_.data(), q_.size(), q.data());
+  return q;
+}
+
+void PowerSgd::set_q(const std::vector<float>& q) {
+  q_.resize(static_cast<int64_t>(q.size()));
+  models::copy_to_device(backend_, q.data(), q_.size(), q_.data());
+}
+
+void PowerSgd::orthonormalize(float* base, size_t first, size_t end, bool p_factors) {
+  batch_.clear();
+  for (size_t i = first; i < end; ++i) {
+    const Matrix& m = matrices_[i];
+    batch_.push_back(p_factors ? models::TallMatrix{base + m.p_offset, m.rows, m.rank}
+                               : models::TallMatrix{base + m.q_offset, m.cols, m.rank});
+  }
+  backend_.orthonormalize_columns(batch_);
 }
 
 std::string PowerSgd::overlap_plan() const {
@@ -224,13 +246,15 @@ std::string PowerSgd::describe() const {
 
 void PowerSgd::prepare() {
   if (!started_) {
-    p_.assign(p_floats_, 0.f);
-    q_.assign(q_floats_ + dense_floats_, 0.f);
-    for (const Matrix& m : matrices_) seeded_uniform(seed_, static_cast<uint64_t>(m.view), m.cols * m.rank, q_.data() + m.q_offset);
+    p_.resize(p_floats_);
+    backend_.fill(p_floats_, 0.f, p_.data());
+    std::vector<float> q(q_floats_ + dense_floats_, 0.f);
+    for (const Matrix& m : matrices_) seeded_uniform(seed_, static_cast<uint64_t>(m.view), m.cols * m.rank, q.data() + m.q_offset);
+    set_q(q);
     started_ = true;
   }
   q_next_.resize(q_.size());
-  residual_ = error_feedback().residual();  // zeros at the first step (PowerSGD defers no clears)
+  residual_ = error_feedback().data();  // zeros at the first step (PowerSGD defers no clears)
 }
 
 bool PowerSgd::begin_step(SyncBuffers& b, int64_t step) {
@@ -259,18 +283,11 @@ void PowerSgd::exchange(size_t index, float* grads) {
   float* p = p_.data();
   float* q = q_next_.data();
   // 1. acc = grad + e in the gradient (the rounding of ErrorFeedback::Step::materialize).
-  for (auto m = first; m != last; ++m) {
-    float* acc = grads + m->offset;
-    const float* e = residual_ + m->offset;
-    const int64_t count = m->rows * m->cols;
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < count; ++i) acc[i] += e[i];
-  }
+  for (auto m = first; m != last; ++m)
+    backend_.add(m->rows * m->cols, grads + m->offset, residual_ + m->offset, grads + m->offset);
   // 2. P = acc Q, the warm-start Q orthonormalized first (the hook does so too), in q_next_.
-  std::copy(q_.begin() + bucket.q_offset, q_.begin() + bucket.q_offset + bucket.q_count, q + bucket.q_offset);
-#pragma omp parallel for schedule(dynamic)
-  for (size_t i = bucket.first_matrix; i < bucket.end_matrix; ++i)
-    orthonormalize_columns(q + matrices_[i].q_offset, matrices_[i].cols, matrices_[i].rank);
+  backend_.copy(bucket.q_count, q_.data() + bucket.q_offset, q + bucket.q_offset);
+  orthonormalize(q, bucket.first_matrix, bucket.end_matrix, /*p_factors=*/false);
   for (auto m = first; m != last; ++m)
     backend_.gemm(false, false, m->rows, m->rank, m->cols, 1.f, grads + m->offset, m->cols, q + m->q_offset, m->rank,
                   0.f, p + m->p_offset, m->rank);
@@ -280,9 +297,7 @@ void PowerSgd::exchange(size_t index, float* grads) {
     allreduce_sum_through_wire(comm_, p + bucket.p_offset, bucket.p_count, wire_, pre_scale, wire_scratch_,
                                "ALLREDUCE_P");
   // 4. Orthonormal columns (the sum's scale does not matter).
-#pragma omp parallel for schedule(dynamic)
-  for (size_t i = bucket.first_matrix; i < bucket.end_matrix; ++i)
-    orthonormalize_columns(p + matrices_[i].p_offset, matrices_[i].rows, matrices_[i].rank);
+  orthonormalize(p, bucket.first_matrix, bucket.end_matrix, /*p_factors=*/true);
   // 5. Q = acc^T P.
   for (auto m = first; m != last; ++m)
     backend_.gemm(true, false, m->cols, m->rank, m->rows, 1.f, grads + m->offset, m->cols, p + m->p_offset, m->rank,
@@ -297,7 +312,7 @@ void PowerSgd::exchange(size_t index, float* grads) {
   if (total > 0) {
     comm_.log().set_ready(reducer_.ready_us(index));  // part of the bucket, for the log's readers
     allreduce_sum_through_wire(comm_, q + bucket.q_offset, total, wire_, pre_scale, wire_scratch_, "ALLREDUCE_Q");
-    if (pre_scale == 1.f) scale(total, 1.f / static_cast<float>(comm_.size()), q + bucket.q_offset);
+    if (pre_scale == 1.f) backend_.scale(total, 1.f / static_cast<float>(comm_.size()), q + bucket.q_offset);
   }
 }
 
@@ -320,7 +335,7 @@ void PowerSgd::commit(float* grads, ErrorFeedback::Step& ef) {
       dense += r.count;
     }
   }
-  q_.swap(q_next_);  // the new warm start
+  std::swap(q_, q_next_);  // the new warm start
 }
 
 SyncStats PowerSgd::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) {
@@ -353,8 +368,9 @@ void PowerSgd::save_state(std::ostream& out) const {
   write_pod(out, steps_);
   write_pod(out, static_cast<uint8_t>(started_));
   if (!started_) return;
+  const std::vector<float> q = q_on_host();
   for (const Matrix* m : in_model_order())
-    out.write(reinterpret_cast<const char*>(q_.data() + m->q_offset),
+    out.write(reinterpret_cast<const char*>(q.data() + m->q_offset),
               static_cast<std::streamsize>(m->cols * m->rank * sizeof(float)));
 }
 
@@ -383,11 +399,12 @@ void PowerSgd::load_state(std::istream& in) {
       in.read(reinterpret_cast<char*>(q.data() + m->q_offset),
               static_cast<std::streamsize>(m->cols * m->rank * sizeof(float)));
     if (!in) throw std::runtime_error("powersgd state: truncated");
-    q_ = std::move(q);
-    p_.assign(p_floats_, 0.f);
+    set_q(q);
+    p_.resize(p_floats_);
+    backend_.fill(p_floats_, 0.f, p_.data());
   } else {
-    q_.clear();
-    p_.clear();
+    q_.resize(0);
+    p_.resize(0);
   }
   started_ = started != 0;
   seed_ = seed;

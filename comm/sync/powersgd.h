@@ -7,6 +7,7 @@
 #include "comm/sync/error_feedback_sync.h"
 #include "comm/wire_format.h"
 #include "models/backend.h"
+#include "models/device_buffer.h"
 
 namespace trainer::comm {
 
@@ -39,7 +40,10 @@ namespace trainer::comm {
 // every rank without communication. Within a bucket, matrices of equal (n, m, r') are laid out back
 // to back in the P and Q buffers (fixed strides); acc and the output sit where the gradient has
 // them, so a device backend batches each group's products with per-matrix pointers (through
-// Backend::gemm, one call per matrix, on the CPU today).
+// Backend::gemm, one call per matrix today). On a GPU run the factors and the residual live on the
+// device and every step above is a backend op (gemm, add, copy, subtract, orthonormalize_columns,
+// batched per bucket) or a device allreduce; with sync.adaptive (a host detector) it runs on host
+// copies instead (registry.h: needs_host_buffers).
 // Volume per rank and step: 4 (sum (n + m) r' + dense elements) bytes, each bucket's two
 // allreduces sending its share once (ring traffic 2(P-1)/P of that).
 // A 16-bit `wire` (comm/wire_format.h) sends both allreduces as bf16 or fp16, 2 bytes per element.
@@ -119,6 +123,10 @@ class PowerSgd final : public ErrorFeedbackSync {
   void prepare();  // before a step's first bucket: the seeded Q at the first step, the residual
   void exchange(size_t bucket, float* grads);             // steps 1-6 of one bucket
   void commit(float* grads, ErrorFeedback::Step& ef);     // step 7 of every bucket
+  void orthonormalize(float* base, size_t first, size_t end, bool p_factors);  // matrices [first, end)
+  // q_ as host floats, and back (save, load, adapt; q_.size() floats).
+  std::vector<float> q_on_host() const;
+  void set_q(const std::vector<float>& q);
 
   Communicator& comm_;
   models::Backend& backend_;
@@ -130,9 +138,11 @@ class PowerSgd final : public ErrorFeedbackSync {
   int64_t compressed_floats_ = 0;  // elements of the compressed matrices
   bool started_ = false;
   int64_t steps_ = 0;              // compressed steps done
-  std::vector<float> p_;           // all P
-  std::vector<float> q_;           // the warm start: every bucket's Q (and room for its dense part)
-  std::vector<float> q_next_;      // this step's Q and dense part, q_'s layout
+  // In the backend's memory (a device's on a GPU run: the products, the orthonormalization and
+  // error feedback are backend ops, and the allreduces move device memory).
+  models::DeviceBuffer p_;         // all P
+  models::DeviceBuffer q_;         // the warm start: every bucket's Q (and room for its dense part)
+  models::DeviceBuffer q_next_;    // this step's Q and dense part, q_'s layout
   const float* residual_ = nullptr;  // this step's e (read only until the commit)
   WireDType wire_;
   bool requested_overlap_, overlap_;
@@ -140,6 +150,7 @@ class PowerSgd final : public ErrorFeedbackSync {
   int64_t exchanged_step_ = -1;    // the step whose buckets have all been exchanged
   // A 16-bit wire's copy of P or Q (grow-only); one bucket at a time, on one thread at a time.
   std::vector<uint16_t> wire_scratch_;
+  std::vector<models::TallMatrix> batch_;  // one bucket's factors for orthonormalize_columns
   BucketReducer reducer_;          // last: its job reads the members above
 };
 

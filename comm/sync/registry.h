@@ -77,8 +77,8 @@ struct SyncMethod {
   // True when these options make the method call MPI from a second thread while the training thread
   // does too (MPI_THREAD_MULTIPLE is then requested at start). Null: never.
   std::function<bool(const SyncOptions&)> concurrent_calls;
-  // True when these options keep a method with device_buffers on host buffers after all (the sparse
-  // methods' sync.keep_dense and sync.adaptive are host loops). Null: never.
+  // True when these options keep a method with device_buffers on host buffers after all (the
+  // compressors' sync.keep_dense, sync.adaptive and 16-bit sync.wire_dtype are host loops). Null: never.
   std::function<bool(const SyncOptions&)> needs_host_buffers;
 };
 

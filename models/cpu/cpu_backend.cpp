@@ -20,7 +20,7 @@
 #include "models/cpu/lstm_ops.h"
 #include "models/cpu/optim_ops.h"
 #include "models/cpu/sequence_ops.h"
-#include "models/cpu/sparse_ops.h"
+#include "models/cpu/sync_ops.h"
 #include "models/cpu/speller_ops.h"
 
 namespace trainer::models {
@@ -339,7 +339,7 @@ class CpuBackend final : public Backend {
     }
   }
 
-  // Sparse gradient sync: sparse_ops.cpp.
+  // Sparse and low-rank gradient sync: sync_ops.cpp.
   void magnitude_histogram(int64_t n, const float* grad, float* acc, uint32_t min_key, uint32_t mask, uint32_t prefix,
                            int shift, int32_t* histogram) override {
     cpu::magnitude_histogram(n, grad, acc, min_key, mask, prefix, shift, histogram);
@@ -358,6 +358,8 @@ class CpuBackend final : public Backend {
   void scatter_fill(int64_t count, const int32_t* index, float value, float* y) override {
     cpu::scatter_fill(count, index, value, y);
   }
+  void orthonormalize_columns(const std::vector<TallMatrix>& batch) override { cpu::orthonormalize_columns(batch); }
+  void subtract(int64_t n, const float* a, const float* b, float* y) override { cpu::subtract(n, a, b, y); }
 };
 
 }  // namespace

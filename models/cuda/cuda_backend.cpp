@@ -392,6 +392,19 @@ class CudaBackend final : public Backend {
     check(launch_scatter_fill(count, index, value, y, stream_), "scatter_fill");
   }
 
+  // ---- Low-rank gradient sync (low_rank.cu, elementwise.cu).
+  void orthonormalize_columns(const std::vector<TallMatrix>& batch) override {
+    if (batch.empty()) return;
+    // The descriptors go up with the launch (a copy from pageable memory returns once staged).
+    auto* on_device = static_cast<TallMatrix*>(scratch(sizeof(TallMatrix) * batch.size()));
+    copy_to_device(on_device, batch.data(), sizeof(TallMatrix) * batch.size());
+    check(launch_orthonormalize_columns(static_cast<int64_t>(batch.size()), on_device, stream_),
+          "orthonormalize_columns");
+  }
+  void subtract(int64_t n, const float* a, const float* b, float* y) override {
+    check(launch_subtract(n, a, b, y, stream_), "subtract");
+  }
+
  private:
   // Device scratch for reductions, grown only (freeing waits for the device, so nothing enqueued
   // still uses the old one). Ops run in stream order, so one scratch serves them all.

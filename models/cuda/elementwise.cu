@@ -17,6 +17,10 @@ __global__ void add_kernel(int64_t n, const float* a, const float* b, float* y) 
   for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = a[i] + b[i];
 }
 
+__global__ void subtract_kernel(int64_t n, const float* a, const float* b, float* y) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = a[i] - b[i];
+}
+
 __global__ void scale_kernel(int64_t n, float alpha, float* x) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) x[i] *= alpha;
 }
@@ -43,6 +47,12 @@ cudaError_t launch_relu_backward(int64_t n, const float* y, const float* dy, flo
 cudaError_t launch_add(int64_t n, const float* a, const float* b, float* y, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   add_kernel<<<grid_for(n), kThreads, 0, stream>>>(n, a, b, y);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_subtract(int64_t n, const float* a, const float* b, float* y, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  subtract_kernel<<<grid_for(n), kThreads, 0, stream>>>(n, a, b, y);
   return cudaGetLastError();
 }
 

@@ -6,7 +6,7 @@
 //   the speech models' sequence ops: sequence.cu (gather, packing, Hardtanh, image <-> sequence,
 //   width mask, transpose), lookahead.cu, ctc.cu; Listen-Attend-Spell's rows, cells and attention:
 //   speller.cu, attention.cu; runtime.precision = bf16's copies: bf16.cu; the sparse gradient-sync
-//   passes: sparse.cu. A batch's lengths reach those kernels by value (HostInts, host_ints.h),
+//   passes: sparse.cu; PowerSGD's orthonormalization: low_rank.cu. A batch's lengths reach those kernels by value (HostInts, host_ints.h),
 //   never through device memory.
 #pragma once
 
@@ -30,6 +30,7 @@ ActivationDims dims_of(const Tensor& t);
 cudaError_t launch_relu_forward(int64_t n, const float* x, float* y, cudaStream_t stream);
 cudaError_t launch_relu_backward(int64_t n, const float* y, const float* dy, float* dx, cudaStream_t stream);
 cudaError_t launch_add(int64_t n, const float* a, const float* b, float* y, cudaStream_t stream);
+cudaError_t launch_subtract(int64_t n, const float* a, const float* b, float* y, cudaStream_t stream);
 cudaError_t launch_scale(int64_t n, float alpha, float* x, cudaStream_t stream);
 // y[i, :] = bias for `rows` rows of `cols`.
 cudaError_t launch_broadcast_rows(int64_t rows, int64_t cols, const float* bias, float* y, cudaStream_t stream);
@@ -72,6 +73,10 @@ cudaError_t launch_accumulate_moments(int64_t n, const float* grad, float* acc, 
 cudaError_t launch_sparse_to_dense(int64_t n, int64_t count, const int32_t* index, const float* value, float divisor,
                                    float* y, cudaStream_t stream);
 cudaError_t launch_scatter_fill(int64_t count, const int32_t* index, float value, float* y, cudaStream_t stream);
+
+// ---- low_rank.cu: PowerSGD's Gram-Schmidt (backend.h), one block per matrix; `batch` (count
+// entries) in device memory.
+cudaError_t launch_orthonormalize_columns(int64_t count, const TallMatrix* batch, cudaStream_t stream);
 
 // ---- shortcut.cu: option-A shortcut (backend.h).
 cudaError_t launch_shortcut_a_forward(const float* x, ActivationDims xd, int64_t stride, int64_t pad, float* y,

@@ -1,4 +1,4 @@
-#include "models/cpu/sparse_ops.h"
+#include "models/cpu/sync_ops.h"
 
 #include <omp.h>
 
@@ -82,6 +82,48 @@ void sparse_to_dense(int64_t n, int64_t count, const int32_t* index, const float
 
 void scatter_fill(int64_t count, const int32_t* index, float value, float* y) {
   for (int64_t j = 0; j < count; ++j) y[index[j]] = value;
+}
+
+namespace {
+
+double column_norm(const float* a, int64_t rows, int64_t cols, int64_t j) {
+  double s = 0;
+  for (int64_t i = 0; i < rows; ++i) s += static_cast<double>(a[i * cols + j]) * a[i * cols + j];
+  return std::sqrt(s);
+}
+
+// Column j minus its projections on the (orthonormal or zero) columns before it.
+void project_out_earlier(float* a, int64_t rows, int64_t cols, int64_t j) {
+  for (int64_t k = 0; k < j; ++k) {
+    double dot = 0;
+    for (int64_t i = 0; i < rows; ++i) dot += static_cast<double>(a[i * cols + k]) * a[i * cols + j];
+    const float d = static_cast<float>(dot);
+    for (int64_t i = 0; i < rows; ++i) a[i * cols + j] -= d * a[i * cols + k];
+  }
+}
+
+void orthonormalize(float* a, int64_t rows, int64_t cols) {
+  const int passes = cols > 2 ? 2 : 1;
+  for (int64_t j = 0; j < cols; ++j) {
+    const double before = column_norm(a, rows, cols, j);
+    for (int pass = 0; pass < passes; ++pass) project_out_earlier(a, rows, cols, j);
+    const double norm = column_norm(a, rows, cols, j);
+    const bool dependent = !(norm > Backend::kDependentColumn * before) || !std::isfinite(norm);
+    const float scale = dependent ? 0.f : static_cast<float>(1.0 / norm);
+    for (int64_t i = 0; i < rows; ++i) a[i * cols + j] = dependent ? 0.f : a[i * cols + j] * scale;
+  }
+}
+
+}  // namespace
+
+void orthonormalize_columns(const std::vector<TallMatrix>& batch) {
+#pragma omp parallel for schedule(dynamic)
+  for (size_t i = 0; i < batch.size(); ++i) orthonormalize(batch[i].data, batch[i].rows, batch[i].cols);
+}
+
+void subtract(int64_t n, const float* a, const float* b, float* y) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] - b[i];
 }
 
 }  // namespace trainer::models::cpu

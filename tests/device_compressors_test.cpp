@@ -1,8 +1,10 @@
-// The sparse methods on device buffers (comm/sync/sparse_passes.h): the CPU backend dressed as a
-// device (device_like_backend.h) runs every device branch (the residual in "device" memory, the
+// The compressors on device buffers: the CPU backend dressed as a device (device_like_backend.h)
+// runs every device branch, and each method must give the host path's bits: every step's output,
+// the bytes each step sends and receives, and the saved state (thresholds, regions, factors, the
+// residual). The sparse methods (comm/sync/sparse_passes.h): the residual in "device" memory, the
 // radix select and stream compaction as backend ops, the lists copied across, the output scattered
-// from an uploaded list), and each method must give the host path's bits: every step's output, the
-// bytes each step sends and receives, and the saved state (thresholds, regions, the residual).
+// from an uploaded list. PowerSGD: its factors and residual in "device" memory, every step a backend
+// op (ErrorFeedback's device mode for materialize, adopt and sent_approximately).
 // Gradients carry exact zeros and many ties (multiples of 1/16), so the tie rules are exercised.
 // A checkpoint resumes across the two. Run under mpiexec with P = 1, 2 and 3.
 #include <catch2/catch.hpp>
@@ -43,7 +45,8 @@ struct Run {
 };
 
 // Steps [from, to) of `sync` on the gradient held in `memory` (host or the device-like one).
-Run train(comm::GradientSync& sync, models::DeviceMemory& memory, int from, int to) {
+Run train(comm::GradientSync& sync, models::DeviceMemory& memory, int from, int to,
+          const std::vector<models::ParamView>* views = nullptr) {
   Run run;
   std::vector<float> params(kEntries, 0.5f);
   float* grads = static_cast<float*>(memory.allocate(kEntries * sizeof(float)));
@@ -52,7 +55,7 @@ Run train(comm::GradientSync& sync, models::DeviceMemory& memory, int from, int 
   for (int step = from; step < to; ++step) {
     const std::vector<float> g = gradient(step);
     models::copy_to_device(memory, g.data(), kEntries, grads);
-    comm::SyncBuffers b{params.data(), grads, kEntries, nullptr, 0, nullptr};
+    comm::SyncBuffers b{params.data(), grads, kEntries, nullptr, 0, views};
     sync.reduce(b, step);
     run.outputs.emplace_back(kEntries);
     models::copy_to_host(memory, grads, kEntries, run.outputs.back().data());
@@ -191,6 +194,52 @@ TEST_CASE("select_top_k on the device passes matches select.h's on edge cases", 
         CHECK(got.index()[j] == expected.index()[j]);
         CHECK(got.value()[j] == expected.value()[j]);
       }
+    }
+  }
+}
+
+TEST_CASE("PowerSGD on device buffers gives the host path's bits", "[powersgd][device]") {
+  // A model whose tensors tile kEntries: matrices of several shapes (one repeated), a bias, and a
+  // vector; several buckets.
+  std::vector<models::ParamView> views;
+  int64_t offset = 0;
+  for (const models::Shape& shape : std::vector<models::Shape>{
+           {40, 30}, {40}, {30, 20, 3}, {40, 30}, {25, 33}, {1}, {kEntries - 1200 - 40 - 1800 - 1200 - 825 - 1}}) {
+    views.push_back({"t" + std::to_string(views.size()), offset, shape});
+    offset += views.back().numel();
+  }
+  REQUIRE(offset == kEntries);
+  for (const int64_t rank : {1, 3}) {
+    SECTION("rank " + std::to_string(rank)) {
+      comm::SyncOptions o;
+      o.method = "powersgd";
+      o.rank = rank;
+      o.dense_warmup_steps = 2;
+      o.bucket_mb = 0.006;  // about 1,500 floats a bucket
+      o.first_bucket_mb = 0.003;
+      auto host = comm::make_gradient_sync(o, comm::world(), kEntries, &views);
+      models::DeviceLikeCpu device;
+      o.backend = &device;
+      auto on_device = comm::make_gradient_sync(o, comm::world(), kEntries, &views);
+      CHECK_THAT(on_device->describe(), !Catch::Contains("through host memory"));
+      constexpr int kSteps = 10;
+      const Run a = train(*host, models::host_memory(), 0, kSteps, &views);
+      const Run b = train(*on_device, device, 0, kSteps, &views);
+      for (int step = 0; step < kSteps; ++step) {
+        INFO("step " << step);
+        CHECK(a.outputs[step] == b.outputs[step]);
+        CHECK(a.sent[step] == b.sent[step]);
+        CHECK(a.received[step] == b.received[step]);
+      }
+      CHECK(saved(*host) == saved(*on_device));
+      // And a checkpoint of one resumes on the other.
+      std::istringstream state(saved(*on_device));
+      o.backend = nullptr;
+      auto resumed_on_host = comm::make_gradient_sync(o, comm::world(), kEntries, &views);
+      resumed_on_host->load(state);
+      const Run c = train(*resumed_on_host, models::host_memory(), kSteps, kSteps + 3, &views);
+      const Run d = train(*on_device, device, kSteps, kSteps + 3, &views);
+      CHECK(c.outputs == d.outputs);
     }
   }
 }

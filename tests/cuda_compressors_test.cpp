@@ -1,9 +1,10 @@
-// The sparse gradient-sync passes on the GPU (models/cuda/sparse.cu, comm/sync/sparse_passes.h)
-// against the CPU: each backend op on random inputs (outputs poisoned with NaN first), exactly,
-// since they are integer counts, compactions and single float adds (GaussianK's double sums to
-// 1e-12); then each sparse method on the CUDA backend against the same method on the CPU over 12
+// The compressors on the GPU against the CPU. The sparse passes (models/cuda/sparse.cu,
+// comm/sync/sparse_passes.h): each backend op on random inputs (outputs poisoned with NaN first),
+// exactly, since they are integer counts, compactions and single float adds (GaussianK's double sums
+// to 1e-12); then each sparse method on the CUDA backend against the same method on the CPU over 12
 // steps (a dense warmup of 2, exact and reused thresholds): every output bit for bit and the saved
-// state byte for byte. Under mpiexec (scripts/gpu_check.sh: P = 2, 3 sharing the GPU through
+// state byte for byte. PowerSGD (models/cuda/low_rank.cu): Gram-Schmidt within float rounding (its
+// double sums run in another order), subtract exactly, and whole PowerSGD steps within 1e-4. Under mpiexec (scripts/gpu_check.sh: P = 2, 3 sharing the GPU through
 // staged MPI) the exchanges are real.
 // Needs a GPU: without one the binary prints why and exits 77 (ctest: skipped).
 #ifdef TRAINER_HAS_CUDA
@@ -168,6 +169,69 @@ TEST_CASE("every sparse method on the GPU gives the CPU's outputs and state, bit
       host->save(a);
       device->save(b);
       CHECK(a.str() == b.str());
+    }
+  }
+}
+
+TEST_CASE("orthonormalize_columns and subtract", "[powersgd]") {
+  // Factors of several shapes in one batch, one of them rank deficient (a repeated column).
+  const std::vector<std::pair<int64_t, int64_t>> shapes{{1, 1}, {7, 2}, {300, 3}, {2000, 4}, {64, 4}};
+  std::vector<std::vector<float>> host;
+  for (size_t s = 0; s < shapes.size(); ++s) {
+    host.push_back(random_vector(shapes[s].first * shapes[s].second, 40 + s));
+    if (s == 4)
+      for (int64_t i = 0; i < 64; ++i) host[s][i * 4 + 2] = host[s][i * 4 + 0];
+  }
+  std::vector<std::vector<float>> want = host;
+  std::vector<models::TallMatrix> cpu_batch, gpu_batch;
+  std::vector<GpuArray> on_gpu;
+  for (size_t s = 0; s < shapes.size(); ++s) {
+    cpu_batch.push_back({want[s].data(), shapes[s].first, shapes[s].second});
+    on_gpu.emplace_back(host[s]);
+  }
+  for (size_t s = 0; s < shapes.size(); ++s) gpu_batch.push_back({on_gpu[s].data(), shapes[s].first, shapes[s].second});
+  cpu().orthonormalize_columns(cpu_batch);
+  gpu().orthonormalize_columns(gpu_batch);
+  for (size_t s = 0; s < shapes.size(); ++s) require_close(want[s], on_gpu[s].host(), "factor " + std::to_string(s), 1e-5);
+
+  const auto a = random_vector(5000, 50), b = random_vector(5000, 51);
+  std::vector<float> y(5000);
+  cpu().subtract(5000, a.data(), b.data(), y.data());
+  GpuArray ga(a), gb(b), gy(5000);
+  gpu().subtract(5000, ga.data(), gb.data(), gy.data());
+  CHECK(gy.host() == y);
+}
+
+TEST_CASE("PowerSGD on the GPU follows the CPU within float rounding", "[powersgd][methods]") {
+  comm::Communicator& world = comm::world();
+  std::vector<models::ParamView> views;
+  int64_t n = 0;
+  for (const models::Shape& shape : std::vector<models::Shape>{{64, 48}, {64}, {32, 16, 3, 3}, {64, 48}, {10}}) {
+    views.push_back({"t" + std::to_string(views.size()), n, shape});
+    n += views.back().numel();
+  }
+  for (const int64_t rank : {2, 4}) {
+    SECTION("rank " + std::to_string(rank)) {
+      comm::SyncOptions o;
+      o.method = "powersgd";
+      o.rank = rank;
+      o.dense_warmup_steps = 1;
+      o.bucket_mb = 0.02;
+      auto host = comm::make_gradient_sync(o, world, n, &views);
+      comm::StagedCommunicator staged(world, gpu());
+      o.backend = &gpu();
+      auto device = comm::make_gradient_sync(o, staged, n, &views);
+      std::vector<float> params(n, 0.f);
+      GpuArray gparams(params), ggrads(n);
+      for (int step = 0; step < 8; ++step) {
+        std::vector<float> grads = random_vector(n, 300 + 10 * step + world.rank());
+        copy_to_device(gpu(), grads.data(), n, ggrads.data());
+        comm::SyncBuffers hb{params.data(), grads.data(), n, nullptr, 0, &views};
+        comm::SyncBuffers db{gparams.data(), ggrads.data(), n, nullptr, 0, &views};
+        host->reduce(hb, step);
+        device->reduce(db, step);
+        require_close(grads, ggrads.host(), "output at step " + std::to_string(step), 1e-4);
+      }
     }
   }
 }
