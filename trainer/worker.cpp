@@ -169,6 +169,7 @@ class Worker {
   TraceSpans spans_;
   std::unique_ptr<StepGraph> graph_;  // null: eager steps only
   int64_t graph_samples_ = 0;         // the batch of the eager steps before it (static shapes)
+  bool graph_announced_ = false;
   std::unique_ptr<MetricsWriter> writer_;
   std::unique_ptr<IntervalMetrics> metrics_;
   RunFrame frame_;
@@ -402,6 +403,8 @@ bool Worker::graph_step(int64_t step) {
     spans_.end_step();
     return this->step(step);
   }
+  if (!graph_announced_) say(graph_->describe() + ", from step " + str(step));
+  graph_announced_ = true;
   // Stop signals are agreed as in every step; the non-finite verdict is the graph's (no read here).
   const StepVerdict verdict = clock_->verdict(step, stop_signal_received(), 0.0, -1);
   const double lr = optim::learning_rate(e_.schedule, step, steps_per_epoch_, total_steps_);
