@@ -6,6 +6,7 @@
 // counts updates) with a non-finite step injected (TRAINER_TEST_INJECT_NAN) and skipped in both, in
 // the middle of the steps a graph run launches before it reads their results.
 // Needs a GPU (exits 77 without one); scripts/gpu_check.sh runs it.
+#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <fstream>
