@@ -31,7 +31,7 @@ SyncCommunicator make_sync_communicator(const std::string& choice, Communicator&
   if (choice != "mpi") {
     const std::string reason = nccl_unavailable_reason(world, memory);  // the same on every rank
     if (reason.empty())
-      return {make_nccl_communicator(world, memory), "nccl (every rank has its own GPU)"};
+      return {make_nccl_communicator(world, memory), "nccl (every rank has its own GPU)", true};
     if (choice == "nccl") throw std::runtime_error("runtime.communicator = \"nccl\": " + reason);
     why = reason;
   }

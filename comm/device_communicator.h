@@ -16,6 +16,9 @@ struct SyncCommunicator {
   // memory: the CPU run keeps the plain MPI communicator).
   std::unique_ptr<Communicator> device;
   std::string description;  // one line: which, and why (for the run's announcement)
+  // The collectives are enqueued on the device's stream (NCCL), so a CUDA graph can record them;
+  // false for host staging, whose MPI calls wait for the device.
+  bool on_device = false;
 };
 
 // `choice`: runtime.communicator ("auto", "nccl" or "mpi"); `memory`: where the sync buffers live.

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "models/device_memory.h"
+#include "models/step_capture.h"
 #include "models/tensor.h"
 
 namespace trainer::models {
@@ -155,17 +156,24 @@ class LstmOp {
 // The coefficients of one fused SGD update (optim/sgd.h), already rounded to float by the optimizer:
 //     g = grad + wd * p;  with momentum: b = first ? g : momentum * b + g;  g = nesterov ? g + momentum * b : b
 //     p = p * decay + neg_lr * g
+// In a captured step (control non-null, device memory) neg_lr and decay are read from the control
+// block instead (coefficients[updates_applied - base_count] = {neg_lr, decay}), and the update is
+// skipped when control->skip is set.
 struct SgdUpdate {
   float neg_lr = 0, wd = 0, decay = 1, momentum = 0;
   bool use_momentum = false, first = false, nesterov = false;
+  const StepControl* control = nullptr;
 };
 
 // The coefficients of one fused Adam/AdamW update (optim/adam.h), already rounded to float:
 //     p = p * decay;  g = fma(wd, p, grad);  m = fma(1 - b1, g, m * b1);  v = fma((1 - b2) * g, g, v * b2)
 //     p = p + neg_step_size * m / (sqrt(v) / bc2_sqrt + eps)
+// In a captured step (control non-null) neg_step_size, bc2_sqrt and decay come from the control
+// block's coefficients, as SgdUpdate's.
 struct AdamUpdate {
   float neg_step_size = 0, bc2_sqrt = 1, eps = 0, b1 = 0, one_minus_b1 = 1, b2 = 0, one_minus_b2 = 1;
   float wd = 0, decay = 1;
+  const StepControl* control = nullptr;
 };
 
 // Memory, copies, fill and synchronize come from DeviceMemory; device-to-device copies of floats are
@@ -180,6 +188,9 @@ class Backend : public DeviceMemory {
  public:
   // One line for --dry-run: the device, and for a GPU its name and memory.
   virtual std::string describe() const { return name(); }
+  // What records a whole training step as one graph (runtime.cuda_graph, models/step_capture.h);
+  // null where the backend cannot (the CPU).
+  virtual StepCapture* step_capture() { return nullptr; }
   // The layout convolutions write for an output of `channels` channels.
   virtual Layout activation_layout(int64_t channels) const = 0;
   // Whether the image networks keep their activations in bf16 (tensor.h, DType): the CPU backend

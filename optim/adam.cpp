@@ -29,8 +29,8 @@ Adam::Adam(models::Backend& backend, int64_t n, const AdamOptions& options)
   backend.fill(n, 0.f, v_.data());
 }
 
-void Adam::step(float* params, const float* grads, double lr) {
-  const int64_t t = steps_ + 1;
+models::AdamUpdate Adam::update(double lr, int64_t count) const {
+  const int64_t t = count + 1;
   const double beta1 = options_.beta1, beta2 = options_.beta2;
   // Scalars as PyTorch computes them in Python (double), then rounded to float once where a float
   // kernel takes them.
@@ -45,10 +45,28 @@ void Adam::step(float* params, const float* grads, double lr) {
   const bool decoupled = options_.decoupled_weight_decay;
   u.wd = decoupled ? 0.0f : static_cast<float>(options_.weight_decay);
   u.decay = decoupled ? static_cast<float>(1.0 - lr * options_.weight_decay) : 1.0f;
+  return u;
+}
+
+void Adam::step(float* params, const float* grads, double lr) {
   // The element loop (with the fused multiply-adds where PyTorch's kernels fuse) is the backend's;
   // the CPU's is in models/cpu/optim_ops.cpp.
+  backend_.adam_update(n_, update(lr, steps_), params, grads, m_.data(), v_.data());
+  ++steps_;
+}
+
+void Adam::step_coefficients(double lr, int64_t count, float out[4]) const {
+  const models::AdamUpdate u = update(lr, count);
+  out[0] = u.neg_step_size;
+  out[1] = u.decay;
+  out[2] = u.bc2_sqrt;
+  out[3] = 0;
+}
+
+void Adam::graph_step(float* params, const float* grads, const models::StepControl* control) {
+  models::AdamUpdate u = update(0, steps_);
+  u.control = control;
   backend_.adam_update(n_, u, params, grads, m_.data(), v_.data());
-  steps_ = t;
 }
 
 std::vector<float> Adam::host_copy(const models::DeviceBuffer& b) const {

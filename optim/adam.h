@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "models/device_buffer.h"
+#include "models/backend.h"
 #include "optim/optimizer.h"
 
 namespace trainer::optim {
@@ -42,6 +43,9 @@ class Adam final : public Optimizer {
   // One update by the backend's fused adam_update (every element is independent, so the result
   // does not depend on the thread count). grads is not modified.
   void step(float* params, const float* grads, double lr) override;
+  void step_coefficients(double lr, int64_t count, float out[4]) const override;
+  void graph_step(float* params, const float* grads, const models::StepControl* control) override;
+  void set_step_count(int64_t steps) override { steps_ = steps; }
 
   std::string name() const override { return options_.decoupled_weight_decay ? "adamw" : "adam"; }
   int64_t size() const override { return n_; }
@@ -68,6 +72,8 @@ class Adam final : public Optimizer {
   int64_t n_;
   AdamOptions options_;
   int64_t steps_ = 0;
+  // The update at lr after `count` earlier updates.
+  models::AdamUpdate update(double lr, int64_t count) const;
   models::DeviceBuffer m_, v_;
 };
 

@@ -15,6 +15,7 @@
 
 namespace trainer::models {
 class Backend;
+struct StepControl;
 }
 
 namespace trainer::optim {
@@ -29,6 +30,16 @@ class Optimizer {
   // modified.
   // The result does not depend on the OpenMP thread count.
   virtual void step(float* params, const float* grads, double lr) = 0;
+
+  // A captured step (runtime.cuda_graph, models/step_capture.h), where the learning rate and the
+  // update count are not known when the update is recorded: step_coefficients gives the per-step
+  // floats of an update at `lr` after `count` earlier updates (exactly those step() would use), the
+  // host writes them into the control block before each launch, and graph_step records an update
+  // that reads them there (and does nothing when the control block says the step is skipped). It
+  // does not count the update: the device does, and set_step_count takes the count back.
+  virtual void step_coefficients(double lr, int64_t count, float out[4]) const = 0;
+  virtual void graph_step(float* params, const float* grads, const models::StepControl* control) = 0;
+  virtual void set_step_count(int64_t steps) = 0;
 
   // Binary state. load() throws std::runtime_error naming what does not match and leaves the
   // optimizer unchanged on error.

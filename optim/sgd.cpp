@@ -24,7 +24,7 @@ Sgd::Sgd(models::Backend& backend, int64_t n, const SgdOptions& options)
   }
 }
 
-void Sgd::step(float* params, const float* grads, double lr) {
+models::SgdUpdate Sgd::update(double lr, bool first) const {
   // Coefficients are rounded to float once, as PyTorch does when it multiplies a float tensor by a
   // Python scalar; this keeps trajectories within float rounding of torch.optim.SGD.
   models::SgdUpdate u;
@@ -34,10 +34,31 @@ void Sgd::step(float* params, const float* grads, double lr) {
   u.decay = decoupled ? static_cast<float>(1.0 - lr * options_.weight_decay) : 1.0f;
   u.momentum = static_cast<float>(options_.momentum);
   u.use_momentum = !momentum_buffer_.empty();
-  u.first = steps_ == 0;
+  u.first = first;
   u.nesterov = options_.nesterov;
+  return u;
+}
+
+void Sgd::step(float* params, const float* grads, double lr) {
+  const models::SgdUpdate u = update(lr, steps_ == 0);
   backend_.sgd_update(n_, u, params, grads, u.use_momentum ? momentum_buffer_.data() : nullptr);
   ++steps_;
+}
+
+void Sgd::step_coefficients(double lr, int64_t, float out[4]) const {
+  const models::SgdUpdate u = update(lr, false);
+  out[0] = u.neg_lr;
+  out[1] = u.decay;
+  out[2] = out[3] = 0;
+}
+
+// The momentum buffer's first update copies the gradient; a recorded update always blends, so the
+// trainer records steps only once an update was applied (StepGraph waits for step_count() > 0).
+void Sgd::graph_step(float* params, const float* grads, const models::StepControl* control) {
+  if (steps_ == 0) throw std::logic_error("Sgd::graph_step before the first update");
+  models::SgdUpdate u = update(0, false);
+  u.control = control;
+  backend_.sgd_update(n_, u, params, grads, u.use_momentum ? momentum_buffer_.data() : nullptr);
 }
 
 std::vector<float> Sgd::momentum_buffer() const {

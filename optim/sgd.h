@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "models/device_buffer.h"
+#include "models/backend.h"
 #include "optim/optimizer.h"
 
 namespace trainer::optim {
@@ -40,6 +41,9 @@ class Sgd final : public Optimizer {
   // sgd_update (one pass over memory). grads is not modified (the sync method may still own it).
   // The result does not depend on the thread count.
   void step(float* params, const float* grads, double lr) override;
+  void step_coefficients(double lr, int64_t count, float out[4]) const override;
+  void graph_step(float* params, const float* grads, const models::StepControl* control) override;
+  void set_step_count(int64_t steps) override { steps_ = steps; }
 
   std::string name() const override { return "sgd"; }
   int64_t size() const override { return n_; }
@@ -65,6 +69,8 @@ class Sgd final : public Optimizer {
   int64_t n_;
   SgdOptions options_;
   int64_t steps_ = 0;
+  // The update at lr, its momentum buffer initialized from the gradient when `first`.
+  models::SgdUpdate update(double lr, bool first) const;
   models::DeviceBuffer momentum_buffer_;
 };
 

@@ -13,9 +13,10 @@
 # Steps: the GPU's description; cuda_backend_test (every CUDA op and a resnet20/vgg16 step against
 # the CPU backend) and the speech parity tests (sequence ops, CTC, LSTM, speller, DeepSpeech and LAS
 # steps); cuda_precision_test (bf16 copies, convolutions and GEMMs within bf16's bound, a bf16
-# ResNet-20 step); cuda_compressors_test (the sparse methods and PowerSGD on device buffers, op by op and whole methods
-# against the CPU, on 1, 2 and 3 ranks, and once under compute-sanitizer's memcheck);
-# device_test's CUDA cases; a short quickstart training run on the GPU (whose
+# ResNet-20 step); cuda_compressors_test (the sparse methods and PowerSGD on device buffers, op by
+# op and whole methods against the CPU, on 1, 2 and 3 ranks, and once under compute-sanitizer's
+# memcheck); device_test's CUDA cases; cuda_graph_test (recorded steps against eager ones); a short
+# quickstart training run on the GPU (whose
 # metrics must show the sync phase under 5% of the step); and
 # the same on two ranks sharing the GPU (staged MPI), with staged_comm_test's GPU cases; every sync
 # method on two ranks; and
@@ -47,6 +48,8 @@ for t in cuda_sequence_test cuda_lstm_test cuda_speller_test cuda_speech_models_
   step "$t" timeout 300 "$build/tests/$t" --durations yes
 done
 step device_test "$build/tests/device_test" "[cuda]"
+# runtime.cuda_graph: six 10-step ResNet-20 runs (graph against eager, bit for bit), about a minute.
+step cuda_graph_test timeout 300 "$build/tests/cuda_graph_test" --durations yes
 step quickstart_cuda "$build/trainer" --config configs/quickstart_cifar.toml --set runtime.device=cuda \
   --set train.max_steps=40 --set train.log_every_steps=10 --set experiment.output_dir="$out/quickstart_run"
 # One process on one GPU has nothing to wait for: the phases are timed where the device spends

@@ -119,6 +119,7 @@ struct RuntimeConfig {
   std::string device = "cpu";
   int64_t threads = 0;  // 0: hardware cores / ranks on this node
   bool deterministic = false;
+  bool cuda_graph = true;  // runtime.device = cuda: each static-shape step as one CUDA graph (trainer/step_graph.h)
   std::string conv_algorithm = "auto";
   std::string precision = "fp32";  // fp32, tf32 (GPU only) or bf16 mixed precision
   std::string communicator = "auto";  // device buffers: nccl, mpi (host staging), or auto

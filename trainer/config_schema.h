@@ -265,6 +265,14 @@ void visit_config(Cfg& c, Visitor& v) {
         "cuDNN's deterministic algorithms (a run repeats bit for bit on the same GPU, and only then is a "
         "resume bit-exact there); false, as PyTorch's cudnn.deterministic, takes the fastest, whose "
         "weight-gradient sums use atomics and vary in their last bits from run to run.");
+  v.key("runtime.cuda_graph", c.runtime.cuda_graph,
+        "On CUDA: record a whole training step (batch upload, forward, backward, the dense sync's "
+        "NCCL allreduce, the non-finite check, clipping, the optimizer) once as one CUDA graph, after "
+        "eager warmup steps, and replay it, with the loss read back every train.log_every_steps. "
+        "Same results as eager steps (bit for bit with runtime.deterministic = true). Steps that "
+        "cannot be recorded run eagerly, and the run says why in one line: changing shapes (the "
+        "speech models), a sync method other than dense or one through host staging. The step's time "
+        "is then reported as compute (t_sync_ms and t_optim_ms are 0). Ignored on the CPU.");
   v.key("runtime.conv_algorithm", c.runtime.conv_algorithm,
         "Convolution algorithm on CPU: auto (Winograd F(4,3) for 3x3 stride-1 layers from 32 "
         "channels where oneDNN creates a Winograd kernel, which it has only on AVX-512 and where "

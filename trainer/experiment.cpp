@@ -139,6 +139,7 @@ Experiment build_experiment(const Config& config, comm::Communicator& world, com
   if (comm::takes_device_buffers(comm::sync_method(config.sync.method), so)) {
     comm::SyncCommunicator carrier = comm::make_sync_communicator(config.runtime.communicator, world, *e.backend);
     e.sync_comm = std::move(carrier.device);
+    e.sync_on_device = carrier.on_device;
     if (e.sync_comm) announce("sync communicator: " + carrier.description);
   } else if (!e.backend->is_host()) {
     announce("sync: " + config.sync.method + " computes on the host: the gradient goes through host memory "

@@ -26,6 +26,7 @@ struct Experiment {
   // What moves the sync's device buffers (runtime.communicator; comm/device_communicator.h); null
   // when the sync talks to `world` itself (host buffers). Declared before `sync`, which uses it.
   std::unique_ptr<comm::Communicator> sync_comm;
+  bool sync_on_device = false;  // sync_comm's collectives run on the device's stream (NCCL)
   std::unique_ptr<comm::GradientSync> sync;
 };
 

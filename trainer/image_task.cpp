@@ -79,6 +79,16 @@ StepResult ImageTask::forward_backward() {
   return r;
 }
 
+bool ImageTask::static_shapes() {
+  device_batch_.pin();
+  return true;
+}
+
+void ImageTask::stage_batch() {
+  device_batch_.stage(batch_.images.data(), static_cast<int64_t>(batch_.images.size()), batch_.labels.data(),
+                      batch_.size);
+}
+
 nlohmann::json ImageTask::evaluate(comm::Communicator& comm) {
   data::LoaderOptions opts;
   opts.batch_size = data_.eval_batch_size;

@@ -23,6 +23,9 @@ class ImageTask final : public Task {
   void seek(int64_t epoch, int64_t batch_in_epoch) override { loader_->seek(epoch, batch_in_epoch); }
   void load_batch() override;
   StepResult forward_backward() override;
+  // CIFAR batches are all data.batch_size images of 3 x 32 x 32 (drop_last).
+  bool static_shapes() override;
+  void stage_batch() override;
   void set_gradient_ready(std::function<void(int64_t)> ready) override {
     model_->set_gradient_ready(std::move(ready));
   }

@@ -12,7 +12,7 @@ void NonfiniteGuard::before_forward() {
   if (allowed_ > 0) before_ = buffers_.host_values();
 }
 
-std::string NonfiniteGuard::skip(int64_t step, const std::string& what) {
+std::string NonfiniteGuard::skip(int64_t step, const std::string& what, bool restored) {
   ++in_a_row_;
   const std::string where = "non-finite value at step " + std::to_string(step) + ": " + what;
   if (in_a_row_ > allowed_) {
@@ -22,7 +22,7 @@ std::string NonfiniteGuard::skip(int64_t step, const std::string& what) {
                       : "more than train.skip_nonfinite_steps = " + std::to_string(allowed_) + " steps in a row";
     throw AgreedError(where + " (" + limit + "); " + last_checkpoint_note_(), kExitNonFinite);
   }
-  buffers_.copy_values_from_host(before_.data(), before_.size() * sizeof(float));
+  if (!restored) buffers_.copy_values_from_host(before_.data(), before_.size() * sizeof(float));
   return "warning: " + where + "; step skipped on every rank (" + std::to_string(in_a_row_) + " in a row)";
 }
 

@@ -23,9 +23,10 @@ class NonfiniteGuard {
   // Before the forward pass: keeps the BN statistics (on the host: the device's may be a GPU's),
   // only when steps may be skipped.
   void before_forward();
-  // The step is skipped because of `what`: restores the statistics and returns the warning line,
-  // or throws AgreedError (kExitNonFinite) past the limit.
-  std::string skip(int64_t step, const std::string& what);
+  // The step is skipped because of `what`: restores the statistics (unless `restored`: a recorded
+  // step put them back on the device, trainer/step_graph.h) and returns the warning line, or throws
+  // AgreedError (kExitNonFinite) past the limit.
+  std::string skip(int64_t step, const std::string& what, bool restored = false);
   // Whether skipping one more step would end the run (past train.skip_nonfinite_steps).
   bool next_skip_ends_run() const { return in_a_row_ + 1 > allowed_; }
   // The step was applied: the count of skips in a row starts again.

@@ -37,6 +37,12 @@ class Task {
   virtual void load_batch() = 0;
   // Forward and backward on the loaded batch; the gradient lands in parameters().grads().
   virtual StepResult forward_backward() = 0;
+  // runtime.cuda_graph (trainer/step_graph.h): whether every training step has the same shapes, so
+  // that one recorded step can be replayed; a task that says yes uploads its batches from pinned
+  // memory from then on (a recorded upload must read such memory).
+  virtual bool static_shapes() { return false; }
+  // A replayed step's host half: the loaded batch into the pinned memory its recorded upload reads.
+  virtual void stage_batch() {}
   // Called during backward with the offset from which the flat gradient is final (sync.overlap);
   // every model reports its layers as backward finishes them.
   virtual void set_gradient_ready(std::function<void(int64_t)> ready) = 0;

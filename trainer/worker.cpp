@@ -29,6 +29,7 @@
 #include "trainer/config_defaults.h"
 #include "trainer/start_notes.h"
 #include "trainer/step_clock.h"
+#include "trainer/step_graph.h"
 #include "trainer/trace_spans.h"
 #include "trainer/update_rule.h"
 
@@ -96,6 +97,14 @@ class Worker {
   // One step; returns false when the run stops after it: its end, or early (a stop signal,
   // --stop-after: the comm log is finished, there is no summary).
   bool step(int64_t step);
+  // The same step as one CUDA graph (runtime.cuda_graph, step_graph.h); false as step().
+  bool graph_step(int64_t step);
+  // The launched steps' results, each closed as step() closes its step; `stop_signal`: the agreed
+  // signal of the last one.
+  bool drain_graph(int stop_signal);
+  // Whether round_duties has something to do after the `done`-th step (a launched step is drained
+  // first).
+  bool duties_due(int64_t done) const;
   // After the `done`-th step, at `at`: evaluation, checkpoint and the end when the round is due,
   // and stopping early (a stop signal agreed on, --stop-after). Returns false when the run stops.
   bool round_duties(int64_t done, const StepPosition& at, int stop_signal);
@@ -158,6 +167,9 @@ class Worker {
   NonfiniteGuard guard_;
   std::unique_ptr<DivergenceGuard> divergence_;
   TraceSpans spans_;
+  std::unique_ptr<StepGraph> graph_;  // null: eager steps only
+  int64_t graph_samples_ = 0;         // the batch of the eager steps before it (static shapes)
+  bool graph_announced_ = false;
   std::unique_ptr<MetricsWriter> writer_;
   std::unique_ptr<IntervalMetrics> metrics_;
   RunFrame frame_;
@@ -239,6 +251,13 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
   const int64_t switch_at = &world == &training ? switch_step(config, compressed_at) : -1;
   divergence_ = std::make_unique<DivergenceGuard>(config, switch_at, frame_.first_step, training, kept_reference_,
                                                   kept_reference_end_);
+  const auto refusal = remote_update_ ? std::optional<std::string>("")
+                                      : cuda_graph_refusal(config, *e_.backend, task_, e_.sync_on_device, training.size());
+  if (!refusal)
+    graph_ = std::make_unique<StepGraph>(*e_.backend, task_, *e_.sync, *e_.optimizer, sync_buffers_, world.log(),
+                                         config.optim.grad_clip_norm, config.train.skip_nonfinite_steps > 0);
+  else if (!refusal->empty())
+    say(*refusal);
 }
 
 void Worker::resume(const LoadedCheckpoint& ck) {
@@ -288,6 +307,7 @@ RunSummary Worker::run() {
 }
 
 bool Worker::step(int64_t step) {
+  if (graph_ && graph_->ready()) return graph_step(step);
   StepTimes& times = metrics_->times();
   models::ParameterStore& params = task_.parameters();
   const auto step_start = Clock::now();
@@ -347,6 +367,10 @@ bool Worker::step(int64_t step) {
   spans_.end_step();
   release_free_heap();
 
+  if (graph_) {
+    graph_->eager_step_done();
+    graph_samples_ = result.samples;
+  }
   StepRecord record{result.loss, result.samples, result.correct, update.applied, update.stats, lr};
   world_.log().take_totals(record.sent, record.received);
   const int64_t done = step + 1;
@@ -355,6 +379,82 @@ bool Worker::step(int64_t step) {
   if (auto line = divergence_->after_step(step, result.loss, result.samples, update.applied, keeper_.last()))
     stop_diverged(*line, done, true);
   return round_duties(done, at, verdict.stop_signal);
+}
+
+bool Worker::graph_step(int64_t step) {
+  StepTimes& times = metrics_->times();
+  const auto step_start = Clock::now();
+  spans_.begin_step(step);
+  task_.load_batch();
+  times.data += ms_since(step_start);
+  spans_.mark("data");
+  if (rank_ == options_.fail_rank && step == options_.fail_step)
+    throw std::runtime_error("injected failure at step " + str(step) + " (--inject-failure)");
+  const auto t0 = Clock::now();
+  world_.log().set_step(step, e_.sync->phase(step));
+  nan_due_ = false;  // the graph's poison does it
+  weighted_from_ = task_.parameters().size();
+  // Deterministic, so every rank records or gives up alike, before the step's control message.
+  const std::string failed = graph_->record_if_needed(step, [this] { weight_gradient(0); });
+  if (!failed.empty()) {
+    say("runtime.cuda_graph: eager steps from step " + str(step) + ": the step could not be recorded: " + failed);
+    graph_.reset();
+    task_.seek(step / steps_per_epoch_, step % steps_per_epoch_);  // the batch again, for the eager step
+    spans_.end_step();
+    return this->step(step);
+  }
+  if (!graph_announced_) say(graph_->describe() + ", from step " + str(step));
+  graph_announced_ = true;
+  // Stop signals are agreed as in every step; the non-finite verdict is the graph's (no read here).
+  const StepVerdict verdict = clock_->verdict(step, stop_signal_received(), 0.0, -1);
+  const double lr = optim::learning_rate(e_.schedule, step, steps_per_epoch_, total_steps_);
+  graph_->launch(step, lr, graph_samples_, inject_nan_.count({rank_, step}) > 0);
+  // The device's time lands here when the drain waits for it: the whole step is compute.
+  times.compute += ms_since(t0);
+  spans_.mark("step_graph");
+  spans_.end_step();
+  slow_down(config_, rank_, ms_since(step_start));
+  const int64_t done = step + 1;
+  if (!verdict.stop_signal && !graph_->full() && !duties_due(done)) return true;
+  return drain_graph(verdict.stop_signal);
+}
+
+bool Worker::duties_due(int64_t done) const {
+  const int64_t eval_every = config_.train.eval_every_steps, ck_every = config_.train.checkpoint_every;
+  return done % config_.train.log_every_steps == 0 || done == total_steps_ || done == options_.stop_after ||
+         (eval_every > 0 ? done % eval_every == 0 : done % steps_per_epoch_ == 0) ||
+         (ck_every > 0 && done % ck_every == 0);
+}
+
+bool Worker::drain_graph(int stop_signal) {
+  const auto t0 = Clock::now();
+  const std::vector<GraphStepResult> results = graph_->drain();
+  metrics_->times().compute += ms_since(t0);
+  const int64_t last_done = results.empty() ? 0 : results.back().step + 1;
+  bool go_on = true;
+  for (size_t i = 0; i < results.size() && go_on; ++i) {
+    const GraphStepResult& r = results[i];
+    const std::string what = "the loss or the gradient (found on the device, after the gradient sync)";
+    if (r.applied) {
+      guard_.applied();
+    } else {
+      if (guard_.next_skip_ends_run())
+        if (auto line = divergence_->nonfinite(r.step, r.loss, graph_samples_, false,
+                                               "non-finite value at step " + str(r.step) + ": " + what))
+          stop_diverged(*line, r.step, false);
+      say(guard_.skip(r.step, what, true));
+    }
+    StepRecord record{r.loss, graph_samples_, r.correct, r.applied, graph_->stats(), r.lr};
+    world_.log().take_totals(record.sent, record.received);
+    const int64_t done = r.step + 1;
+    const StepPosition at = clock_->position(done, record.stats);
+    metrics_->close_step(record, at, done % config_.train.log_every_steps == 0 || at.round == total_steps_);
+    // The state is the last drained step's: a stop checkpoints that one.
+    if (auto line = divergence_->after_step(r.step, r.loss, graph_samples_, r.applied, keeper_.last()))
+      stop_diverged(*line, last_done, true);
+    go_on = round_duties(done, at, i + 1 == results.size() ? stop_signal : 0);
+  }
+  return go_on;
 }
 
 bool Worker::round_duties(int64_t done, const StepPosition& at, int stop_signal) {
@@ -385,6 +485,8 @@ bool Worker::round_duties(int64_t done, const StepPosition& at, int stop_signal)
 }
 
 void Worker::evaluate(int64_t round, int64_t epoch) {
+  // Its batches have other shapes: the buffers a recorded step baked in may move.
+  if (graph_) graph_->invalidate();
   const auto t0 = Clock::now();
   nlohmann::json r = task_.evaluate(training_);
   if (r.contains("accuracy")) {

@@ -40,6 +40,10 @@ struct SyncCapabilities {
   // The first sync.dense_warmup_steps steps are dense allreduce in make_gradient_sync's wrapper
   // (false: the method is dense anyway, or runs the warmup itself, as async_ps's servers do).
   bool wrapped_in_warmup = true;
+  // Every step enqueues the same kernels and collectives with the same arguments, and reads nothing
+  // back on the host, so a whole step can be recorded once as a CUDA graph and replayed
+  // (runtime.cuda_graph, trainer/step_graph.h), when its collectives run on the device (NCCL).
+  bool capturable = false;
 };
 
 // What a factory gets beside the [sync] options: where the buffers live and what they hold.

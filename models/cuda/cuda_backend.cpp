@@ -12,6 +12,7 @@
 
 #include "models/cuda/cuda_check.h"
 #include "models/cuda/cuda_device.h"
+#include "models/cuda/cuda_step_capture.h"
 #include "models/cuda/cudnn_ops.h"
 #include "models/cuda/kernels.h"
 
@@ -94,6 +95,12 @@ class CudaBackend final : public Backend {
   void* stream_handle() override { return stream_; }  // NCCL enqueues on it (comm/cuda/nccl_communicator.h)
 
   Layout activation_layout(int64_t) const override { return Layout::kChannelsLast; }
+
+  // Made on first use: a run that never captures allocates nothing for it.
+  StepCapture* step_capture() override {
+    if (!capture_) capture_ = std::make_unique<CudaStepCapture>(memory_, stream_);
+    return capture_.get();
+  }
 
   std::unique_ptr<ConvOp> make_conv(const ConvGeometry& g) override { return make_cudnn_conv(g, cudnn_); }
   std::unique_ptr<BatchNormOp> make_batchnorm(const BatchNormGeometry& g) override {
@@ -187,6 +194,14 @@ class CudaBackend final : public Backend {
     check(launch_softmax_cross_entropy(batch, classes, logits, labels, smoothing, dlogits, row_loss, row_hit, result,
                                        stream_),
           "softmax_cross_entropy");
+    // A captured step (models/step_capture.h): the {sum, correct} stay on the device for the
+    // host to read after the step; the caller's values mean nothing.
+    if (capture_ && capture_->deferred_loss()) {
+      check(cudaMemcpyAsync(capture_->control()->loss, result, 2 * sizeof(double), cudaMemcpyDeviceToDevice, stream_),
+            "softmax_cross_entropy: the loss into the step's control block");
+      if (correct) *correct = 0;
+      return 0.0;
+    }
     const double* host = read_result(result, 2);
     if (correct) *correct = static_cast<int64_t>(host[1]);
     return batch > 0 ? host[0] / batch : 0.0;
@@ -439,6 +454,7 @@ class CudaBackend final : public Backend {
   CudnnContext cudnn_;
   cublasHandle_t cublas_ = nullptr;
   double* host_result_ = nullptr;
+  std::unique_ptr<CudaStepCapture> capture_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
 };

@@ -184,4 +184,15 @@ cudaError_t launch_attention_backward(int64_t rows, int64_t steps, int64_t dim, 
                                       const float* alpha, const float* dcontext, float* denergy, float* dquery,
                                       cudaStream_t stream);
 
+// ---- step_kernels.cu: a captured step's own decisions (models/step_capture.h), one thread each
+// except the two passes over n floats.
+cudaError_t launch_begin_step(StepControl* c, cudaStream_t stream);
+cudaError_t launch_poison_if_nonfinite(StepControl* c, float* grad_element, cudaStream_t stream);
+// After launch_sum_of_squares wrote c->norm_sq: skip and clip_scale.
+cudaError_t launch_clip_decide(StepControl* c, double max_norm, cudaStream_t stream);
+cudaError_t launch_scale_by_control(int64_t n, const StepControl* c, float* x, cudaStream_t stream);
+cudaError_t launch_copy_if_skipped(int64_t n, const StepControl* c, const float* src, float* dst,
+                                   cudaStream_t stream);
+cudaError_t launch_end_step(StepControl* c, cudaStream_t stream);
+
 }  // namespace trainer::models::cuda

@@ -8,7 +8,23 @@
 namespace trainer::models::cuda {
 namespace {
 
+// A captured step's update (u.control set): the per-step floats from the control block's row for
+// the device's update count, and nothing at all when the step is skipped. Every thread reads the
+// same few words.
+__device__ inline bool captured_coefficients(const StepControl* c, float k[4]) {
+  if (c->skip) return false;
+  const float* row = c->in.coefficients[c->updates_applied - c->in.base_count];
+  for (int i = 0; i < 4; ++i) k[i] = row[i];
+  return true;
+}
+
 __global__ void sgd_kernel(int64_t n, SgdUpdate u, float* params, const float* grads, float* momentum) {
+  if (u.control) {
+    float k[4];
+    if (!captured_coefficients(u.control, k)) return;
+    u.neg_lr = k[0];
+    u.decay = k[1];
+  }
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     const float p = params[i];
     float g = grads[i] + u.wd * p;
@@ -22,6 +38,13 @@ __global__ void sgd_kernel(int64_t n, SgdUpdate u, float* params, const float* g
 }
 
 __global__ void adam_kernel(int64_t n, AdamUpdate u, float* params, const float* grads, float* m, float* v) {
+  if (u.control) {
+    float k[4];
+    if (!captured_coefficients(u.control, k)) return;
+    u.neg_step_size = k[0];
+    u.decay = k[1];
+    u.bc2_sqrt = k[2];
+  }
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     const float p = params[i] * u.decay;
     const float g = fmaf(u.wd, p, grads[i]);
