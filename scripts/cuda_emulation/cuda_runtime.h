@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -55,6 +56,17 @@ inline float __shfl_down_sync(unsigned, float v, int offset) {
   const float result = lane + offset < 32 ? shuffled[t + offset] : v;
   warp.arrive_and_wait();
   return result;
+}
+
+// Device-wide memory operations (batch norm's last-block-done finish). The blocks of a launch run
+// one after another here, so these only have to be correct, not to order anything across blocks.
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline unsigned atomicAdd(unsigned* address, unsigned value) {
+  return std::atomic_ref<unsigned>(*address).fetch_add(value);
+}
+template <class T>
+T __ldcg(const T* p) {  // a load that bypasses L1 on a GPU
+  return *p;
 }
 
 template <class Kernel, class... Args>
