@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -26,6 +27,12 @@ struct CUstream_st;
 typedef CUstream_st* cudaStream_t;
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 inline const char* cudaGetErrorString(cudaError_t) { return "no error (emulated)"; }
+// Copies run at once, in issue order, as the launches do (the one stream).
+enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
+  if (bytes) std::memcpy(dst, src, bytes);
+  return cudaSuccess;
+}
 
 #define __global__
 #define __device__
@@ -58,8 +65,19 @@ inline float __shfl_down_sync(unsigned, float v, int offset) {
   return result;
 }
 
-// Integer atomics (the radix select's histogram): the block's threads run concurrently here too.
+// Integer atomics (the radix select's histogram, batch norm's tickets): the block's threads run
+// concurrently here too.
 inline int atomicAdd(int* address, int value) { return std::atomic_ref<int>(*address).fetch_add(value); }
+inline unsigned atomicAdd(unsigned* address, unsigned value) {
+  return std::atomic_ref<unsigned>(*address).fetch_add(value);
+}
+// Device-wide memory operations (batch norm's last-block-done finish). The blocks of a launch run
+// one after another here, so these only have to be correct, not to order anything across blocks.
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+template <class T>
+T __ldcg(const T* p) {  // a load that bypasses L1 on a GPU
+  return *p;
+}
 
 template <class Kernel, class... Args>
 cudaError_t emulated_launch(bool whole_grid, dim3 grid, dim3 block, Kernel kernel, Args... args) {

@@ -8,9 +8,10 @@ usage: emulate.py SOURCE_DIR OUT_DIR
   block, kernel, args)` (cuda_runtime.h here). whole_grid is false for the kernels that stride over
   the grid (their body reads gridDim.x or calls grid_stride()), so they run on a few blocks only.
 - OUT_DIR/emulated_backend.cpp defines cuda::cuda_backend(): the CUDA backend's own methods that
-  launch our kernels, copied from models/cuda/cuda_backend.cpp (so its wiring is what runs), and
-  the CPU backend's ops for the rest (cuDNN's and cuBLAS's: convolution, pooling, batch norm's op,
-  the LSTM, GEMM, copies), over host memory that says it is not host memory (is_host() false).
+  launch our kernels, copied from models/cuda/cuda_backend.cpp (so its wiring is what runs), our
+  batch norm op (models/cuda/batch_norm.cu) for channels-last activations, and the CPU backend's
+  ops for the rest (cuDNN's and cuBLAS's: convolution, pooling, the LSTM, GEMM, copies; batch norm
+  in the CPU's blocked layouts), over host memory that says it is not host memory (is_host() false).
 """
 import glob
 import os
@@ -125,7 +126,7 @@ for d in re.findall(r"virtual\s+([^;{]*?)\s*(?:=\s*0\s*;|\{)", interface, re.S):
     d = " ".join(d.split())
     m = re.match(r"(.*?)\b(\w+)\((.*)\)( const)?$", d)
     ret, name, args, const = m.group(1).strip(), m.group(2), m.group(3), m.group(4) or ""
-    if name in launching_names or name == "describe":
+    if name in launching_names or name in ("describe", "make_batchnorm"):
         continue
     names = [a.strip().split()[-1].lstrip("*&") for a in args.split(",")] if args.strip() else []
     call = "cpu_.%s(%s)" % (name, ", ".join(names))
@@ -168,6 +169,15 @@ class EmulatedCudaBackend final : public Backend {
   // ---- Launching our kernels: models/cuda/cuda_backend.cpp's own methods.
 """ + "\n".join(body for _, body in launching) + """
 
+  // Our batch norm kernels take channels-last activations only (the CUDA backend's layout); the
+  // CPU's convolutions, which stand in for cuDNN's, may hand the model's layers blocked ones
+  // (TRAINER_ACTIVATION_LAYOUT=nhwc keeps them channels-last: CMakeLists.txt here sets it for
+  // emulated_cuda_backend_test, so its model steps run our kernels too).
+  std::unique_ptr<BatchNormOp> make_batchnorm(const BatchNormGeometry& g) override {
+    if (g.layout == Layout::kChannelsLast) return make_batchnorm_op(g, memory_, stream_);
+    return cpu_.make_batchnorm(g);
+  }
+
   // ---- The rest (cuDNN, cuBLAS, copies): the CPU backend's ops.
 """ + "\n".join(forwarded) + """
 
@@ -177,6 +187,12 @@ class EmulatedCudaBackend final : public Backend {
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   double host_result_[2] = {0, 0};
+  // No step capture here (runtime.cuda_graph needs a GPU): the launching methods' checks see none.
+  struct NoCapture {
+    bool deferred_loss() const { return false; }
+    StepControl* control() const { return nullptr; }
+  };
+  std::unique_ptr<NoCapture> capture_;
   DeviceMemory& memory_ = host_memory();
 };
 
