@@ -3,6 +3,7 @@
 // sync_ops.cpp): dot products and norms in double, reduced over the block's threads in a fixed
 // tree order, the updates in float. The sums' order differs from the CPU's sequential one, so
 // results agree to float rounding, not bit for bit.
+#include "models/cuda/block_sum.cuh"
 #include "models/cuda/kernels.h"
 
 namespace trainer::models::cuda {
@@ -10,24 +11,10 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// The block's sum of v (fixed tree order); every thread gets it.
-__device__ double block_total(double v) {
-  __shared__ double shared[kThreads];
-  shared[threadIdx.x] = v;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) shared[threadIdx.x] += shared[threadIdx.x + half];
-    __syncthreads();
-  }
-  const double total = shared[0];
-  __syncthreads();  // the next call overwrites the array
-  return total;
-}
-
 __device__ double column_dot(const float* a, int64_t rows, int64_t cols, int64_t j, int64_t k) {
   double s = 0;
   for (int64_t i = threadIdx.x; i < rows; i += kThreads) s += static_cast<double>(a[i * cols + k]) * a[i * cols + j];
-  return block_total(s);
+  return block_sum<kThreads>(s);
 }
 
 __global__ void orthonormalize_kernel(const TallMatrix* batch) {

@@ -1,5 +1,6 @@
 // Reductions of the CUDA backend: bias gradients (column sums) and the sum of squares behind
 // global-norm clipping. Both are deterministic (fixed blocks, fixed order; see column_reduce.cuh).
+#include "models/cuda/block_sum.cuh"
 #include "models/cuda/column_reduce.cuh"
 #include "models/cuda/kernels.h"
 
@@ -21,31 +22,19 @@ struct StoreFloat {
 constexpr int64_t kSquaresBlock = 1 << 16;
 constexpr int kSquaresThreads = 256;
 
-// Sums the threads' values of one block in a fixed tree order; thread 0 gets the total.
-__device__ double block_sum(double v) {
-  __shared__ double shared[kSquaresThreads];
-  shared[threadIdx.x] = v;
-  __syncthreads();
-  for (int half = kSquaresThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) shared[threadIdx.x] += shared[threadIdx.x + half];
-    __syncthreads();
-  }
-  return shared[0];
-}
-
 __global__ void squares_partial_kernel(int64_t n, const float* x, double* partial) {
   const int64_t begin = blockIdx.x * kSquaresBlock;
   const int64_t end = begin + kSquaresBlock < n ? begin + kSquaresBlock : n;
   double s = 0.0;
   for (int64_t i = begin + threadIdx.x; i < end; i += kSquaresThreads) s += static_cast<double>(x[i]) * x[i];
-  s = block_sum(s);
+  s = block_sum<kSquaresThreads>(s);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
 __global__ void squares_finish_kernel(int64_t blocks, const double* partial, double* result) {
   double s = 0.0;
   for (int64_t b = threadIdx.x; b < blocks; b += kSquaresThreads) s += partial[b];
-  s = block_sum(s);
+  s = block_sum<kSquaresThreads>(s);
   if (threadIdx.x == 0) *result = s;
 }
 

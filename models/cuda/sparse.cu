@@ -13,6 +13,7 @@
 // - GaussianK's moments sum in double over fixed element blocks in block order.
 #include <cstring>
 
+#include "models/cuda/block_sum.cuh"
 #include "models/cuda/kernels.h"
 #include "models/cuda/launch.cuh"
 
@@ -137,20 +138,11 @@ __global__ void moments_partial_kernel(int64_t n, const float* grad, float* acc,
     sum += a;
     sum_sq += a * a;
   }
-  __shared__ double shared[2][kMomentsThreads];
-  shared[0][threadIdx.x] = sum;
-  shared[1][threadIdx.x] = sum_sq;
-  __syncthreads();
-  for (int half = kMomentsThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) {
-      shared[0][threadIdx.x] += shared[0][threadIdx.x + half];
-      shared[1][threadIdx.x] += shared[1][threadIdx.x + half];
-    }
-    __syncthreads();
-  }
+  sum = block_sum<kMomentsThreads>(sum);
+  sum_sq = block_sum<kMomentsThreads>(sum_sq);
   if (threadIdx.x == 0) {
-    partial[2 * blockIdx.x] = shared[0][0];
-    partial[2 * blockIdx.x + 1] = shared[1][0];
+    partial[2 * blockIdx.x] = sum;
+    partial[2 * blockIdx.x + 1] = sum_sq;
   }
 }
 

@@ -27,6 +27,10 @@ struct CUstream_st;
 typedef CUstream_st* cudaStream_t;
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 inline const char* cudaGetErrorString(cudaError_t) { return "no error (emulated)"; }
+// CUDA's math API has these in the global namespace.
+using std::isfinite;
+using std::isnan;
+
 // Copies run at once, in issue order, as the launches do (the one stream).
 enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
