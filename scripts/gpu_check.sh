@@ -116,6 +116,9 @@ fi
 # TORCH_PYTHON: a Python whose torch has CUDA (default /usr/bin/python3).
 torch_python=(--torch-python "${TORCH_PYTHON:-/usr/bin/python3}")
 step bench_loader timeout 120 "$build/trainer" bench loader --threads 1 2
+# The sync methods on device buffers at the paper's size (n = 27,569,568, density 0.02), PyTorch's
+# compression on the same GPU beside them (issue 29's benchmark).
+step bench_sync_cuda timeout 300 "$build/trainer" bench sync --device cuda "${torch_python[@]}"
 step bench_resnet20 "$build/trainer" bench --model resnet20 --batch 128 --device cuda "${torch_python[@]}"
 step bench_vgg16 timeout 300 "$build/trainer" bench --model vgg16 --batch 128 --device cuda "${torch_python[@]}"
 for precision in fp32 bf16 tf32; do

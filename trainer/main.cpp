@@ -4,7 +4,7 @@
 //   trainer make-cifar --out DIR [--train N] [--test N] [--seed S]
 //   trainer bench [--model resnet20|...|deepspeech|las] [--batch N] [--threads N] [--no-torch]
 //   mpiexec -n P trainer bench comm [--n N]     (Communicator + log overhead vs bare MPI_Allreduce)
-//   mpiexec -n P trainer bench sync [--n N]     (every sync method on synthetic gradients)
+//   mpiexec -n P trainer bench sync [--n N] [--device cuda]   (every sync method on synthetic gradients)
 //   trainer bench loader [--threads 0 1 2] [--data DIR]   (the CIFAR loader alone, augmented images/s)
 //   trainer report RUN_DIR [RUN_DIR2 ...] [--out DIR] [--latency L]   (RUN_DIR/report/report.md and figures)
 //   trainer whatif RUN_DIR --bandwidth 1gbit --latency 0.1ms [--ranks P]   (step time on another network)
@@ -114,7 +114,13 @@ std::vector<Tool> add_bench(CLI::App& app) {
   sync->add_option("--warmup", so->warmup, "Compressed steps before timing");
   sync->add_option("--methods", so->methods, "Methods to time");
   sync->add_option("--powersgd-ranks", so->powersgd_ranks, "Factor ranks powersgd runs with");
-  sync->add_flag("--no-torch", *sync_no_torch, "Skip PyTorch's DDP powerSGD_hook beside powersgd");
+  sync->add_flag("--no-torch", *sync_no_torch,
+                 "Skip PyTorch beside ours (DDP's powerSGD_hook on the CPU; the sparse compression on a device)");
+  sync->add_option("--device", so->device, "Where the gradients live: cpu, or cuda (a -DTRAINER_CUDA=ON build)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  sync->add_option("--torch-python", so->torch_python, "The Python whose torch runs the PyTorch side");
+  sync->add_option("--communicator", so->communicator, "On a device, as runtime.communicator: auto, nccl or mpi")
+      ->check(CLI::IsMember({"auto", "nccl", "mpi"}));
 
   auto* loader = bench->add_subcommand("loader", "The CIFAR loader alone: augmented images/s per worker count");
   auto lo = std::make_shared<trainer::app::LoaderBenchOptions>();
@@ -139,6 +145,12 @@ std::vector<Tool> add_bench(CLI::App& app) {
           {sync,
            [so, sync_no_torch] {
              if (!*sync_no_torch) so->torch_script = trainer::app::bench_script("bench_torch_powersgd.py");
+             if (so->device != "cpu") {
+               trainer::Config runtime;
+               runtime.runtime.device = so->device;
+               so->backend = &trainer::app::device_backend(runtime, trainer::comm::world().local_rank());
+               if (!*sync_no_torch) so->torch_sparse_script = trainer::app::bench_script("bench_torch_sparse.py");
+             }
              return trainer::comm::run_sync_bench(*so);
            }},
           {loader,

@@ -14,11 +14,13 @@
 
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
+#include "comm/device_communicator.h"
 #include "comm/sync/gradient_sync.h"
 #include "comm/sync/oktopk.h"
 #include "comm/sync/powersgd.h"
 #include "comm/sync/registry.h"
 #include "comm/sync/select.h"
+#include "models/device_buffer.h"
 #include "models/speech_model.h"
 
 namespace trainer::comm {
@@ -96,7 +98,9 @@ std::vector<models::ParamView> deepspeech_views() {
   return models::make_speech_model("deepspeech", models::cpu_backend(), 0)->parameters().views();
 }
 
-MethodResult bench_method(Communicator& comm, const Pools& pools, const SyncBenchOptions& o,
+// `sync_comm`: what carries the method's collectives (`comm` itself on the host; the device's
+// communicator for device buffers).
+MethodResult bench_method(Communicator& comm, Communicator& sync_comm, const Pools& pools, const SyncBenchOptions& o,
                           const std::string& method, const std::vector<models::ParamView>* views = nullptr,
                           int64_t powersgd_rank = 0) {
   const int p = comm.size();
@@ -109,17 +113,21 @@ MethodResult bench_method(Communicator& comm, const Pools& pools, const SyncBenc
   // The baselines keep no thresholds: a couple of warmup steps and 16 timed ones are enough.
   const int warmup = oktopk ? o.warmup : std::min(o.warmup, 2);
   const int steps = oktopk ? o.steps : std::min(o.steps, 16);
-  auto sync = make_gradient_sync(so, comm, n, views);
+  models::Backend* device = o.backend && !o.backend->is_host() ? o.backend : nullptr;
+  so.backend = device;
+  auto sync = make_gradient_sync(so, device ? sync_comm : comm, n, views);
   auto* ok = dynamic_cast<OkTopk*>(sync.get());
   // 64-byte aligned, as the trainer's gradient buffer (models/tensor.cpp).
   std::unique_ptr<float, void (*)(void*)> grad_buffer(
       static_cast<float*>(std::aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64)), std::free);
   float* grad = grad_buffer.get();
+  models::DeviceBuffer on_device = device ? models::DeviceBuffer(*device, n) : models::DeviceBuffer();
   std::vector<double> all, reuse, exact;
   double sent_sum = 0, recv_sum = 0, local_sum = 0, global_sum = 0;
-  SyncBuffers b{nullptr, grad, n};
+  SyncBuffers b{nullptr, device ? on_device.data() : grad, n};
   for (int j = 0; j < warmup + steps; ++j) {
     pools.gradient(j, grad);
+    if (device) models::copy_to_device(*device, grad, n, on_device.data());  // waits: not timed
     {
       CommLog::Pause pause(comm.log());
       comm.barrier("BENCH");
@@ -128,6 +136,7 @@ MethodResult bench_method(Communicator& comm, const Pools& pools, const SyncBenc
     comm.log().take_totals(sent, received);
     const auto t0 = Clock::now();
     sync->reduce(b, j);
+    if (device) device->synchronize();  // the step ends when the device is done
     const double ms = max_over_ranks(comm, ms_between(t0, Clock::now()));
     comm.log().take_totals(sent, received);
     if (j < warmup) continue;
@@ -256,6 +265,17 @@ nlohmann::json bench_selection(const Pools& pools, int64_t n, int64_t k, int thr
           {"nth_element_agrees", agree}};
 }
 
+// A reference script's whole output (stderr too), noting a non-zero exit.
+std::string output_of(const std::string& cmd) {
+  std::string out;
+  if (std::FILE* pipe = popen((cmd + " 2>&1").c_str(), "r")) {
+    char buf[4096];
+    while (std::fgets(buf, sizeof buf, pipe)) out += buf;
+    if (pclose(pipe) != 0) out += "\n(exit status non-zero)";
+  }
+  return out;
+}
+
 // PyTorch's side, run by rank 0 while the others wait in a barrier (Open MPI yields the cores when
 // oversubscribed): one JSON line per factor rank. Prints torch's hook time beside ours.
 nlohmann::json bench_torch_powersgd(Communicator& comm, const SyncBenchOptions& o,
@@ -267,13 +287,8 @@ nlohmann::json bench_torch_powersgd(Communicator& comm, const SyncBenchOptions& 
     const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(omp_get_max_threads()) + " " + o.torch_python + " " +
                             o.torch_script + " --world " + std::to_string(comm.size()) + " --ranks " + ranks +
                             " --threads " + std::to_string(omp_get_max_threads()) + " --steps " +
-                            std::to_string(std::min(o.steps, 16)) + " 2>&1";
-    std::string out;
-    if (std::FILE* pipe = popen(cmd.c_str(), "r")) {
-      char buf[4096];
-      while (std::fgets(buf, sizeof buf, pipe)) out += buf;
-      if (pclose(pipe) != 0) out += "\n(exit status non-zero)";
-    }
+                            std::to_string(std::min(o.steps, 16));
+    const std::string out = output_of(cmd);
     size_t begin = 0;
     while (begin < out.size()) {
       const size_t end = std::min(out.find('\n', begin), out.size());
@@ -305,6 +320,41 @@ nlohmann::json bench_torch_powersgd(Communicator& comm, const SyncBenchOptions& 
   }
   comm.barrier("BENCH");
   return rows;
+}
+
+// Rank 0 runs scripts/bench_torch_sparse.py on the same device (the others wait) and prints its
+// compression step beside our sparse methods' whole steps (at P = 1 those are compression, the
+// comm log's own calls and the output: the fair comparison).
+nlohmann::json bench_torch_sparse(Communicator& comm, const SyncBenchOptions& o,
+                                  const std::vector<MethodResult>& ours) {
+  nlohmann::json t;
+  if (comm.rank() == 0) {
+    const std::string out = output_of(o.torch_python + " " + o.torch_sparse_script + " --device " + o.device +
+                                      " --n " + std::to_string(o.n) + " --density " + std::to_string(o.density));
+    // The script's last line is its JSON.
+    const size_t last = out.rfind("\n{");
+    t = nlohmann::json::parse(out.substr(last == std::string::npos ? 0 : last + 1), nullptr, false);
+    if (!t.is_object() || !t.contains("topk_ms")) {
+      std::printf("pytorch sparse compression: unavailable (a torch with this device is needed):\n%s\n",
+                  out.substr(0, 2000).c_str());
+      t = nullptr;
+    } else {
+      std::printf("pytorch on the same device (%s, torch %s), compression alone per step, ms (median):\n",
+                  t.value("gpu", o.device).c_str(), t.value("torch_version", "?").c_str());
+      std::printf("  threshold pipeline eager %.3f, compiled %s; exact torch.topk pipeline %.3f; one read of the "
+                  "gradient %.3f\n",
+                  t.value("threshold_ms", 0.0),
+                  t.contains("threshold_compiled_ms") ? std::to_string(t["threshold_compiled_ms"].get<double>()).c_str()
+                                                      : "-",
+                  t.value("topk_ms", 0.0), t.value("read_ms", 0.0));
+      for (const MethodResult& r : ours)
+        if (r.method == "oktopk")
+          std::printf("  ours (oktopk's whole step at P = %d): threshold-reuse %.3f, exact %.3f\n", comm.size(),
+                      r.reuse_ms, r.exact_ms);
+    }
+  }
+  comm.barrier("BENCH");
+  return t;
 }
 
 }  // namespace
@@ -341,12 +391,23 @@ int run_sync_bench(const SyncBenchOptions& o) {
   nlohmann::json report{{"bench", "sync"}, {"n", o.n}, {"density", o.density},
                         {"k", k},          {"P", p},   {"threads_per_rank", omp_get_max_threads()},
                         {"selection_isa", selection_isa()}};
+  // On a device: its communicator (NCCL, or MPI through pinned staging) for the device buffers.
+  const bool on_device = o.backend && !o.backend->is_host();
+  SyncCommunicator carrier;
+  if (on_device) {
+    carrier = make_sync_communicator(o.communicator, comm, *o.backend);
+    report["device"] = o.backend->describe();
+    if (rank == 0)
+      std::printf("  on %s: gradients in device memory; %s\n", o.backend->describe().c_str(),
+                  carrier.description.c_str());
+  }
+  Communicator& sync_comm = carrier.device ? *carrier.device : comm;
   std::vector<MethodResult> results;
   bool powersgd = false;
   for (const auto& m : o.methods) {
     if (m == "gtopk" && (p & (p - 1)) != 0) continue;
     if (m != "powersgd") {
-      results.push_back(bench_method(comm, pools, o, m));
+      results.push_back(bench_method(comm, sync_comm, pools, o, m));
       continue;
     }
     const auto views = deepspeech_views();
@@ -354,7 +415,7 @@ int run_sync_bench(const SyncBenchOptions& o) {
       if (rank == 0) std::printf("  powersgd skipped: it runs on the DeepSpeech shapes, n = 27569568\n");
       continue;
     }
-    for (int64_t r : o.powersgd_ranks) results.push_back(bench_method(comm, pools, o, m, &views, r));
+    for (int64_t r : o.powersgd_ranks) results.push_back(bench_method(comm, sync_comm, pools, o, m, &views, r));
     powersgd = true;
   }
   if (rank == 0) {
@@ -386,8 +447,11 @@ int run_sync_bench(const SyncBenchOptions& o) {
         "  sent/recv: the comm log's per-rank totals (a collective counts this rank's own block); ratio = "
         "max(sent, recv) / theory\n");
   }
-  if (powersgd && !o.torch_script.empty()) report["torch_powersgd"] = bench_torch_powersgd(comm, o, results);
-  if (o.selection) {
+  // PowerSGD's PyTorch reference is DDP's hook on gloo (the CPU): on a device it would not compare.
+  if (powersgd && !o.torch_script.empty() && !on_device)
+    report["torch_powersgd"] = bench_torch_powersgd(comm, o, results);
+  if (on_device && !o.torch_sparse_script.empty()) report["torch_sparse"] = bench_torch_sparse(comm, o, results);
+  if (o.selection && !on_device) {
     if (rank == 0) {
       std::printf("selection on rank 0 alone (%lld floats = %.0f MB, k = %lld):\n", static_cast<long long>(o.n),
                   o.n * 4 / 1e6, static_cast<long long>(k));

@@ -18,12 +18,20 @@
 // Selection (rank 0 alone while the others wait in a barrier; 1 thread and all threads): the
 // exact top-k selection and the threshold pass on one n-float buffer, the fused
 // grad + residual pass, against one streaming read of the buffer and std::nth_element.
+// On a device (--device cuda: `backend` set) each rank's gradient lives in the device's memory,
+// the methods run on device buffers (the sparse ones' passes and PowerSGD as device ops, their
+// collectives on the device communicator), each step's clock stops after the device is done, and
+// the selection kernel alone (a CPU measurement) is skipped; with torch_sparse_script set, rank 0
+// then times PyTorch's compression on the same device (error feedback, selection by threshold and
+// by torch.topk, packing, the residual's clears: the part of a step our sparse passes do).
 // Rank 0 prints the tables and one JSON line.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "models/backend.h"
 
 namespace trainer::comm {
 
@@ -37,6 +45,11 @@ struct SyncBenchOptions {
   std::vector<int64_t> powersgd_ranks = {1, 2, 4};
   std::string torch_python = "/usr/bin/python3";
   std::string torch_script;  // scripts/bench_torch_powersgd.py; empty: no PyTorch side
+  // Where the buffers live: null or a host backend, the host; else a device's (see above).
+  models::Backend* backend = nullptr;
+  std::string device = "cpu";             // its runtime.device name (what the torch script gets)
+  std::string communicator = "auto";      // runtime.communicator on a device
+  std::string torch_sparse_script;        // scripts/bench_torch_sparse.py; empty: none
 };
 
 // Collective over world(). Returns the process exit code (0; 2 for bad options).
