@@ -4,8 +4,11 @@
 //
 // - acc = grad + residual is formed in the first pass that reads acc (one float add per entry: the
 //   host's bits).
-// - The radix select's histogram counts with integer atomics (shared memory per block, then one
-//   add per bin and block into the device histogram), so its counts are exact and repeatable.
+// - The radix select's histogram counts with integer atomics, so its counts are exact and
+//   repeatable: each warp into its own copy in shared memory (a magnitude's top digit is its
+//   exponent, so most entries hit a handful of bins, and one copy per block would serialize on
+//   them), then one add per bin and block into the device histogram, from a bounded number of
+//   blocks (kHistogramBlocks) that stride over the gradient.
 // - Selection is a stream compaction in index order: each block owns a fixed chunk of entries;
 //   pass 1 counts per block, one block scans the counts into offsets, pass 2 re-reads the chunk tile
 //   by tile and writes each tile's selected entries at their rank from a block-wide scan of the
@@ -27,6 +30,8 @@ constexpr int64_t kSelectChunk = int64_t{kSelectThreads} * 16;
 constexpr int kScanThreads = 1024;
 constexpr int64_t kMomentsBlock = 1 << 16;
 constexpr int kMomentsThreads = 256;
+constexpr int kHistogramThreads = 256, kHistogramWarps = kHistogramThreads / 32;
+constexpr unsigned kHistogramBlocks = 1024;
 
 __device__ inline uint32_t magnitude_key(float v) {
   uint32_t bits;
@@ -48,16 +53,20 @@ __global__ void zero_ints_kernel(int64_t n, int32_t* x) {
 
 __global__ void magnitude_histogram_kernel(int64_t n, const float* grad, float* acc, uint32_t min_key, uint32_t mask,
                                            uint32_t prefix, int shift, int32_t* histogram) {
-  __shared__ int32_t local[256];
-  for (int d = threadIdx.x; d < 256; d += blockDim.x) local[d] = 0;
+  __shared__ int32_t local[kHistogramWarps][256];
+  for (int d = threadIdx.x; d < kHistogramWarps * 256; d += kHistogramThreads) local[d / 256][d % 256] = 0;
   __syncthreads();
+  int32_t* mine = local[threadIdx.x / 32];
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     const uint32_t key = magnitude_key(accumulated(grad, acc, i));
-    if (key >= min_key && key <= kInfinityKey && (key & mask) == prefix) atomicAdd(&local[(key >> shift) & 255], 1);
+    if (key >= min_key && key <= kInfinityKey && (key & mask) == prefix) atomicAdd(&mine[(key >> shift) & 255], 1);
   }
   __syncthreads();
-  for (int d = threadIdx.x; d < 256; d += blockDim.x)
-    if (local[d] != 0) atomicAdd(&histogram[d], local[d]);
+  for (int d = threadIdx.x; d < 256; d += kHistogramThreads) {
+    int32_t sum = 0;
+    for (int w = 0; w < kHistogramWarps; ++w) sum += local[w][d];
+    if (sum != 0) atomicAdd(&histogram[d], sum);
+  }
 }
 
 // Exclusive prefix sums of one value per thread of a block of kThreadsPerBlock threads
@@ -108,9 +117,14 @@ __global__ void scan_counts_kernel(int64_t blocks, int64_t* counts) {
   if (threadIdx.x == 0) counts[blocks] = total;
 }
 
-// Pass 2: block b writes its chunk's selected entries from offsets[b] on, in index order.
+// Pass 2: block b writes its chunk's selected entries from offsets[b] on, in index order, a tile
+// of one entry per thread at a time: a thread's rank in its tile is the selected lanes before it in
+// its warp (a ballot) plus the selected entries of the warps before (one count per warp).
 __global__ void write_at_least_kernel(int64_t n, const float* acc, float t, const int64_t* offsets, int32_t* index,
                                       float* value) {
+  constexpr int kWarps = kSelectThreads / 32;
+  __shared__ int warp_counts[kWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t begin = blockIdx.x * kSelectChunk;
   const int64_t end = begin + kSelectChunk < n ? begin + kSelectChunk : n;
   int64_t at = offsets[blockIdx.x];
@@ -118,13 +132,20 @@ __global__ void write_at_least_kernel(int64_t n, const float* acc, float t, cons
     const int64_t i = tile + threadIdx.x;
     const float v = i < end ? acc[i] : 0.f;
     const bool selected = i < end && fabsf(v) >= t;
-    int64_t tile_count = 0;
-    const int64_t rank = block_exclusive_scan<kSelectThreads>(selected ? 1 : 0, tile_count);
+    const unsigned ballot = __ballot_sync(0xffffffffu, selected);
+    if (lane == 0) warp_counts[warp] = __popc(ballot);
+    __syncthreads();
+    int64_t before = __popc(ballot & ((1u << lane) - 1u)), tile_count = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      if (w < warp) before += warp_counts[w];
+      tile_count += warp_counts[w];
+    }
     if (selected) {
-      index[at + rank] = static_cast<int32_t>(i);
-      value[at + rank] = v;
+      index[at + before] = static_cast<int32_t>(i);
+      value[at + before] = v;
     }
     at += tile_count;
+    __syncthreads();  // every warp has read warp_counts before the next tile writes it
   }
 }
 
@@ -174,8 +195,9 @@ cudaError_t launch_magnitude_histogram(int64_t n, const float* grad, float* acc,
   zero_ints_kernel<<<1, kThreads, 0, stream>>>(256, histogram);
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess || n == 0) return status;
-  magnitude_histogram_kernel<<<grid_for(n), kThreads, 0, stream>>>(n, grad, acc, min_key, mask, prefix, shift,
-                                                                   histogram);
+  const unsigned blocks = grid_for(n) < kHistogramBlocks ? grid_for(n) : kHistogramBlocks;
+  magnitude_histogram_kernel<<<blocks, kHistogramThreads, 0, stream>>>(n, grad, acc, min_key, mask, prefix, shift,
+                                                                       histogram);
   return cudaGetLastError();
 }
 

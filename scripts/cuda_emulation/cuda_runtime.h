@@ -83,6 +83,22 @@ T __ldcg(const T* p) {  // a load that bypasses L1 on a GPU
   return *p;
 }
 
+// Every lane of the warp calls it, as on a GPU (the mask is always the full warp in our kernels).
+inline unsigned __ballot_sync(unsigned, bool predicate) {
+  using namespace cuda_emulation;
+  const unsigned t = thread_in_block(), warp = t / 32;
+  std::barrier<>& barrier = *warp_barriers[warp];
+  shuffled[t] = predicate ? 1.f : 0.f;
+  barrier.arrive_and_wait();
+  const unsigned lanes = std::min(32u, blockDim.x * blockDim.y * blockDim.z - warp * 32);
+  unsigned bits = 0;
+  for (unsigned lane = 0; lane < lanes; ++lane)
+    if (shuffled[warp * 32 + lane] != 0.f) bits |= 1u << lane;
+  barrier.arrive_and_wait();
+  return bits;
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+
 template <class Kernel, class... Args>
 cudaError_t emulated_launch(bool whole_grid, dim3 grid, dim3 block, Kernel kernel, Args... args) {
   using namespace cuda_emulation;
