@@ -11,8 +11,9 @@
 //   blocks (kHistogramBlocks) that stride over the gradient.
 // - Selection is a stream compaction in index order: each block owns a fixed chunk of entries;
 //   pass 1 counts per block, one block scans the counts into offsets, pass 2 re-reads the chunk tile
-//   by tile and writes each tile's selected entries at their rank from a block-wide scan of the
-//   flags. No atomics decide an order, so the list is the same every run and on every device.
+//   by tile and writes each tile's selected entries at their rank (a warp ballot for the lanes
+//   before, per-warp counts for the warps before). No atomics decide an order, so the list is the
+//   same every run and on every device.
 // - GaussianK's moments sum in double over fixed element blocks in block order.
 #include <cstring>
 
