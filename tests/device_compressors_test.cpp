@@ -67,6 +67,17 @@ Run train(comm::GradientSync& sync, models::DeviceMemory& memory, int from, int 
   return run;
 }
 
+// Every step's output and bytes sent and received, equal.
+void check_same_steps(const Run& a, const Run& b) {
+  REQUIRE(a.outputs.size() == b.outputs.size());
+  for (size_t step = 0; step < a.outputs.size(); ++step) {
+    INFO("step " << step);
+    CHECK(a.outputs[step] == b.outputs[step]);
+    CHECK(a.sent[step] == b.sent[step]);
+    CHECK(a.received[step] == b.received[step]);
+  }
+}
+
 std::string saved(const comm::GradientSync& sync) {
   std::ostringstream out;
   sync.save(out);
@@ -109,12 +120,7 @@ TEST_CASE("the sparse methods on device buffers give the host path's bits", "[sp
         const Run a = train(*host, models::host_memory(), 0, kSteps);
         const int64_t to_host_before = device.memory.to_host;
         const Run b = train(*on_device, device, 0, kSteps);
-        for (int step = 0; step < kSteps; ++step) {
-          INFO("step " << step);
-          CHECK(a.outputs[step] == b.outputs[step]);
-          CHECK(a.sent[step] == b.sent[step]);
-          CHECK(a.received[step] == b.received[step]);
-        }
+        check_same_steps(a, b);
         CHECK(saved(*host) == saved(*on_device));
         // Only lists and histograms came back (the outputs the test itself reads back aside): per
         // compressed step at most the four 1 KB histograms of an exact threshold and a few times
@@ -225,12 +231,7 @@ TEST_CASE("PowerSGD on device buffers gives the host path's bits", "[powersgd][d
       constexpr int kSteps = 10;
       const Run a = train(*host, models::host_memory(), 0, kSteps, &views);
       const Run b = train(*on_device, device, 0, kSteps, &views);
-      for (int step = 0; step < kSteps; ++step) {
-        INFO("step " << step);
-        CHECK(a.outputs[step] == b.outputs[step]);
-        CHECK(a.sent[step] == b.sent[step]);
-        CHECK(a.received[step] == b.received[step]);
-      }
+      check_same_steps(a, b);
       CHECK(saved(*host) == saved(*on_device));
       // And a checkpoint of one resumes on the other.
       std::istringstream state(saved(*on_device));

@@ -97,6 +97,9 @@ class Worker {
   // One step; returns false when the run stops after it: its end, or early (a stop signal,
   // --stop-after: the comm log is finished, there is no summary).
   bool step(int64_t step);
+  // The start of either kind of step: its batch loaded (timed as data), the injected failure.
+  // Returns when the step started.
+  Clock::time_point begin_step(int64_t step);
   // The same step as one CUDA graph (runtime.cuda_graph, step_graph.h); false as step().
   bool graph_step(int64_t step);
   // The launched steps' results, each closed as step() closes its step; `stop_signal`: the agreed
@@ -310,13 +313,7 @@ bool Worker::step(int64_t step) {
   if (graph_ && graph_->ready()) return graph_step(step);
   StepTimes& times = metrics_->times();
   models::ParameterStore& params = task_.parameters();
-  const auto step_start = Clock::now();
-  spans_.begin_step(step);
-  task_.load_batch();
-  times.data += ms_since(step_start);
-  spans_.mark("data");
-  if (rank_ == options_.fail_rank && step == options_.fail_step)
-    throw std::runtime_error("injected failure at step " + str(step) + " (--inject-failure)");
+  const auto step_start = begin_step(step);
 
   // Forward and backward; with sync.overlap the method's first messages (dense buckets) go out
   // during backward, from gradients_ready.
@@ -381,15 +378,20 @@ bool Worker::step(int64_t step) {
   return round_duties(done, at, verdict.stop_signal);
 }
 
-bool Worker::graph_step(int64_t step) {
-  StepTimes& times = metrics_->times();
+Clock::time_point Worker::begin_step(int64_t step) {
   const auto step_start = Clock::now();
   spans_.begin_step(step);
   task_.load_batch();
-  times.data += ms_since(step_start);
+  metrics_->times().data += ms_since(step_start);
   spans_.mark("data");
   if (rank_ == options_.fail_rank && step == options_.fail_step)
     throw std::runtime_error("injected failure at step " + str(step) + " (--inject-failure)");
+  return step_start;
+}
+
+bool Worker::graph_step(int64_t step) {
+  StepTimes& times = metrics_->times();
+  const auto step_start = begin_step(step);
   const auto t0 = Clock::now();
   world_.log().set_step(step, e_.sync->phase(step));
   nan_due_ = false;  // the graph's poison does it

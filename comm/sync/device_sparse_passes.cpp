@@ -2,7 +2,6 @@
 // selected (index, value) lists and 1 KB histograms crossing to the host.
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <stdexcept>
 
 #include "comm/sync/sparse_passes.h"
@@ -23,15 +22,14 @@ int32_t* ints(models::DeviceBuffer& b) { return reinterpret_cast<int32_t*>(b.dat
 class DeviceSparsePasses final : public SparsePasses {
  public:
   DeviceSparsePasses(models::Backend& backend, int64_t n)
-      : backend_(backend),
+      : SparsePasses(n),
+        backend_(backend),
         index_(backend),
         value_(backend),
         histogram_(backend, 256),
         output_index_(backend),
         output_value_(backend),
-        cleared_(backend) {
-    n_ = n;
-  }
+        cleared_(backend) {}
 
   void begin(float* grad, ErrorFeedback::Step& ef) override {
     grad_ = grad;

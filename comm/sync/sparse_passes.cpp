@@ -10,7 +10,7 @@ namespace {
 // The host passes: select.h's on the host residual, formed by the first selection's fused pass.
 class HostSparsePasses final : public SparsePasses {
  public:
-  HostSparsePasses(models::Backend& backend, int64_t n) : backend_(backend) { n_ = n; }
+  HostSparsePasses(models::Backend& backend, int64_t n) : SparsePasses(n), backend_(backend) {}
 
   void begin(float* grad, ErrorFeedback::Step& ef) override {
     grad_ = grad;

@@ -51,9 +51,10 @@ class SparsePasses {
   virtual void sent(const int32_t* index, int64_t count) = 0;
 
  protected:
+  explicit SparsePasses(int64_t n) : n_(n) {}
   // acc formed now; sums[0] = sum acc, sums[1] = sum acc^2 (Backend::accumulate_moments).
   virtual void accumulate_moments(double* sums) = 0;
-  int64_t n_ = 0;
+  const int64_t n_;  // gradient entries
 };
 
 // `backend`: where the method's buffers live; a host backend gets the host passes.
