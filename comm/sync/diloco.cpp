@@ -13,17 +13,19 @@
 namespace trainer::comm {
 namespace {
 
-// torch.lerp(start, end, weight) in float, as ATen computes it: from the nearer end, so that
-// weight 0 gives start and weight 1 gives end exactly (torchft mixes with p.lerp_(local, alpha)).
-float lerp(float start, float end, float weight) {
-  return std::abs(weight) < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.f - weight);
-}
-
 std::unique_ptr<optim::Sgd> make_outer_optimizer(models::Backend& backend, const DilocoOptions& o, int64_t size) {
   optim::SgdOptions sgd;
   sgd.momentum = o.outer_momentum;
   sgd.nesterov = o.outer_optimizer == "nesterov";
   return std::make_unique<optim::Sgd>(backend, size, sgd);
+}
+
+// The first `count` floats of a buffer of the backend, through a host copy (checkpoints are the
+// same files whatever the device).
+void write_floats(std::ostream& out, const models::DeviceBuffer& buffer, int64_t count) {
+  std::vector<float> host(static_cast<size_t>(count));
+  models::copy_to_host(*buffer.memory(), buffer.data(), count, host.data());
+  out.write(reinterpret_cast<const char*>(host.data()), static_cast<std::streamsize>(count * sizeof(float)));
 }
 
 double mb(int64_t floats) { return static_cast<double>(floats) * 4 / 1e6; }
@@ -71,11 +73,14 @@ SyncMethod diloco_method() {
       "DiLoCo and Streaming DiLoCo: local steps, and every sync.period steps the averaged parameter change steps "
       "the shared parameters through an outer optimizer, optionally one fragment at a time";
   m.can.keeps_parameters_equal = false;
+  m.can.device_buffers = true;  // theta_outer, its optimizer and the pseudo-gradient on the backend
+  // The dense warmup's 16-bit casts (sync.wire_dtype) are host loops: host copies then.
+  m.needs_host_buffers = [](const SyncOptions& o) { return o.wire_dtype != WireDType::kF32; };
   m.check = [](const SyncOptions& o) { return diloco_problems(diloco_options(o)); };
   // A delayed fragment's allreduce runs on its own thread while the training thread calls MPI.
   m.concurrent_calls = [](const SyncOptions& o) { return o.sync_delay > 0 && o.overlap; };
   m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
-    return std::make_unique<Diloco>(c.comm, c.host_backend("diloco"), c.n, c.views, diloco_options(o));
+    return std::make_unique<Diloco>(c.comm, c.backend, c.n, c.views, diloco_options(o));
   };
   return m;
 }
@@ -88,6 +93,8 @@ Diloco::Diloco(Communicator& comm, models::Backend& backend, int64_t n, const st
       options_(o),
       fragments_(plan_fragments(n, views, o.fragments)),
       schedule_(o.period, o.fragments, o.delay),
+      outer_(backend),
+      pseudo_gradient_(backend),
       transfer_(std::make_unique<OuterTransfer>(comm, backend, o.outer_dtype, o.bucket_elements,
                                                 o.overlap && o.delay > 0)) {
   for (const SyncOptionProblem& problem : diloco_problems(o)) throw std::invalid_argument(problem.message);
@@ -96,7 +103,7 @@ Diloco::Diloco(Communicator& comm, models::Backend& backend, int64_t n, const st
     outer_optimizers_.push_back(make_outer_optimizer(backend, o, f.size()));
     largest = std::max(largest, f.size());
   }
-  pseudo_gradient_.resize(static_cast<size_t>(largest));
+  pseudo_gradient_.resize(largest);
 }
 
 std::string Diloco::overlap_plan() const {
@@ -153,7 +160,8 @@ SyncStats Diloco::reduce(SyncBuffers& b, int64_t step) {
   // a trainer run (one seed, or the dense warmup's result); the broadcast makes the invariant the
   // method rests on (one theta_outer on every rank) hold whatever the caller did, at 4n bytes once.
   if (outer_.empty()) {
-    outer_.assign(b.params, b.params + n_);
+    outer_.resize(n_);
+    backend_.copy(n_, b.params, outer_.data());
     comm_.broadcast(outer_.data(), n_, DType::kF32, 0, "BROADCAST_OUTER");
   }
   transfer_->prepare();  // collective the first time (a resumed run's first step too)
@@ -172,7 +180,7 @@ void Diloco::start_sync(const SyncBuffers& b, int f, int64_t step) {
   if (in_flight_ >= 0) throw std::logic_error("diloco: a fragment is still in flight");
   const Fragment& fr = fragments_[static_cast<size_t>(f)];
   float* delta = pseudo_gradient_.data();
-  for (int64_t i = 0; i < fr.size(); ++i) delta[i] = outer_[fr.begin + i] - b.params[fr.begin + i];
+  backend_.subtract(fr.size(), outer_.data() + fr.begin, b.params + fr.begin, delta);
   transfer_->start(delta, fr.size(), step, Phase::kCompressed);  // overlapped: runs during the next steps
   in_flight_ = f;
 }
@@ -183,13 +191,18 @@ void Diloco::finish_sync(SyncBuffers& b, int f) {
   const Fragment& fr = fragments_[static_cast<size_t>(f)];
   float* outer = outer_.data() + fr.begin;
   outer_optimizers_[static_cast<size_t>(f)]->step(outer, pseudo_gradient_.data(), options_.outer_lr);
-  const float alpha = static_cast<float>(options_.mixing);
-  float* local = b.params + fr.begin;
-  for (int64_t i = 0; i < fr.size(); ++i) local[i] = lerp(outer[i], local[i], alpha);
+  // torchft's p.lerp_(local, alpha): alpha 0 takes theta_outer, 1 keeps the local parameters exactly.
+  backend_.lerp(fr.size(), outer, static_cast<float>(options_.mixing), b.params + fr.begin);
   in_flight_ = -1;
   if (f + 1 == static_cast<int>(fragments_.size()) && b.n_state > 0)
     allreduce_average(comm_, backend_, b.state, b.n_state, options_.bucket_elements,
                       "ALLREDUCE_BN_STATS");
+}
+
+std::vector<float> Diloco::outer_parameters() const {
+  std::vector<float> host(static_cast<size_t>(outer_.size()));
+  models::copy_to_host(backend_, outer_.data(), outer_.size(), host.data());
+  return host;
 }
 
 void Diloco::save(std::ostream& out) const {
@@ -203,12 +216,10 @@ void Diloco::save(std::ostream& out) const {
   write_pod(out, n_);
   write_pod(out, inner_steps_);
   write_pod(out, static_cast<uint8_t>(!outer_.empty()));
-  out.write(reinterpret_cast<const char*>(outer_.data()), static_cast<std::streamsize>(outer_.size() * sizeof(float)));
+  write_floats(out, outer_, outer_.size());
   for (const auto& o : outer_optimizers_) o->save(out);
   write_pod(out, static_cast<int32_t>(in_flight_));
-  if (in_flight_ >= 0)
-    out.write(reinterpret_cast<const char*>(pseudo_gradient_.data()),
-              static_cast<std::streamsize>(fragments_[static_cast<size_t>(in_flight_)].size() * sizeof(float)));
+  if (in_flight_ >= 0) write_floats(out, pseudo_gradient_, fragments_[static_cast<size_t>(in_flight_)].size());
 }
 
 void Diloco::load(std::istream& in) {
@@ -260,10 +271,11 @@ void Diloco::load(std::istream& in) {
     if (!in) throw std::runtime_error("diloco state: truncated pseudo-gradient in flight");
   }
   inner_steps_ = inner_steps;
-  outer_ = std::move(outer);
+  outer_.resize(static_cast<int64_t>(outer.size()));
+  models::copy_to_device(backend_, outer.data(), outer_.size(), outer_.data());
   outer_optimizers_ = std::move(optimizers);
   in_flight_ = in_flight;
-  pseudo_gradient_ = std::move(pseudo_gradient);
+  models::copy_to_device(backend_, pseudo_gradient.data(), pseudo_gradient_.size(), pseudo_gradient_.data());
 }
 
 }  // namespace trainer::comm

@@ -8,6 +8,7 @@
 #include "comm/sync/fragments.h"
 #include "comm/sync/gradient_sync.h"
 #include "comm/sync/outer_transfer.h"
+#include "models/device_buffer.h"
 #include "optim/sgd.h"
 
 namespace trainer::comm {
@@ -84,7 +85,8 @@ class Diloco final : public GradientSync {
  public:
   // `views`: the model's tensors (needed for F > 1). Throws std::invalid_argument naming the key
   // for an impossible fragment count, delay, mixing or outer optimizer.
-  // `backend`: a host backend (theta_outer and the outer state are host vectors).
+  // `backend`: where the parameters live, and with them theta_outer, the outer optimizer's state and
+  // the pseudo-gradient (host or device memory; checkpoints copy through the host).
   Diloco(Communicator& comm, models::Backend& backend, int64_t n, const std::vector<models::ParamView>* views,
          const DilocoOptions& options);
   std::string name() const override { return "diloco"; }
@@ -103,7 +105,7 @@ class Diloco final : public GradientSync {
   std::string load_resharded(const std::vector<std::string>& states) override { return load_replicated(states); }
 
   // For tests: theta_outer (empty before the first step), the fragments and the inner steps taken.
-  const std::vector<float>& outer_parameters() const { return outer_; }
+  std::vector<float> outer_parameters() const;  // a host copy
   const std::vector<Fragment>& fragments() const { return fragments_; }
   int64_t inner_steps() const { return inner_steps_; }
   // Whether a delayed fragment's transfer runs during the steps after its send (outer_transfer.h).
@@ -120,10 +122,10 @@ class Diloco final : public GradientSync {
   std::vector<Fragment> fragments_;
   FragmentSchedule schedule_;
   std::vector<std::unique_ptr<optim::Sgd>> outer_optimizers_;  // one per fragment
-  std::vector<float> outer_;  // theta_outer; empty until the first step
+  models::DeviceBuffer outer_;  // theta_outer; empty until the first step
   int64_t inner_steps_ = 0;
   int in_flight_ = -1;                 // the fragment whose average waits for its outer step
-  std::vector<float> pseudo_gradient_;  // its average (sized to the largest fragment)
+  models::DeviceBuffer pseudo_gradient_;  // its average (sized to the largest fragment)
   // The pseudo-gradient's trip over the wire (ALLREDUCE_OUTER). Declared last: destroyed first, so a
   // transfer still in flight ends before the buffer it writes goes. Behind a pointer because save()
   // (const) waits for it.
