@@ -13,12 +13,18 @@
 namespace trainer::comm {
 namespace {
 
-std::unique_ptr<optim::Sgd> make_outer_optimizer(models::Backend& backend, const DilocoOptions& o, int64_t size) {
-  optim::SgdOptions sgd;
-  sgd.momentum = o.outer_momentum;
-  sgd.nesterov = o.outer_optimizer == "nesterov";
-  return std::make_unique<optim::Sgd>(backend, size, sgd);
+// The outer optimizer of one fragment: the inner steps' optimizers (optim/), on the backend where
+// theta_outer lives.
+std::unique_ptr<optim::Optimizer> make_outer_optimizer(models::Backend& backend, const DilocoOptions& o, int64_t size) {
+  optim::OptimizerOptions options;
+  options.name = o.outer_optimizer == "adam" ? "adam" : "sgd";
+  options.momentum = o.outer_momentum;
+  options.nesterov = o.outer_optimizer == "nesterov";
+  return optim::make_optimizer(backend, options, size);
 }
+
+// The outer optimizer's code in the saved state (0 and 1 as the first format wrote them).
+uint8_t outer_optimizer_code(const std::string& name) { return name == "nesterov" ? 1 : name == "adam" ? 2 : 0; }
 
 // The first `count` floats of a buffer of the backend, through a host copy (checkpoints are the
 // same files whatever the device).
@@ -53,9 +59,9 @@ std::vector<SyncOptionProblem> diloco_problems(const DilocoOptions& o) {
   if (!schedule.empty()) found.push_back({{"sync.period", "sync.fragments", "sync.sync_delay"}, schedule});
   if (!(o.mixing >= 0 && o.mixing <= 1))
     found.push_back({{"sync.mixing"}, "sync.mixing = " + std::to_string(o.mixing) + " must be in [0, 1]"});
-  if (o.outer_optimizer != "nesterov" && o.outer_optimizer != "sgd")
+  if (o.outer_optimizer != "nesterov" && o.outer_optimizer != "sgd" && o.outer_optimizer != "adam")
     found.push_back({{"sync.outer_optimizer"},
-                     "sync.outer_optimizer = \"" + o.outer_optimizer + "\": expected nesterov or sgd"});
+                     "sync.outer_optimizer = \"" + o.outer_optimizer + "\": expected nesterov, sgd or adam"});
   if (o.outer_optimizer == "nesterov" && !(o.outer_momentum > 0))
     found.push_back({{"sync.outer_optimizer", "sync.outer_momentum"},
                      "sync.outer_optimizer = \"nesterov\" needs sync.outer_momentum > 0 (or sync.outer_optimizer = "
@@ -122,6 +128,8 @@ std::string Diloco::describe() const {
     sizes << (f.first_tensor ? ", " : "") << mb(f.size());
   }
   const int p = comm_.size();
+  const bool adam = options_.outer_optimizer == "adam";
+  const int64_t state_copies = adam ? 2 : options_.outer_momentum > 0 ? 1 : 0;
   // What leaves a rank for one fragment's sync: a ring allreduce of fp32, or the low-bit sum's two calls.
   auto wire = [&](int64_t elements) {
     if (options_.outer_dtype == OuterDType::kF32) return 2.0 * (p - 1) / p * 4.0 * static_cast<double>(elements);
@@ -132,8 +140,9 @@ std::string Diloco::describe() const {
   std::ostringstream out;
   out << "diloco: " << H << " inner steps per fragment sync round; the pseudo-gradient theta_outer - theta_local "
       << "is averaged (ALLREDUCE_OUTER, on the wire as " << outer_dtype_name(options_.outer_dtype)
-      << ") and steps theta_outer with outer " << options_.outer_optimizer << " (lr " << options_.outer_lr
-      << ", momentum " << options_.outer_momentum << ")";
+      << ") and steps theta_outer with outer " << options_.outer_optimizer << " (lr " << options_.outer_lr;
+  if (!adam) out << ", momentum " << options_.outer_momentum;
+  out << ")";
   out << "\n  " << F << " fragment(s) of whole tensors (" << sizes.str() << " MB), one synced every " << H / F
       << (F * (H / F) == H ? "" : "-" + std::to_string(H / F + 1)) << " step(s): at most " << mb(largest)
       << " MB of fp32 per sync, " << wire(largest) / 1e6 << " MB sent per rank for it at P = " << p << " ("
@@ -149,8 +158,8 @@ std::string Diloco::describe() const {
   out << "\n  sync delay " << options_.delay << " step(s) (the outer step lands that many steps after the send"
       << transfer << "), "
       << "mixing " << options_.mixing << " (local share kept); batch-norm statistics averaged every " << H
-      << " steps (ALLREDUCE_BN_STATS); extra memory " << mb(n_ * (options_.outer_momentum > 0 ? 2 : 1) + largest)
-      << " MB (theta_outer" << (options_.outer_momentum > 0 ? ", outer momentum" : "") << ", one pseudo-gradient)";
+      << " steps (ALLREDUCE_BN_STATS); extra memory " << mb(n_ * (1 + state_copies) + largest) << " MB (theta_outer"
+      << (adam ? ", Adam's two moments" : state_copies ? ", outer momentum" : "") << ", one pseudo-gradient)";
   return out.str();
 }
 
@@ -212,7 +221,7 @@ void Diloco::save(std::ostream& out) const {
   write_pod(out, options_.fragments);
   write_pod(out, options_.delay);
   write_pod(out, options_.outer_momentum);
-  write_pod(out, static_cast<uint8_t>(options_.outer_optimizer == "nesterov"));
+  write_pod(out, outer_optimizer_code(options_.outer_optimizer));
   write_pod(out, n_);
   write_pod(out, inner_steps_);
   write_pod(out, static_cast<uint8_t>(!outer_.empty()));
@@ -229,7 +238,7 @@ void Diloco::load(std::istream& in) {
   const auto fragments = read_pod<int64_t>(in);
   const auto delay = read_pod<int64_t>(in);
   const auto momentum = read_pod<double>(in);
-  const auto nesterov = read_pod<uint8_t>(in);
+  const auto optimizer = read_pod<uint8_t>(in);
   const auto n = read_pod<int64_t>(in);
   if (!in) throw std::runtime_error("diloco state: truncated");
   const auto mismatch = [](const char* key, const std::string& saved, const std::string& now) {
@@ -242,11 +251,11 @@ void Diloco::load(std::istream& in) {
     throw mismatch("sync.fragments", std::to_string(fragments), std::to_string(options_.fragments));
   if (delay != options_.delay)
     throw mismatch("sync.sync_delay", std::to_string(delay), std::to_string(options_.delay));
-  if ((momentum > 0) != (options_.outer_momentum > 0))
-    throw mismatch("sync.outer_momentum", std::to_string(momentum), std::to_string(options_.outer_momentum));
-  if ((nesterov != 0) != (options_.outer_optimizer == "nesterov"))
-    throw mismatch("sync.outer_optimizer", nesterov ? "\"nesterov\"" : "\"sgd\"",
+  if (optimizer != outer_optimizer_code(options_.outer_optimizer))
+    throw mismatch("sync.outer_optimizer", optimizer == 1 ? "\"nesterov\"" : optimizer == 2 ? "\"adam\"" : "\"sgd\"",
                    "\"" + options_.outer_optimizer + "\"");
+  if (options_.outer_optimizer != "adam" && (momentum > 0) != (options_.outer_momentum > 0))
+    throw mismatch("sync.outer_momentum", std::to_string(momentum), std::to_string(options_.outer_momentum));
   if (n != n_)
     throw std::runtime_error("diloco state holds " + std::to_string(n) + " parameters, the model has " +
                              std::to_string(n_));
@@ -256,7 +265,7 @@ void Diloco::load(std::istream& in) {
   std::vector<float> outer(has_outer ? static_cast<size_t>(n_) : 0);
   in.read(reinterpret_cast<char*>(outer.data()), static_cast<std::streamsize>(outer.size() * sizeof(float)));
   if (!in || inner_steps < 0) throw std::runtime_error("diloco state: truncated");
-  std::vector<std::unique_ptr<optim::Sgd>> optimizers;
+  std::vector<std::unique_ptr<optim::Optimizer>> optimizers;
   for (const Fragment& f : fragments_) {
     optimizers.push_back(make_outer_optimizer(backend_, options_, f.size()));
     optimizers.back()->load(in);
