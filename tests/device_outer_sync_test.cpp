@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "comm/communicator.h"
+#include "comm/staged_communicator.h"
 #include "comm/sync/async_ps.h"
 #include "comm/sync/async_ps_server.h"
 #include "models/parameters.h"
@@ -169,6 +170,20 @@ TEST_CASE("DiLoCo on device buffers gives the host path's bits", "[diloco][devic
       CHECK(saved(*host) == saved(*on_device));  // theta_outer, the outer momentum, a fragment in flight
     }
   }
+}
+
+TEST_CASE("on a device communicator a delayed transfer still overlaps, on MPI beside it", "[diloco][device]") {
+  // The trainer hands a device method the device's communicator (NCCL, or MPI staged as here); the
+  // transfer's thread runs on its MPI side, so it is MPI's thread level that decides.
+  const auto views = tiny_model();
+  const int64_t n = views.back().offset + views.back().numel();
+  models::DeviceLikeCpu device;
+  comm::StagedCommunicator staged(comm::world(), device);
+  comm::SyncOptions o = diloco_options(kVariants[1], &device);
+  o.dense_warmup_steps = 0;
+  auto sync = comm::make_gradient_sync(o, staged, n, &views);
+  CHECK(dynamic_cast<const comm::Diloco&>(*sync).overlapped());
+  CHECK_THAT(sync->describe(), Catch::Contains("the transfer runs on a communication thread"));
 }
 
 TEST_CASE("a DiLoCo checkpoint with a fragment in flight resumes across host and device", "[diloco][device]") {

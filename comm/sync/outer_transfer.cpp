@@ -13,7 +13,12 @@ namespace trainer::comm {
 
 OuterTransfer::OuterTransfer(Communicator& comm, models::Backend& backend, OuterDType dtype, int64_t bucket_elements,
                              bool overlap)
-    : comm_(comm), backend_(backend), dtype_(dtype), bucket_elements_(bucket_elements), overlap_(overlap && comm.concurrent_calls()) {}
+    : comm_(comm),
+      backend_(backend),
+      dtype_(dtype),
+      bucket_elements_(bucket_elements),
+      // The thread's calls go over MPI (a device's transfer runs on a host copy): MPI must allow them.
+      overlap_(overlap && comm.host_side().concurrent_calls()) {}
 
 OuterTransfer::~OuterTransfer() {
   if (thread_.joinable()) thread_.join();
