@@ -22,6 +22,7 @@
 #include "comm/sync/diloco.h"
 #include "comm/sync/registry.h"
 #include "tests/device_like_backend.h"
+#include "tests/tiny_views.h"
 
 using namespace trainer;
 using models::ParamView;
@@ -31,16 +32,6 @@ namespace {
 // The overlapped transfers need MPI_THREAD_MULTIPLE, as the trainer asks for it in such runs.
 const bool kConcurrentCalls = (comm::request_concurrent_calls(), true);
 
-std::vector<ParamView> tiny_model() {
-  std::vector<ParamView> views;
-  int64_t offset = 0;
-  for (const auto& [name, shape] : std::vector<std::pair<std::string, models::Shape>>{
-           {"conv.weight", {8, 3, 3, 3}}, {"conv.bias", {8}}, {"fc.weight", {12, 30}}, {"fc.bias", {12}}}) {
-    views.push_back({name, offset, shape});
-    offset += views.back().numel();
-  }
-  return views;
-}
 
 // One rank's model as the host sees it after each step: parameters and BN statistics, and the bytes
 // the step sent and received.
@@ -147,7 +138,7 @@ const Variant kVariants[] = {
 
 TEST_CASE("DiLoCo on device buffers gives the host path's bits", "[diloco][device]") {
   REQUIRE(kConcurrentCalls);
-  const auto views = tiny_model();
+  const auto views = testing::tiny_views();
   const int64_t n = views.back().offset + views.back().numel();
   constexpr int kSteps = 14;
   for (const Variant& v : kVariants) {
@@ -175,7 +166,7 @@ TEST_CASE("DiLoCo on device buffers gives the host path's bits", "[diloco][devic
 TEST_CASE("on a device communicator a delayed transfer still overlaps, on MPI beside it", "[diloco][device]") {
   // The trainer hands a device method the device's communicator (NCCL, or MPI staged as here); the
   // transfer's thread runs on its MPI side, so it is MPI's thread level that decides.
-  const auto views = tiny_model();
+  const auto views = testing::tiny_views();
   const int64_t n = views.back().offset + views.back().numel();
   models::DeviceLikeCpu device;
   comm::StagedCommunicator staged(comm::world(), device);
@@ -187,7 +178,7 @@ TEST_CASE("on a device communicator a delayed transfer still overlaps, on MPI be
 }
 
 TEST_CASE("a DiLoCo checkpoint with a fragment in flight resumes across host and device", "[diloco][device]") {
-  const auto views = tiny_model();
+  const auto views = testing::tiny_views();
   const int64_t n = views.back().offset + views.back().numel();
   const Variant v = kVariants[2];  // streaming fp8: after step 6 fragment 0 is in flight
   models::DeviceLikeCpu device;
