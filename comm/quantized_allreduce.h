@@ -51,6 +51,13 @@
 // at the owner does the same to its block. bf16 keeps NaN and Inf per element instead (its
 // conversions do; a sum within half a bf16 step of FLT_MAX rounds to Inf there). fp32 is MPI's sum.
 //
+// Where it runs: the conversions and the owner's sum are the backend's codec ops
+// (models/backend.h, "Low-bit outer gradients"; the formats and the chunk layout are
+// models/low_bit_blocks.h's). The host overload below runs them on the CPU backend; the overload
+// taking a backend runs them on that backend's memory (CUDA kernels on a GPU), which writes the
+// CPU's bytes, so the two give the same values (a NaN's sign and payload aside: on a GPU it is the
+// canonical NaN).
+//
 // Bit-identical on every rank: each element's result is decoded from the same bytes (its owner's
 // reduced chunk) by the same code. P = 1 runs the same path (the calls move nothing across the
 // network), so a one-rank run shows the format's rounding as a P-rank run would.
@@ -69,6 +76,12 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "models/device_buffer.h"
+#include "models/low_bit_blocks.h"
+
+namespace trainer::models {
+class Backend;
+}
 
 namespace trainer::comm {
 
@@ -91,8 +104,10 @@ inline OuterDType parse_outer_dtype(const std::string& name) {
 }
 std::string outer_dtype_name(OuterDType dtype);
 
-// Elements per scale.
-constexpr int64_t kQuantBlock = 256;
+// Elements per scale (the codec's, models/low_bit_blocks.h).
+constexpr int64_t kQuantBlock = models::kQuantBlock;
+// The backend codec's format for a low-bit dtype (kF32 has none: std::invalid_argument).
+models::LowBitFormat low_bit_format(OuterDType dtype);
 // Bytes one element takes on the wire (4, 2, 1, 1) and one block's scale (0, 0, 4, 4).
 int64_t outer_element_bytes(OuterDType dtype);
 int64_t outer_scale_bytes(OuterDType dtype);
@@ -119,12 +134,28 @@ struct QuantizedScratch {
 // data[i] <- the sum over ranks of data[i], through `dtype` as described above; every call goes
 // through `comm` tagged `tag` (a string literal: one op tag for the alltoall and the allgather
 // alike, so the log's total for the tag is the bytes of the sum in any format). `data` is host
-// memory (the conversions run on the host). Collective: every rank passes the same n and dtype.
-// n = 0 makes no call.
+// memory (the conversions run on the host: the CPU backend's codec ops). Collective: every rank
+// passes the same n and dtype. n = 0 makes no call.
 void allreduce_sum_quantized(Communicator& comm, float* data, int64_t n, OuterDType dtype,
                              QuantizedScratch& scratch, const char* tag);
 
+// The device overload's buffers: DeviceBuffers of the backend it is called with (chunks as bytes
+// in float-sized slots), bound to that backend at the first call and reused call after call
+// (grown, never shrunk); a call with another backend replaces them.
+struct DeviceQuantizedScratch {
+  models::DeviceBuffer send, recv, sum;
+};
+
+// The same sum with `data` in `backend`'s memory: the codec runs as the backend's ops
+// (Backend::quantize_blocks, sum_quantized_blocks, dequantize_blocks; CUDA kernels on a GPU) and
+// `comm` moves the chunks in that memory (a device communicator: NCCL, or the staged MPI one),
+// with the host overload's calls, tags and byte counts. Every backend writes the CPU's bytes, so
+// the result is the host overload's, bit for bit. fp32 is comm.allreduce of `data`, as there.
+void allreduce_sum_quantized(Communicator& comm, models::Backend& backend, float* data, int64_t n, OuterDType dtype,
+                             DeviceQuantizedScratch& scratch, const char* tag);
+
 // ---- The definitions the array loops match bit for bit (the tests call them) ----
+// models/low_bit_blocks.h's scalar conversions, which the backends' codec ops call.
 // A block of the array path: A = max |x_i| over the block, {s, inv} = block_scale(A),
 // q_i = float_to_e4m3(x_i * inv) (int8: float_to_int8; bf16: float_to_bf16(x_i)), and a value comes
 // back as decode(q_i) * s, or, in the owner's sum, acc = fma(decode(q_i), s, acc) over ranks 0..P-1

@@ -8,12 +8,15 @@
 #include <immintrin.h>
 #endif
 
-#include "comm/float_bits.h"
 #include "models/bf16.h"
+#include "models/float_bits.h"
 
 namespace trainer::comm {
 
 namespace {
+
+using models::bits_of;
+using models::float_of;
 
 // bf16 is models/bf16.h's (the CPU backend's bf16 activations round the same way).
 inline uint16_t bf16_from(float x) { return models::round_to_bf16(x); }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "models/device_memory.h"
+#include "models/low_bit_blocks.h"
 #include "models/step_capture.h"
 #include "models/tensor.h"
 
@@ -426,6 +427,23 @@ class Backend : public DeviceMemory {
   // (|weight| < 0.5: start + weight (y - start); else y - (y - start)(1 - weight)), each product
   // and sum rounded on its own, so that weight 0 gives start and 1 gives y exactly.
   virtual void lerp(int64_t n, const float* start, float weight, float* y) = 0;
+
+  // ---- Low-bit outer gradients (comm/quantized_allreduce.h, DiLoCo's sync.outer_dtype): the codec
+  // of the quantized sum, in the formats and chunk layout of models/low_bit_blocks.h. A chunk is raw
+  // bytes in this backend's memory: `blocks` blocks of kQuantBlock elements (scales, then codes).
+  // Each element's arithmetic is fixed (one fp32 multiply and a conversion; one fma per rank, in rank
+  // order), so every backend writes the CPU's bytes.
+  // chunk = x[0, count) quantized (count <= blocks * kQuantBlock; the elements past count are
+  // zeros, and the blocks wholly past it have scale 0).
+  virtual void quantize_blocks(LowBitFormat format, const float* x, int64_t count, int64_t blocks,
+                               uint8_t* chunk) = 0;
+  // The owner's sum: acc[0, blocks * kQuantBlock) = 0, then acc = fma(decode(q), scale, acc) over
+  // the `ranks` chunks of `blocks` blocks at received + r * chunk_bytes, r = 0, 1, ... in order.
+  virtual void sum_quantized_blocks(LowBitFormat format, const uint8_t* received, int64_t chunk_bytes, int ranks,
+                                    int64_t blocks, float* acc) = 0;
+  // out[0, count) = decode(q) * scale, from a chunk of `blocks` blocks (count <= blocks * kQuantBlock).
+  virtual void dequantize_blocks(LowBitFormat format, const uint8_t* chunk, int64_t blocks, int64_t count,
+                                 float* out) = 0;
 };
 
 // The CPU backend (oneDNN primitives, OpenBLAS, OpenMP loops). One per process.

@@ -10,29 +10,18 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
-#if defined(__CUDACC__)
-#define TRAINER_HOST_DEVICE __host__ __device__
-#else
-#define TRAINER_HOST_DEVICE
-#endif
+#include "models/float_bits.h"
 
 namespace trainer::models {
 
 TRAINER_HOST_DEVICE inline uint16_t round_to_bf16(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
+  const uint32_t b = bits_of(x);
   const uint32_t rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
   const uint32_t quiet_nan = (b >> 16) | 0x40u;
   return static_cast<uint16_t>((b & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
-TRAINER_HOST_DEVICE inline float widen_bf16(uint16_t h) {
-  const uint32_t b = static_cast<uint32_t>(h) << 16;
-  float x;
-  std::memcpy(&x, &b, sizeof x);
-  return x;
-}
+TRAINER_HOST_DEVICE inline float widen_bf16(uint16_t h) { return float_of(static_cast<uint32_t>(h) << 16); }
 
 }  // namespace trainer::models

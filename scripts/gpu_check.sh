@@ -15,8 +15,9 @@
 # steps); cuda_precision_test (bf16 copies, convolutions and GEMMs within bf16's bound, a bf16
 # ResNet-20 step); cuda_compressors_test (the sparse methods, PowerSGD and DiLoCo on device buffers,
 # op by op and whole methods against the CPU, on 1, 2 and 3 ranks, and once under compute-sanitizer's
-# memcheck); device_test's CUDA cases; cuda_graph_test (recorded steps against eager ones); a short
-# quickstart training run on the GPU (whose
+# memcheck); cuda_low_bit_test (DiLoCo's low-bit outer codec and its device sum, byte for byte
+# against the CPU, on 1 and 2 ranks); device_test's CUDA cases; cuda_graph_test (recorded steps
+# against eager ones); a short quickstart training run on the GPU (whose
 # metrics must show the sync phase under 5% of the step); and
 # the same on two ranks sharing the GPU (staged MPI), with staged_comm_test's GPU cases; every sync
 # method on two ranks; and
@@ -98,6 +99,10 @@ if command -v compute-sanitizer >/dev/null || [[ -x /usr/local/cuda/bin/compute-
   step cuda_compressors_memcheck timeout 300 "$sanitizer" --tool memcheck --error-exitcode 1 \
     "$build/tests/cuda_compressors_test" "~[methods]"
 fi
+# DiLoCo's low-bit outer codec: each op and the whole device sum against the CPU, byte for byte, on
+# 1 and 2 ranks sharing the GPU (staged MPI).
+step cuda_low_bit_test timeout 120 "$build/tests/cuda_low_bit_test" --durations yes
+step cuda_low_bit_test_2 timeout 120 mpirun --oversubscribe -n 2 "$build/tests/cuda_low_bit_test"
 step staged_comm_test_2 mpirun --oversubscribe -n 2 "$build/tests/staged_comm_test"
 step quickstart_cuda_2ranks mpirun --oversubscribe -n 2 "$build/trainer" --config configs/quickstart_cifar.toml \
   --set runtime.device=cuda --set train.max_steps=40 --set train.log_every_steps=10 \

@@ -175,6 +175,17 @@ class DeviceLikeCpu final : public Backend {
   void orthonormalize_columns(const std::vector<TallMatrix>& batch) override { cpu_.orthonormalize_columns(batch); }
   void subtract(int64_t n, const float* a, const float* b, float* y) override { cpu_.subtract(n, a, b, y); }
   void lerp(int64_t n, const float* start, float weight, float* y) override { cpu_.lerp(n, start, weight, y); }
+  void quantize_blocks(LowBitFormat format, const float* x, int64_t count, int64_t blocks, uint8_t* chunk) override {
+    cpu_.quantize_blocks(format, x, count, blocks, chunk);
+  }
+  void sum_quantized_blocks(LowBitFormat format, const uint8_t* received, int64_t chunk_bytes, int ranks,
+                            int64_t blocks, float* acc) override {
+    cpu_.sum_quantized_blocks(format, received, chunk_bytes, ranks, blocks, acc);
+  }
+  void dequantize_blocks(LowBitFormat format, const uint8_t* chunk, int64_t blocks, int64_t count,
+                         float* out) override {
+    cpu_.dequantize_blocks(format, chunk, blocks, count, out);
+  }
 
   testing::CountingMemory memory;
 

@@ -17,6 +17,7 @@
 #include "models/cpu/dnnl_matmul.h"
 #include "models/cpu/dnnl_precision.h"
 #include "models/cpu/dnnl_ops.h"
+#include "models/cpu/low_bit_ops.h"
 #include "models/cpu/lstm_ops.h"
 #include "models/cpu/optim_ops.h"
 #include "models/cpu/sequence_ops.h"
@@ -361,6 +362,19 @@ class CpuBackend final : public Backend {
   void orthonormalize_columns(const std::vector<TallMatrix>& batch) override { cpu::orthonormalize_columns(batch); }
   void subtract(int64_t n, const float* a, const float* b, float* y) override { cpu::subtract(n, a, b, y); }
   void lerp(int64_t n, const float* start, float weight, float* y) override { cpu::lerp(n, start, weight, y); }
+
+  // Low-bit outer gradients: low_bit_ops.cpp.
+  void quantize_blocks(LowBitFormat format, const float* x, int64_t count, int64_t blocks, uint8_t* chunk) override {
+    cpu::quantize_blocks(format, x, count, blocks, chunk);
+  }
+  void sum_quantized_blocks(LowBitFormat format, const uint8_t* received, int64_t chunk_bytes, int ranks,
+                            int64_t blocks, float* acc) override {
+    cpu::sum_quantized_blocks(format, received, chunk_bytes, ranks, blocks, acc);
+  }
+  void dequantize_blocks(LowBitFormat format, const uint8_t* chunk, int64_t blocks, int64_t count,
+                         float* out) override {
+    cpu::dequantize_blocks(format, chunk, blocks, count, out);
+  }
 };
 
 }  // namespace

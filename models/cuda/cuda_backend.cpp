@@ -423,6 +423,20 @@ class CudaBackend final : public Backend {
     check(launch_lerp(n, start, weight, y, stream_), "lerp");
   }
 
+  // ---- Low-bit outer gradients (low_bit.cu).
+  void quantize_blocks(LowBitFormat format, const float* x, int64_t count, int64_t blocks, uint8_t* chunk) override {
+    check(launch_quantize_blocks(format, x, count, blocks, chunk, stream_), "quantize_blocks");
+  }
+  void sum_quantized_blocks(LowBitFormat format, const uint8_t* received, int64_t chunk_bytes, int ranks,
+                            int64_t blocks, float* acc) override {
+    check(launch_sum_quantized_blocks(format, received, chunk_bytes, ranks, blocks, acc, stream_),
+          "sum_quantized_blocks");
+  }
+  void dequantize_blocks(LowBitFormat format, const uint8_t* chunk, int64_t blocks, int64_t count,
+                         float* out) override {
+    check(launch_dequantize_blocks(format, chunk, blocks, count, out, stream_), "dequantize_blocks");
+  }
+
  private:
   // Device scratch for reductions, grown only (freeing waits for the device, so nothing enqueued
   // still uses the old one). Ops run in stream order, so one scratch serves them all.

@@ -6,7 +6,8 @@
 //   the speech models' sequence ops: sequence.cu (gather, packing, Hardtanh, image <-> sequence,
 //   width mask, transpose), lookahead.cu, ctc.cu; Listen-Attend-Spell's rows, cells and attention:
 //   speller.cu, attention.cu; runtime.precision = bf16's copies: bf16.cu; the sparse gradient-sync
-//   passes: sparse.cu; PowerSGD's orthonormalization: low_rank.cu. A batch's lengths reach those kernels by value (HostInts, host_ints.h),
+//   passes: sparse.cu; PowerSGD's orthonormalization: low_rank.cu; DiLoCo's low-bit outer codec:
+//   low_bit.cu. A batch's lengths reach those kernels by value (HostInts, host_ints.h),
 //   never through device memory.
 #pragma once
 
@@ -78,6 +79,16 @@ cudaError_t launch_scatter_fill(int64_t count, const int32_t* index, float value
 // ---- low_rank.cu: PowerSGD's Gram-Schmidt (backend.h), one block per matrix; `batch` (count
 // entries) in device memory.
 cudaError_t launch_orthonormalize_columns(int64_t count, const TallMatrix* batch, cudaStream_t stream);
+
+// ---- low_bit.cu: the low-bit codec of the outer allreduce (backend.h, "Low-bit outer gradients"),
+// the CPU's bytes (models/cpu/low_bit_ops.cpp) but for the sign and payload of NaNs. Chunks are
+// device bytes in models/low_bit_blocks.h's layout.
+cudaError_t launch_quantize_blocks(LowBitFormat format, const float* x, int64_t count, int64_t blocks,
+                                   uint8_t* chunk, cudaStream_t stream);
+cudaError_t launch_sum_quantized_blocks(LowBitFormat format, const uint8_t* received, int64_t chunk_bytes, int ranks,
+                                        int64_t blocks, float* acc, cudaStream_t stream);
+cudaError_t launch_dequantize_blocks(LowBitFormat format, const uint8_t* chunk, int64_t blocks, int64_t count,
+                                     float* out, cudaStream_t stream);
 
 // ---- shortcut.cu: option-A shortcut (backend.h).
 cudaError_t launch_shortcut_a_forward(const float* x, ActivationDims xd, int64_t stride, int64_t pad, float* y,

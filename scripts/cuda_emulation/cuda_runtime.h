@@ -102,6 +102,14 @@ inline unsigned __ballot_sync(unsigned, bool predicate) {
 }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 
+// Rounded arithmetic that nvcc never contracts (the low-bit codec, low_bit.cu): each one rounds
+// once, to nearest even. Not inlined, so that GCC (-ffp-contract=fast) cannot fuse a product here
+// with an add of the caller either.
+[[gnu::noinline]] inline float __fmul_rn(float a, float b) { return a * b; }
+[[gnu::noinline]] inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+// Round to the nearest integer, ties to even (the default rounding mode's nearbyint).
+inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyint(x)); }
+
 template <class Kernel, class... Args>
 cudaError_t emulated_launch(bool whole_grid, dim3 grid, dim3 block, Kernel kernel, Args... args) {
   using namespace cuda_emulation;
