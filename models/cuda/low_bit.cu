@@ -14,6 +14,8 @@
 // NaN on both sides, but a NaN's sign and payload may differ: x86 propagates an operand's NaN (and
 // makes Inf * 0 its negative default NaN), a GPU writes its canonical one. So an fp8 code there may
 // be S.1111.111 with the other sign, and a bf16 code of a NaN another NaN; no other byte differs.
+#include <type_traits>
+
 #include "models/cuda/kernels.h"
 #include "models/cuda/launch.cuh"
 #include "models/low_bit_blocks.h"
@@ -119,61 +121,48 @@ __global__ void dequantize_kernel(const uint8_t* chunk, int64_t blocks, int64_t 
     out[i] = __fmul_rn(decode<F>(codes[i]), scale_of<F>(chunk, i / kQuantBlock));
 }
 
+// Runs launch(std::integral_constant<LowBitFormat, F>{}) for the format's F: each format's kernel
+// is a template instance.
+template <class Launch>
+cudaError_t for_format(LowBitFormat format, Launch launch) {
+  switch (format) {
+    case LowBitFormat::kBF16: launch(std::integral_constant<LowBitFormat, LowBitFormat::kBF16>{}); break;
+    case LowBitFormat::kFP8: launch(std::integral_constant<LowBitFormat, LowBitFormat::kFP8>{}); break;
+    case LowBitFormat::kInt8: launch(std::integral_constant<LowBitFormat, LowBitFormat::kInt8>{}); break;
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t launch_quantize_blocks(LowBitFormat format, const float* x, int64_t count, int64_t blocks,
                                    uint8_t* chunk, cudaStream_t stream) {
   if (blocks <= 0) return cudaSuccess;
   const unsigned grid = grid_for(blocks * kQuantBlock);  // one CUDA block per quantization block, capped
-  switch (format) {
-    case LowBitFormat::kBF16:
+  return for_format(format, [&](auto f) {
+    if constexpr (decltype(f)::value == LowBitFormat::kBF16)
       quantize_bf16_kernel<<<grid, kThreads, 0, stream>>>(x, count, blocks * kQuantBlock,
                                                           reinterpret_cast<uint16_t*>(chunk));
-      break;
-    case LowBitFormat::kFP8:
-      quantize_scaled_kernel<LowBitFormat::kFP8><<<grid, kThreads, 0, stream>>>(x, count, blocks, chunk);
-      break;
-    case LowBitFormat::kInt8:
-      quantize_scaled_kernel<LowBitFormat::kInt8><<<grid, kThreads, 0, stream>>>(x, count, blocks, chunk);
-      break;
-  }
-  return cudaGetLastError();
+    else
+      quantize_scaled_kernel<decltype(f)::value><<<grid, kThreads, 0, stream>>>(x, count, blocks, chunk);
+  });
 }
 
 cudaError_t launch_sum_quantized_blocks(LowBitFormat format, const uint8_t* received, int64_t chunk_bytes, int ranks,
                                         int64_t blocks, float* acc, cudaStream_t stream) {
   if (blocks <= 0) return cudaSuccess;
-  const unsigned grid = grid_for(blocks * kQuantBlock);
-  switch (format) {
-    case LowBitFormat::kBF16:
-      sum_kernel<LowBitFormat::kBF16><<<grid, kThreads, 0, stream>>>(received, chunk_bytes, ranks, blocks, acc);
-      break;
-    case LowBitFormat::kFP8:
-      sum_kernel<LowBitFormat::kFP8><<<grid, kThreads, 0, stream>>>(received, chunk_bytes, ranks, blocks, acc);
-      break;
-    case LowBitFormat::kInt8:
-      sum_kernel<LowBitFormat::kInt8><<<grid, kThreads, 0, stream>>>(received, chunk_bytes, ranks, blocks, acc);
-      break;
-  }
-  return cudaGetLastError();
+  return for_format(format, [&](auto f) {
+    sum_kernel<decltype(f)::value><<<grid_for(blocks * kQuantBlock), kThreads, 0, stream>>>(received, chunk_bytes,
+                                                                                           ranks, blocks, acc);
+  });
 }
 
 cudaError_t launch_dequantize_blocks(LowBitFormat format, const uint8_t* chunk, int64_t blocks, int64_t count,
                                      float* out, cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
-  const unsigned grid = grid_for(count);
-  switch (format) {
-    case LowBitFormat::kBF16:
-      dequantize_kernel<LowBitFormat::kBF16><<<grid, kThreads, 0, stream>>>(chunk, blocks, count, out);
-      break;
-    case LowBitFormat::kFP8:
-      dequantize_kernel<LowBitFormat::kFP8><<<grid, kThreads, 0, stream>>>(chunk, blocks, count, out);
-      break;
-    case LowBitFormat::kInt8:
-      dequantize_kernel<LowBitFormat::kInt8><<<grid, kThreads, 0, stream>>>(chunk, blocks, count, out);
-      break;
-  }
-  return cudaGetLastError();
+  return for_format(format, [&](auto f) {
+    dequantize_kernel<decltype(f)::value><<<grid_for(count), kThreads, 0, stream>>>(chunk, blocks, count, out);
+  });
 }
 
 }  // namespace trainer::models::cuda
