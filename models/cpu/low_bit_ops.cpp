@@ -18,8 +18,10 @@ constexpr int64_t kParallelFromBlocks = (int64_t(1) << 16) / kQuantBlock;
 constexpr int64_t kParallelFromElements = int64_t(1) << 16;
 
 // The block's largest |x| as float bits: for non-negative floats integer order is float order, and
-// NaN's patterns lie above Inf's, so one integer max finds the max and any NaN or Inf alike.
-inline uint32_t max_abs_bits(const float* x, int64_t count) {
+// NaN's patterns lie above Inf's, so one integer max finds the max and any NaN or Inf alike. Always
+// inlined: GCC kept it out of line in quantize's block loop, and fp8's and int8's quantize took
+// 20-25% longer (27.5M floats, one thread).
+[[gnu::always_inline]] inline uint32_t max_abs_bits(const float* x, int64_t count) {
   uint32_t m = 0;
 #pragma omp simd reduction(max : m)
   for (int64_t i = 0; i < count; ++i) {
