@@ -150,7 +150,10 @@ struct DeviceQuantizedScratch {
 // (Backend::quantize_blocks, sum_quantized_blocks, dequantize_blocks; CUDA kernels on a GPU) and
 // `comm` moves the chunks in that memory (a device communicator: NCCL, or the staged MPI one),
 // with the host overload's calls, tags and byte counts. Every backend writes the CPU's bytes, so
-// the result is the host overload's, bit for bit. fp32 is comm.allreduce of `data`, as there.
+// the result is the host overload's, bit for bit (on a GPU a NaN's sign and payload aside, see
+// above). fp32 is comm.allreduce of `data`, as there. Like the backend's ops it may return before
+// the device is done (NCCL enqueues on the backend's stream): `data` is ready in stream order. The
+// scratch must not outlive the backend (its buffers are freed through it).
 void allreduce_sum_quantized(Communicator& comm, models::Backend& backend, float* data, int64_t n, OuterDType dtype,
                              DeviceQuantizedScratch& scratch, const char* tag);
 

@@ -432,7 +432,8 @@ class Backend : public DeviceMemory {
   // of the quantized sum, in the formats and chunk layout of models/low_bit_blocks.h. A chunk is raw
   // bytes in this backend's memory: `blocks` blocks of kQuantBlock elements (scales, then codes).
   // Each element's arithmetic is fixed (one fp32 multiply and a conversion; one fma per rank, in rank
-  // order), so every backend writes the CPU's bytes.
+  // order), so every backend writes the CPU's bytes (a NaN's sign and payload aside: a GPU's
+  // arithmetic makes its canonical NaN where x86 propagates an operand's).
   // chunk = x[0, count) quantized (count <= blocks * kQuantBlock; the elements past count are
   // zeros, and the blocks wholly past it have scale 0).
   virtual void quantize_blocks(LowBitFormat format, const float* x, int64_t count, int64_t blocks,
