@@ -33,6 +33,11 @@ using std::isnan;
 // The explicitly rounded float intrinsics (no contraction across them): each is one IEEE operation.
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+// A product kept out of line, so that GCC (-ffp-contract=fast) cannot fuse it with an add of the
+// caller's, as nvcc never does with __fmul_rn.
+[[gnu::noinline]] inline float __fmul_rn(float a, float b) { return a * b; }
+// To the nearest integer, ties to even (nearbyint in the default rounding mode).
+inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyint(x)); }
 
 // Copies run at once, in issue order, as the launches do (the one stream).
 enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
@@ -101,14 +106,6 @@ inline unsigned __ballot_sync(unsigned, bool predicate) {
   return bits;
 }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
-
-// Rounded arithmetic that nvcc never contracts (the low-bit codec, low_bit.cu): each one rounds
-// once, to nearest even. Not inlined, so that GCC (-ffp-contract=fast) cannot fuse a product here
-// with an add of the caller either.
-[[gnu::noinline]] inline float __fmul_rn(float a, float b) { return a * b; }
-[[gnu::noinline]] inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
-// Round to the nearest integer, ties to even (the default rounding mode's nearbyint).
-inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyint(x)); }
 
 template <class Kernel, class... Args>
 cudaError_t emulated_launch(bool whole_grid, dim3 grid, dim3 block, Kernel kernel, Args... args) {
