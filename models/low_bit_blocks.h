@@ -17,6 +17,7 @@
 // bytes each).
 #pragma once
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -63,7 +64,13 @@ TRAINER_HOST_DEVICE inline uint8_t e4m3_from(float x) {
   const uint32_t b = bits_of(x);
   const uint32_t sign = (b >> 24) & 0x80u;
   const uint32_t magnitude = b & 0x7fffffffu;
+  // std::min on the host: around the ternary GCC vectorized the quantize loop less well (fp8's
+  // quantize of 27.5M floats took 22-23 ms on one thread instead of 18-19).
+#if defined(__CUDA_ARCH__)
   const uint32_t a = magnitude < kFp8MaxBits ? magnitude : kFp8MaxBits;
+#else
+  const uint32_t a = std::min(magnitude, kFp8MaxBits);
+#endif
   const uint32_t small = bits_of(float_of(a) + 16384.f) - kTwoTo14Bits;
   const uint32_t normal = (a - (120u << 23) + 0x7ffffu + ((a >> 20) & 1u)) >> 20;
   const uint32_t code = a < kFp8MinNormalBits ? small : normal;
