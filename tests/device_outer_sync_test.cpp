@@ -2,8 +2,8 @@
 // device (device_like_backend.h) runs every device branch, and each must give the host path's
 // bits. DiLoCo (comm/sync/diloco.h): theta_outer, its outer optimizer and the pseudo-gradient in
 // "device" memory, the subtraction, the outer step and the mixing as backend ops, and the outer
-// allreduce either on the device communicator (fp32, inline) or on a host copy (the low-bit
-// formats, and every overlapped transfer: outer_transfer.h). Per step the parameters, the BN
+// allreduce either on the device communicator (inline, the low-bit codec as backend ops) or on a
+// host copy (an overlapped transfer: outer_transfer.h). Per step the parameters, the BN
 // statistics and the bytes sent and received equal the host run's, and so does the saved state; a
 // checkpoint taken with a fragment in flight resumes across the two. The async_ps worker stages its
 // push and pull (async_ps.h): against a server on the last rank, the parameters it pulls equal the
@@ -130,7 +130,7 @@ const Variant kVariants[] = {
     {"plain, fp32 on the device communicator", 1, 0, 0.0, comm::OuterDType::kF32, false},
     {"streaming, overlapped fp32 on a host copy", 2, 1, 0.5, comm::OuterDType::kF32, true},
     {"streaming, fp8", 2, 1, 0.25, comm::OuterDType::kFP8, true},
-    {"two fragments, int8 inline", 2, 0, 0.0, comm::OuterDType::kInt8, false},
+    {"two fragments, int8 inline on the device", 2, 0, 0.0, comm::OuterDType::kInt8, false},
     {"delayed bf16 inline", 2, 1, 1.0, comm::OuterDType::kBF16, false},
 };
 
@@ -152,11 +152,12 @@ TEST_CASE("DiLoCo on device buffers gives the host path's bits", "[diloco][devic
       const Trace b = train(*on_device, device, views, 0, kSteps, device_params, device_state);
       check_same_steps(a, b);
       // What the method itself copied, beyond the harness's 3n + 6 floats each way per step: nothing
-      // when the allreduce runs on the device communicator, else the fragments' pseudo-gradients.
+      // when the allreduce runs inline on the device communicator (the low-bit codec as backend
+      // ops), else the fragments' pseudo-gradients for the overlapped transfer's host copy.
       const int64_t harness = kSteps * (3 * n + 6) * 4;
       const int64_t to_host = device.memory.to_host - harness, to_device = device.memory.to_device - harness;
       CHECK(to_host == to_device);
-      if (v.dtype == comm::OuterDType::kF32 && !v.overlap) CHECK(to_host == 0);
+      if (!v.overlap) CHECK(to_host == 0);
       else CHECK((to_host > 0 && to_host < kSteps * n));
       CHECK(saved(*host) == saved(*on_device));  // theta_outer, the outer momentum, a fragment in flight
     }

@@ -30,8 +30,10 @@ void OuterTransfer::average(Communicator& comm, float* data, int64_t count, bool
     for (int64_t begin = 0; begin < count; begin += bucket_elements_)
       comm.allreduce(data + begin, std::min(bucket_elements_, count - begin), DType::kF32, ReduceOp::kSum,
                      "ALLREDUCE_OUTER");
-  } else {
+  } else if (host_copy) {
     allreduce_sum_quantized(comm, data, count, dtype_, quantized_, "ALLREDUCE_OUTER");
+  } else {
+    allreduce_sum_quantized(comm, backend_, data, count, dtype_, device_quantized_, "ALLREDUCE_OUTER");
   }
   const float inverse = 1.f / static_cast<float>(comm.size());
   if (!host_copy) {

@@ -34,11 +34,12 @@
 // without rethrowing: every rank started the transfer at the same step and every rank's thread
 // carries it on whatever its training thread does, so it completes (or MPI ends the job).
 //
-// Device buffers (runtime.device = "cuda"): an inline fp32 transfer averages the data where it
-// lies, over the method's communicator (NCCL, or MPI staged by the communicator). An overlapped
-// transfer, and a low-bit one, runs on a host copy instead (staged below): start() copies the
-// fragment's pseudo-gradient to host memory on the training thread, the host code above runs on it
-// over the communicator's MPI side (Communicator::host_side), and wait() copies the average back.
+// Device buffers (runtime.device = "cuda"): an inline transfer averages the data where it lies,
+// over the method's communicator (NCCL, or MPI staged by the communicator), the low-bit codec as
+// the backend's ops (Backend::quantize_blocks etc.: CUDA kernels, the CPU's bytes). An overlapped
+// transfer runs on a host copy instead (staged below): start() copies the fragment's
+// pseudo-gradient to host memory on the training thread, the host code above runs on it over the
+// communicator's MPI side (Communicator::host_side), and wait() copies the average back.
 // Why a host copy for the thread: a collective enqueued on the device's one stream from a second
 // thread would interleave with the training thread's own collectives in a different order on each
 // rank (NCCL then deadlocks), and MPI on host memory needs no stream at all. The copy is one
@@ -90,7 +91,7 @@ class OuterTransfer {
   void run(float* data, int64_t count);  // the thread's body
   void finish_staged();                   // copies a staged average back to the device
   // Whether transfers run on a host copy of device data (see above).
-  bool staged() const { return !backend_.is_host() && (overlap_ || dtype_ != OuterDType::kF32); }
+  bool staged() const { return !backend_.is_host() && overlap_; }
 
   Communicator& comm_;
   models::Backend& backend_;
@@ -98,7 +99,8 @@ class OuterTransfer {
   int64_t bucket_elements_;
   bool overlap_;
   std::unique_ptr<Communicator> own_;  // overlapped transfers' communicator
-  QuantizedScratch quantized_;         // the low-bit sum's buffers
+  QuantizedScratch quantized_;               // the low-bit sum's buffers on a host copy
+  DeviceQuantizedScratch device_quantized_;  // and in the backend's memory (inline transfers)
   std::vector<float> staging_;         // staged(): the host copy of the data in flight
   float* device_data_ = nullptr;       // staged(): where wait() copies the average back to
 
