@@ -6,6 +6,7 @@
 #include <memory>
 #include <new>
 #include <stdexcept>
+#include <vector>
 
 #include "models/cuda/fill.h"
 
@@ -15,6 +16,66 @@ namespace {
 void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
 }
+
+// A second stream on the device (DeviceMemory::make_stream): copies and fills of its own, marks as
+// CUDA events recorded on the owner's stream. Events without timing, so that recording and waiting
+// cost nothing extra (the NCCL communicator times its calls with events of its own).
+class CudaStream final : public DeviceStream {
+ public:
+  CudaStream(DeviceMemory& owner, cudaStream_t owner_stream) : owner_(owner), owner_stream_(owner_stream) {
+    check(cudaGetDevice(&ordinal_), "cudaGetDevice");
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate (second stream)");
+    check(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  ~CudaStream() override {
+    cudaStreamSynchronize(stream_);
+    for (cudaEvent_t e : marks_) cudaEventDestroy(e);
+    cudaEventDestroy(joined_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return owner_.name(); }
+  void* allocate(size_t bytes) override { return owner_.allocate(bytes); }
+  void free(void* p) override { owner_.free(p); }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override {
+    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync to device");
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync to host");
+  }
+  void fill(int64_t n, float value, float* y) override {
+    if (n > 0) check(launch_fill(n, value, y, stream_), "fill kernel");
+  }
+  void synchronize() override { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (second stream)"); }
+  void* stream_handle() override { return stream_; }
+
+  void record(int mark) override { check(cudaEventRecord(event(mark), owner_stream_), "cudaEventRecord"); }
+  void wait(int mark) override { check(cudaStreamWaitEvent(stream_, event(mark), 0), "cudaStreamWaitEvent"); }
+  void host_wait(int mark) override { check(cudaEventSynchronize(event(mark)), "cudaEventSynchronize"); }
+  void join_owner() override {
+    check(cudaEventRecord(joined_, stream_), "cudaEventRecord");
+    check(cudaStreamWaitEvent(owner_stream_, joined_, 0), "cudaStreamWaitEvent");
+  }
+  void attach_thread() override { check(cudaSetDevice(ordinal_), "cudaSetDevice (communication thread)"); }
+
+ private:
+  // Made on first use (one per bucket, so a step allocates none after the first).
+  cudaEvent_t event(int mark) {
+    while (static_cast<int>(marks_.size()) <= mark) {
+      cudaEvent_t e = nullptr;
+      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+      marks_.push_back(e);
+    }
+    return marks_[static_cast<size_t>(mark)];
+  }
+
+  DeviceMemory& owner_;
+  cudaStream_t owner_stream_;
+  int ordinal_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t joined_ = nullptr;
+  std::vector<cudaEvent_t> marks_;
+};
 
 class CudaDevice final : public DeviceMemory {
  public:
@@ -65,6 +126,7 @@ class CudaDevice final : public DeviceMemory {
   }
   void synchronize() override { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
   void* stream_handle() override { return stream_; }
+  std::unique_ptr<DeviceStream> make_stream() override { return std::make_unique<CudaStream>(*this, stream_); }
   cudaStream_t stream() const { return stream_; }
 
  private:

@@ -30,6 +30,8 @@ inline const char* cudaGetErrorString(cudaError_t) { return "no error (emulated)
 // CUDA's math API has these in the global namespace.
 using std::isfinite;
 using std::isnan;
+// The product rounded on its own (never fused): the host's float product is.
+inline float __fmul_rn(float a, float b) { return a * b; }
 
 // Copies run at once, in issue order, as the launches do (the one stream).
 enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
