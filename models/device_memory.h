@@ -52,7 +52,9 @@ class DeviceMemory {
 // Communicator::on_stream) run on the second stream, ordered with the owner's stream only through
 // marks. Mark i is an event: record(i) marks everything enqueued on the owner's stream so far; the
 // stream may wait for it on the device (nobody blocks) or the host may. Marks are numbered by the
-// caller (0, 1, ...: one per bucket) and may be recorded again once nothing waits for them.
+// caller (0, 1, ...: one per bucket) and may be recorded again once nothing waits for them; one
+// thread may record marks while another waits for earlier ones (the training thread and the
+// communication thread).
 // (llm.c's multi_gpu_async_reduce_gradient, flashlight's coalescing reducer, DDP's NCCL stream.)
 class DeviceStream : public DeviceMemory {
  public:

@@ -21,6 +21,7 @@
 #include <limits>
 
 #include "comm/communicator.h"
+#include "comm/float_bits.h"
 #include "comm/staged_communicator.h"
 #include "comm/sync/dense.h"
 #include "tests/cuda_parity.h"
@@ -30,11 +31,7 @@ using namespace trainer::cuda_testing;
 
 namespace {
 
-float from_bits(uint32_t b) {
-  float x;
-  std::memcpy(&x, &b, sizeof x);
-  return x;
-}
+float from_bits(uint32_t b) { return comm::float_of(b); }
 
 // Random floats of every magnitude class the casts treat apart, and the edges themselves.
 std::vector<float> cast_inputs(int64_t n, uint64_t seed) {
