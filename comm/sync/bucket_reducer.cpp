@@ -60,7 +60,7 @@ void BucketReducer::begin(float* grads) {
   if (threaded && !thread_.joinable()) thread_ = std::thread([this] { serve(); });
   std::lock_guard<std::mutex> lock(mutex_);
   grads_ = grads;
-  handed_ = reduced_ = staged_ = 0;
+  handed_ = reduced_ = 0;
   nonfinite_tensor_ = -1;
 }
 

@@ -112,7 +112,6 @@ class BucketReducer {
 
   // On a device (run_on_device).
   OnDevice device_;
-  size_t staged_ = 0;                      // buckets staged on the compute stream this step
   models::DeviceBuffer squares_;           // per slot (a tensor, or a bucket without views): a double
   std::vector<double> host_squares_;
   std::vector<std::pair<int64_t, int64_t>> slot_ranges_;  // per slot: [begin, end) of the gradient
