@@ -431,6 +431,12 @@ class Backend : public DeviceMemory {
   virtual void orthonormalize_columns(const std::vector<TallMatrix>& batch) = 0;
   // y = a - b (error feedback's residual = acc - what was sent).
   virtual void subtract(int64_t n, const float* a, const float* b, float* y) = 0;
+
+  // ---- Outer steps (DiLoCo, comm/sync/diloco.h).
+  // y = lerp(start, y, weight) elementwise, torch.lerp's arithmetic in float: from the nearer end
+  // (|weight| < 0.5: start + weight (y - start); else y - (y - start)(1 - weight)), each product
+  // and sum rounded on its own, so that weight 0 gives start and 1 gives y exactly.
+  virtual void lerp(int64_t n, const float* start, float weight, float* y) = 0;
 };
 
 // The CPU backend (oneDNN primitives, OpenBLAS, OpenMP loops). One per process.

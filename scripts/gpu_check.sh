@@ -13,8 +13,8 @@
 # Steps: the GPU's description; cuda_backend_test (every CUDA op and a resnet20/vgg16 step against
 # the CPU backend) and the speech parity tests (sequence ops, CTC, LSTM, speller, DeepSpeech and LAS
 # steps); cuda_precision_test (bf16 copies, convolutions and GEMMs within bf16's bound, a bf16
-# ResNet-20 step); cuda_compressors_test (the sparse methods and PowerSGD on device buffers, op by
-# op and whole methods against the CPU, on 1, 2 and 3 ranks, and once under compute-sanitizer's
+# ResNet-20 step); cuda_compressors_test (the sparse methods, PowerSGD and DiLoCo on device buffers,
+# op by op and whole methods against the CPU, on 1, 2 and 3 ranks, and once under compute-sanitizer's
 # memcheck); cuda_wire_test (sync.wire_dtype's casts and dense sync on GPU buffers, overlapped on a
 # second stream, against the CPU, on 1 and 2 ranks); device_test's CUDA cases; cuda_graph_test (recorded steps against eager ones); a short
 # quickstart training run on the GPU (whose
@@ -108,9 +108,9 @@ step staged_comm_test_2 mpirun --oversubscribe -n 2 "$build/tests/staged_comm_te
 step quickstart_cuda_2ranks mpirun --oversubscribe -n 2 "$build/trainer" --config configs/quickstart_cifar.toml \
   --set runtime.device=cuda --set train.max_steps=40 --set train.log_every_steps=10 \
   --set experiment.output_dir="$out/quickstart_run_2ranks"
-# Every sync method on two ranks sharing the GPU: dense, local_sgd and the sparse methods on device
-# buffers (the sparse ones' lists over MPI), the others through host copies (comm/sync/host_staged.h);
-# 30 steps each after a 5-step dense warmup.
+# Every sync method on two ranks sharing the GPU, each on device buffers (the sparse ones' lists over
+# MPI, async_ps's worker staging its push and pull); 30 steps each after a 5-step dense warmup; and
+# Streaming DiLoCo (two fragments, a delay of one step overlapped on a host copy, fp8 on the wire).
 for method in dense local_sgd diloco oktopk topka gaussiank gtopk powersgd async_ps; do
   step "method_$method" mpirun --oversubscribe -n 2 "$build/trainer" --config configs/quickstart_cifar.toml \
     --set runtime.device=cuda --set train.max_steps=30 --set train.log_every_steps=10 --set sync.method=$method \
@@ -121,6 +121,11 @@ done
 step method_dense_fp16 mpirun --oversubscribe -n 2 "$build/trainer" --config configs/quickstart_cifar.toml \
   --set runtime.device=cuda --set train.max_steps=30 --set train.log_every_steps=10 --set sync.method=dense \
   --set sync.wire_dtype=fp16 --set experiment.output_dir="$out/method_dense_fp16"
+step method_diloco_streaming mpirun --oversubscribe -n 2 "$build/trainer" --config configs/quickstart_cifar.toml \
+  --set runtime.device=cuda --set train.max_steps=30 --set train.log_every_steps=10 --set sync.method=diloco \
+  --set sync.dense_warmup_steps=5 --set sync.period=4 --set sync.outer_momentum=0.5 --set sync.fragments=2 \
+  --set sync.sync_delay=1 --set sync.mixing=0.5 --set sync.outer_dtype=fp8 \
+  --set experiment.output_dir="$out/method_diloco_streaming"
 # The speech quickstart (LAS, Ok-Top-k after a dense warmup) for 60 steps on the GPU, on one rank and
 # on two sharing it, and DeepSpeech on the same corpus. The corpus is synthesized with espeak-ng and
 # sox, which GPU machines lack: bring datasets/an4_quickstart along (scripts/quickstart.sh makes it).

@@ -4,8 +4,10 @@
 // to 1e-12); then each sparse method on the CUDA backend against the same method on the CPU over 12
 // steps (a dense warmup of 2, exact and reused thresholds): every output bit for bit and the saved
 // state byte for byte. PowerSGD (models/cuda/low_rank.cu): Gram-Schmidt within float rounding (its
-// double sums run in another order), subtract exactly, and whole PowerSGD steps within 1e-4. Under mpiexec (scripts/gpu_check.sh: P = 2, 3 sharing the GPU through
-// staged MPI) the exchanges are real.
+// double sums run in another order), subtract exactly, and whole PowerSGD steps within 1e-4.
+// DiLoCo (the outer steps on the device): lerp exactly, and whole DiLoCo steps within float
+// rounding. Under mpiexec (scripts/gpu_check.sh: P = 2, 3 sharing the GPU through staged MPI) the
+// exchanges are real.
 // Needs a GPU: without one the binary prints why and exits 77 (ctest: skipped).
 #ifdef TRAINER_HAS_CUDA
 #define CATCH_CONFIG_RUNNER
@@ -16,6 +18,7 @@
 
 #include "comm/communicator.h"
 #include "comm/staged_communicator.h"
+#include "comm/quantized_allreduce.h"
 #include "comm/sync/registry.h"
 #include "tests/cuda_parity.h"
 
@@ -200,6 +203,69 @@ TEST_CASE("orthonormalize_columns and subtract", "[powersgd]") {
   GpuArray ga(a), gb(b), gy(5000);
   gpu().subtract(5000, ga.data(), gb.data(), gy.data());
   CHECK(gy.host() == y);
+}
+
+TEST_CASE("lerp gives the CPU's bits at every weight", "[diloco]") {
+  const auto start = random_vector(70001, 60), end = random_vector(70001, 61);
+  for (const float weight : {0.f, 0.25f, 0.4999f, 0.5f, 0.7f, 1.f}) {
+    INFO("weight " << weight);
+    std::vector<float> want = end;
+    cpu().lerp(70001, start.data(), weight, want.data());
+    GpuArray gstart(start), gy(end);
+    gpu().lerp(70001, gstart.data(), weight, gy.data());
+    CHECK(gy.host() == want);
+  }
+}
+
+TEST_CASE("DiLoCo on the GPU follows the CPU", "[diloco][methods]") {
+  // Two fragments with a delay and mixing, inline (the overlapped transfer is host code, the same on
+  // either device): fp32 averages on the staged communicator, int8 on a host copy. The outer step is
+  // the optimizer's kernel (fma order as the CPU's), so the parameters agree to float rounding.
+  comm::Communicator& world = comm::world();
+  std::vector<models::ParamView> views;
+  int64_t n = 0;
+  for (const models::Shape& shape : std::vector<models::Shape>{{64, 48}, {64}, {32, 16, 3, 3}, {10}}) {
+    views.push_back({"t" + std::to_string(views.size()), n, shape});
+    n += views.back().numel();
+  }
+  for (const auto dtype : {comm::OuterDType::kF32, comm::OuterDType::kInt8}) {
+    SECTION(comm::outer_dtype_name(dtype)) {
+      comm::SyncOptions o;
+      o.method = "diloco";
+      o.dense_warmup_steps = 1;
+      o.period = 4;
+      o.fragments = 2;
+      o.sync_delay = 1;
+      o.mixing = 0.5;
+      o.outer_momentum = 0.5;
+      o.outer_dtype = dtype;
+      o.overlap = false;
+      auto host = comm::make_gradient_sync(o, world, n, &views);
+      comm::StagedCommunicator staged(world, gpu());
+      o.backend = &gpu();
+      auto device = comm::make_gradient_sync(o, staged, n, &views);
+      std::vector<float> params = random_vector(n, 70), grads(n);
+      GpuArray gparams(params), ggrads(n);
+      for (int step = 0; step < 12; ++step) {
+        grads = random_vector(n, 400 + 10 * step + world.rank());
+        copy_to_device(gpu(), grads.data(), n, ggrads.data());
+        comm::SyncBuffers hb{params.data(), grads.data(), n, nullptr, 0, &views};
+        comm::SyncBuffers db{gparams.data(), ggrads.data(), n, nullptr, 0, &views};
+        host->reduce(hb, step);
+        device->reduce(db, step);
+        // The inner step: the same SGD on both, from each side's own parameters.
+        std::vector<float> device_params = gparams.host();
+        for (int64_t i = 0; i < n; ++i) {
+          params[i] -= 0.05f * grads[i];
+          device_params[i] -= 0.05f * grads[i];
+        }
+        copy_to_device(gpu(), device_params.data(), n, gparams.data());
+        host->after_step(hb, step);
+        device->after_step(db, step);
+        require_close(params, gparams.host(), "parameters after step " + std::to_string(step), 1e-5);
+      }
+    }
+  }
 }
 
 TEST_CASE("PowerSGD on the GPU follows the CPU within float rounding", "[powersgd][methods]") {

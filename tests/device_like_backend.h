@@ -183,6 +183,7 @@ class DeviceLikeCpu final : public Backend {
   }
   void orthonormalize_columns(const std::vector<TallMatrix>& batch) override { cpu_.orthonormalize_columns(batch); }
   void subtract(int64_t n, const float* a, const float* b, float* y) override { cpu_.subtract(n, a, b, y); }
+  void lerp(int64_t n, const float* start, float weight, float* y) override { cpu_.lerp(n, start, weight, y); }
 
   testing::CountingMemory memory;
 

@@ -27,6 +27,7 @@
 #include "comm/sync/fragments.h"
 #include "comm/sync/gradient_sync.h"
 #include "diloco_harness.h"
+#include "optim/optimizer.h"
 
 using namespace trainer;
 using namespace trainer::testing;
@@ -308,4 +309,53 @@ TEST_CASE("Fragments are whole tensors of about equal size; impossible settings 
   auto other = comm::make_gradient_sync(diloco_options(4, 1, 0, 0), comm::world(), n, &views);
   CHECK_THROWS_WITH(other->load(state), Contains("sync.fragments"));
   CHECK_THAT(saved->describe(), Contains("ALLREDUCE_OUTER") && Contains("MB of fp32 per sync") && Contains("MB sent per rank"));
+}
+
+TEST_CASE("Outer Adam steps theta_outer as optim's Adam does with the averaged pseudo-gradient", "[diloco][mpi]") {
+  // Two syncs at H = 2 of three parameters, each rank moving its own way between them; the outer step
+  // must be exactly Adam's (optim/adam.h, itself checked against torch.optim.Adam) on the mean of
+  // theta_outer - theta_local, and with mixing 0 the local parameters become theta_outer.
+  comm::Communicator& world = comm::world();
+  const int p = world.size(), rank = world.rank();
+  const std::vector<models::ParamView> views{{"w", 0, {3}}};
+  comm::SyncOptions o;
+  o.method = "diloco";
+  o.period = 2;
+  o.outer_optimizer = "adam";
+  o.outer_lr = 0.1;
+  auto sync = comm::make_gradient_sync(o, world, 3, &views);
+  CHECK_THAT(sync->describe(), Contains("outer adam (lr 0.1)") && Contains("Adam's two moments"));
+  std::vector<float> params{1.f, -2.f, 0.5f}, grads(3, 0.f);
+  std::vector<float> outer = params;
+  optim::OptimizerOptions adam;
+  adam.name = "adam";
+  auto reference = optim::make_optimizer(models::cpu_backend(), adam, 3);
+  comm::SyncBuffers b{params.data(), grads.data(), 3, nullptr, 0, &views};
+  for (int step = 0; step < 4; ++step) {
+    sync->reduce(b, step);
+    for (int i = 0; i < 3; ++i) params[i] -= 0.25f * static_cast<float>((rank + 1) * (i + 1) * (step + 1));
+    if (step % 2 == 1) {
+      // The mean over ranks of outer - local, summed in rank order as the allreduce of P <= 3 does.
+      std::vector<float> mean(3, 0.f);
+      for (int r = 0; r < p; ++r)
+        for (int i = 0; i < 3; ++i) {
+          float local = outer[i];
+          for (int s = step - 1; s <= step; ++s) local -= 0.25f * static_cast<float>((r + 1) * (i + 1) * (s + 1));
+          mean[i] += outer[i] - local;
+        }
+      for (float& m : mean) m *= 1.f / static_cast<float>(p);
+      reference->step(outer.data(), mean.data(), 0.1);
+    }
+    sync->after_step(b, step);
+  }
+  const auto& diloco = dynamic_cast<const comm::Diloco&>(*sync);
+  CHECK(diloco.outer_parameters() == outer);  // every difference above is a small multiple of 1/4: exact
+  CHECK(params == diloco.outer_parameters());
+  // Its state saves and names its optimizer: a run with another outer optimizer refuses it.
+  std::stringstream saved;
+  sync->save(saved);
+  o.outer_optimizer = "nesterov";
+  o.outer_momentum = 0.9;
+  auto nesterov = comm::make_gradient_sync(o, world, 3, &views);
+  CHECK_THROWS_WITH(nesterov->load(saved), Contains("sync.outer_optimizer = \"adam\""));
 }

@@ -13,22 +13,13 @@
 #include "comm/sync/host_staged.h"
 #include "comm/sync/registry.h"
 #include "tests/counting_memory.h"
+#include "tests/tiny_views.h"
 
 using namespace trainer;
 using models::ParamView;
 
 namespace {
 
-std::vector<ParamView> tiny_model() {
-  std::vector<ParamView> views;
-  int64_t offset = 0;
-  for (const auto& [name, shape] : std::vector<std::pair<std::string, models::Shape>>{
-           {"conv.weight", {8, 3, 3, 3}}, {"conv.bias", {8}}, {"fc.weight", {12, 30}}, {"fc.bias", {12}}}) {
-    views.push_back({name, offset, shape});
-    offset += views.back().numel();
-  }
-  return views;
-}
 
 // One rank's model: parameters, gradient and BN statistics, each step's gradient drawn from
 // (step, rank), the same for both runs; the "optimizer" is plain SGD so parameters move.
@@ -66,7 +57,7 @@ std::string saved(const comm::GradientSync& sync) {
 }  // namespace
 
 TEST_CASE("every host method through host copies equals the method on host buffers, bit for bit", "[staged]") {
-  const auto views = tiny_model();
+  const auto views = testing::tiny_views();
   const int64_t n = views.back().offset + views.back().numel();
   constexpr int kSteps = 12;
   for (const char* name : {"oktopk", "topka", "gaussiank", "powersgd", "local_sgd", "diloco"}) {

@@ -408,7 +408,7 @@ void check_consistency(const Config& c, const Settings& settings, const std::str
              c.sync.method + "\"");
   // A 16-bit sync.wire_dtype runs on every device: the methods that keep device buffers with it
   // (dense, and every method's dense warmup) cast with the backend (Backend::to_half); the
-  // compressors' spec sends them to host copies (needs_host_buffers, comm/sync/host_staged.h).
+  // compressors' and DiLoCo's specs send them to host copies (needs_host_buffers, host_staged.h).
   // sync.momentum_correction applies to SGD and is skipped for adam and adamw, set or not: an error
   // only when set would make the written config.toml (which holds every key) fail to load again.
   if (method.can.applies_update && c.train.skip_nonfinite_steps > 0)

@@ -29,7 +29,7 @@ inline const std::vector<std::string> kConvAlgorithms = {"auto", "direct", "wino
 inline const std::vector<std::string> kPrecisions = {"fp32", "tf32", "bf16"};
 inline const std::vector<std::string> kStalenessLr = {"inverse", "none", "dc", "gap"};
 inline const std::vector<std::string> kMomentumCorrections = {"none", "momentum", "momentum_and_lr"};
-inline const std::vector<std::string> kOuterOptimizers = {"nesterov", "sgd"};
+inline const std::vector<std::string> kOuterOptimizers = {"nesterov", "sgd", "adam"};
 inline const std::vector<std::string> kDevices = {"cpu", "cuda"};
 inline const std::vector<std::string> kCommunicators = {"auto", "nccl", "mpi"};
 

@@ -361,8 +361,10 @@ void visit_config(Cfg& c, Visitor& v) {
   v.key("sync.outer_optimizer", c.sync.outer_optimizer,
         "diloco: the outer optimizer that steps the shared parameters with the averaged pseudo-gradient "
         "(shared - local parameters): nesterov (SGD with Nesterov momentum, the DiLoCo paper's choice) "
-        "or sgd (heavy-ball momentum sync.outer_momentum; none at 0). PyTorch's torch.optim.SGD "
-        "arithmetic; sgd at lr 1 without momentum is local_sgd, bit for bit.",
+        "or sgd (heavy-ball momentum sync.outer_momentum; none at 0), PyTorch's torch.optim.SGD arithmetic "
+        "(sgd at lr 1 without momentum is local_sgd, bit for bit); or adam (torch.optim.Adam with betas "
+        "0.9 and 0.999 and eps 1e-8; sync.outer_momentum does not apply). The optimizer is optim.name's own "
+        "code, on the run's device.",
         kOuterOptimizers);
   v.key("sync.outer_lr", c.sync.outer_lr, "diloco: the outer optimizer's learning rate.", open_closed(0, 1e6));
   v.key("sync.outer_momentum", c.sync.outer_momentum,

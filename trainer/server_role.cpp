@@ -12,7 +12,7 @@ namespace trainer::app {
 bool run_server(const Config& config, const RunOptions& options, comm::Communicator& world) {
   // A server keeps its shard, the optimizer state and the sums on the host whatever runtime.device
   // (its arithmetic is on host vectors; the workers' pushes and pulls arrive over MPI): a GPU run's
-  // workers reach it through host copies (comm/sync/host_staged.h).
+  // workers stage their pushes and pulls through host copies (comm/sync/async_ps.h).
   models::Backend& backend = models::cpu_backend();
   ModelStores model = build_model_stores(config, backend);
   comm::PsServerOptions server_options;

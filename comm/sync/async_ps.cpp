@@ -38,15 +38,16 @@ SyncMethod async_ps_method() {
   m.can.applies_update = true;
   m.can.keeps_parameters_equal = false;
   m.can.wrapped_in_warmup = false;  // the servers run the warmup's synchronous rounds
+  m.can.device_buffers = true;      // a worker on a device stages its push and pull (async_ps.h)
   m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
-    c.host_backend(o.method);  // the worker pushes and pulls host arrays over MPI
-    return std::make_unique<AsyncPsWorker>(c.comm, o, c.n);
+    return std::make_unique<AsyncPsWorker>(c.comm.host_side(), c.backend, o, c.n);
   };
   return m;
 }
 
-AsyncPsWorker::AsyncPsWorker(Communicator& world, const SyncOptions& options, int64_t n)
-    : world_(world), options_(options), n_(n) {}
+AsyncPsWorker::AsyncPsWorker(Communicator& world, models::DeviceMemory& memory, const SyncOptions& options,
+                             int64_t n)
+    : world_(world), memory_(memory), options_(options), n_(n) {}
 
 std::string AsyncPsWorker::describe() const {
   const int p = world_.size();
@@ -67,15 +68,39 @@ std::string AsyncPsWorker::describe() const {
   return out.str();
 }
 
-SyncStats AsyncPsWorker::reduce(SyncBuffers& b, int64_t step) {
+SyncStats AsyncPsWorker::reduce(SyncBuffers& device, int64_t step) {
+  // The protocol's buffers: the caller's on the host, else host copies (the pushed ones filled here).
+  SyncBuffers host = device;
+  const bool staged = !memory_.is_host();
+  if (staged) {
+    host_grads_.resize(static_cast<size_t>(device.n));
+    host_params_.resize(static_cast<size_t>(device.n));
+    host_state_.resize(static_cast<size_t>(device.n_state));
+    state_out_.resize(static_cast<size_t>(device.n_state));
+    models::copy_to_host(memory_, device.grads, device.n, host_grads_.data());
+    models::copy_to_host(memory_, device.state, device.n_state, state_out_.data());
+    host.grads = host_grads_.data();
+    host.params = host_params_.data();
+    host.state = host_state_.data();
+  } else {
+    // The BN statistics go out from a copy: the pull writes the same buffer while the push is in flight.
+    state_out_.assign(device.state, device.state + device.n_state);
+  }
+  const SyncStats stats = exchange(host, step);
+  if (staged) {
+    models::copy_to_device(memory_, host.params, host.n, device.params);
+    models::copy_to_device(memory_, host.state, host.n_state, device.state);
+  }
+  return stats;
+}
+
+SyncStats AsyncPsWorker::exchange(SyncBuffers& b, int64_t step) {
   if (layout_.world == 0) {
     layout_ = PsLayout::make(world_.size(), options_.servers);
     if (pulled_version_.empty()) pulled_version_.assign(layout_.servers, 0);
   }
   if (layout_.is_server(world_.rank())) throw std::logic_error("async_ps: reduce() called on a server rank");
   world_.log().set_step(step, Phase::kDense);
-  // The BN statistics go out from a copy: the pull writes the same buffer while the push is in flight.
-  state_out_.assign(b.state, b.state + b.n_state);
 
   const int S = layout_.servers;
   std::vector<int64_t> headers(static_cast<size_t>(S) * kPushHeaderSize);

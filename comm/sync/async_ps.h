@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "comm/sync/gradient_sync.h"
+#include "models/device_memory.h"
 
 namespace trainer::comm {
 
@@ -64,11 +65,18 @@ constexpr int kReplyMeet = 4;
 // largest tau the servers reported for this push, SyncStats::lr the lr they applied,
 // ::global_step the servers' step and ::round the meet this reply completes (-1: none): the
 // worker evaluates, checkpoints and stops at meets, counted in global steps.
+//
+// On a device (runtime.device = "cuda") the worker's buffers are the device's and the servers' are
+// host arrays (they run the optimizer on the CPU): the protocol runs over MPI on host copies. Each
+// step copies the gradient and the BN statistics to the host before the push and the pulled
+// parameters and statistics back after it, and nothing else: the parameters are never copied out,
+// since the pull replaces them.
 class AsyncPsWorker final : public GradientSync {
  public:
-  // `world` is every rank (servers included). total_steps and steps_per_epoch travel in every header
-  // so the servers run the same lr schedule and know when the run ends.
-  AsyncPsWorker(Communicator& world, const SyncOptions& options, int64_t n);
+  // `world` is every rank (servers included): its MPI side carries the protocol. total_steps and
+  // steps_per_epoch travel in every header so the servers run the same lr schedule and know when the
+  // run ends. `memory`: where the SyncBuffers passed to reduce() live.
+  AsyncPsWorker(Communicator& world, models::DeviceMemory& memory, const SyncOptions& options, int64_t n);
   std::string name() const override { return "async_ps"; }
   std::string describe() const override;
   // Every push carries the whole gradient (the servers, not the wire, decide what is stale).
@@ -82,12 +90,19 @@ class AsyncPsWorker final : public GradientSync {
   std::string load_resharded(const std::vector<std::string>& states) override;
 
  private:
+  // The push and the pull on host buffers (reduce() stages a device's); state_out_ holds the
+  // statistics to push.
+  SyncStats exchange(SyncBuffers& b, int64_t step);
+
   Communicator& world_;
+  models::DeviceMemory& memory_;
   SyncOptions options_;
   int64_t n_;
   PsLayout layout_;
   std::vector<int64_t> pulled_version_;  // per server: the version of the parameters this rank holds
   std::vector<float> state_out_;         // the BN statistics pushed (a copy: the pull overwrites them)
+  // On a device: host copies of the gradient pushed and of the parameters and statistics pulled.
+  std::vector<float> host_grads_, host_params_, host_state_;
 };
 
 }  // namespace trainer::comm

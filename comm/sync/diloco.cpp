@@ -13,17 +13,25 @@
 namespace trainer::comm {
 namespace {
 
-// torch.lerp(start, end, weight) in float, as ATen computes it: from the nearer end, so that
-// weight 0 gives start and weight 1 gives end exactly (torchft mixes with p.lerp_(local, alpha)).
-float lerp(float start, float end, float weight) {
-  return std::abs(weight) < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.f - weight);
+// The outer optimizer of one fragment: the inner steps' optimizers (optim/), on the backend where
+// theta_outer lives.
+std::unique_ptr<optim::Optimizer> make_outer_optimizer(models::Backend& backend, const DilocoOptions& o, int64_t size) {
+  optim::OptimizerOptions options;
+  options.name = o.outer_optimizer == "adam" ? "adam" : "sgd";
+  options.momentum = o.outer_momentum;
+  options.nesterov = o.outer_optimizer == "nesterov";
+  return optim::make_optimizer(backend, options, size);
 }
 
-std::unique_ptr<optim::Sgd> make_outer_optimizer(models::Backend& backend, const DilocoOptions& o, int64_t size) {
-  optim::SgdOptions sgd;
-  sgd.momentum = o.outer_momentum;
-  sgd.nesterov = o.outer_optimizer == "nesterov";
-  return std::make_unique<optim::Sgd>(backend, size, sgd);
+// The outer optimizer's code in the saved state (0 and 1 as the first format wrote them).
+uint8_t outer_optimizer_code(const std::string& name) { return name == "nesterov" ? 1 : name == "adam" ? 2 : 0; }
+
+// The first `count` floats of a buffer of the backend, through a host copy (checkpoints are the
+// same files whatever the device).
+void write_floats(std::ostream& out, const models::DeviceBuffer& buffer, int64_t count) {
+  std::vector<float> host(static_cast<size_t>(count));
+  models::copy_to_host(*buffer.memory(), buffer.data(), count, host.data());
+  out.write(reinterpret_cast<const char*>(host.data()), static_cast<std::streamsize>(count * sizeof(float)));
 }
 
 double mb(int64_t floats) { return static_cast<double>(floats) * 4 / 1e6; }
@@ -51,9 +59,9 @@ std::vector<SyncOptionProblem> diloco_problems(const DilocoOptions& o) {
   if (!schedule.empty()) found.push_back({{"sync.period", "sync.fragments", "sync.sync_delay"}, schedule});
   if (!(o.mixing >= 0 && o.mixing <= 1))
     found.push_back({{"sync.mixing"}, "sync.mixing = " + std::to_string(o.mixing) + " must be in [0, 1]"});
-  if (o.outer_optimizer != "nesterov" && o.outer_optimizer != "sgd")
+  if (o.outer_optimizer != "nesterov" && o.outer_optimizer != "sgd" && o.outer_optimizer != "adam")
     found.push_back({{"sync.outer_optimizer"},
-                     "sync.outer_optimizer = \"" + o.outer_optimizer + "\": expected nesterov or sgd"});
+                     "sync.outer_optimizer = \"" + o.outer_optimizer + "\": expected nesterov, sgd or adam"});
   if (o.outer_optimizer == "nesterov" && !(o.outer_momentum > 0))
     found.push_back({{"sync.outer_optimizer", "sync.outer_momentum"},
                      "sync.outer_optimizer = \"nesterov\" needs sync.outer_momentum > 0 (or sync.outer_optimizer = "
@@ -71,11 +79,14 @@ SyncMethod diloco_method() {
       "DiLoCo and Streaming DiLoCo: local steps, and every sync.period steps the averaged parameter change steps "
       "the shared parameters through an outer optimizer, optionally one fragment at a time";
   m.can.keeps_parameters_equal = false;
+  m.can.device_buffers = true;  // theta_outer, its optimizer and the pseudo-gradient on the backend
+  // The dense warmup's 16-bit casts (sync.wire_dtype) are host loops: host copies then.
+  m.needs_host_buffers = [](const SyncOptions& o) { return o.wire_dtype != WireDType::kF32; };
   m.check = [](const SyncOptions& o) { return diloco_problems(diloco_options(o)); };
   // A delayed fragment's allreduce runs on its own thread while the training thread calls MPI.
   m.concurrent_calls = [](const SyncOptions& o) { return o.sync_delay > 0 && o.overlap; };
   m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
-    return std::make_unique<Diloco>(c.comm, c.host_backend("diloco"), c.n, c.views, diloco_options(o));
+    return std::make_unique<Diloco>(c.comm, c.backend, c.n, c.views, diloco_options(o));
   };
   return m;
 }
@@ -88,6 +99,8 @@ Diloco::Diloco(Communicator& comm, models::Backend& backend, int64_t n, const st
       options_(o),
       fragments_(plan_fragments(n, views, o.fragments)),
       schedule_(o.period, o.fragments, o.delay),
+      outer_(backend),
+      pseudo_gradient_(backend),
       transfer_(std::make_unique<OuterTransfer>(comm, backend, o.outer_dtype, o.bucket_elements,
                                                 o.overlap && o.delay > 0)) {
   for (const SyncOptionProblem& problem : diloco_problems(o)) throw std::invalid_argument(problem.message);
@@ -96,7 +109,7 @@ Diloco::Diloco(Communicator& comm, models::Backend& backend, int64_t n, const st
     outer_optimizers_.push_back(make_outer_optimizer(backend, o, f.size()));
     largest = std::max(largest, f.size());
   }
-  pseudo_gradient_.resize(static_cast<size_t>(largest));
+  pseudo_gradient_.resize(largest);
 }
 
 std::string Diloco::overlap_plan() const {
@@ -115,6 +128,8 @@ std::string Diloco::describe() const {
     sizes << (f.first_tensor ? ", " : "") << mb(f.size());
   }
   const int p = comm_.size();
+  const bool adam = options_.outer_optimizer == "adam";
+  const int64_t state_copies = adam ? 2 : options_.outer_momentum > 0 ? 1 : 0;
   // What leaves a rank for one fragment's sync: a ring allreduce of fp32, or the low-bit sum's two calls.
   auto wire = [&](int64_t elements) {
     if (options_.outer_dtype == OuterDType::kF32) return 2.0 * (p - 1) / p * 4.0 * static_cast<double>(elements);
@@ -125,8 +140,9 @@ std::string Diloco::describe() const {
   std::ostringstream out;
   out << "diloco: " << H << " inner steps per fragment sync round; the pseudo-gradient theta_outer - theta_local "
       << "is averaged (ALLREDUCE_OUTER, on the wire as " << outer_dtype_name(options_.outer_dtype)
-      << ") and steps theta_outer with outer " << options_.outer_optimizer << " (lr " << options_.outer_lr
-      << ", momentum " << options_.outer_momentum << ")";
+      << ") and steps theta_outer with outer " << options_.outer_optimizer << " (lr " << options_.outer_lr;
+  if (!adam) out << ", momentum " << options_.outer_momentum;
+  out << ")";
   out << "\n  " << F << " fragment(s) of whole tensors (" << sizes.str() << " MB), one synced every " << H / F
       << (F * (H / F) == H ? "" : "-" + std::to_string(H / F + 1)) << " step(s): at most " << mb(largest)
       << " MB of fp32 per sync, " << wire(largest) / 1e6 << " MB sent per rank for it at P = " << p << " ("
@@ -142,8 +158,8 @@ std::string Diloco::describe() const {
   out << "\n  sync delay " << options_.delay << " step(s) (the outer step lands that many steps after the send"
       << transfer << "), "
       << "mixing " << options_.mixing << " (local share kept); batch-norm statistics averaged every " << H
-      << " steps (ALLREDUCE_BN_STATS); extra memory " << mb(n_ * (options_.outer_momentum > 0 ? 2 : 1) + largest)
-      << " MB (theta_outer" << (options_.outer_momentum > 0 ? ", outer momentum" : "") << ", one pseudo-gradient)";
+      << " steps (ALLREDUCE_BN_STATS); extra memory " << mb(n_ * (1 + state_copies) + largest) << " MB (theta_outer"
+      << (adam ? ", Adam's two moments" : state_copies ? ", outer momentum" : "") << ", one pseudo-gradient)";
   return out.str();
 }
 
@@ -153,7 +169,8 @@ SyncStats Diloco::reduce(SyncBuffers& b, int64_t step) {
   // a trainer run (one seed, or the dense warmup's result); the broadcast makes the invariant the
   // method rests on (one theta_outer on every rank) hold whatever the caller did, at 4n bytes once.
   if (outer_.empty()) {
-    outer_.assign(b.params, b.params + n_);
+    outer_.resize(n_);
+    backend_.copy(n_, b.params, outer_.data());
     comm_.broadcast(outer_.data(), n_, DType::kF32, 0, "BROADCAST_OUTER");
   }
   transfer_->prepare();  // collective the first time (a resumed run's first step too)
@@ -172,7 +189,7 @@ void Diloco::start_sync(const SyncBuffers& b, int f, int64_t step) {
   if (in_flight_ >= 0) throw std::logic_error("diloco: a fragment is still in flight");
   const Fragment& fr = fragments_[static_cast<size_t>(f)];
   float* delta = pseudo_gradient_.data();
-  for (int64_t i = 0; i < fr.size(); ++i) delta[i] = outer_[fr.begin + i] - b.params[fr.begin + i];
+  backend_.subtract(fr.size(), outer_.data() + fr.begin, b.params + fr.begin, delta);
   transfer_->start(delta, fr.size(), step, Phase::kCompressed);  // overlapped: runs during the next steps
   in_flight_ = f;
 }
@@ -183,13 +200,18 @@ void Diloco::finish_sync(SyncBuffers& b, int f) {
   const Fragment& fr = fragments_[static_cast<size_t>(f)];
   float* outer = outer_.data() + fr.begin;
   outer_optimizers_[static_cast<size_t>(f)]->step(outer, pseudo_gradient_.data(), options_.outer_lr);
-  const float alpha = static_cast<float>(options_.mixing);
-  float* local = b.params + fr.begin;
-  for (int64_t i = 0; i < fr.size(); ++i) local[i] = lerp(outer[i], local[i], alpha);
+  // torchft's p.lerp_(local, alpha): alpha 0 takes theta_outer, 1 keeps the local parameters exactly.
+  backend_.lerp(fr.size(), outer, static_cast<float>(options_.mixing), b.params + fr.begin);
   in_flight_ = -1;
   if (f + 1 == static_cast<int>(fragments_.size()) && b.n_state > 0)
     allreduce_average(comm_, backend_, b.state, b.n_state, options_.bucket_elements,
                       "ALLREDUCE_BN_STATS");
+}
+
+std::vector<float> Diloco::outer_parameters() const {
+  std::vector<float> host(static_cast<size_t>(outer_.size()));
+  models::copy_to_host(backend_, outer_.data(), outer_.size(), host.data());
+  return host;
 }
 
 void Diloco::save(std::ostream& out) const {
@@ -199,16 +221,14 @@ void Diloco::save(std::ostream& out) const {
   write_pod(out, options_.fragments);
   write_pod(out, options_.delay);
   write_pod(out, options_.outer_momentum);
-  write_pod(out, static_cast<uint8_t>(options_.outer_optimizer == "nesterov"));
+  write_pod(out, outer_optimizer_code(options_.outer_optimizer));
   write_pod(out, n_);
   write_pod(out, inner_steps_);
   write_pod(out, static_cast<uint8_t>(!outer_.empty()));
-  out.write(reinterpret_cast<const char*>(outer_.data()), static_cast<std::streamsize>(outer_.size() * sizeof(float)));
+  write_floats(out, outer_, outer_.size());
   for (const auto& o : outer_optimizers_) o->save(out);
   write_pod(out, static_cast<int32_t>(in_flight_));
-  if (in_flight_ >= 0)
-    out.write(reinterpret_cast<const char*>(pseudo_gradient_.data()),
-              static_cast<std::streamsize>(fragments_[static_cast<size_t>(in_flight_)].size() * sizeof(float)));
+  if (in_flight_ >= 0) write_floats(out, pseudo_gradient_, fragments_[static_cast<size_t>(in_flight_)].size());
 }
 
 void Diloco::load(std::istream& in) {
@@ -218,7 +238,7 @@ void Diloco::load(std::istream& in) {
   const auto fragments = read_pod<int64_t>(in);
   const auto delay = read_pod<int64_t>(in);
   const auto momentum = read_pod<double>(in);
-  const auto nesterov = read_pod<uint8_t>(in);
+  const auto optimizer = read_pod<uint8_t>(in);
   const auto n = read_pod<int64_t>(in);
   if (!in) throw std::runtime_error("diloco state: truncated");
   const auto mismatch = [](const char* key, const std::string& saved, const std::string& now) {
@@ -231,11 +251,11 @@ void Diloco::load(std::istream& in) {
     throw mismatch("sync.fragments", std::to_string(fragments), std::to_string(options_.fragments));
   if (delay != options_.delay)
     throw mismatch("sync.sync_delay", std::to_string(delay), std::to_string(options_.delay));
-  if ((momentum > 0) != (options_.outer_momentum > 0))
-    throw mismatch("sync.outer_momentum", std::to_string(momentum), std::to_string(options_.outer_momentum));
-  if ((nesterov != 0) != (options_.outer_optimizer == "nesterov"))
-    throw mismatch("sync.outer_optimizer", nesterov ? "\"nesterov\"" : "\"sgd\"",
+  if (optimizer != outer_optimizer_code(options_.outer_optimizer))
+    throw mismatch("sync.outer_optimizer", optimizer == 1 ? "\"nesterov\"" : optimizer == 2 ? "\"adam\"" : "\"sgd\"",
                    "\"" + options_.outer_optimizer + "\"");
+  if (options_.outer_optimizer != "adam" && (momentum > 0) != (options_.outer_momentum > 0))
+    throw mismatch("sync.outer_momentum", std::to_string(momentum), std::to_string(options_.outer_momentum));
   if (n != n_)
     throw std::runtime_error("diloco state holds " + std::to_string(n) + " parameters, the model has " +
                              std::to_string(n_));
@@ -245,7 +265,7 @@ void Diloco::load(std::istream& in) {
   std::vector<float> outer(has_outer ? static_cast<size_t>(n_) : 0);
   in.read(reinterpret_cast<char*>(outer.data()), static_cast<std::streamsize>(outer.size() * sizeof(float)));
   if (!in || inner_steps < 0) throw std::runtime_error("diloco state: truncated");
-  std::vector<std::unique_ptr<optim::Sgd>> optimizers;
+  std::vector<std::unique_ptr<optim::Optimizer>> optimizers;
   for (const Fragment& f : fragments_) {
     optimizers.push_back(make_outer_optimizer(backend_, options_, f.size()));
     optimizers.back()->load(in);
@@ -260,10 +280,11 @@ void Diloco::load(std::istream& in) {
     if (!in) throw std::runtime_error("diloco state: truncated pseudo-gradient in flight");
   }
   inner_steps_ = inner_steps;
-  outer_ = std::move(outer);
+  outer_.resize(static_cast<int64_t>(outer.size()));
+  models::copy_to_device(backend_, outer.data(), outer_.size(), outer_.data());
   outer_optimizers_ = std::move(optimizers);
   in_flight_ = in_flight;
-  pseudo_gradient_ = std::move(pseudo_gradient);
+  models::copy_to_device(backend_, pseudo_gradient.data(), pseudo_gradient_.size(), pseudo_gradient_.data());
 }
 
 }  // namespace trainer::comm

@@ -8,7 +8,8 @@
 #include "comm/sync/fragments.h"
 #include "comm/sync/gradient_sync.h"
 #include "comm/sync/outer_transfer.h"
-#include "optim/sgd.h"
+#include "models/device_buffer.h"
+#include "optim/optimizer.h"
 
 namespace trainer::comm {
 
@@ -25,7 +26,8 @@ namespace trainer::comm {
 //      theta_local of the fragment, averaged over the ranks (ALLREDUCE_OUTER, in fp32, or through
 //      the low-bit sum of comm/quantized_allreduce.h, sync.outer_dtype, then divided by P);
 //   2. at its turn: the outer optimizer (SGD with Nesterov or heavy-ball momentum, PyTorch's
-//      torch.optim.SGD; one per fragment, as torchft) steps theta_outer with the average;
+//      torch.optim.SGD, or Adam; optim::make_optimizer's, one per fragment, as torchft) steps
+//      theta_outer with the average;
 //   3. the fragment's local parameters become alpha x local + (1 - alpha) x theta_outer
 //      (alpha = sync.mixing; torch.lerp's arithmetic, so 0 and 1 are exact). The tau inner steps
 //      taken since step 1 count only through alpha (torchft likewise).
@@ -38,7 +40,7 @@ namespace trainer::comm {
 //
 // Communication: every H/F steps one fragment of ~4n/F bytes is allreduced, so the average per
 // step is 4n/H bytes whatever F, and the largest single sync F times smaller than DiLoCo's.
-// Memory: theta_outer (n floats), the outer momentum (n floats; none without momentum) and one
+// Memory: theta_outer (n floats), the outer momentum (n floats; none without momentum; Adam: 2n) and one
 // fragment's pseudo-gradient. The dense warmup is the factory's wrapper; the inner steps are
 // counted from this method's first step (steps the non-finite guard skipped do not count).
 //
@@ -67,7 +69,7 @@ struct DilocoOptions {
   int64_t fragments = 1;  // F
   int64_t delay = 0;      // tau, below floor(H / F)
   double mixing = 0.0;    // alpha in [0, 1]
-  std::string outer_optimizer = "nesterov";  // or "sgd" (heavy-ball momentum; none at momentum 0)
+  std::string outer_optimizer = "nesterov";  // or "sgd" (heavy-ball momentum; none at momentum 0), "adam"
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
   int64_t bucket_elements = 1 << 22;  // allreduce pieces (sync.bucket_mb)
@@ -84,7 +86,8 @@ class Diloco final : public GradientSync {
  public:
   // `views`: the model's tensors (needed for F > 1). Throws std::invalid_argument naming the key
   // for an impossible fragment count, delay, mixing or outer optimizer.
-  // `backend`: a host backend (theta_outer and the outer state are host vectors).
+  // `backend`: where the parameters live, and with them theta_outer, the outer optimizer's state and
+  // the pseudo-gradient (host or device memory; checkpoints copy through the host).
   Diloco(Communicator& comm, models::Backend& backend, int64_t n, const std::vector<models::ParamView>* views,
          const DilocoOptions& options);
   std::string name() const override { return "diloco"; }
@@ -103,7 +106,7 @@ class Diloco final : public GradientSync {
   std::string load_resharded(const std::vector<std::string>& states) override { return load_replicated(states); }
 
   // For tests: theta_outer (empty before the first step), the fragments and the inner steps taken.
-  const std::vector<float>& outer_parameters() const { return outer_; }
+  std::vector<float> outer_parameters() const;  // a host copy
   const std::vector<Fragment>& fragments() const { return fragments_; }
   int64_t inner_steps() const { return inner_steps_; }
   // Whether a delayed fragment's transfer runs during the steps after its send (outer_transfer.h).
@@ -119,11 +122,11 @@ class Diloco final : public GradientSync {
   DilocoOptions options_;
   std::vector<Fragment> fragments_;
   FragmentSchedule schedule_;
-  std::vector<std::unique_ptr<optim::Sgd>> outer_optimizers_;  // one per fragment
-  std::vector<float> outer_;  // theta_outer; empty until the first step
+  std::vector<std::unique_ptr<optim::Optimizer>> outer_optimizers_;  // one per fragment
+  models::DeviceBuffer outer_;  // theta_outer; empty until the first step
   int64_t inner_steps_ = 0;
   int in_flight_ = -1;                 // the fragment whose average waits for its outer step
-  std::vector<float> pseudo_gradient_;  // its average (sized to the largest fragment)
+  models::DeviceBuffer pseudo_gradient_;  // its average (sized to the largest fragment)
   // The pseudo-gradient's trip over the wire (ALLREDUCE_OUTER). Declared last: destroyed first, so a
   // transfer still in flight ends before the buffer it writes goes. Behind a pointer because save()
   // (const) waits for it.

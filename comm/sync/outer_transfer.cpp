@@ -2,40 +2,61 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
-#include "comm/sync/dense.h"
 #include "models/backend.h"
 
 namespace trainer::comm {
 
 OuterTransfer::OuterTransfer(Communicator& comm, models::Backend& backend, OuterDType dtype, int64_t bucket_elements,
                              bool overlap)
-    : comm_(comm), backend_(backend), dtype_(dtype), bucket_elements_(bucket_elements), overlap_(overlap && comm.concurrent_calls()) {}
+    : comm_(comm),
+      backend_(backend),
+      dtype_(dtype),
+      bucket_elements_(bucket_elements),
+      // The thread's calls go over MPI (a device's transfer runs on a host copy): MPI must allow them.
+      overlap_(overlap && comm.host_side().concurrent_calls()) {}
 
 OuterTransfer::~OuterTransfer() {
   if (thread_.joinable()) thread_.join();
 }
 
-void OuterTransfer::average(Communicator& comm, float* data, int64_t count) {
+void OuterTransfer::average(Communicator& comm, float* data, int64_t count, bool host_copy) {
   if (dtype_ == OuterDType::kF32) {
-    allreduce_average(comm, backend_, data, count, bucket_elements_, "ALLREDUCE_OUTER");
+    // allreduce_average's buckets (dense.h), its division by P below.
+    for (int64_t begin = 0; begin < count; begin += bucket_elements_)
+      comm.allreduce(data + begin, std::min(bucket_elements_, count - begin), DType::kF32, ReduceOp::kSum,
+                     "ALLREDUCE_OUTER");
+  } else {
+    allreduce_sum_quantized(comm, data, count, dtype_, quantized_, "ALLREDUCE_OUTER");
+  }
+  const float inverse = 1.f / static_cast<float>(comm.size());
+  if (!host_copy) {
+    backend_.scale(count, inverse, data);
     return;
   }
-  allreduce_sum_quantized(comm, data, count, dtype_, quantized_, "ALLREDUCE_OUTER");
-  backend_.scale(count, 1.f / static_cast<float>(comm.size()), data);
+  // A host copy of device data: the backend's own scale, written out (one rounded product each).
+  for (int64_t i = 0; i < count; ++i) data[i] *= inverse;
 }
 
 void OuterTransfer::prepare() {
-  if (overlap_ && !own_) own_ = comm_.split(0, comm_.rank());
+  if (overlap_ && !own_) own_ = (staged() ? comm_.host_side() : comm_).split(0, comm_.rank());
 }
 
 void OuterTransfer::start(float* data, int64_t count, int64_t step, Phase phase) {
   if (thread_.joinable()) throw std::logic_error("outer transfer: one is still in flight");
+  if (staged()) {
+    staging_.resize(static_cast<size_t>(count));
+    models::copy_to_host(backend_, data, count, staging_.data());
+    device_data_ = data;
+    data = staging_.data();
+  }
   if (!overlap_) {
-    average(comm_, data, count);
+    average(staged() ? comm_.host_side() : comm_, data, count, staged());
+    finish_staged();
     return;
   }
   prepare();
@@ -51,7 +72,7 @@ void OuterTransfer::run(float* data, int64_t count) {
   CommLog::Deferral deferral(calls_, log_active_);
   omp_set_num_threads(1);  // this thread's loops run on it alone, beside the training thread's teams
   try {
-    average(*own_, data, count);
+    average(*own_, data, count, staged());
   } catch (const std::exception& e) {
     error_ = std::make_exception_ptr(std::runtime_error(
         "diloco: the outer allreduce started at step " + std::to_string(step_) + " failed on its thread: " + e.what()));
@@ -69,6 +90,13 @@ void OuterTransfer::wait() {
   comm_.log().replay(calls_, step_, phase_);
   calls_.clear();
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  finish_staged();
+}
+
+void OuterTransfer::finish_staged() {
+  if (!device_data_) return;
+  models::copy_to_device(backend_, staging_.data(), static_cast<int64_t>(staging_.size()), device_data_);
+  device_data_ = nullptr;
 }
 
 }  // namespace trainer::comm

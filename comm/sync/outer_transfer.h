@@ -33,6 +33,17 @@
 // trainer then ends the job on every rank, main.cpp). The destructor waits for a transfer in flight
 // without rethrowing: every rank started the transfer at the same step and every rank's thread
 // carries it on whatever its training thread does, so it completes (or MPI ends the job).
+//
+// Device buffers (runtime.device = "cuda"): an inline fp32 transfer averages the data where it
+// lies, over the method's communicator (NCCL, or MPI staged by the communicator). An overlapped
+// transfer, and a low-bit one, runs on a host copy instead (staged below): start() copies the
+// fragment's pseudo-gradient to host memory on the training thread, the host code above runs on it
+// over the communicator's MPI side (Communicator::host_side), and wait() copies the average back.
+// Why a host copy for the thread: a collective enqueued on the device's one stream from a second
+// thread would interleave with the training thread's own collectives in a different order on each
+// rank (NCCL then deadlocks), and MPI on host memory needs no stream at all. The copy is one
+// fragment each way every H / F steps. Same values as on the CPU: the same host code on the same
+// floats.
 #pragma once
 
 #include <cstdint>
@@ -51,7 +62,7 @@ namespace trainer::comm {
 class OuterTransfer {
  public:
   // `overlap`: run transfers on a thread of their own when `comm` allows concurrent calls.
-  // `backend`: where the data averaged lives (a host backend: the quantized sum is host code).
+  // `backend`: where the data averaged lives (host or device memory; see above).
   OuterTransfer(Communicator& comm, models::Backend& backend, OuterDType dtype, int64_t bucket_elements, bool overlap);
   ~OuterTransfer();
   OuterTransfer(const OuterTransfer&) = delete;
@@ -73,8 +84,13 @@ class OuterTransfer {
   bool in_flight() const { return thread_.joinable(); }
 
  private:
-  void average(Communicator& comm, float* data, int64_t count);  // the calls themselves
-  void run(float* data, int64_t count);                          // the thread's body
+  // The calls themselves: data <- the sum over `comm`'s ranks, then / P, in the backend's memory or
+  // (`host_copy`) in a host copy of device data.
+  void average(Communicator& comm, float* data, int64_t count, bool host_copy);
+  void run(float* data, int64_t count);  // the thread's body
+  void finish_staged();                   // copies a staged average back to the device
+  // Whether transfers run on a host copy of device data (see above).
+  bool staged() const { return !backend_.is_host() && (overlap_ || dtype_ != OuterDType::kF32); }
 
   Communicator& comm_;
   models::Backend& backend_;
@@ -83,6 +99,8 @@ class OuterTransfer {
   bool overlap_;
   std::unique_ptr<Communicator> own_;  // overlapped transfers' communicator
   QuantizedScratch quantized_;         // the low-bit sum's buffers
+  std::vector<float> staging_;         // staged(): the host copy of the data in flight
+  float* device_data_ = nullptr;       // staged(): where wait() copies the average back to
 
   // One transfer in flight: its thread, and what the thread leaves for wait().
   std::thread thread_;

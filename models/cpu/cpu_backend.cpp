@@ -365,6 +365,7 @@ class CpuBackend final : public Backend {
   }
   void orthonormalize_columns(const std::vector<TallMatrix>& batch) override { cpu::orthonormalize_columns(batch); }
   void subtract(int64_t n, const float* a, const float* b, float* y) override { cpu::subtract(n, a, b, y); }
+  void lerp(int64_t n, const float* start, float weight, float* y) override { cpu::lerp(n, start, weight, y); }
 };
 
 }  // namespace

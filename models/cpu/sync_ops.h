@@ -22,5 +22,7 @@ void scatter_fill(int64_t count, const int32_t* index, float value, float* y);
 // The matrices in parallel, each on one thread (Backend::orthonormalize_columns).
 void orthonormalize_columns(const std::vector<TallMatrix>& batch);
 void subtract(int64_t n, const float* a, const float* b, float* y);
+// DiLoCo's mixing (Backend::lerp).
+void lerp(int64_t n, const float* start, float weight, float* y);
 
 }  // namespace trainer::models::cpu

@@ -431,6 +431,9 @@ class CudaBackend final : public Backend {
   void subtract(int64_t n, const float* a, const float* b, float* y) override {
     check(launch_subtract(n, a, b, y, stream_), "subtract");
   }
+  void lerp(int64_t n, const float* start, float weight, float* y) override {
+    check(launch_lerp(n, start, weight, y, stream_), "lerp");
+  }
 
  private:
   // Device scratch for reductions, grown only (freeing waits for the device, so nothing enqueued

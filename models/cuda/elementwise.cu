@@ -21,6 +21,16 @@ __global__ void subtract_kernel(int64_t n, const float* a, const float* b, float
   for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = a[i] - b[i];
 }
 
+// Backend::lerp, the CPU's two fused multiply-adds (models/cpu/sync_ops.cpp) spelled out the same.
+__global__ void lerp_kernel(int64_t n, const float* start, float weight, float* y) {
+  const bool near_start = fabsf(weight) < 0.5f;
+  const float rest = 1.f - weight;
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    const float d = __fsub_rn(y[i], start[i]);
+    y[i] = near_start ? __fmaf_rn(weight, d, start[i]) : __fmaf_rn(-d, rest, y[i]);
+  }
+}
+
 __global__ void scale_kernel(int64_t n, float alpha, float* x) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) x[i] *= alpha;
 }
@@ -53,6 +63,12 @@ cudaError_t launch_add(int64_t n, const float* a, const float* b, float* y, cuda
 cudaError_t launch_subtract(int64_t n, const float* a, const float* b, float* y, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   subtract_kernel<<<grid_for(n), kThreads, 0, stream>>>(n, a, b, y);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_lerp(int64_t n, const float* start, float weight, float* y, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  lerp_kernel<<<grid_for(n), kThreads, 0, stream>>>(n, start, weight, y);
   return cudaGetLastError();
 }
 

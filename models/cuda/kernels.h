@@ -31,6 +31,7 @@ cudaError_t launch_relu_forward(int64_t n, const float* x, float* y, cudaStream_
 cudaError_t launch_relu_backward(int64_t n, const float* y, const float* dy, float* dx, cudaStream_t stream);
 cudaError_t launch_add(int64_t n, const float* a, const float* b, float* y, cudaStream_t stream);
 cudaError_t launch_subtract(int64_t n, const float* a, const float* b, float* y, cudaStream_t stream);
+cudaError_t launch_lerp(int64_t n, const float* start, float weight, float* y, cudaStream_t stream);
 cudaError_t launch_scale(int64_t n, float alpha, float* x, cudaStream_t stream);
 // y[i, :] = bias for `rows` rows of `cols`.
 cudaError_t launch_broadcast_rows(int64_t rows, int64_t cols, const float* bias, float* y, cudaStream_t stream);

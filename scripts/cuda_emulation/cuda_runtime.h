@@ -30,7 +30,9 @@ inline const char* cudaGetErrorString(cudaError_t) { return "no error (emulated)
 // CUDA's math API has these in the global namespace.
 using std::isfinite;
 using std::isnan;
-// The product rounded on its own (never fused): the host's float product is.
+// The explicitly rounded float intrinsics (no contraction across them): each is one IEEE operation.
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline float __fmul_rn(float a, float b) { return a * b; }
 
 // Copies run at once, in issue order, as the launches do (the one stream).
