@@ -160,6 +160,13 @@ class CommLog {
   // The next record's ready time (BucketReducer: when its bucket's gradients were final); any thread
   // that communicates may set it just before its call.
   void set_ready(int64_t t_us) { ready_us_ = t_us; }
+  // Takes the ready time set for the next record (a call whose record is written later: the NCCL
+  // communicator's on a second stream, which sets it again then).
+  int64_t take_ready() {
+    const int64_t t = ready_us_;
+    ready_us_ = -1;
+    return t;
+  }
   // A compute phase of the current step (op "BACKWARD": its forward and backward pass), written as a
   // record with "kind":"compute" so that readers can tell how much communication ran during it. Not
   // a message: no statistics, totals, waits or trace.

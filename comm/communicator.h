@@ -17,6 +17,10 @@
 #include <string>
 #include <vector>
 
+namespace trainer::models {
+class DeviceStream;
+}  // namespace trainer::models
+
 namespace trainer::comm {
 
 class CommLog;
@@ -105,6 +109,19 @@ class Communicator {
   // A method that keeps a transfer running on a thread of its own across training steps (diloco's
   // delayed outer allreduce, comm/sync/outer_transfer.h) asks; false: it communicates inline.
   virtual bool concurrent_calls() const { return false; }
+
+  // Overlap on a device (comm/sync/bucket_reducer.h). on_stream: this communicator with its calls on
+  // another stream of its device (`stream`, DeviceMemory::make_stream), sharing its ranks, log and
+  // (NCCL) its NCCL communicator: what dense buckets that go out during backward are sent with. Null
+  // when it moves host memory (MPI, whose overlap is a host thread). The two must not be called
+  // concurrently, and their calls keep one order on every rank.
+  virtual std::unique_ptr<Communicator> on_stream(models::DeviceStream& stream) { return nullptr; }
+  // True when a collective only enqueues its work on the device's stream and returns (NCCL): the
+  // overlap then needs no thread of its own; false when a call waits for its data (MPI, staging).
+  virtual bool enqueues() const { return false; }
+  // Writes the log records that calls left to their device (an NCCL call made on a stream that the
+  // host must not wait for: timed by events, read here, which waits for them). No-op elsewhere.
+  virtual void complete_records() {}
 
   // Ends every rank of the job now (after this rank printed its error): no rank is left waiting
   // in a collective for a peer that will never arrive. Writes out this rank's log first.

@@ -180,6 +180,10 @@ std::unique_ptr<Communicator> StagedCommunicator::split(int color, int key) {
   return staged;
 }
 
+std::unique_ptr<Communicator> StagedCommunicator::on_stream(models::DeviceStream& stream) {
+  return std::make_unique<StagedCommunicator>(*host_, stream, allocator_, every_rank_);
+}
+
 Request StagedCommunicator::isend(const void* buffer, int64_t count, DType type, int peer, int channel,
                                   const char* tag) {
   return post(true, const_cast<void*>(buffer), count, type, peer, channel, tag);

@@ -60,6 +60,9 @@ class StagedCommunicator final : public Communicator {
   void broadcast(void* buffer, int64_t count, DType type, int root, const char* tag) override;
   void barrier(const char* tag) override { host_->barrier(tag); }
   std::unique_ptr<Communicator> split(int color, int key) override;
+  // The same staging over `stream`: its copies and waits on that stream (the host communicator's calls
+  // are then made by the thread that calls it: bucket_reducer.h's communication thread).
+  std::unique_ptr<Communicator> on_stream(models::DeviceStream& stream) override;
 
   // A send copies the message to its own staging block before posting it. A receive first copies
   // the device buffer's current contents to its block, so that copying the whole block back after

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "models/half_cast.h"
 
 namespace trainer::comm {
 
@@ -51,6 +52,10 @@ int64_t wire_bytes(WireDType wire);
 // The communicator's element type for the format (kF32, kBF16, kF16).
 DType wire_comm_dtype(WireDType wire);
 
+// The backend's name for a 16-bit format (Backend::to_half / from_half, models/half_cast.h);
+// std::invalid_argument for kF32.
+models::HalfFormat half_format(WireDType wire);
+
 // The factor a method applies before the cast when it wants the average of P ranks' values: fp16
 // divides by P first, as PyTorch's fp16_compress_hook does, so that the sum stays below 65504 when
 // the average does (its range, not its precision, is fp16's weak side); fp32 and bf16 return 1 and
@@ -61,10 +66,10 @@ DType wire_comm_dtype(WireDType wire);
 // the number of 16-bit roundings an element sees is the same.
 float wire_pre_scale(WireDType wire, int world_size);
 
-// Scalar conversions, the definition the array loops below must match bit for bit. Narrowing
-// rounds to nearest, ties to even; NaN stays NaN (quiet, sign and top payload bits kept), Inf stays
-// Inf, subnormals are rounded, not flushed; fp16 overflow (|x| >= 65520, halfway past 65504) gives
-// Inf. Widening is exact (a NaN comes back quiet).
+// Scalar conversions, the definition the array loops below (and every backend's to_half) match bit
+// for bit: models/half_cast.h's. Narrowing rounds to nearest, ties to even; NaN stays NaN (quiet,
+// sign and top payload bits kept), Inf stays Inf, subnormals are rounded, not flushed; fp16 overflow
+// (|x| >= 65520, halfway past 65504) gives Inf. Widening is exact (a NaN comes back quiet).
 uint16_t float_to_bf16(float x);
 float bf16_to_float(uint16_t h);
 uint16_t float_to_fp16(float x);
@@ -72,9 +77,8 @@ float fp16_to_float(uint16_t h);
 
 // Array forms. narrow: out[i] = the format's rounding of (in[i] * scale), the scale applied in fp32
 // and fused into the same pass (scale 1 is exact). widen: out[i] = in[i] as fp32. kF32 is not a
-// 16-bit format: both throw std::invalid_argument for it. With F16C (x86-64-v3 and -march=native
-// builds) fp16 uses the hardware conversion, which rounds the same way; bf16's loop is integer
-// arithmetic the compiler vectorizes.
+// 16-bit format: both throw std::invalid_argument for it. The loops are models/half_cast.h's (F16C
+// where the build has it).
 void narrow(WireDType wire, const float* in, int64_t count, float scale, uint16_t* out);
 void widen(WireDType wire, const uint16_t* in, int64_t count, float* out);
 
@@ -87,7 +91,8 @@ void wire_add(WireDType wire, const uint16_t* in, uint16_t* inout, int64_t count
 // call), the 16-bit buffer is allreduced, and the sum is widened back into `data`. The comm log
 // records wire_bytes(wire) bytes per element, what actually went out. kF32 allreduces `data`
 // itself (scaled first when pre_scale is not 1), so it may be device memory the communicator moves
-// when pre_scale is 1; the 16-bit formats need host memory: the cast runs on the host.
+// when pre_scale is 1; the 16-bit formats need host memory: the cast runs on the host (dense sync
+// casts device buckets with the backend's to_half / from_half instead: comm/sync/dense.h).
 void allreduce_sum_through_wire(Communicator& comm, float* data, int64_t count, WireDType wire, float pre_scale,
                                 std::vector<uint16_t>& scratch, const char* tag);
 

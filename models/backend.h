@@ -21,6 +21,7 @@
 
 #include "models/device_memory.h"
 #include "models/low_bit_blocks.h"
+#include "models/half_cast.h"
 #include "models/step_capture.h"
 #include "models/tensor.h"
 
@@ -373,6 +374,16 @@ class Backend : public DeviceMemory {
   virtual double sum_of_squares(int64_t n, const float* x) = 0;
   // x[0, n) *= alpha.
   virtual void scale(int64_t n, float alpha, float* x) = 0;
+
+  // ---- The 16-bit wire formats of dense gradient sync (sync.wire_dtype, comm/wire_format.h), where
+  // the gradient lives. to_half: y[i] = x[i] * scale (in fp32) rounded to `format`; from_half:
+  // y[i] = x[i] widened (exact). models/half_cast.h defines the bits: every device gives the CPU's,
+  // whose ops are that header's host loops.
+  virtual void to_half(HalfFormat format, int64_t n, const float* x, float scale, uint16_t* y) = 0;
+  virtual void from_half(HalfFormat format, int64_t n, const uint16_t* x, float* y) = 0;
+  // sum_of_squares' sum written to *out (one double in this backend's memory) without waiting: the
+  // overlapped buckets' finiteness check, read once per step (comm/sync/bucket_reducer.h).
+  virtual void sum_of_squares_into(int64_t n, const float* x, double* out) = 0;
 
   // Batch norm's running statistics after a training forward (PyTorch's convention), per channel:
   //     running_mean = (1 - momentum) * running_mean + momentum * batch_mean

@@ -8,10 +8,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace trainer::models {
+
+class DeviceStream;
 
 class DeviceMemory {
  public:
@@ -38,7 +41,36 @@ class DeviceMemory {
   // on it in order with ours (NCCL, comm/cuda/nccl_communicator.h); null where there is none (the
   // CPU, whose calls finish when they return).
   virtual void* stream_handle() { return nullptr; }
+  // A second stream of this device for work that overlaps this one's (dense buckets' collectives
+  // during backward, comm/sync/bucket_reducer.h); null where calls finish when they return (the
+  // CPU: its overlap is a host thread).
+  virtual std::unique_ptr<DeviceStream> make_stream() { return nullptr; }
 };
+
+// Another stream of a device (DeviceMemory::make_stream), as a DeviceMemory: its allocations are
+// its owner's, and its copies, fills and synchronize() (and a communicator's calls made over it,
+// Communicator::on_stream) run on the second stream, ordered with the owner's stream only through
+// marks. Mark i is an event: record(i) marks everything enqueued on the owner's stream so far; the
+// stream may wait for it on the device (nobody blocks) or the host may. Marks are numbered by the
+// caller (0, 1, ...: one per bucket) and may be recorded again once nothing waits for them; one
+// thread may record marks while another waits for earlier ones (the training thread and the
+// communication thread).
+// (llm.c's multi_gpu_async_reduce_gradient, flashlight's coalescing reducer, DDP's NCCL stream.)
+class DeviceStream : public DeviceMemory {
+ public:
+  virtual void record(int mark) = 0;        // on the owner's stream
+  virtual void wait(int mark) = 0;          // this stream waits for the mark (the host does not)
+  virtual void host_wait(int mark) = 0;     // the host waits for the mark
+  // The owner's stream waits (on the device) for everything enqueued on this stream so far.
+  virtual void join_owner() = 0;
+  // Makes this stream's device the calling thread's (CUDA's current device is per thread): for a
+  // thread of its own that calls through this stream.
+  virtual void attach_thread() {}
+};
+
+// A DeviceStream for a memory whose calls finish when they return (host memory standing in for a
+// device, tests/device_like_backend.h): its calls are the owner's, its marks need no waiting.
+std::unique_ptr<DeviceStream> make_synchronous_stream(DeviceMemory& owner);
 
 // Host memory as a device (the CPU backend's memory; also what tools without a compute backend,
 // such as the checkpoint fuzzer, allocate parameter stores in). models/cpu/host_memory.cpp.

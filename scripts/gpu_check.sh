@@ -16,11 +16,13 @@
 # ResNet-20 step); cuda_compressors_test (the sparse methods, PowerSGD and DiLoCo on device buffers,
 # op by op and whole methods against the CPU, on 1, 2 and 3 ranks, and once under compute-sanitizer's
 # memcheck); cuda_low_bit_test (DiLoCo's low-bit outer codec and its device sum, byte for byte
-# against the CPU, on 1 and 2 ranks); device_test's CUDA cases; cuda_graph_test (recorded steps
-# against eager ones); a short quickstart training run on the GPU (whose
+# against the CPU, on 1 and 2 ranks); cuda_wire_test (sync.wire_dtype's casts and dense sync on GPU
+# buffers, overlapped on a second stream, against the CPU, on 1 and 2 ranks); device_test's CUDA
+# cases; cuda_graph_test (recorded steps against eager ones); a short quickstart training run on the
+# GPU (whose
 # metrics must show the sync phase under 5% of the step); and
 # the same on two ranks sharing the GPU (staged MPI), with staged_comm_test's GPU cases; every sync
-# method on two ranks; and
+# method on two ranks (and dense through fp16); and
 # the speech quickstart on the GPU (one and two ranks) and DeepSpeech, when the corpus is here; and
 # the CIFAR loader alone (`trainer bench loader`: augmented images/s at 1 and 2 workers); `trainer
 # bench` of resnet20, vgg16 and resnet18 at batch 128, DeepSpeech and LAS at batch 8 on the GPU (with
@@ -103,6 +105,11 @@ fi
 # 1 and 2 ranks sharing the GPU (staged MPI).
 step cuda_low_bit_test timeout 120 "$build/tests/cuda_low_bit_test" --durations yes
 step cuda_low_bit_test_2 timeout 120 mpirun --oversubscribe -n 2 "$build/tests/cuda_low_bit_test"
+# sync.wire_dtype and sync.overlap on device buffers: the 16-bit casts against the CPU bit for bit,
+# the second stream's ordering, and dense sync on GPU buffers (overlapped or not) against the CPU's,
+# alone and on 2 ranks sharing the GPU (staged MPI: the communication thread waits for each event).
+step cuda_wire_test timeout 120 "$build/tests/cuda_wire_test" --durations yes
+step cuda_wire_test_2 timeout 120 mpirun --oversubscribe -n 2 "$build/tests/cuda_wire_test"
 step staged_comm_test_2 mpirun --oversubscribe -n 2 "$build/tests/staged_comm_test"
 step quickstart_cuda_2ranks mpirun --oversubscribe -n 2 "$build/trainer" --config configs/quickstart_cifar.toml \
   --set runtime.device=cuda --set train.max_steps=40 --set train.log_every_steps=10 \
@@ -116,6 +123,10 @@ for method in dense local_sgd diloco oktopk topka gaussiank gtopk powersgd async
     --set sync.dense_warmup_steps=5 --set sync.period=4 --set sync.outer_momentum=0.5 --set sync.density=0.05 \
     --set sync.deterministic=true --set experiment.output_dir="$out/method_$method"
 done
+# Dense through a 16-bit wire on the GPU, overlapped on the second stream (the default sync.overlap).
+step method_dense_fp16 mpirun --oversubscribe -n 2 "$build/trainer" --config configs/quickstart_cifar.toml \
+  --set runtime.device=cuda --set train.max_steps=30 --set train.log_every_steps=10 --set sync.method=dense \
+  --set sync.wire_dtype=fp16 --set experiment.output_dir="$out/method_dense_fp16"
 step method_diloco_streaming mpirun --oversubscribe -n 2 "$build/trainer" --config configs/quickstart_cifar.toml \
   --set runtime.device=cuda --set train.max_steps=30 --set train.log_every_steps=10 --set sync.method=diloco \
   --set sync.dense_warmup_steps=5 --set sync.period=4 --set sync.outer_momentum=0.5 --set sync.fragments=2 \

@@ -24,6 +24,8 @@ class DeviceLikeCpu final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override { memory.copy_to_host(dst, src, bytes); }
   void fill(int64_t n, float value, float* y) override { memory.fill(n, value, y); }
   void synchronize() override { memory.synchronize(); }
+  // Its calls finish when they return, so a second stream is the same memory with no-op marks.
+  std::unique_ptr<DeviceStream> make_stream() override { return make_synchronous_stream(*this); }
 
   // ---- Every op: the CPU backend's.
   Layout activation_layout(int64_t channels) const override { return cpu_.activation_layout(channels); }
@@ -150,6 +152,13 @@ class DeviceLikeCpu final : public Backend {
   }
   double sum_of_squares(int64_t n, const float* x) override { return cpu_.sum_of_squares(n, x); }
   void scale(int64_t n, float alpha, float* x) override { cpu_.scale(n, alpha, x); }
+  void to_half(HalfFormat format, int64_t n, const float* x, float scale, uint16_t* y) override {
+    cpu_.to_half(format, n, x, scale, y);
+  }
+  void from_half(HalfFormat format, int64_t n, const uint16_t* x, float* y) override {
+    cpu_.from_half(format, n, x, y);
+  }
+  void sum_of_squares_into(int64_t n, const float* x, double* out) override { cpu_.sum_of_squares_into(n, x, out); }
   void batchnorm_update_running(int64_t channels, float momentum, float unbias, const float* batch_mean,
                                 const float* batch_var, float* running_mean, float* running_var) override {
     cpu_.batchnorm_update_running(channels, momentum, unbias, batch_mean, batch_var, running_mean, running_var);

@@ -406,12 +406,9 @@ void check_consistency(const Config& c, const Settings& settings, const std::str
          "sync.keep_dense applies to the compressing methods (" +
              comm::sync_methods_that(&comm::SyncCapabilities::compresses) + "), not to sync.method = \"" +
              c.sync.method + "\"");
-  // A method without device buffers runs on host copies on a GPU (comm/sync/host_staged.h), where
-  // the 16-bit casts work as on the CPU; the device methods' buckets stay fp32 there.
-  if (c.runtime.device != "cpu" && comm::takes_device_buffers(method, sync_options(c)) && c.sync.wire_dtype != "fp32")
-    fail(origin({"runtime.device", "sync.wire_dtype"}),
-         "sync.wire_dtype = \"" + c.sync.wire_dtype + "\" casts on the host and cannot run with runtime.device = \"" +
-             c.runtime.device + "\" yet (fp32 can)");
+  // A 16-bit sync.wire_dtype runs on every device: the methods that keep device buffers with it
+  // (dense, and every method's dense warmup) cast with the backend (Backend::to_half); the
+  // compressors' and DiLoCo's specs send them to host copies (needs_host_buffers, host_staged.h).
   // sync.momentum_correction applies to SGD and is skipped for adam and adamw, set or not: an error
   // only when set would make the written config.toml (which holds every key) fail to load again.
   if (method.can.applies_update && c.train.skip_nonfinite_steps > 0)

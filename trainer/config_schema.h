@@ -333,7 +333,11 @@ void visit_config(Cfg& c, Visitor& v) {
         "backward. Every model reports each layer's gradients as backward finishes them. diloco with "
         "sync.sync_delay > 0: each fragment's pseudo-gradient allreduce runs on a communication thread "
         "during the sync_delay steps after its send (MPI_THREAD_MULTIPLE is then requested; same values as "
-        "false, which blocks the send step). Needs runtime.device = \"cpu\".");
+        "false, which blocks the send step). On runtime.device = \"cuda\" dense buckets go out on a second "
+        "CUDA stream, each after an event recorded behind its last gradient: with NCCL enqueued as backward "
+        "hands it over (no host thread waits), through host staging by a communication thread that waits for "
+        "the event; a recorded step (runtime.cuda_graph) sends them after backward. powersgd's overlap needs "
+        "runtime.device = \"cpu\".");
   v.key("sync.wire_dtype", c.sync.wire_dtype,
         "Number format of the dense gradient allreduces (sync.method = \"dense\" and every method's dense "
         "warmup) and of powersgd's P and Q factors: fp32, or bf16 or fp16 at 2 bytes per element instead of 4 "
@@ -342,7 +346,9 @@ void visit_config(Cfg& c, Visitor& v) {
         "at every add, so an element of a P-process sum sees up to P roundings of relative size 2^-8 (bf16) or "
         "2^-11 (fp16). fp16 is divided by the number of processes before its cast, so the sum stays below "
         "65504 wherever the average does. Parameters and BN statistics (local_sgd's averaging), the sparse "
-        "methods' selected values and async_ps always travel as fp32. Needs runtime.device = \"cpu\".",
+        "methods' selected values and async_ps always travel as fp32. On runtime.device = \"cuda\" dense casts "
+        "with the same rounding on the GPU and NCCL sums the 16-bit values natively (host staging: MPI as "
+        "above); the compressors with a 16-bit wire compute on host copies.",
         comm::wire_dtype_names());
   v.key("sync.period", c.sync.period,
         "local_sgd: average parameters every N steps. diloco: H, the inner steps between two syncs of "

@@ -130,7 +130,8 @@ std::vector<GraphStepResult> StepGraph::drain() {
 
 std::string StepGraph::describe() const {
   return "runtime.cuda_graph: each step is one CUDA graph of " + std::to_string(capture_.nodes()) +
-         " nodes (recorded after eager warmup steps; the loss is read every train.log_every_steps)";
+         " nodes (recorded after eager warmup steps; the loss is read every train.log_every_steps; its gradient "
+         "buckets go out after backward: sync.overlap applies to eager steps)";
 }
 
 }  // namespace trainer::app

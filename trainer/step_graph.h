@@ -10,6 +10,8 @@
 //   forward   the loss left on the device (no read back), backward
 //   verdict   a non-finite loss poisons one gradient element, so that ...
 //   sync      ... the dense allreduce (NCCL; nothing on one rank) makes every rank see it, and
+//             (its buckets after backward, on the compute stream: the second stream of an eager
+//             step's sync.overlap is not recorded, comm/sync/dense.h)
 //   clip      the synced gradient's norm decides on the device: not finite -> the step is skipped;
 //             optim.grad_clip_norm scales by the host's rule (optim/clip.h)
 //   optimizer the update reads its coefficients from the control block and does nothing when

@@ -72,11 +72,55 @@ class NcclCommunicator final : public Communicator {
     check(cudaEventCreate(&end_), "cudaEventCreate");
   }
 
+  // The same NCCL communicator on a second stream (on_stream): the calls of overlapped dense buckets.
+  // Its timed calls are not waited for (that would block the training thread that enqueues them,
+  // and with it the compute stream): each keeps its two events, and complete_records() reads them.
+  NcclCommunicator(NcclCommunicator& parent, models::DeviceStream& stream)
+      : world_(parent.world_),
+        stream_(static_cast<cudaStream_t>(stream.stream_handle())),
+        staged_(parent.world_, stream, pinned_host_allocator()),
+        comm_(parent.comm_),
+        owns_comm_(false),
+        defer_timing_(true) {
+    check(cudaEventCreate(&start_), "cudaEventCreate");
+    check(cudaEventCreate(&end_), "cudaEventCreate");
+  }
+
   ~NcclCommunicator() override {
     cudaStreamSynchronize(stream_);  // no NCCL kernel may still use the communicator
-    ncclCommDestroy(comm_);
+    if (owns_comm_) ncclCommDestroy(comm_);
     cudaEventDestroy(start_);
     cudaEventDestroy(end_);
+    for (Deferred& d : deferred_) {
+      cudaEventDestroy(d.start);
+      cudaEventDestroy(d.end);
+    }
+  }
+
+  std::unique_ptr<Communicator> on_stream(models::DeviceStream& stream) override {
+    return std::make_unique<NcclCommunicator>(*this, stream);
+  }
+  bool enqueues() const override { return true; }
+
+  // Each deferred call's end relative to the last one's, which the host waits for: the events'
+  // elapsed times place every call on the host clock without a wait per call.
+  void complete_records() override {
+    if (pending_ == 0) return;
+    CommLog& l = world_.log();
+    const Deferred& last = deferred_[pending_ - 1];
+    check(cudaEventSynchronize(last.end), "cudaEventSynchronize");
+    const int64_t now = l.now_us();
+    for (size_t i = 0; i < pending_; ++i) {
+      const Deferred& d = deferred_[i];
+      float to_last = 0, duration = 0;
+      check(cudaEventElapsedTime(&to_last, d.end, last.end), "cudaEventElapsedTime");
+      check(cudaEventElapsedTime(&duration, d.start, d.end), "cudaEventElapsedTime");
+      const int64_t t_end = now - static_cast<int64_t>(to_last * 1000.0 + 0.5);
+      l.set_ready(d.ready_us);
+      l.record(d.tag, d.kind, d.size_bytes, d.sent, d.received, -1,
+               t_end - static_cast<int64_t>(duration * 1000.0 + 0.5), t_end, true);
+    }
+    pending_ = 0;
   }
 
   int rank() const override { return world_.rank(); }
@@ -137,9 +181,27 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // A timed call's events kept until complete_records() (a second stream's calls).
+  struct Deferred {
+    cudaEvent_t start = nullptr, end = nullptr;
+    const char* tag = "";
+    OpKind kind = OpKind::kOther;
+    int64_t size_bytes = 0, sent = 0, received = 0, ready_us = -1;
+  };
+
   // True when this call is timed: then its start event is recorded on the stream.
   bool begin() {
     if (!world_.log().active()) return false;
+    if (defer_timing_) {
+      if (pending_ == deferred_.size()) {
+        Deferred d;
+        check(cudaEventCreate(&d.start), "cudaEventCreate");
+        check(cudaEventCreate(&d.end), "cudaEventCreate");
+        deferred_.push_back(d);
+      }
+      check(cudaEventRecord(deferred_[pending_].start, stream_), "cudaEventRecord");
+      return true;
+    }
     check(cudaEventRecord(start_, stream_), "cudaEventRecord");
     return true;
   }
@@ -147,6 +209,17 @@ class NcclCommunicator final : public Communicator {
   void end(bool timed, const char* tag, OpKind kind, int64_t size_bytes, int64_t sent, int64_t received) {
     CommLog& l = world_.log();
     int64_t t_start = 0, t_end = 0;
+    if (timed && defer_timing_) {
+      Deferred& d = deferred_[pending_++];
+      check(cudaEventRecord(d.end, stream_), "cudaEventRecord");
+      d.tag = tag;
+      d.kind = kind;
+      d.size_bytes = size_bytes;
+      d.sent = sent;
+      d.received = received;
+      d.ready_us = l.take_ready();
+      return;
+    }
     if (timed) {
       check(cudaEventRecord(end_, stream_), "cudaEventRecord");
       check(cudaEventSynchronize(end_), "cudaEventSynchronize");
@@ -162,7 +235,11 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_;
   StagedCommunicator staged_;
   ncclComm_t comm_ = nullptr;
+  bool owns_comm_ = true;
+  bool defer_timing_ = false;
   cudaEvent_t start_ = nullptr, end_ = nullptr;
+  std::vector<Deferred> deferred_;  // grows to the most calls of one step; the first pending_ are in flight
+  size_t pending_ = 0;
 };
 
 }  // namespace

@@ -11,6 +11,12 @@
 // (CommLog::active), each NCCL call is bracketed by two CUDA events on the stream and waits for the
 // second one (that event, not the device): the record's duration is the events' elapsed time, and
 // it ends when the host saw the second event complete. Without timing nothing waits.
+//
+// on_stream gives the same NCCL communicator on a second stream (sync.overlap's dense buckets,
+// comm/sync/bucket_reducer.h). There a timed call is not waited for (the training thread enqueues
+// it during backward): it keeps its two events, and complete_records() writes the records in call
+// order, each placed on the host clock by its elapsed time to the last call's end, the one event
+// it waits for.
 #pragma once
 
 #include <memory>

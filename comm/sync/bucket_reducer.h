@@ -16,6 +16,17 @@
 // which tensor of which rank was not finite, although the local gradient is gone by then. A job
 // must therefore leave nothing behind that outlives a skipped step (PowerSGD keeps its residual
 // and its Q untouched until the trainer commits the step).
+//
+// On a device (OnDevice below; docs/architecture.md section 2, "Overlap"), nothing on the host waits
+// for the compute stream. As backward hands a bucket over, the training thread enqueues on the
+// compute stream each of the bucket's tensors' sum of squares (into a small device array, read
+// once by finish(): the same check, per tensor) and the method's `stage` (dense: the 16-bit cast),
+// then records the bucket's mark (an event) there. The job waits for the mark on the communication
+// stream: with a communicator that only enqueues (NCCL) the training thread runs the job at once
+// and no thread is needed; otherwise (MPI through host staging) the communication thread runs it,
+// and its staging copy on the communication stream waits for the mark before MPI reads the data.
+// finish() makes the compute stream wait for the communication stream (so whatever follows on the
+// compute stream sees the sums), and the host waits only for the compute stream's squares.
 #pragma once
 
 #include <condition_variable>
@@ -28,17 +39,30 @@
 
 #include "comm/communicator.h"
 #include "comm/sync/gradient_buckets.h"
+#include "models/backend.h"
+#include "models/device_buffer.h"
 
 namespace trainer::comm {
 
 // One bucket's work, given its index in the plan and the step's flat gradient.
 using BucketJob = std::function<void(size_t bucket, float* grads)>;
 
+// Overlap on a device's buffers (see above). The reducer's jobs communicate on `stream`.
+struct OnDevice {
+  models::Backend* backend = nullptr;       // where the gradient lives; its stream computes
+  models::DeviceStream* stream = nullptr;   // the communication stream (backend->make_stream())
+  bool enqueues = false;                    // the jobs' calls only enqueue (Communicator::enqueues)
+  BucketJob stage;                          // optional: on the compute stream before the mark
+};
+
 class BucketReducer {
  public:
   // `views`: the model's tensors (for the name of a non-finite one; may be null).
   BucketReducer(Communicator& comm, std::vector<GradientBucket> plan, BucketJob job,
                 const std::vector<models::ParamView>* views);
+  // Overlapped steps on a device (before the first begin()). `comm`'s log records the calls.
+  void run_on_device(OnDevice device);
+  bool on_device() const { return device_.stream != nullptr; }
   ~BucketReducer();
   BucketReducer(const BucketReducer&) = delete;
   BucketReducer& operator=(const BucketReducer&) = delete;
@@ -65,6 +89,9 @@ class BucketReducer {
   void serve();                     // the communication thread's loop
   void run_bucket(size_t b);
   int first_nonfinite_tensor(const GradientBucket& bucket) const;
+  // On a device: the bucket's squares, stage and mark on the compute stream (training thread).
+  void stage_on_device(size_t b);
+  int finish_on_device();
 
   Communicator& comm_;
   std::vector<GradientBucket> plan_;
@@ -82,6 +109,13 @@ class BucketReducer {
   std::exception_ptr error_;
   bool stop_ = false;
   std::thread thread_;  // started at the first begin()
+
+  // On a device (run_on_device).
+  OnDevice device_;
+  models::DeviceBuffer squares_;           // per slot (a tensor, or a bucket without views): a double
+  std::vector<double> host_squares_;
+  std::vector<std::pair<int64_t, int64_t>> slot_ranges_;  // per slot: [begin, end) of the gradient
+  std::vector<std::vector<int>> bucket_slots_;             // per bucket: its slots
 };
 
 }  // namespace trainer::comm

@@ -80,8 +80,6 @@ SyncMethod diloco_method() {
       "the shared parameters through an outer optimizer, optionally one fragment at a time";
   m.can.keeps_parameters_equal = false;
   m.can.device_buffers = true;  // theta_outer, its optimizer and the pseudo-gradient on the backend
-  // The dense warmup's 16-bit casts (sync.wire_dtype) are host loops: host copies then.
-  m.needs_host_buffers = [](const SyncOptions& o) { return o.wire_dtype != WireDType::kF32; };
   m.check = [](const SyncOptions& o) { return diloco_problems(diloco_options(o)); };
   // A delayed fragment's allreduce runs on its own thread while the training thread calls MPI.
   m.concurrent_calls = [](const SyncOptions& o) { return o.sync_delay > 0 && o.overlap; };

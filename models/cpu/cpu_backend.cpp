@@ -331,6 +331,11 @@ class CpuBackend final : public Backend {
   }
   double sum_of_squares(int64_t n, const float* x) override { return cpu::sum_of_squares(n, x); }
   void scale(int64_t n, float alpha, float* x) override { cpu::scale(n, alpha, x); }
+  void to_half(HalfFormat format, int64_t n, const float* x, float scale, uint16_t* y) override {
+    narrow_half(format, x, n, scale, y);
+  }
+  void from_half(HalfFormat format, int64_t n, const uint16_t* x, float* y) override { widen_half(format, x, n, y); }
+  void sum_of_squares_into(int64_t n, const float* x, double* out) override { *out = cpu::sum_of_squares(n, x); }
   void batchnorm_update_running(int64_t channels, float momentum, float unbias, const float* batch_mean,
                                 const float* batch_var, float* running_mean, float* running_var) override {
     const float m = momentum;

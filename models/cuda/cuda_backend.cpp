@@ -93,6 +93,7 @@ class CudaBackend final : public Backend {
   void fill(int64_t n, float value, float* y) override { memory_.fill(n, value, y); }
   void synchronize() override { memory_.synchronize(); }
   void* stream_handle() override { return stream_; }  // NCCL enqueues on it (comm/cuda/nccl_communicator.h)
+  std::unique_ptr<DeviceStream> make_stream() override { return memory_.make_stream(); }
 
   Layout activation_layout(int64_t) const override { return Layout::kChannelsLast; }
 
@@ -369,6 +370,17 @@ class CudaBackend final : public Backend {
     return read_result(result, 1)[0];
   }
   void scale(int64_t n, float alpha, float* x) override { check(launch_scale(n, alpha, x, stream_), "scale"); }
+  void to_half(HalfFormat format, int64_t n, const float* x, float scale, uint16_t* y) override {
+    check(launch_to_half(format, n, x, scale, y, stream_), "to_half");
+  }
+  void from_half(HalfFormat format, int64_t n, const uint16_t* x, float* y) override {
+    check(launch_from_half(format, n, x, y, stream_), "from_half");
+  }
+  void sum_of_squares_into(int64_t n, const float* x, double* out) override {
+    // The partials in the shared scratch: ops run in stream order, and nothing waits here.
+    auto* partial = static_cast<double*>(scratch(sizeof(double) * sum_of_squares_partials(n)));
+    check(launch_sum_of_squares(n, x, partial, out, stream_), "sum_of_squares_into");
+  }
   void batchnorm_update_running(int64_t channels, float momentum, float unbias, const float* batch_mean,
                                 const float* batch_var, float* running_mean, float* running_var) override {
     check(launch_batchnorm_update_running(channels, momentum, unbias, batch_mean, batch_var, running_mean,

@@ -5,9 +5,10 @@
 //   shortcut.cu, layout.cu, loss.cu, optim_kernels.cu, batch_norm.cu (its op lives there too);
 //   the speech models' sequence ops: sequence.cu (gather, packing, Hardtanh, image <-> sequence,
 //   width mask, transpose), lookahead.cu, ctc.cu; Listen-Attend-Spell's rows, cells and attention:
-//   speller.cu, attention.cu; runtime.precision = bf16's copies: bf16.cu; the sparse gradient-sync
-//   passes: sparse.cu; PowerSGD's orthonormalization: low_rank.cu; DiLoCo's low-bit outer codec:
-//   low_bit.cu. A batch's lengths reach those kernels by value (HostInts, host_ints.h),
+//   speller.cu, attention.cu; runtime.precision = bf16's copies: bf16.cu; sync.wire_dtype's casts:
+//   half_cast.cu; the sparse gradient-sync passes: sparse.cu; PowerSGD's orthonormalization:
+//   low_rank.cu; DiLoCo's low-bit outer codec: low_bit.cu. A batch's lengths reach those kernels by
+//   value (HostInts, host_ints.h),
 //   never through device memory.
 #pragma once
 
@@ -45,6 +46,12 @@ cudaError_t launch_to_bf16_2d(int64_t rows, int64_t cols, const float* x, int64_
 cudaError_t launch_to_bf16(int64_t n, const float* x, uint16_t* y, cudaStream_t stream);
 // y = x widened (exact).
 cudaError_t launch_from_bf16(int64_t n, const uint16_t* x, float* y, cudaStream_t stream);
+
+// ---- half_cast.cu: sync.wire_dtype's casts (Backend::to_half / from_half), models/half_cast.h's bits.
+// y = x * scale (the product rounded alone) rounded to `format`; back: y = x widened (exact).
+cudaError_t launch_to_half(HalfFormat format, int64_t n, const float* x, float scale, uint16_t* y,
+                           cudaStream_t stream);
+cudaError_t launch_from_half(HalfFormat format, int64_t n, const uint16_t* x, float* y, cudaStream_t stream);
 
 // ---- reduce.cu. Both sum in double over fixed row chunks / element blocks in a fixed order, so the
 // result depends on the shape only (never on timing).

@@ -165,6 +165,8 @@ class EmulatedCudaBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override { if (bytes) std::memcpy(dst, src, bytes); }
   void fill(int64_t n, float value, float* y) override { std::fill(y, y + n, value); }
   void synchronize() override {}
+  // Launches run to completion in issue order: a second stream is the same memory, marks need no wait.
+  std::unique_ptr<DeviceStream> make_stream() override { return make_synchronous_stream(*this); }
 
   // ---- Launching our kernels: models/cuda/cuda_backend.cpp's own methods.
 """ + "\n".join(body for _, body in launching) + """

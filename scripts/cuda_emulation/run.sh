@@ -11,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 cmake -S . -B build-emulation -G Ninja -DTRAINER_CUDA_EMULATION=ON -DTRAINER_NATIVE=OFF >/dev/null
 targets=(emulated_cuda_backend_test emulated_cuda_sequence_test emulated_cuda_speller_test emulated_cuda_speech_models_test
-         emulated_cuda_precision_test emulated_cuda_compressors_test emulated_cuda_low_bit_test)
+         emulated_cuda_precision_test emulated_cuda_compressors_test emulated_cuda_low_bit_test
+         emulated_cuda_wire_test)
 ninja -C build-emulation "${targets[@]/#/tests/}"
 cd build-emulation && ctest --output-on-failure -R '^emulated_' "$@"
