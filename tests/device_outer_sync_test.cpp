@@ -107,6 +107,7 @@ struct Variant {
   double mixing;
   comm::OuterDType dtype;
   bool overlap;
+  comm::WireDType wire = comm::WireDType::kF32;  // the dense warmup's buckets
 };
 
 // Period 4 with a dense warmup of 2: outer steps from step 5 on, fragments in flight at odd steps
@@ -122,6 +123,7 @@ comm::SyncOptions diloco_options(const Variant& v, models::Backend* backend) {
   o.outer_momentum = 0.5;
   o.outer_dtype = v.dtype;
   o.overlap = v.overlap;
+  o.wire_dtype = v.wire;
   o.backend = backend;
   return o;
 }
@@ -132,6 +134,7 @@ const Variant kVariants[] = {
     {"streaming, fp8", 2, 1, 0.25, comm::OuterDType::kFP8, true},
     {"two fragments, int8 inline on the device", 2, 0, 0.0, comm::OuterDType::kInt8, false},
     {"delayed bf16 inline", 2, 1, 1.0, comm::OuterDType::kBF16, false},
+    {"a warmup through bf16 on the device", 1, 0, 0.0, comm::OuterDType::kF32, false, comm::WireDType::kBF16},
 };
 
 }  // namespace
