@@ -19,6 +19,7 @@
 #include "models/cuda/cuda_backend.h"
 #include "models/cuda/kernels.h"
 #include "models/device_buffer.h"
+#include "models/float_bits.h"  // bits_of
 #include "models/model.h"
 #include "bf16_bound.h"
 #include "cuda_parity.h"
@@ -34,12 +35,6 @@ struct Bf16Scope {
   Bf16Scope() { cuda::set_bf16(true); }
   ~Bf16Scope() { cuda::set_bf16(false); }
 };
-
-uint32_t bits_of(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
 
 }  // namespace
 
