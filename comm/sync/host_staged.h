@@ -1,11 +1,13 @@
 // A method that computes on host buffers, run where the model's buffers live on a device
 // (runtime.device = "cuda"): each call copies what the method reads to host mirrors, runs the
 // method there (its arithmetic on the CPU backend, its messages over MPI), and copies what it wrote
-// back. The methods whose spec says device_buffers (registry.h: dense, local SGD) run on the device
-// itself and never come here.
+// back. Every built-in method's spec says device_buffers (registry.h) and runs on the device
+// itself; what comes here is a compressor whose options are host loops (its spec's
+// needs_host_buffers: sync.keep_dense, sync.adaptive, a 16-bit sync.wire_dtype) and a method
+// registered without device buffers (an extension's first version).
 //
-// Why whole buffers, not only a compressed payload: this is the path that lets every method train
-// on a GPU today, with the method's CPU code (its tests, its checkpoint format) unchanged. Its cost
+// Why whole buffers, not only a compressed payload: this is the path that lets such a method train
+// on a GPU, with its CPU code (its tests, its checkpoint format) unchanged. Its cost
 // is two copies of the gradient per step (and of the parameters for the methods that sync them),
 // at PCIe or NVLink-C2C rates: for the Ok-Top-k paper's LSTM (110 MB of gradient) a few ms a way
 // against its 2.8 s dense step on the paper's A100s; the selection itself then runs on the host's
@@ -13,9 +15,9 @@
 // saying device_buffers in its spec, and then stops coming here.
 //
 // What crosses: the gradient, always; the parameters and the non-trainable state (BN statistics)
-// too for a method that syncs parameters (keeps_parameters_equal is false in its spec: local SGD,
-// DiLoCo, async_ps's workers), in reduce() and after_step(). Overlap with backward is off (the
-// gradient is whole only once backward is done). The state the method saves is its own, on the
+// too for a method that syncs parameters (keeps_parameters_equal is false in its spec), in reduce()
+// and after_step(). Overlap with backward is off (the gradient is whole only once backward is
+// done). The state the method saves is its own, on the
 // host: checkpoints are the same files as on the CPU, so a run resumes on either device.
 #pragma once
 
