@@ -31,4 +31,11 @@ void DeviceBuffer::swap(DeviceBuffer& other) noexcept {
   std::swap(capacity_, other.capacity_);
 }
 
+std::vector<float> host_copy(const DeviceBuffer& buffer, int64_t count) {
+  if (count < 0) count = buffer.size();
+  std::vector<float> host(static_cast<size_t>(count));
+  if (count > 0) copy_to_host(*buffer.memory(), buffer.data(), count, host.data());
+  return host;
+}
+
 }  // namespace trainer::models

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace trainer::models {
 
@@ -50,5 +51,9 @@ class DeviceBuffer {
   int64_t size_ = 0;
   int64_t capacity_ = 0;
 };
+
+// The first `count` values of `buffer` (all of them: -1) as a host vector, waiting for the copy:
+// for the state a method saves and for tests.
+std::vector<float> host_copy(const DeviceBuffer& buffer, int64_t count = -1);
 
 }  // namespace trainer::models

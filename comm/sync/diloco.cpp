@@ -29,8 +29,7 @@ uint8_t outer_optimizer_code(const std::string& name) { return name == "nesterov
 // The first `count` floats of a buffer of the backend, through a host copy (checkpoints are the
 // same files whatever the device).
 void write_floats(std::ostream& out, const models::DeviceBuffer& buffer, int64_t count) {
-  std::vector<float> host(static_cast<size_t>(count));
-  models::copy_to_host(*buffer.memory(), buffer.data(), count, host.data());
+  const std::vector<float> host = models::host_copy(buffer, count);
   out.write(reinterpret_cast<const char*>(host.data()), static_cast<std::streamsize>(count * sizeof(float)));
 }
 
@@ -206,11 +205,7 @@ void Diloco::finish_sync(SyncBuffers& b, int f) {
                       "ALLREDUCE_BN_STATS");
 }
 
-std::vector<float> Diloco::outer_parameters() const {
-  std::vector<float> host(static_cast<size_t>(outer_.size()));
-  models::copy_to_host(backend_, outer_.data(), outer_.size(), host.data());
-  return host;
-}
+std::vector<float> Diloco::outer_parameters() const { return models::host_copy(outer_); }
 
 void Diloco::save(std::ostream& out) const {
   transfer_->wait();  // a fragment in flight is saved as its finished average

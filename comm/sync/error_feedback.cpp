@@ -27,11 +27,7 @@ float* ErrorFeedback::device_storage() {
 }
 
 std::vector<float> ErrorFeedback::device_values() const {
-  std::vector<float> host;
-  if (on_device_.empty()) return host;
-  host.resize(static_cast<size_t>(n_));
-  models::copy_to_host(*device_, on_device_.data(), n_, host.data());
-  return host;
+  return on_device_.empty() ? std::vector<float>{} : models::host_copy(on_device_, n_);
 }
 
 float* ErrorFeedback::storage() {

@@ -78,8 +78,7 @@ void LocalSgd::save(std::ostream& out) const {
   write_pod(out, period_);
   write_pod(out, static_cast<uint8_t>(!anchor_.empty()));
   if (anchor_.empty()) return;
-  std::vector<float> host(static_cast<size_t>(n_));
-  models::copy_to_host(backend_, anchor_.data(), n_, host.data());
+  const std::vector<float> host = models::host_copy(anchor_, n_);
   out.write(reinterpret_cast<const char*>(host.data()), static_cast<std::streamsize>(n_ * sizeof(float)));
 }
 

@@ -188,9 +188,7 @@ void PowerSgd::adapt(const std::vector<uint8_t>& low, bool) {
 }
 
 std::vector<float> PowerSgd::q_on_host() const {
-  std::vector<float> q(static_cast<size_t>(q_.size()));
-  models::copy_to_host(backend_, q_.data(), q_.size(), q.data());
-  return q;
+  return models::host_copy(q_);
 }
 
 void PowerSgd::set_q(const std::vector<float>& q) {
