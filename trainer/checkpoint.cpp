@@ -20,10 +20,20 @@
 namespace trainer {
 namespace {
 
+
 namespace fs = std::filesystem;
 // ordered_json keeps keys in the order written, so the manifest reads top-down and its own checksum
 // can be recomputed from the parsed object.
 using json = nlohmann::ordered_json;
+
+// An integer of the manifest. nlohmann converts a float to an integer with a cast, which is
+// undefined beyond the integer's range (a damaged manifest's 1e48): only integers pass.
+template <class Int>
+Int manifest_integer(const json& m, const char* key) {
+  const json& v = m.at(key);
+  if (!v.is_number_integer()) throw json::type_error::create(302, std::string(key) + " must be an integer", &v);
+  return v.get<Int>();
+}
 
 constexpr int64_t kVersion = 1;
 constexpr const char* kManifest = "manifest.json";
@@ -468,13 +478,13 @@ Staged read_checkpoint(const fs::path& folder, const CheckpointIdentity& id, con
   std::vector<int> ranks{rank};  // the state files this rank reads: its own, or all of another world's
   int64_t step = 0;
   try {
-    if (m.at("version").get<int64_t>() != kVersion)
+    if (manifest_integer<int64_t>(m, "version") != kVersion)
       refused(where + " has format version " + m.at("version").dump() + "; this build reads version " +
               std::to_string(kVersion));
-    const int64_t saved_world = m.at("world_size").get<int64_t>();
+    const int64_t saved_world = manifest_integer<int64_t>(m, "world_size");
     if (saved_world < 1 || saved_world > (int64_t{1} << 20)) damaged(where + ": manifest world_size " + m.at("world_size").dump());
     s.saved_world = static_cast<int>(saved_world);
-    s.saved_servers = m.contains("servers") ? m.at("servers").get<int>() : id.servers > 0 ? -1 : 0;
+    s.saved_servers = m.contains("servers") ? manifest_integer<int>(m, "servers") : id.servers > 0 ? -1 : 0;
     if (saved_world != world || (id.servers > 0 && s.saved_servers >= 0 && s.saved_servers != id.servers)) {
       ranks.resize(static_cast<size_t>(saved_world));
       for (int r = 0; r < saved_world; ++r) ranks[r] = r;
@@ -493,7 +503,7 @@ Staged read_checkpoint(const fs::path& folder, const CheckpointIdentity& id, con
     const json& files = m.at("files");
     for (int r : ranks) check_file(folder, files, state_file_name(r));
     if (rank == 0) check_file(folder, files, kModelFile);
-    step = m.at("step").get<int64_t>();
+    step = manifest_integer<int64_t>(m, "step");
   } catch (const json::exception& e) {
     damaged("checkpoint manifest " + (folder / kManifest).string() + " is corrupt: " + e.what());
   }
@@ -602,10 +612,10 @@ std::optional<CheckpointSummary> peek_checkpoint(const std::string& output_dir, 
       const json m = read_manifest(folder / kManifest);
       CheckpointSummary c;
       c.path = folder.string();
-      c.step = m.at("step").get<int64_t>();
-      c.world_size = m.at("world_size").get<int>();
-      c.global_batch = m.contains("global_batch") ? m.at("global_batch").get<int64_t>() : 0;
-      c.servers = m.contains("servers") ? m.at("servers").get<int>() : -1;
+      c.step = manifest_integer<int64_t>(m, "step");
+      c.world_size = manifest_integer<int>(m, "world_size");
+      c.global_batch = m.contains("global_batch") ? manifest_integer<int64_t>(m, "global_batch") : 0;
+      c.servers = m.contains("servers") ? manifest_integer<int>(m, "servers") : -1;
       return c;
     } catch (const std::exception&) {  // damaged: load_checkpoint skips it too, or names it
     }
