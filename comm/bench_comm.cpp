@@ -71,8 +71,13 @@ int run_comm_bench(int64_t n, int steps, double bucket_mb) {
   std::snprintf(bucket_label, sizeof bucket_label, "(e) DenseSync, %g MB buckets, log on", bucket_mb);
   // The gradient-sync stage itself (comm/sync/dense.h), as the trainer runs it: with the whole
   // buffer as one bucket (the same message as (a)), and with the configured bucket size.
-  auto whole = make_gradient_sync({"dense", 0, static_cast<double>(n) * 4 / 1e6 + 1, 1}, comm, n);
-  auto bucketed = make_gradient_sync({"dense", 0, bucket_mb, 1}, comm, n);
+  const auto dense = [](double bucket_mb) {
+    SyncOptions o;
+    o.bucket_mb = bucket_mb;
+    return o;
+  };
+  auto whole = make_gradient_sync(dense(static_cast<double>(n) * 4 / 1e6 + 1), comm, n);
+  auto bucketed = make_gradient_sync(dense(bucket_mb), comm, n);
   SyncBuffers buffers{nullptr, g, n, nullptr, 0, nullptr};
   std::vector<BenchCase> cases = {
       {"mpi", "(a) bare MPI_Allreduce + scale", false,

@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "trainer/config.h"
-#include "trainer/config_defaults.h"
 #include "trainer/config_schema.h"
+#include "trainer/config_sync.h"
 
 using namespace trainer;
 
@@ -50,31 +50,31 @@ TEST_CASE("keys the file does not set keep their defaults", "[config]") {
 TEST_CASE("method-dependent defaults apply where the config is silent, and say so", "[config]") {
   // diloco over the default optimizer (sgd, momentum 0.9): H = 8, outer momentum 0.5.
   Config c = parse("[sync]\nmethod = \"diloco\"\n");
-  CHECK(c.sync.period == 8);
-  CHECK(c.sync.outer_momentum == 0.5);
+  CHECK(c.sync.get<int64_t>("sync.period") == 8);
+  CHECK(c.sync.get<double>("sync.outer_momentum") == 0.5);
   const auto lines = method_default_lines(c);
   REQUIRE(lines.size() == 2);
   CHECK_THAT(lines[0], Catch::StartsWith("sync.period = 8: diloco's H"));
   CHECK_THAT(lines[1], Catch::StartsWith("sync.outer_momentum = 0.5: "));
   // The paper's 0.9 over AdamW; a value the file or a --set gives always wins.
-  CHECK(parse("[optim]\nname = \"adamw\"\n[sync]\nmethod = \"diloco\"\n").sync.outer_momentum == 0.9);
+  CHECK(parse("[optim]\nname = \"adamw\"\n[sync]\nmethod = \"diloco\"\n").sync.get<double>("sync.outer_momentum") == 0.9);
   c = parse("[sync]\nmethod = \"diloco\"\nperiod = 2\n", {"sync.outer_momentum=0.7"});
-  CHECK(c.sync.period == 2);
-  CHECK(c.sync.outer_momentum == 0.7);
+  CHECK(c.sync.get<int64_t>("sync.period") == 2);
+  CHECK(c.sync.get<double>("sync.outer_momentum") == 0.7);
   CHECK(method_default_lines(c).empty());  // neither is the default's value
-  CHECK(parse("", {"sync.method=local_sgd"}).sync.period == 4);
+  CHECK(parse("", {"sync.method=local_sgd"}).sync.get<int64_t>("sync.period") == 4);
   // Methods without such defaults keep the schema's values.
-  CHECK(parse("", {"sync.method=dense"}).sync.period == Config{}.sync.period);
+  CHECK(parse("", {"sync.method=dense"}).sync.get<int64_t>("sync.period") == Config{}.sync.get<int64_t>("sync.period"));
   CHECK(method_default_lines(parse("")).empty());
   // powersgd under sync.adaptive: the measured pair, rank 1 below adaptive_rank 4.
   c = parse("", {"sync.method=powersgd", "sync.adaptive=true"});
-  CHECK(c.sync.rank == 1);
-  CHECK(c.sync.adaptive_rank == 4);
+  CHECK(c.sync.get<int64_t>("sync.rank") == 1);
+  CHECK(c.sync.get<int64_t>("sync.adaptive_rank") == 4);
   // The sparse methods under sync.adaptive: 0.01 below adaptive_density's 0.1; without it the
   // measured 0.1 (the schema's), and powersgd's measured rank 8.
-  CHECK(parse("", {"sync.method=oktopk", "sync.adaptive=true"}).sync.density == 0.01);
-  CHECK(parse("", {"sync.method=oktopk"}).sync.density == 0.1);
-  CHECK(parse("", {"sync.method=powersgd"}).sync.rank == 8);
+  CHECK(parse("", {"sync.method=oktopk", "sync.adaptive=true"}).sync.get<double>("sync.density") == 0.01);
+  CHECK(parse("", {"sync.method=oktopk"}).sync.get<double>("sync.density") == 0.1);
+  CHECK(parse("", {"sync.method=powersgd"}).sync.get<int64_t>("sync.rank") == 8);
   // The written config holds the chosen values, and reads back to the same config.
   c = parse("[sync]\nmethod = \"diloco\"\n");
   CHECK(parse_config(to_toml(c), "config.toml") == c);

@@ -145,11 +145,11 @@ TEST_CASE("every sparse method on the GPU gives the CPU's outputs and state, bit
     SECTION(name) {
       comm::SyncOptions o;
       o.method = name;
-      o.density = 0.02;
+      o.set("sync.density", 0.02);
       o.dense_warmup_steps = 2;
-      o.local_threshold_every = 3;
-      o.global_threshold_every = 2;
-      o.region_every = 4;
+      o.set("sync.local_threshold_every", 3);
+      o.set("sync.global_threshold_every", 2);
+      o.set("sync.region_every", 4);
       auto host = comm::make_gradient_sync(o, world, n, nullptr);
       // Device buffers move over MPI through host staging (ranks may share the GPU); the methods'
       // own lists go over its host side.
@@ -233,12 +233,12 @@ TEST_CASE("DiLoCo on the GPU follows the CPU", "[diloco][methods]") {
       comm::SyncOptions o;
       o.method = "diloco";
       o.dense_warmup_steps = 1;
-      o.period = 4;
-      o.fragments = 2;
-      o.sync_delay = 1;
-      o.mixing = 0.5;
-      o.outer_momentum = 0.5;
-      o.outer_dtype = dtype;
+      o.set("sync.period", 4);
+      o.set("sync.fragments", 2);
+      o.set("sync.sync_delay", 1);
+      o.set("sync.mixing", 0.5);
+      o.set("sync.outer_momentum", 0.5);
+      o.set("sync.outer_dtype", comm::outer_dtype_name(dtype));
       o.overlap = false;
       auto host = comm::make_gradient_sync(o, world, n, &views);
       comm::StagedCommunicator staged(world, gpu());
@@ -280,7 +280,7 @@ TEST_CASE("PowerSGD on the GPU follows the CPU within float rounding", "[powersg
     SECTION("rank " + std::to_string(rank)) {
       comm::SyncOptions o;
       o.method = "powersgd";
-      o.rank = rank;
+      o.set("sync.rank", rank);
       o.dense_warmup_steps = 1;
       o.bucket_mb = 0.02;
       auto host = comm::make_gradient_sync(o, world, n, &views);

@@ -116,14 +116,14 @@ comm::SyncOptions diloco_options(const Variant& v, models::Backend* backend) {
   comm::SyncOptions o;
   o.method = "diloco";
   o.dense_warmup_steps = 2;
-  o.period = 4;
-  o.fragments = v.fragments;
-  o.sync_delay = v.delay;
-  o.mixing = v.mixing;
-  o.outer_momentum = 0.5;
-  o.outer_dtype = v.dtype;
+  o.set("sync.period", 4);
+  o.set("sync.fragments", v.fragments);
+  o.set("sync.sync_delay", v.delay);
+  o.set("sync.mixing", v.mixing);
+  o.set("sync.outer_momentum", 0.5);
+  o.set("sync.outer_dtype", comm::outer_dtype_name(v.dtype));
   o.overlap = v.overlap;
-  o.wire_dtype = v.wire;
+  o.wire_dtype = comm::wire_dtype_name(v.wire);
   o.backend = backend;
   return o;
 }
@@ -222,8 +222,8 @@ std::vector<std::vector<float>> async_ps_round(models::DeviceMemory& memory, int
   const int64_t n = 1000, n_state = 6;
   comm::SyncOptions o;
   o.method = "async_ps";
-  o.servers = 1;
-  o.deterministic = true;
+  o.set("sync.servers", 1);
+  o.set("sync.deterministic", true);
   o.total_steps = steps;
   o.steps_per_epoch = steps;
   std::vector<std::vector<float>> pulled;

@@ -36,13 +36,13 @@ namespace trainer::testing {
 inline comm::SyncOptions torchft_options(int64_t delay, double mixing) {
   comm::SyncOptions o;
   o.method = "diloco";
-  o.period = 6;  // sync_every
-  o.fragments = 2;
-  o.sync_delay = delay;
-  o.mixing = mixing;
-  o.outer_optimizer = "sgd";  // torchft's MockOptimizer: p -= lr * grad
-  o.outer_lr = 2;
-  o.outer_momentum = 0;
+  o.set("sync.period", 6);  // sync_every
+  o.set("sync.fragments", 2);
+  o.set("sync.sync_delay", delay);
+  o.set("sync.mixing", mixing);
+  o.set("sync.outer_optimizer", "sgd");  // torchft's MockOptimizer: p -= lr * grad
+  o.set("sync.outer_lr", 2);
+  o.set("sync.outer_momentum", 0);
   return o;
 }
 
@@ -163,10 +163,10 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
 inline comm::SyncOptions diloco_options(int64_t period, int64_t fragments, int64_t delay, double mixing) {
   comm::SyncOptions o;
   o.method = "diloco";
-  o.period = period;
-  o.fragments = fragments;
-  o.sync_delay = delay;
-  o.mixing = mixing;
+  o.set("sync.period", period);
+  o.set("sync.fragments", fragments);
+  o.set("sync.sync_delay", delay);
+  o.set("sync.mixing", mixing);
   return o;
 }
 

@@ -161,13 +161,13 @@ TEST_CASE("DiLoCo with outer SGD at lr 1 and no momentum is local SGD, bit for b
   if (comm.size() < 2) return;
   comm::SyncOptions local;
   local.method = "local_sgd";
-  local.period = 3;
+  local.set("sync.period", 3);
   local.dense_warmup_steps = 3;
   comm::SyncOptions diloco = diloco_options(3, 1, 0, 0.0);
   diloco.dense_warmup_steps = 3;
-  diloco.outer_optimizer = "sgd";
-  diloco.outer_lr = 1;
-  diloco.outer_momentum = 0;
+  diloco.set("sync.outer_optimizer", "sgd");
+  diloco.set("sync.outer_lr", 1);
+  diloco.set("sync.outer_momentum", 0);
   for (int64_t steps : {12, 13}) {  // the end of a period, and one step into the next
     INFO(steps << " steps");
     Trainee a(local), b(diloco);
@@ -240,7 +240,7 @@ TEST_CASE("Low-bit outer gradients: the comm log has the quantized bytes; the ru
   exact.run_to(8);
   for (const auto dtype : {comm::OuterDType::kBF16, comm::OuterDType::kFP8, comm::OuterDType::kInt8}) {
     INFO(comm::outer_dtype_name(dtype));
-    o.outer_dtype = dtype;
+    o.set("sync.outer_dtype", comm::outer_dtype_name(dtype));
     comm::CommLogOptions log_options;
     log_options.enabled = true;
     comm.log().open(log_options, comm.rank(), comm.size());
@@ -299,7 +299,7 @@ TEST_CASE("Fragments are whole tensors of about equal size; impossible settings 
   auto bad = diloco_options(4, 1, 0, 1.5);
   CHECK_THROWS_WITH(comm::make_gradient_sync(bad, comm::world(), n, &views), Contains("sync.mixing"));
   bad = diloco_options(4, 1, 0, 0);
-  bad.outer_momentum = 0;
+  bad.set("sync.outer_momentum", 0);
   CHECK_THROWS_WITH(comm::make_gradient_sync(bad, comm::world(), n, &views), Contains("sync.outer_momentum"));
 
   // A state saved under another schedule is refused, naming the key.
@@ -320,9 +320,9 @@ TEST_CASE("Outer Adam steps theta_outer as optim's Adam does with the averaged p
   const std::vector<models::ParamView> views{{"w", 0, {3}}};
   comm::SyncOptions o;
   o.method = "diloco";
-  o.period = 2;
-  o.outer_optimizer = "adam";
-  o.outer_lr = 0.1;
+  o.set("sync.period", 2);
+  o.set("sync.outer_optimizer", "adam");
+  o.set("sync.outer_lr", 0.1);
   auto sync = comm::make_gradient_sync(o, world, 3, &views);
   CHECK_THAT(sync->describe(), Contains("outer adam (lr 0.1)") && Contains("Adam's two moments"));
   std::vector<float> params{1.f, -2.f, 0.5f}, grads(3, 0.f);
@@ -354,8 +354,8 @@ TEST_CASE("Outer Adam steps theta_outer as optim's Adam does with the averaged p
   // Its state saves and names its optimizer: a run with another outer optimizer refuses it.
   std::stringstream saved;
   sync->save(saved);
-  o.outer_optimizer = "nesterov";
-  o.outer_momentum = 0.9;
+  o.set("sync.outer_optimizer", "nesterov");
+  o.set("sync.outer_momentum", 0.9);
   auto nesterov = comm::make_gradient_sync(o, world, 3, &views);
   CHECK_THROWS_WITH(nesterov->load(saved), Contains("sync.outer_optimizer = \"adam\""));
 }

@@ -116,7 +116,7 @@ TEST_CASE("Only runs with a switch are watched, and skipped or non-finite steps 
 TEST_CASE("The guard's lines name the method, its settings and the step", "[divergence]") {
   Config c;
   c.sync.method = "diloco";
-  c.sync.period = 1;
+  c.sync.set("sync.period", 1);
   c.sync.dense_warmup_steps = 250;
   c.optim.lr = 0.5;
   const std::string settings = method_settings(c);

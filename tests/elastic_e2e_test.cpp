@@ -118,8 +118,8 @@ std::vector<std::string> sync_states(const fs::path& checkpoint, int ranks) {
 trainer::Config method_config(const std::string& method) {
   trainer::Config c;
   c.sync.method = method;
-  c.sync.density = 0.02;
-  c.sync.period = 4;
+  c.sync.set("sync.density", 0.02);
+  c.sync.set("sync.period", 4);
   return c;
 }
 

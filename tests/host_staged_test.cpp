@@ -64,10 +64,10 @@ TEST_CASE("every host method through host copies equals the method on host buffe
     SECTION(name) {
       comm::SyncOptions o;
       o.method = name;
-      o.density = 0.1;
+      o.set("sync.density", 0.1);
       o.dense_warmup_steps = 3;
-      o.period = 4;
-      o.outer_momentum = 0.5;
+      o.set("sync.period", 4);
+      o.set("sync.outer_momentum", 0.5);
       const comm::SyncMethod& spec = comm::sync_method(name);
       auto plain = comm::make_gradient_sync(o, comm::world(), n, &views);
       testing::CountingMemory device;

@@ -371,7 +371,7 @@ TEST_CASE("PowerSGD resumes bit for bit from its saved state", "[powersgd][mpi]"
   comm::SyncOptions o;
   o.method = "powersgd";
   o.dense_warmup_steps = 2;
-  o.rank = 3;
+  o.set("sync.rank", 3);
   o.seed = 11;
   Communicator& comm = comm::world();
   const int64_t n = total(views);
@@ -393,7 +393,7 @@ TEST_CASE("PowerSGD resumes bit for bit from its saved state", "[powersgd][mpi]"
   std::stringstream state;
   straight->save(state);
   comm::SyncOptions other = o;
-  other.rank = 2;
+  other.set("sync.rank", 2);
   auto wrong = comm::make_gradient_sync(other, comm, n, &views);
   CHECK_THROWS_WITH(wrong->load(state), Catch::Matchers::Contains("sync.rank"));
 }

@@ -1,7 +1,7 @@
-// The method table (comm/sync/registry.h): a method registered here, in this test file alone, is
-// one the config accepts (with its own rule checked and blamed on its key), --dry-run describes
-// and the factory builds (inside the dense warmup), and it runs: its reduce() is the mean over the
-// ranks. The built-in table's capabilities are what the trainer relies on. Run under mpiexec
+// The method table (comm/sync/registry.h): a method registered here, in this test file alone, with
+// keys of its own, is one the config accepts (its keys typed, ranged, defaulted and documented, its
+// own rule checked and blamed on its key), --dry-run describes and the factory builds (inside the
+// dense warmup), and it runs: its reduce() is the mean over the ranks. The built-in table's capabilities are what the trainer relies on. Run under mpiexec
 // with P = 1 and 2.
 #include <catch2/catch.hpp>
 
@@ -25,8 +25,18 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// The mean of the ranks' gradients, scaled by sync.outer_lr (a knob borrowed for the test, so the
-// factory's use of the options shows). Its rule: sync.period must be 1.
+// test_mean's own keys, as a method declares them in its header (comm/sync/option_keys.h).
+struct TestMeanOptions {
+  double scale = 1.0;
+  int64_t every = 1;
+  template <class Keys>
+  static void declare(Keys& k) {
+    k.key("sync.test_scale", &TestMeanOptions::scale, "the factor the mean is scaled by.", comm::open_closed(0, 10));
+    k.key("sync.test_every", &TestMeanOptions::every, "steps between two means; only 1 runs.", comm::at_least(1));
+  }
+};
+
+// The mean of the ranks' gradients, scaled by sync.test_scale. Its rule: sync.test_every must be 1.
 class TestMean final : public comm::GradientSync {
  public:
   TestMean(comm::Communicator& comm, int64_t n, double scale) : comm_(comm), n_(n), scale_(scale) {}
@@ -52,14 +62,16 @@ void register_test_method() {
     comm::SyncMethod m;
     m.name = "test_mean";
     m.doc = "a test's own method";
+    comm::declare_options<TestMeanOptions>(m);
     m.check = [](const comm::SyncOptions& o) {
       std::vector<comm::SyncOptionProblem> found;
-      if (o.period != 1) found.push_back({{"sync.period"}, "sync.period must be 1 for test_mean"});
+      if (comm::options_of<TestMeanOptions>(o).every != 1)
+        found.push_back({{"sync.test_every"}, "sync.test_every must be 1 for test_mean"});
       return found;
     };
     m.make = [](const comm::SyncOptions& o, const comm::SyncContext& c) -> std::unique_ptr<comm::GradientSync> {
       c.host_backend(o.method);  // a method of host loops, as an extension's first version would be
-      return std::make_unique<TestMean>(c.comm, c.n, o.outer_lr);
+      return std::make_unique<TestMean>(c.comm, c.n, comm::options_of<TestMeanOptions>(o).scale);
     };
     comm::register_sync_method(m);
     return true;
@@ -104,13 +116,23 @@ TEST_CASE("a method registered in a test file is accepted by the config, its rul
   const auto names = comm::sync_method_names();
   CHECK(std::find(names.begin(), names.end(), "test_mean") != names.end());
   CHECK(parse_config("[sync]\nmethod = \"test_mean\"\n", "configs/x.toml").sync.method == "test_mean");
-  CHECK(error_of("[sync]\nmethod = \"test_mean\"\nperiod = 2\n") ==
-        "configs/x.toml: sync.period must be 1 for test_mean");
-  CHECK(error_of("[sync]\nmethod = \"test_mean\"\n", {"sync.period=3"}) ==
-        "--set sync.period=3: sync.period must be 1 for test_mean");
-  // Not a capability it declared: no keep_dense (it does not compress).
+  CHECK(error_of("[sync]\nmethod = \"test_mean\"\ntest_every = 2\n") ==
+        "configs/x.toml: sync.test_every must be 1 for test_mean");
+  CHECK(error_of("[sync]\nmethod = \"test_mean\"\n", {"sync.test_every=3"}) ==
+        "--set sync.test_every=3: sync.test_every must be 1 for test_mean");
+  // Its keys are config keys: typed, ranged, defaulted, documented with its name, written back.
+  CHECK(error_of("[sync]\nmethod = \"test_mean\"\ntest_scale = 20\n") ==
+        "configs/x.toml: sync.test_scale = 20.0 is out of range (0, 10]");
+  CHECK_THAT(error_of("[sync]\ntest_scael = 2\n"), Contains("did you mean 'sync.test_scale'?"));
+  const Config defaults = parse_config("[sync]\nmethod = \"test_mean\"\n", "t");
+  CHECK(defaults.sync.get<double>("sync.test_scale") == 1.0);
+  CHECK_THAT(config_reference_markdown(), Contains("test_mean: the factor the mean is scaled by."));
+  CHECK_THAT(to_toml(defaults), Contains("test_scale = 1.0"));
+  CHECK(parse_config(to_toml(defaults), "config.toml") == defaults);
+  // Not a key it declared: no keep_dense (it does not compress).
   CHECK_THAT(error_of("[sync]\nmethod = \"test_mean\"\nkeep_dense = \"fc.*\"\n"),
-             Contains("sync.keep_dense applies to the compressing methods"));
+             Contains("sync.keep_dense = \"fc.*\" applies to oktopk, topka, gaussiank, gtopk and powersgd, not to "
+                      "sync.method = \"test_mean\""));
   CHECK_THROWS_WITH(comm::register_sync_method([] {
                       comm::SyncMethod again;
                       again.name = "test_mean";
@@ -124,7 +146,7 @@ TEST_CASE("a registered method is built by the factory, inside the dense warmup,
   register_test_method();
   comm::Communicator& world = comm::world();
   const int p = world.size(), r = world.rank();
-  Config config = parse_config("[sync]\nmethod = \"test_mean\"\ndense_warmup_steps = 2\nouter_lr = 0.5\n", "t");
+  Config config = parse_config("[sync]\nmethod = \"test_mean\"\ndense_warmup_steps = 2\ntest_scale = 0.5\n", "t");
   const int64_t n = 5;
   auto sync = comm::make_gradient_sync(sync_options(config), world, n);
   CHECK(sync->name() == "test_mean");
@@ -170,12 +192,12 @@ TEST_CASE("a sparse method takes device buffers unless its options need host loo
   const comm::SyncMethod& spec = comm::sync_method("oktopk");
   CHECK(comm::takes_device_buffers(spec, o));
   CHECK_THAT(comm::make_gradient_sync(o, comm::world(), 12, &views)->describe(), !Contains("through host memory"));
-  o.keep_dense = "b";  // keep_dense's gathers are host loops: host copies
+  o.set("sync.keep_dense", "b");  // keep_dense's gathers are host loops: host copies
   CHECK_FALSE(comm::takes_device_buffers(spec, o));
   CHECK_THAT(comm::make_gradient_sync(o, comm::world(), 12, &views)->describe(), Contains("through host memory"));
-  o.keep_dense.clear();
-  o.adaptive = true;  // so is Accordion's detector
-  o.adaptive_density = 0.5;
+  o.set("sync.keep_dense", "");
+  o.set("sync.adaptive", true);  // so is Accordion's detector
+  o.set("sync.adaptive_density", 0.5);
   CHECK_FALSE(comm::takes_device_buffers(spec, o));
 }
 

@@ -32,6 +32,16 @@ using namespace trainer::models;
 
 namespace {
 
+// A method with the stage's dense warmup and buckets, and sync.period (local_sgd's).
+comm::SyncOptions options(const std::string& method, int64_t dense_warmup_steps, double bucket_mb, int64_t period) {
+  comm::SyncOptions o;
+  o.method = method;
+  o.dense_warmup_steps = dense_warmup_steps;
+  o.bucket_mb = bucket_mb;
+  o.set("sync.period", period);
+  return o;
+}
+
 // A small CNN without batch norm: its gradient over a batch is the mean of per-sample gradients,
 // so P ranks with b samples each must reproduce one process with P*b samples.
 std::unique_ptr<ImageClassifier> small_cnn(uint64_t seed) {
@@ -180,7 +190,7 @@ std::vector<float> train_dense_checked(comm::GradientSync& sync, comm::Communica
 TEST_CASE("Dense data parallelism equals one process with the whole batch", "[sync][mpi]") {
   comm::Communicator& comm = comm::world();
   auto probe = small_cnn(7);
-  auto sync = comm::make_gradient_sync({"dense", 0, 0.001, 1}, comm, probe->parameters().size());  // tiny buckets
+  auto sync = comm::make_gradient_sync(options("dense", 0, 0.001, 1), comm, probe->parameters().size());  // tiny buckets
   DenseDeviation deviation;
   const auto parallel = train_dense_checked(*sync, comm, 4, 5, small_cnn, deviation);
   INFO("synced gradient vs exact mean, in units of the float32 rounding bound: "
@@ -193,7 +203,7 @@ TEST_CASE("Dense data parallelism equals one process with the whole batch", "[sy
 
 TEST_CASE("Dense data parallelism with frozen batch norm (ResNet-20) equals one process", "[sync][mpi]") {
   comm::Communicator& comm = comm::world();
-  auto sync = comm::make_gradient_sync({"dense", 0, 25, 1}, comm, frozen_bn_resnet20(7)->parameters().size());
+  auto sync = comm::make_gradient_sync(options("dense", 0, 25, 1), comm, frozen_bn_resnet20(7)->parameters().size());
   DenseDeviation deviation;
   const auto parallel = train_dense_checked(*sync, comm, 2, 3, frozen_bn_resnet20, deviation);
   INFO("synced gradient vs exact mean, in units of the float32 rounding bound: "
@@ -207,8 +217,8 @@ TEST_CASE("Dense data parallelism with frozen batch norm (ResNet-20) equals one 
 TEST_CASE("Local SGD with period 1 equals dense", "[sync][mpi]") {
   comm::Communicator& comm = comm::world();
   const int64_t n = small_cnn(7)->parameters().size();
-  auto dense = comm::make_gradient_sync({"dense", 0, 25, 1}, comm, n);
-  auto local = comm::make_gradient_sync({"local_sgd", 0, 25, 1}, comm, n);
+  auto dense = comm::make_gradient_sync(options("dense", 0, 25, 1), comm, n);
+  auto local = comm::make_gradient_sync(options("local_sgd", 0, 25, 1), comm, n);
   const auto a = train(dense.get(), comm.rank(), comm.size(), 4, 5);
   const auto b = train(local.get(), comm.rank(), comm.size(), 4, 5);
   INFO("max |local - dense| = " << max_abs_diff(a, b));
@@ -218,7 +228,7 @@ TEST_CASE("Local SGD with period 1 equals dense", "[sync][mpi]") {
 TEST_CASE("Local SGD with period 3: identical after averaging, different in between", "[sync][mpi]") {
   comm::Communicator& comm = comm::world();
   const int64_t n = small_cnn(7)->parameters().size();
-  auto local = comm::make_gradient_sync({"local_sgd", 0, 25, 3}, comm, n);
+  auto local = comm::make_gradient_sync(options("local_sgd", 0, 25, 3), comm, n);
   // 6 steps end right after an averaging step (steps 2 and 5 average); 5 steps end in between.
   const auto after_average = train(local.get(), comm.rank(), comm.size(), 4, 6);
   CHECK(identical_on_all_ranks(comm, after_average));
@@ -229,9 +239,9 @@ TEST_CASE("Local SGD with period 3: identical after averaging, different in betw
 TEST_CASE("Dense warmup then local SGD: synchronous for the warmup steps", "[sync][mpi]") {
   comm::Communicator& comm = comm::world();
   const int64_t n = small_cnn(7)->parameters().size();
-  auto warm = comm::make_gradient_sync({"local_sgd", 4, 25, 100}, comm, n);
+  auto warm = comm::make_gradient_sync(options("local_sgd", 4, 25, 100), comm, n);
   CHECK(identical_on_all_ranks(comm, train(warm.get(), comm.rank(), comm.size(), 4, 4)));
-  auto warm2 = comm::make_gradient_sync({"local_sgd", 4, 25, 100}, comm, n);
+  auto warm2 = comm::make_gradient_sync(options("local_sgd", 4, 25, 100), comm, n);
   const auto after = train(warm2.get(), comm.rank(), comm.size(), 4, 6);
   if (comm.size() > 1) CHECK_FALSE(identical_on_all_ranks(comm, after));
 }
@@ -262,7 +272,7 @@ TEST_CASE("Dense and warmup + local SGD through the staged communicator equal th
   comm::Communicator& comm = comm::world();
   const int64_t n = small_cnn(7)->parameters().size();
   // Tiny buckets (several allreduces per step); 2 dense warmup steps, then averaging every 2 steps.
-  for (const comm::SyncOptions& o : {comm::SyncOptions{"dense", 0, 0.001, 1}, comm::SyncOptions{"local_sgd", 2, 0.004, 2}}) {
+  for (const comm::SyncOptions& o : {options("dense", 0, 0.001, 1), options("local_sgd", 2, 0.004, 2)}) {
     INFO(o.method);
     testing::CountingMemory memory;  // host memory standing in for a device's
     comm::StagedCommunicator staged(comm, memory);
@@ -297,7 +307,7 @@ TEST_CASE("Dense and warmup + local SGD through the staged communicator equal th
 
 TEST_CASE("An unknown sync method is a clear error listing the available ones", "[sync]") {
   try {
-    comm::make_gradient_sync({"no_such_method", 0, 25, 1}, comm::world(), 10);
+    comm::make_gradient_sync(options("no_such_method", 0, 25, 1), comm::world(), 10);
     FAIL("expected an error");
   } catch (const std::invalid_argument& e) {
     CHECK_THAT(e.what(), Catch::Matchers::Contains("no_such_method") && Catch::Matchers::Contains("dense, local_sgd"));
@@ -306,13 +316,13 @@ TEST_CASE("An unknown sync method is a clear error listing the available ones", 
 
 TEST_CASE("Saved sync state restores, and another method's state is refused", "[sync]") {
   comm::Communicator& comm = comm::world();
-  auto local = comm::make_gradient_sync({"local_sgd", 0, 25, 3}, comm, 10);
+  auto local = comm::make_gradient_sync(options("local_sgd", 0, 25, 3), comm, 10);
   std::stringstream state;
   local->save(state);
-  auto again = comm::make_gradient_sync({"local_sgd", 0, 25, 3}, comm, 10);
+  auto again = comm::make_gradient_sync(options("local_sgd", 0, 25, 3), comm, 10);
   CHECK_NOTHROW(again->load(state));
   std::stringstream state2;
   local->save(state2);
-  auto dense = comm::make_gradient_sync({"dense", 0, 25, 1}, comm, 10);
+  auto dense = comm::make_gradient_sync(options("dense", 0, 25, 1), comm, 10);
   CHECK_THROWS_WITH(dense->load(state2), Catch::Matchers::Contains("local_sgd"));
 }

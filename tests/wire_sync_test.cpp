@@ -113,8 +113,8 @@ comm::SyncOptions options(const std::string& method, int64_t warmup, double buck
   o.method = method;
   o.dense_warmup_steps = warmup;
   o.bucket_mb = bucket_mb;
-  o.period = period;
-  o.wire_dtype = wire;
+  o.set("sync.period", period);
+  o.wire_dtype = comm::wire_dtype_name(wire);
   return o;
 }
 

@@ -30,7 +30,7 @@ CheckpointKeeper::CheckpointKeeper(const Config& config, models::ParameterStore&
                                    models::ParameterStore& buffers, comm::Communicator& comm)
     : out_(output_dir(config)),
       identity_{comm.size(), comm.rank(), config_hash(config), config.model.arch,
-                comm::sync_method(config.sync.method).can.applies_update ? static_cast<int>(config.sync.servers) : 0},
+                static_cast<int>(comm::server_ranks(config.sync))},
       keep_(static_cast<int>(config.train.keep_checkpoints)),
       params_(params),
       buffers_(buffers),

@@ -21,7 +21,6 @@
 
 #include "comm/sync/registry.h"
 #include "trainer/config.h"
-#include "trainer/config_defaults.h"
 #include "trainer/config_schema.h"
 #include "trainer/config_sync.h"
 
@@ -393,19 +392,17 @@ void check_consistency(const Config& c, const Settings& settings, const std::str
   // The method's own rules and capabilities (comm/sync/registry.h); sync.method is one of the
   // table's names by now (its choices).
   const comm::SyncMethod& method = comm::sync_method(c.sync.method);
-  if (c.sync.adaptive && !method.can.compresses)
-    fail(origin({"sync.adaptive", "sync.method"}),
-         "sync.adaptive = true applies to the compressing methods (" +
-             comm::sync_methods_that(&comm::SyncCapabilities::compresses) + "), not to sync.method = \"" +
-             c.sync.method + "\"");
+  // A key that would silently do nothing under this method (sync.adaptive = true under dense).
+  for (const comm::OptionKey& key : comm::sync_method_keys()) {
+    const Value& value = c.sync.keys.at(key.path);
+    if (key.refused_for_others && !comm::declares(method, key.path) && value != key.default_value)
+      fail(origin({key.path, "sync.method"}), key.path + " = " + toml_literal(value) + " applies to " +
+                                                  comm::sync_methods_declaring(key.path) + ", not to sync.method = \"" +
+                                                  c.sync.method + "\"");
+  }
   if (method.check)
     for (const comm::SyncOptionProblem& problem : method.check(sync_options(c)))
       fail(origin(problem.keys), problem.message);
-  if (!c.sync.keep_dense.empty() && !method.can.compresses)
-    fail(origin({"sync.keep_dense", "sync.method"}),
-         "sync.keep_dense applies to the compressing methods (" +
-             comm::sync_methods_that(&comm::SyncCapabilities::compresses) + "), not to sync.method = \"" +
-             c.sync.method + "\"");
   // A 16-bit sync.wire_dtype runs on every device: the methods that keep device buffers with it
   // (dense, and every method's dense warmup) cast with the backend (Backend::to_half); the
   // compressors' and DiLoCo's specs send them to host copies (needs_host_buffers, host_staged.h).
@@ -448,8 +445,11 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
   Config config;
   Loader loader{settings};
   visit_config(config, loader);
-  // Defaults that depend on the method and the optimizer (config_defaults.h), where the config is silent.
-  apply_method_defaults(config, [&](const std::string& key) { return settings.count(key) > 0; });
+  // The method's defaults that depend on the recipe (its spec's), where the config is silent.
+  const comm::SyncMethod& method = comm::sync_method(config.sync.method);
+  if (method.defaults)
+    for (const comm::MethodDefault& d : method.defaults(sync_recipe(config)))
+      if (!settings.count(d.key)) config.sync.keys.set(d.key, d.value);
   check_consistency(config, settings, source_name);
   return config;
 }

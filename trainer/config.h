@@ -7,12 +7,16 @@
 //
 // To add a key: a member here with its default, and one v.key(...) line in visit_config().
 // To add a section: a struct here, a member of Config, and its lines in visit_config().
+// A sync method's own keys are the exception: they are its options struct's, declared in its own
+// file (comm/sync/registry.h), and visit_config() visits them from the method table.
 #pragma once
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "comm/sync/sync_settings.h"
 
 namespace trainer {
 
@@ -27,9 +31,6 @@ inline const std::vector<std::string> kOptimizers = {"sgd", "adam", "adamw"};
 inline const std::vector<std::string> kSchedules = {"constant", "multistep", "cosine", "exponential"};
 inline const std::vector<std::string> kConvAlgorithms = {"auto", "direct", "winograd"};
 inline const std::vector<std::string> kPrecisions = {"fp32", "tf32", "bf16"};
-inline const std::vector<std::string> kStalenessLr = {"inverse", "none", "dc", "gap"};
-inline const std::vector<std::string> kMomentumCorrections = {"none", "momentum", "momentum_and_lr"};
-inline const std::vector<std::string> kOuterOptimizers = {"nesterov", "sgd", "adam"};
 inline const std::vector<std::string> kDevices = {"cpu", "cuda"};
 inline const std::vector<std::string> kCommunicators = {"auto", "nccl", "mpi"};
 
@@ -127,43 +128,9 @@ struct RuntimeConfig {
   double slowdown_factor = 1.0;
 };
 
-struct SyncConfig {
-  std::string method = "dense";
-  int64_t dense_warmup_steps = 0;
-  double bucket_mb = 8.0;
-  double first_bucket_mb = 1.0;
-  bool overlap = true;
-  std::string wire_dtype = "fp32";  // comm::wire_dtype_names()
-  int64_t period = 1;
-  double density = 0.1;
-  int64_t local_threshold_every = 32;
-  int64_t global_threshold_every = 32;
-  int64_t region_every = 64;
-  int64_t max_in_flight = 4;
-  bool balance = true;
-  int64_t rank = 8;
-  double min_compression_rate = 2.0;
-  bool error_feedback = true;
-  std::string keep_dense;                 // comma-separated globs of tensor names
-  bool adaptive = false;                  // powersgd and the sparse methods: Accordion (comm/sync/accordion.h)
-  int64_t adaptive_rank = 4;              // powersgd: the rank in critical regimes
-  double adaptive_density = 0.1;          // sparse methods: the density in critical regimes
-  double adaptive_threshold = 0.5;        // eta
-  int64_t adaptive_interval = 0;          // steps; 0: an epoch
-  int64_t servers = 1;                    // async_ps: the last `servers` ranks
-  std::string staleness_lr = "none";      // async_ps: kStalenessLr
-  double dc_lambda = 0.04;                // async_ps, staleness_lr = "dc"
-  std::string momentum_correction = "momentum";  // async_ps: kMomentumCorrections
-  int64_t max_staleness = -1;             // async_ps: -1 unbounded, 0 synchronous
-  bool deterministic = false;             // async_ps: serve workers in rank order
-  std::string outer_optimizer = "nesterov";  // diloco: kOuterOptimizers
-  double outer_lr = 0.7;                  // diloco
-  double outer_momentum = 0.9;            // diloco
-  int64_t fragments = 1;                  // diloco (Streaming DiLoCo): F
-  int64_t sync_delay = 0;                 // diloco (Streaming DiLoCo): tau
-  double mixing = 0.0;                    // diloco (Streaming DiLoCo): alpha
-  std::string outer_dtype = "fp32";       // diloco: comm::outer_dtype_names()
-};
+// [sync]: the gradient-sync stage's keys and every method's own (comm/sync/sync_settings.h).
+using SyncConfig = comm::SyncSettings;
+
 
 struct CommConfig {
   bool log = true;

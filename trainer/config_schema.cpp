@@ -12,7 +12,12 @@
 namespace trainer::config_schema {
 
 const char* sync_method_doc() {
-  static const std::string doc = [] {
+  // Rebuilt when a method is registered (a test's or an extension's), as the key table below.
+  static int built_for = -1;
+  static std::string doc;
+  if (built_for == comm::sync_table_version()) return doc.c_str();
+  built_for = comm::sync_table_version();
+  doc = [] {
     std::string text = "Gradient-sync method: ";
     const auto& methods = comm::sync_methods();
     for (size_t i = 0; i < methods.size(); ++i) text += (i ? "; " : "") + methods[i].name + " (" + methods[i].doc + ")";
@@ -51,13 +56,18 @@ struct TableBuilder {
   }
 };
 
+// Built again when a sync method is registered after it was first built (the methods' keys are
+// config keys: comm/sync/registry.h).
 const TableBuilder& table() {
-  static const TableBuilder t = [] {
+  static int built_for = -1;
+  static TableBuilder t;
+  if (built_for != comm::sync_table_version()) {
     TableBuilder b;
     const Config defaults;
     visit_config(defaults, b);
-    return b;
-  }();
+    t = std::move(b);
+    built_for = comm::sync_table_version();
+  }
   return t;
 }
 

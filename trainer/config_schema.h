@@ -17,56 +17,28 @@
 #include <vector>
 
 #include "comm/sync/registry.h"
-#include "comm/quantized_allreduce.h"
 #include "comm/wire_format.h"
 #include "trainer/config.h"
 
 namespace trainer::config_schema {
 
-// An interval of allowed numbers; for arrays it applies to every element.
-struct Range {
-  double lo = -std::numeric_limits<double>::infinity();
-  double hi = std::numeric_limits<double>::infinity();
-  bool lo_open = false;
-  bool hi_open = false;
-  bool contains(double x) const {  // false for NaN
-    return (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
-  }
-};
-inline Range closed(double lo, double hi) { return {lo, hi, false, false}; }       // [lo, hi]
-inline Range closed_open(double lo, double hi) { return {lo, hi, false, true}; }   // [lo, hi)
-inline Range open_closed(double lo, double hi) { return {lo, hi, true, false}; }   // (lo, hi]
-inline Range at_least(double lo) { return {lo, std::numeric_limits<double>::infinity(), false, true}; }
-
-// What a key accepts beyond its type: a numeric range or a closed list of names (or nothing).
-struct Allowed {
-  Allowed() = default;
-  Allowed(Range r) : range(r) {}
-  Allowed(std::vector<std::string> names) : choices(std::move(names)) {}
-  std::optional<Range> range;
-  std::vector<std::string> choices;
-};
-
-// The value types keys can have, in one variant so that the key table can hold defaults.
-using Value = std::variant<std::string, bool, int64_t, double, std::vector<int64_t>, std::vector<double>>;
-enum class Type { kString, kBool, kInt, kFloat, kIntArray, kFloatArray };  // same order as Value
-
-template <class T>
-constexpr Type type_of() {
-  using U = std::remove_const_t<T>;
-  if constexpr (std::is_same_v<U, std::string>) return Type::kString;
-  else if constexpr (std::is_same_v<U, bool>) return Type::kBool;
-  else if constexpr (std::is_same_v<U, int64_t>) return Type::kInt;
-  else if constexpr (std::is_same_v<U, double>) return Type::kFloat;
-  else if constexpr (std::is_same_v<U, std::vector<int64_t>>) return Type::kIntArray;
-  else {
-    static_assert(std::is_same_v<U, std::vector<double>>, "unsupported config value type");
-    return Type::kFloatArray;
-  }
-}
+// The vocabulary keys are written in, shared with the sync methods' own keys (comm/sync/option_keys.h).
+using comm::Allowed;
+using comm::at_least;
+using comm::closed;
+using comm::closed_open;
+using comm::open_closed;
+using comm::Range;
+using comm::Type;
+using comm::type_of;
+using comm::Value;
 
 // sync.method's documentation: each method's own line from the method table (comm/sync/registry.h).
 const char* sync_method_doc();
+
+// A method key's value in the settings: assignable in a Config being loaded, read-only otherwise.
+inline comm::Value& method_key_value(SyncConfig& s, const std::string& path) { return s.keys.slot(path); }
+inline const comm::Value& method_key_value(const SyncConfig& s, const std::string& path) { return s.keys.at(path); }
 
 template <class Cfg, class Visitor>
 void visit_config(Cfg& c, Visitor& v) {
@@ -350,156 +322,11 @@ void visit_config(Cfg& c, Visitor& v) {
         "with the same rounding on the GPU and NCCL sums the 16-bit values natively (host staging: MPI as "
         "above); the compressors with a 16-bit wire compute on host copies.",
         comm::wire_dtype_names());
-  v.key("sync.period", c.sync.period,
-        "local_sgd: average parameters every N steps. diloco: H, the inner steps between two syncs of "
-        "the model (of each fragment). Unless set, 4 for local_sgd and 8 for diloco (trainer/config_defaults.h; "
-        "--dry-run and the start line say so): measured on the CIFAR ResNet-20 recipe at P = 4 over seeds, "
-        "diloco at H = 8 (outer momentum 0.5) within 1 point of dense and local_sgd at H = 8 2.8 points "
-        "below it; with H = 1 and the paper's outer momentum, diloco diverged on LAS (BENCHMARKS.md, "
-        "\"Defaults that hold accuracy\"). 1 applies to no method (the schema's value).",
-        at_least(1));
-  v.key("sync.outer_optimizer", c.sync.outer_optimizer,
-        "diloco: the outer optimizer that steps the shared parameters with the averaged pseudo-gradient "
-        "(shared - local parameters): nesterov (SGD with Nesterov momentum, the DiLoCo paper's choice) "
-        "or sgd (heavy-ball momentum sync.outer_momentum; none at 0), PyTorch's torch.optim.SGD arithmetic "
-        "(sgd at lr 1 without momentum is local_sgd, bit for bit); or adam (torch.optim.Adam with betas "
-        "0.9 and 0.999 and eps 1e-8; sync.outer_momentum does not apply). The optimizer is optim.name's own "
-        "code, on the run's device.",
-        kOuterOptimizers);
-  v.key("sync.outer_lr", c.sync.outer_lr, "diloco: the outer optimizer's learning rate.", open_closed(0, 1e6));
-  v.key("sync.outer_momentum", c.sync.outer_momentum,
-        "diloco: the outer optimizer's momentum (nesterov needs it above 0). Unless set, 0.5 when the inner "
-        "optimizer is sgd with momentum, else 0.9, the DiLoCo paper's (AdamW inner steps): over SGD momentum "
-        "0.9 the two momenta compound, and at H = 8 0.5 ended 6.7 points above 0.9 on ResNet-20 and 11 CER "
-        "points on LAS (BENCHMARKS.md); a run set to 0.9 over SGD momentum prints a note at the start.",
-        closed_open(0, 1));
-  v.key("sync.fragments", c.sync.fragments,
-        "diloco: Streaming DiLoCo's F: the parameters are split into F fragments of whole tensors (model "
-        "order, about equal sizes) that sync in turn, one every sync.period / F steps, so each sync sends "
-        "1/F of the model (at most sync.period fragments, and at most the model's tensors).",
-        at_least(1));
-  v.key("sync.sync_delay", c.sync.sync_delay,
-        "diloco: Streaming DiLoCo's tau: a fragment's pseudo-gradient is taken and sent tau steps before "
-        "its outer step is applied (below sync.period / sync.fragments); its allreduce runs during those "
-        "steps on a communication thread (sync.overlap).",
-        at_least(0));
-  v.key("sync.mixing", c.sync.mixing,
-        "diloco: Streaming DiLoCo's alpha: after its outer step a fragment's local parameters become "
-        "alpha x local + (1 - alpha) x the new shared ones (0: take the shared ones; 1: stay local).",
-        closed(0, 1));
-  v.key("sync.outer_dtype", c.sync.outer_dtype,
-        "diloco: the format the pseudo-gradients cross the wire in (comm/quantized_allreduce.h): fp32 (one "
-        "allreduce), or bf16 (2 bytes), fp8 (E4M3) or int8 (1 byte, plus one fp32 scale per block of 256), "
-        "summed in fp32 as torchft's quantized allreduce: each rank quantizes, the chunks are exchanged "
-        "all-to-all, each chunk's owner dequantizes and sums in fp32, quantizes the sum, and an allgather "
-        "brings every chunk back. Each element is rounded twice whatever the number of processes: about 7% of "
-        "its block's largest value for fp8, 0.8% for int8 and bf16 at worst.",
-        comm::outer_dtype_names());
-  v.key("sync.density", c.sync.density,
-        "oktopk, topka, gaussiank, gtopk: fraction of gradient entries selected per step, k = "
-        "ceil(density * n). The default, 0.1, is the one measured to hold accuracy: Ok-Top-k on the CIFAR "
-        "ResNet-20 recipe at P = 4 (39 dense steps first, 3 seeds) ended 0.7 points below dense at 0.1 "
-        "(97.50 against 98.17%, 3.6x fewer bytes per step), 2.6 below at 0.05 and 10 below at 0.01 "
-        "(BENCHMARKS.md, \"Defaults that hold accuracy\"); the Ok-Top-k paper's 0.01-0.02 suit its long runs "
-        "of large models (the paper configs set them). Under sync.adaptive 0.01, paired with "
-        "sync.adaptive_density (trainer/config_defaults.h).",
-        open_closed(0, 1));
-  v.key("sync.local_threshold_every", c.sync.local_threshold_every,
-        "oktopk: recompute the local threshold exactly (k-th largest magnitude) every N compressed "
-        "steps; in between it is reused and nudged by the selected count.",
-        at_least(1));
-  v.key("sync.global_threshold_every", c.sync.global_threshold_every,
-        "oktopk: recompute the global threshold exactly every N compressed steps; reused and nudged in "
-        "between.",
-        at_least(1));
-  v.key("sync.region_every", c.sync.region_every,
-        "oktopk: recompute the region bounds (balanced by selected counts) every N compressed steps.",
-        at_least(1));
-  v.key("sync.max_in_flight", c.sync.max_in_flight,
-        "oktopk: peers with split-and-reduce messages in flight at once.", closed(1, 1 << 20));
-  v.key("sync.balance", c.sync.balance,
-        "oktopk: even out the globally selected entries across processes before the final allgatherv.");
-  v.key("sync.rank", c.sync.rank,
-        "powersgd: rank r of the factors P (n x r) and Q (m x r) of each n x m matrix (capped at "
-        "min(n, m)). The default, 8, is the one measured to hold accuracy: on the CIFAR ResNet-20 recipe at "
-        "P = 4 (3 seeds) 0.2 points below dense (97.93 against 98.17%, 4.6x fewer bytes per step after the "
-        "warmup), where rank 2 lost 5 points; on the LAS quickstart 0.7 CER points from dense against rank 2's "
-        "9.6 (BENCHMARKS.md). Under sync.adaptive 1, paired with sync.adaptive_rank 4 (trainer/config_defaults.h).",
-        closed(1, 1024));
-  v.key("sync.min_compression_rate", c.sync.min_compression_rate,
-        "powersgd: a tensor (viewed as shape[0] x the rest) is compressed when (n + m) r times this is "
-        "below n m; the others (and 1-D tensors) are averaged densely in the same allreduce.",
-        closed(0, 1e6));
-  v.key("sync.error_feedback", c.sync.error_feedback,
-        "oktopk, topka, gaussiank, gtopk, powersgd: keep what a step did not send in a residual that "
-        "the next step adds back (error feedback). false is the ablation without it: what was not "
-        "sent is dropped. Other methods keep no residual and ignore it.");
-  v.key("sync.keep_dense", c.sync.keep_dense,
-        "oktopk, topka, gaussiank, gtopk, powersgd: parameter tensors left uncompressed and averaged "
-        "exactly every step, as a comma-separated list of shell globs on their names (\"speller.*,"
-        "attention.*\"; each must match a tensor). The sparse methods then select over the other "
-        "entries only. Empty: every tensor the method can compress is compressed.");
-  v.key("sync.adaptive", c.sync.adaptive,
-        "powersgd, oktopk, topka, gaussiank, gtopk: adaptive compression as Accordion defines it (Agarwal et al., "
-        "MLSys 2021; comm/sync/accordion.h). At the end of each interval (sync.adaptive_interval) the norm of "
-        "the interval's summed averaged gradient is compared with the previous interval's; a relative change of "
-        "at least sync.adaptive_threshold is a critical regime, and the next interval sends at the low-compression "
-        "setting (sync.adaptive_rank, sync.adaptive_density), otherwise at sync.rank or sync.density. Training "
-        "starts at the low-compression setting (an interval that began in the dense warmup is not measured), "
-        "the interval after the first measured one is low too (nothing to compare with), and so is the interval after a learning-rate drop of optim.schedule = \"multistep\". powersgd "
-        "judges each compressed tensor on its own (the paper decides per layer); the sparse methods, which "
-        "select over the whole gradient with one k, judge the whole gradient. The setting in use is the metrics' "
-        "low_compression field; each switch is an ADAPTIVE_SWITCH record in the comm log.");
-  v.key("sync.adaptive_rank", c.sync.adaptive_rank,
-        "powersgd with sync.adaptive: the rank of critical regimes (above sync.rank). The paper paired rank 4 "
-        "with rank 1 (VGG-19, SENet) and rank 2 with rank 1 (ResNet-18); 4 over rank 1 is the pair measured here.",
-        closed(1, 1024));
-  v.key("sync.adaptive_density", c.sync.adaptive_density,
-        "oktopk, topka, gaussiank, gtopk with sync.adaptive: the density of critical regimes (above "
-        "sync.density). The paper's Top-k pairs kept 99% against 10% or 25% of each layer; 0.1 is ten times "
-        "sync.density's default under sync.adaptive (0.01).",
-        open_closed(0, 1));
-  v.key("sync.adaptive_threshold", c.sync.adaptive_threshold,
-        "sync.adaptive: eta, the relative change of the interval's gradient norm, |prev - cur| / prev, from "
-        "which a regime is critical (the paper's 0.5).",
-        open_closed(0, 1e6));
-  v.key("sync.adaptive_interval", c.sync.adaptive_interval,
-        "sync.adaptive: steps per detection interval; 0 is an epoch (the paper's interval).", at_least(0));
-  v.key("sync.servers", c.sync.servers,
-        "async_ps: parameter servers, the last N ranks; each owns a contiguous shard of the flat "
-        "parameters and BN statistics and runs the optimizer and lr schedule on it (must be below the "
-        "number of processes). A fixed count, resumes included: a checkpoint of another number of "
-        "processes or servers has its servers' shards (with their optimizer state) joined and cut for "
-        "this many, and the workers restart at the global step.",
-        closed(1, 1 << 20));
-  v.key("sync.staleness_lr", c.sync.staleness_lr,
-        "async_ps: how a server treats a gradient computed tau versions ago. A push is 1/W of a "
-        "synchronous step (lr / W with W workers); then inverse (lr / W / (1 + tau)), none (lr / W), "
-        "dc (DC-ASGD: g + dc_lambda g*g*(w_now - w_pulled) at lr / W), or gap (gap-aware damping, "
-        "Barkai et al. 2020: each element of the gradient, and its weight decay, divided by 1 + "
-        "|w_now - w_pulled| / C, C = the largest push lr times the RMS of the updates' direction "
-        "(running average, decay 0.999), i.e. by 1 + how many average pushes the weight moved since "
-        "the worker pulled it; at lr / W).",
-        kStalenessLr);
-  v.key("sync.dc_lambda", c.sync.dc_lambda, "async_ps, staleness_lr = \"dc\": the compensation strength lambda.",
-        closed(0, 1e6));
-  v.key("sync.momentum_correction", c.sync.momentum_correction,
-        "async_ps: asynchrony acts as extra momentum of about 1 - 1/W with W workers (Mitliagkas et al. "
-        "2016). none: the servers run optim.momentum; momentum: they run SGD at momentum mu_e = "
-        "max(0, optim.momentum - (1 - 1/W)); momentum_and_lr: that, and every update's lr times "
-        "(1 - mu_e) / (1 - optim.momentum), so the steady-state step of a gradient, lr / (1 - "
-        "momentum), stays the recipe's. Every update the servers make, synchronous rounds (the dense "
-        "warmup) included, except with sync.max_staleness = 0 (no asynchrony: no correction). "
-        "SGD only: with adam and adamw it does not apply (they have no momentum to lower).",
-        kMomentumCorrections);
-  v.key("sync.max_staleness", c.sync.max_staleness,
-        "async_ps: stale synchronous parallel bound s: a worker more than s steps ahead of the slowest "
-        "waits (-1 = no bound). s = 0 is synchronous: the server averages each round's gradients "
-        "into one optimizer step (dense SGD up to summation order).",
-        at_least(-1));
-  v.key("sync.deterministic", c.sync.deterministic,
-        "async_ps: servers take the workers' pushes in rank order, round robin, instead of whichever "
-        "arrives first: repeatable runs (resume is bit for bit) at the pace of the slowest worker.");
+  // Every method's own keys, from the method table: each declared in its method's file
+  // (comm/sync/registry.h), documented with the names of the methods that read it.
+  for (const comm::OptionKey& key : comm::sync_method_keys())
+    std::visit([&](auto& value) { v.key(key.path.c_str(), value, key.doc.c_str(), key.allowed); },
+               method_key_value(c.sync, key.path));
 
   v.section("comm", "The communication log (comm/rank<R>.jsonl and comm/summary.txt).");
   v.key("comm.log", c.comm.log, "Record every message and collective of the recorded steps.");

@@ -1,15 +1,26 @@
-// The [sync] section as the gradient-sync stage takes it (comm::SyncOptions), and the config's
-// checks that ask the method table (comm/sync/registry.h): whether the method runs on the
-// configured device, and the rules between its own keys.
+// The [sync] section as the gradient-sync stage and the method table (comm/sync/registry.h) see it:
+// the options make_gradient_sync builds from, the recipe a method's defaults and start notes depend
+// on, and the lines that say which of those defaults a config holds.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "comm/sync/gradient_sync.h"
+#include "comm/sync/registry.h"
 #include "trainer/config.h"
 
 namespace trainer {
 
-// The [sync] section, the run's seed (PowerSGD's first Q) and the parsed wire formats. The run's
-// length, the backend and the schedule are the experiment's to fill in (trainer/experiment.cpp).
+// The [sync] settings and the run's seed (PowerSGD's first Q). The run's length, the backend and the
+// schedule are the experiment's to fill in (trainer/experiment.cpp).
 comm::SyncOptions sync_options(const Config& config);
+
+// What the method's defaults and start notes see of the run; total_steps 0 when not known yet.
+comm::SyncRecipe sync_recipe(const Config& config, int64_t total_steps = 0);
+
+// For --dry-run and the start: one line per default of the method (its spec's defaults) whose value
+// the config holds, e.g. "sync.period = 8: diloco's H (...)". Empty when there is none.
+std::vector<std::string> method_default_lines(const Config& config);
 
 }  // namespace trainer

@@ -68,40 +68,6 @@ DivergenceWatch::Verdict DivergenceWatch::close(int64_t step, double loss_sum, d
 
 namespace {
 
-// Whether a key's description says it is `method`'s: one of its sentences begins with a list of
-// method names that holds it ("oktopk, topka, gaussiank, gtopk: fraction ...", "diloco: H, ...").
-bool names_method(const std::string& doc, const std::string& method) {
-  size_t start = 0;
-  while (start < doc.size()) {
-    const size_t colon = doc.find(':', start), period = doc.find(". ", start);
-    if (colon != std::string::npos && (period == std::string::npos || colon < period)) {
-      const std::string head = doc.substr(start, colon - start);
-      size_t from = 0;
-      while (from <= head.size()) {
-        size_t comma = head.find(", ", from);
-        if (comma == std::string::npos) comma = head.size();
-        if (head.compare(from, comma - from, method) == 0 && comma - from == method.size()) return true;
-        from = comma + 2;
-      }
-    }
-    if (period == std::string::npos) break;
-    start = period + 2;
-  }
-  return false;
-}
-
-struct MethodKeys {
-  const std::string& method;
-  std::string out;
-  void section(const char*, const char*) {}
-  template <class T>
-  void key(const char* path, const T& value, const char* doc, const config_schema::Allowed& = {}) {
-    if (std::string(path).rfind("sync.", 0) != 0 || !names_method(doc, method)) return;
-    out += (out.empty() ? "" : ", ") + std::string(path) + " = " +
-           config_schema::toml_literal(config_schema::Value(value));
-  }
-};
-
 std::string number(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.4g", v);
@@ -111,10 +77,12 @@ std::string number(double v) {
 }  // namespace
 
 std::string method_settings(const Config& config) {
-  MethodKeys keys{config.sync.method, {}};
-  config_schema::visit_config(config, keys);
+  // The method's own keys, as its table entry declares them (comm/sync/registry.h).
+  std::string keys;
+  for (const comm::OptionKey& key : comm::sync_method(config.sync.method).keys)
+    keys += (keys.empty() ? "" : ", ") + key.path + " = " + config_schema::toml_literal(config.sync.keys.at(key.path));
   std::string out = "sync.method = " + config.sync.method + " (";
-  if (!keys.out.empty()) out += keys.out + "; ";
+  if (!keys.empty()) out += keys + "; ";
   return out + "sync.dense_warmup_steps = " + std::to_string(config.sync.dense_warmup_steps) +
          ", optim.lr = " + number(config.optim.lr) + ")";
 }

@@ -101,7 +101,7 @@ Config plan_resume(const Config& config, const std::string& which, comm::Communi
   // async_ps: the batch is the workers' (the last sync.servers ranks serve), and a checkpoint of
   // another number of servers is re-sharded too. -1: a checkpoint that did not record its servers.
   const bool ps = comm::sync_method(config.sync.method).can.applies_update;
-  const int64_t servers = ps ? config.sync.servers : 0, saved_servers = ps ? seen[3] : 0;
+  const int64_t servers = ps ? comm::server_ranks(config.sync) : 0, saved_servers = ps ? seen[3] : 0;
   const bool same_layout = saved_world == world && (saved_servers < 0 || saved_servers == servers);
   if (!seen[0] || (same_layout && kept_batch == 0)) return config;  // the exact resume (or load's error)
   if (saved_servers < 0 && saved_world != world)

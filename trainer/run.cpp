@@ -8,7 +8,7 @@
 #include "comm/sync/async_ps.h"
 #include "comm/sync/registry.h"
 #include "models/model.h"
-#include "trainer/config_defaults.h"
+#include "trainer/config_sync.h"
 #include "trainer/experiment.h"
 #include "trainer/preemption.h"
 #include "trainer/reshard.h"
@@ -31,7 +31,7 @@ void print_dry_run(const Config& config, comm::Communicator& comm) {
               static_cast<long long>(n * 4));
   // A method that applies the update itself has server ranks (the last sync.servers), which do not train.
   const bool servers = comm::sync_method(config.sync.method).can.applies_update;
-  const int trainers = servers ? std::max<int>(0, comm.size() - static_cast<int>(config.sync.servers)) : comm.size();
+  const int trainers = servers ? std::max<int>(0, comm.size() - static_cast<int>(comm::server_ranks(config.sync))) : comm.size();
   std::printf("data: %s at %s%s, batch %lld per process x %d %s\n", config.data.dataset.c_str(),
               config.data.root.c_str(), config.data.synthesize_if_missing ? " (synthesized if missing)" : "",
               static_cast<long long>(config.data.batch_size), trainers, servers ? "workers" : "processes");
@@ -39,7 +39,7 @@ void print_dry_run(const Config& config, comm::Communicator& comm) {
   options.backend = &backend;  // a host method on a device run says it goes through host copies
   auto sync = comm::make_gradient_sync(options, comm, n, &views);
   std::printf("sync: %s\n", sync->describe().c_str());
-  // The defaults this method and optimizer chose (trainer/config_defaults.h), where they are in effect.
+  // The defaults this method chose for the recipe (its spec's), where they are in effect.
   for (const std::string& line : method_default_lines(config)) std::printf("default: %s\n", line.c_str());
   std::printf("overlap with backward: %s\n", config.sync.overlap ? sync->overlap_plan().c_str()
                                                                   : "off (sync.overlap = false: every message is "
@@ -62,7 +62,7 @@ RunSummary run_training(const Config& configured, const RunOptions& options, com
   comm::PsLayout layout;
   if (comm::sync_method(config.sync.method).can.applies_update) {
     try {
-      layout = comm::PsLayout::make(comm.size(), config.sync.servers);
+      layout = comm::PsLayout::make(comm.size(), comm::server_ranks(config.sync));
     } catch (const std::invalid_argument& e) {
       throw AgreedError(e.what(), 1);
     }

@@ -37,14 +37,16 @@ void write_run_info(const std::string& path, const Config& config, const models:
                     int64_t total_steps, int64_t steps_per_epoch, int64_t first_step) {
   const int64_t n = params.size();
   const int64_t bucket = comm::bucket_elements(config.sync.bucket_mb);
+  // The sparse methods' density, which the reports read (the key's default under other methods).
+  const double density = config.sync.get<double>("sync.density");
   nlohmann::json views = nlohmann::json::array();
   for (const models::ParamView& v : params.views()) views.push_back({{"name", v.name}, {"shape", v.shape}});
   nlohmann::json info{{"world_size", world},
                             {"arch", config.model.arch},
                             {"method", config.sync.method},
                             {"n", n},
-                            {"density", config.sync.density},
-                            {"k", comm::top_k_count(config.sync.density, n)},
+                            {"density", density},
+                            {"k", comm::top_k_count(density, n)},
                             {"dense_warmup_steps", config.sync.dense_warmup_steps},
                             {"bucket_elements", bucket},
                             {"dense_buckets", (n + bucket - 1) / bucket},

@@ -26,7 +26,7 @@
 #include "trainer/reshard.h"
 #include "trainer/roles.h"
 #include "trainer/run_output.h"
-#include "trainer/config_defaults.h"
+#include "trainer/config_sync.h"
 #include "trainer/start_notes.h"
 #include "trainer/step_clock.h"
 #include "trainer/step_graph.h"
@@ -246,7 +246,7 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
                 static_cast<long long>(frame_.first_step), static_cast<long long>(total_steps_), batch.c_str(), threads,
                 config.runtime.precision.c_str(), config.sync.method.c_str(), out.c_str());
   say(line);
-  // The defaults this method and optimizer chose (config_defaults.h), then the measured warnings.
+  // The defaults this method chose for the recipe (its spec's), then the measured warnings.
   for (const std::string& line : method_default_lines(config)) say("default: " + line);
   for (const std::string& note : start_notes(config, total_steps_)) say(note);
   // Only ranks that take their steps together can agree on a window (not async_ps's workers).
@@ -282,7 +282,7 @@ void Worker::resume(const LoadedCheckpoint& ck) {
     e_.optimizer->load(opt_state);
     e_.sync->load(sync_state);
   } else if (remote_update_) {
-    resharded = apply_ps_worker_resharded(ck, comm::PsLayout::make(world_.size(), config_.sync.servers),
+    resharded = apply_ps_worker_resharded(ck, comm::PsLayout::make(world_.size(), comm::server_ranks(config_.sync)),
                                           task_.parameters(), task_.buffers(), *e_.optimizer, *e_.sync,
                                           global_batch(config_, training_.size()));
   } else {

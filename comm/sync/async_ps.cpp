@@ -39,6 +39,8 @@ SyncMethod async_ps_method() {
   m.can.keeps_parameters_equal = false;
   m.can.wrapped_in_warmup = false;  // the servers run the warmup's synchronous rounds
   m.can.device_buffers = true;      // a worker on a device stages its push and pull (async_ps.h)
+  declare_options<AsyncPsOptions>(m);
+  m.server_ranks = [](const SyncSettings& s) { return options_of<AsyncPsOptions>(s).servers; };
   m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
     return std::make_unique<AsyncPsWorker>(c.comm.host_side(), c.backend, o, c.n);
   };
@@ -47,16 +49,16 @@ SyncMethod async_ps_method() {
 
 AsyncPsWorker::AsyncPsWorker(Communicator& world, models::DeviceMemory& memory, const SyncOptions& options,
                              int64_t n)
-    : world_(world), memory_(memory), options_(options), n_(n) {}
+    : world_(world), memory_(memory), options_(options), ps_(options_of<AsyncPsOptions>(options)), n_(n) {}
 
 std::string AsyncPsWorker::describe() const {
   const int p = world_.size();
   std::ostringstream out;
-  if (options_.servers >= p) {
-    out << "async_ps: sync.servers = " << options_.servers << " leaves no worker among " << p << " processes";
+  if (ps_.servers >= p) {
+    out << "async_ps: sync.servers = " << ps_.servers << " leaves no worker among " << p << " processes";
     return out.str();
   }
-  const PsLayout l = PsLayout::make(p, options_.servers);
+  const PsLayout l = PsLayout::make(p, ps_.servers);
   out << "async_ps: ranks 0.." << l.workers - 1 << " are workers, ranks " << l.workers << ".." << p - 1
       << " parameter servers (each owns about " << n_ / l.servers << " of " << n_
       << " parameters and runs the optimizer on them)\n"
@@ -96,7 +98,7 @@ SyncStats AsyncPsWorker::reduce(SyncBuffers& device, int64_t step) {
 
 SyncStats AsyncPsWorker::exchange(SyncBuffers& b, int64_t step) {
   if (layout_.world == 0) {
-    layout_ = PsLayout::make(world_.size(), options_.servers);
+    layout_ = PsLayout::make(world_.size(), ps_.servers);
     if (pulled_version_.empty()) pulled_version_.assign(layout_.servers, 0);
   }
   if (layout_.is_server(world_.rank())) throw std::logic_error("async_ps: reduce() called on a server rank");
@@ -166,7 +168,7 @@ void AsyncPsWorker::save(std::ostream& out) const {
   write_sync_header(out, "async_ps", 1);
   // Before the first step nothing was pulled: version 0 of every server.
   const std::vector<int64_t> versions =
-      pulled_version_.empty() ? std::vector<int64_t>(static_cast<size_t>(options_.servers), 0) : pulled_version_;
+      pulled_version_.empty() ? std::vector<int64_t>(static_cast<size_t>(ps_.servers), 0) : pulled_version_;
   write_pod(out, static_cast<int64_t>(versions.size()));
   for (int64_t v : versions) write_pod(out, v);
 }
@@ -188,9 +190,9 @@ std::vector<int64_t> read_pulled_versions(std::istream& in) {
 
 void AsyncPsWorker::load(std::istream& in) {
   std::vector<int64_t> versions = read_pulled_versions(in);
-  if (static_cast<int64_t>(versions.size()) != options_.servers)
+  if (static_cast<int64_t>(versions.size()) != ps_.servers)
     throw std::runtime_error("async_ps state was saved with sync.servers = " + std::to_string(versions.size()) +
-                             ", this run has " + std::to_string(options_.servers));
+                             ", this run has " + std::to_string(ps_.servers));
   pulled_version_ = std::move(versions);
 }
 
@@ -209,7 +211,7 @@ std::string AsyncPsWorker::load_resharded(const std::vector<std::string>& states
     }
   }
   if (version < 0) throw std::runtime_error("async_ps: no saved worker state to resume from");
-  pulled_version_.assign(static_cast<size_t>(options_.servers), version);
+  pulled_version_.assign(static_cast<size_t>(ps_.servers), version);
   return "every worker holds the checkpoint's parameters (version " + std::to_string(version) +
          "), nothing was in flight";
 }

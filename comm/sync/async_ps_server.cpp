@@ -37,11 +37,11 @@ void delay_compensate(float* g, const float* w_now, const float* w_pulled, float
 std::pair<optim::OptimizerOptions, double> server_optimizer(const PsServerOptions& options, int workers) {
   optim::OptimizerOptions o = options.optimizer;
   double lr_factor = 1;
-  if (options.sync.momentum_correction != "none" && options.sync.max_staleness != 0 && o.name == "sgd") {
+  if (options_of<AsyncPsOptions>(options.sync).momentum_correction != "none" && options_of<AsyncPsOptions>(options.sync).max_staleness != 0 && o.name == "sgd") {
     const double mu = options.optimizer.momentum;
     o.momentum = corrected_momentum(mu, workers);
     if (o.momentum == 0) o.nesterov = false;
-    if (options.sync.momentum_correction == "momentum_and_lr")
+    if (options_of<AsyncPsOptions>(options.sync).momentum_correction == "momentum_and_lr")
       lr_factor = (1.0 - o.momentum) / (1.0 - mu);  // keeps lr / (1 - momentum); optim.momentum < 1 (schema)
   }
   return {o, lr_factor};
@@ -51,7 +51,11 @@ std::pair<optim::OptimizerOptions, double> server_optimizer(const PsServerOption
 
 ParameterServer::ParameterServer(const PsServerOptions& options, Communicator& world, models::Backend& backend,
                                  models::ParameterStore& params, models::ParameterStore& buffers)
-    : options_(options), world_(world), backend_(backend), layout_(PsLayout::make(world.size(), options.sync.servers)) {
+    : options_(options),
+      ps_(options_of<AsyncPsOptions>(options.sync)),
+      world_(world),
+      backend_(backend),
+      layout_(PsLayout::make(world.size(), ps_.servers)) {
   me_ = world.rank() - layout_.workers;
   n_ = params.size();
   std::tie(p0_, p1_) = PsLayout::shard(params.size(), layout_.servers, me_);
@@ -61,7 +65,7 @@ ParameterServer::ParameterServer(const PsServerOptions& options, Communicator& w
   optim::OptimizerOptions optimizer;
   std::tie(optimizer, lr_factor_) = server_optimizer(options, layout_.workers);
   optimizer_ = optim::make_optimizer(backend, optimizer, p1_ - p0_);
-  if (options.sync.staleness_lr == "gap") {
+  if (options_of<AsyncPsOptions>(options.sync).staleness_lr == "gap") {
     gap_ = std::make_unique<GapAwareDamping>(p1_ - p0_);
     before_.resize(static_cast<size_t>(p1_ - p0_));
   }
@@ -78,7 +82,7 @@ ParameterServer::ParameterServer(const PsServerOptions& options, Communicator& w
 }
 
 bool ParameterServer::synchronous(int64_t step) const {
-  return options_.sync.max_staleness == 0 || step < options_.sync.dense_warmup_steps;
+  return ps_.max_staleness == 0 || step < options_.sync.dense_warmup_steps;
 }
 
 int64_t ParameterServer::next_meet(int64_t step) const {
@@ -95,14 +99,14 @@ bool ParameterServer::may_grant(int w) const {
   const int64_t granted = received_ + std::count(waiting_.begin(), waiting_.end(), false);
   if (granted >= meet_ * W) return false;  // the meet's budget is given out: wait for it
   const int64_t slowest = *std::min_element(clock_.begin(), clock_.end());
-  return options_.sync.max_staleness < 0 || clock_[w] - slowest <= options_.sync.max_staleness;
+  return ps_.max_staleness < 0 || clock_[w] - slowest <= ps_.max_staleness;
 }
 
 void ParameterServer::apply(float* grad, double lr, int w_for_dc) {
   // grad is grad_ or sum_grad_, both this server's scratch: DC-ASGD and gap-aware damping change it
   // in place. w_for_dc < 0: a synchronous step's mean, which nothing stale went into.
-  if (w_for_dc >= 0 && options_.sync.staleness_lr == "dc")
-    delay_compensate(grad, params_, sent_[w_for_dc].data(), static_cast<float>(options_.sync.dc_lambda), p1_ - p0_);
+  if (w_for_dc >= 0 && ps_.staleness_lr == "dc")
+    delay_compensate(grad, params_, sent_[w_for_dc].data(), static_cast<float>(ps_.dc_lambda), p1_ - p0_);
   if (gap_ && w_for_dc >= 0) {
     // Coupled weight decay is part of the gradient the optimizer forms, so it is damped too.
     const bool coupled = options_.optimizer.name != "adamw" && !options_.optimizer.decoupled_weight_decay;
@@ -130,7 +134,7 @@ void ParameterServer::receive_push(int w, int64_t step, int64_t pulled_version) 
     // and weight decay tuned for synchronous SGD carry over: W pushes at tau = 0 move the weights
     // as far as one dense step.
     const double push_lr = lr / W;
-    apply(grad_.data(), options_.sync.staleness_lr == "inverse" ? push_lr / (1.0 + tau_[w]) : push_lr, w);
+    apply(grad_.data(), ps_.staleness_lr == "inverse" ? push_lr / (1.0 + tau_[w]) : push_lr, w);
     // Each worker's change of the BN statistics counts 1/W: W pushes move them as far as the
     // average of W synchronous ranks' statistics would.
     add_scaled_into(state_, state_in_.data(), 1.f / static_cast<float>(W), s1_ - s0_);
@@ -193,7 +197,7 @@ int64_t ParameterServer::serve(int64_t first_step, int64_t stop_after,
   // Every worker holds the server's shard now: the initial weights (checked identical) or the
   // checkpoint's (a checkpoint is a meet every worker has pulled).
   sent_state_.assign(W, std::vector<float>(state_, state_ + (s1_ - s0_)));
-  if (options_.sync.staleness_lr == "dc" || gap_)
+  if (ps_.staleness_lr == "dc" || gap_)
     sent_.assign(W, std::vector<float>(params_, params_ + (p1_ - p0_)));
   // A stop at or before the first step never comes (as for the workers): the run goes to its end.
   end_ = stop_after > first_step ? stop_after : INT64_MAX;
@@ -208,7 +212,7 @@ int64_t ParameterServer::serve(int64_t first_step, int64_t stop_after,
     // Whose push: whichever comes first, or (deterministic) the next worker in rank order that is
     // computing (not held).
     int source = kAnySource;
-    if (options_.sync.deterministic) {
+    if (ps_.deterministic) {
       while (waiting_[next_]) next_ = (next_ + 1) % W;
       source = next_;
       next_ = (next_ + 1) % W;

@@ -57,7 +57,7 @@ namespace trainer::comm {
 // What a server needs to know besides the sync keys: where the meets fall (train.eval_every_steps,
 // train.checkpoint_every) and the optimizer and lr schedule it runs for the workers.
 struct PsServerOptions {
-  SyncOptions sync;  // servers, max_staleness, dense_warmup_steps, staleness_lr, dc_lambda, deterministic
+  SyncOptions sync;  // dense_warmup_steps and the method's keys (AsyncPsOptions)
   int64_t eval_every_steps = 0;  // 0: every epoch end
   int64_t checkpoint_every = 0;  // 0: none but the last
   optim::OptimizerOptions optimizer;
@@ -103,6 +103,7 @@ class ParameterServer {
   void send_reply(int w, int64_t meet, std::vector<Request>& sends);
 
   PsServerOptions options_;
+  AsyncPsOptions ps_;  // options_.sync's async_ps keys
   Communicator& world_;
   models::Backend& backend_;
   PsLayout layout_;

@@ -18,7 +18,7 @@ SyncMethod dense_method() {
   m.can.wrapped_in_warmup = false;  // every step is dense already
   m.can.capturable = true;          // on the GPU: the same bucket allreduces and one scale every step
   m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
-    return std::make_unique<DenseSync>(c.comm, c.n, o.bucket_mb, c.backend, o.wire_dtype,
+    return std::make_unique<DenseSync>(c.comm, c.n, o.bucket_mb, c.backend, o.wire(),
                                        DenseBuckets{o.first_bucket_mb, o.overlap, c.views});
   };
   return m;

@@ -7,6 +7,7 @@
 #include "comm/quantized_allreduce.h"
 #include "comm/sync/fragments.h"
 #include "comm/sync/gradient_sync.h"
+#include "comm/sync/option_keys.h"
 #include "comm/sync/outer_transfer.h"
 #include "models/device_buffer.h"
 #include "optim/optimizer.h"
@@ -64,6 +65,66 @@ namespace trainer::comm {
 // Saved state: the schedule's keys (checked on load), the inner step count, theta_outer, each
 // fragment's outer optimizer, and a fragment in flight (its averaged pseudo-gradient), so a
 // checkpoint inside a delay resumes exactly.
+// sync.method = "diloco"'s keys; the method runs on DilocoOptions below, made from them and the
+// stage's sync.bucket_mb and sync.overlap.
+inline const std::vector<std::string> kOuterOptimizers = {"nesterov", "sgd", "adam"};
+struct DilocoKeys {
+  int64_t period = 1;
+  std::string outer_optimizer = "nesterov";
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+  int64_t fragments = 1;
+  int64_t sync_delay = 0;
+  double mixing = 0.0;
+  std::string outer_dtype = "fp32";  // outer_dtype_names()
+
+  template <class Keys>
+  static void declare(Keys& k) {
+    k.key("sync.period", &DilocoKeys::period,
+          "H, the inner steps between two syncs of the model (of each fragment). Unless set, 8: at H = 8 with "
+          "outer momentum 0.5, within 1 point of dense on the CIFAR ResNet-20 recipe at P = 4 over seeds; with "
+          "H = 1 and the paper's outer momentum, diloco diverged on LAS (BENCHMARKS.md, \"Defaults that hold "
+          "accuracy\"); --dry-run and the start line say so.",
+          at_least(1));
+    k.key("sync.outer_optimizer", &DilocoKeys::outer_optimizer,
+          "the outer optimizer that steps the shared parameters with the averaged pseudo-gradient (shared - local "
+          "parameters): nesterov (SGD with Nesterov momentum, the DiLoCo paper's choice) or sgd (heavy-ball "
+          "momentum sync.outer_momentum; none at 0), PyTorch's torch.optim.SGD arithmetic (sgd at lr 1 without "
+          "momentum is local_sgd, bit for bit); or adam (torch.optim.Adam with betas 0.9 and 0.999 and eps 1e-8; "
+          "sync.outer_momentum does not apply). The optimizer is optim.name's own code, on the run's device.",
+          kOuterOptimizers);
+    k.key("sync.outer_lr", &DilocoKeys::outer_lr, "the outer optimizer's learning rate.", open_closed(0, 1e6));
+    k.key("sync.outer_momentum", &DilocoKeys::outer_momentum,
+          "the outer optimizer's momentum (nesterov needs it above 0). Unless set, 0.5 when the inner optimizer "
+          "is sgd with momentum, else 0.9, the DiLoCo paper's (AdamW inner steps): over SGD momentum 0.9 the two "
+          "momenta compound, and at H = 8 0.5 ended 6.7 points above 0.9 on ResNet-20 and 11 CER points on LAS "
+          "(BENCHMARKS.md); a run set to 0.9 over SGD momentum prints a note at the start.",
+          closed_open(0, 1));
+    k.key("sync.fragments", &DilocoKeys::fragments,
+          "Streaming DiLoCo's F: the parameters are split into F fragments of whole tensors (model order, about "
+          "equal sizes) that sync in turn, one every sync.period / F steps, so each sync sends 1/F of the model "
+          "(at most sync.period fragments, and at most the model's tensors).",
+          at_least(1));
+    k.key("sync.sync_delay", &DilocoKeys::sync_delay,
+          "Streaming DiLoCo's tau: a fragment's pseudo-gradient is taken and sent tau steps before its outer step "
+          "is applied (below sync.period / sync.fragments); its allreduce runs during those steps on a "
+          "communication thread (sync.overlap).",
+          at_least(0));
+    k.key("sync.mixing", &DilocoKeys::mixing,
+          "Streaming DiLoCo's alpha: after its outer step a fragment's local parameters become alpha x local + "
+          "(1 - alpha) x the new shared ones (0: take the shared ones; 1: stay local).",
+          closed(0, 1));
+    k.key("sync.outer_dtype", &DilocoKeys::outer_dtype,
+          "the format the pseudo-gradients cross the wire in (comm/quantized_allreduce.h): fp32 (one allreduce), "
+          "or bf16 (2 bytes), fp8 (E4M3) or int8 (1 byte, plus one fp32 scale per block of 256), summed in fp32 "
+          "as torchft's quantized allreduce: each rank quantizes, the chunks are exchanged all-to-all, each "
+          "chunk's owner dequantizes and sums in fp32, quantizes the sum, and an allgather brings every chunk "
+          "back. Each element is rounded twice whatever the number of processes: about 7% of its block's largest "
+          "value for fp8, 0.8% for int8 and bf16 at worst.",
+          outer_dtype_names());
+  }
+};
+
 struct DilocoOptions {
   int64_t period = 1;     // H: inner steps between two syncs of one fragment
   int64_t fragments = 1;  // F

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "comm/sync/compressor_options.h"
 #include "comm/sync/keep_dense.h"
 #include "comm/sync/sync_state.h"
 
@@ -15,7 +16,7 @@ namespace trainer::comm {
 SyncMethod gaussiank_method() {
   return sparse_method("gaussiank", "normal-fit threshold, allgatherv",
                        [](const SyncOptions& o, Communicator& comm, int64_t count, models::Backend& backend) {
-                         return std::make_unique<GaussianK>(comm, count, o.density, backend);
+                         return std::make_unique<GaussianK>(comm, count, options_of<SparseOptions>(o).density, backend);
                        });
 }
 

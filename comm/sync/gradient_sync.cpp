@@ -3,6 +3,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "comm/sync/compressor_options.h"
 #include "comm/sync/dense.h"
 #include "comm/sync/host_staged.h"
 #include "comm/sync/keep_dense.h"
@@ -98,22 +99,22 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
   Communicator& method_comm = staged ? comm.host_side() : comm;
   if (spec.check)
     for (const SyncOptionProblem& problem : spec.check(o)) throw std::invalid_argument(problem.message);
+  // Keys that would silently do nothing under this method (sync.adaptive = true under dense).
+  for (const OptionKey& key : sync_method_keys())
+    if (key.refused_for_others && !declares(spec, key.path) && o.keys.at(key.path) != key.default_value)
+      throw std::invalid_argument(key.path + " applies to " + sync_methods_declaring(key.path) + ", not to '" +
+                                  o.method + "'");
   // sync.keep_dense (keep_dense.h): the tensors it names, per view; empty when unset.
   std::vector<bool> kept;
-  if (!o.keep_dense.empty()) {
-    if (!spec.can.compresses)
-      throw std::invalid_argument("sync.keep_dense applies to the compressing methods (" +
-                                  sync_methods_that(&SyncCapabilities::compresses) + "), not to '" + o.method + "'");
+  const std::string keep_dense = spec.can.compresses ? options_of<CompressorOptions>(o).keep_dense : "";
+  if (!keep_dense.empty()) {
     if (!views) throw std::invalid_argument("sync.keep_dense needs the model's tensor names");
-    kept = match_keep_dense(o.keep_dense, *views);
+    kept = match_keep_dense(keep_dense, *views);
   }
-  if (o.adaptive && !spec.can.compresses)
-    throw std::invalid_argument("sync.adaptive applies to the compressing methods (" +
-                                sync_methods_that(&SyncCapabilities::compresses) + "), not to '" + o.method + "'");
   std::unique_ptr<GradientSync> method = spec.make(o, SyncContext{method_comm, n, views, backend, kept});
   if (o.dense_warmup_steps > 0 && spec.can.wrapped_in_warmup)
     method = std::make_unique<WarmupSync>(std::move(method), method_comm, n, o.bucket_mb, o.dense_warmup_steps, backend,
-                                          o.wire_dtype, DenseBuckets{o.first_bucket_mb, o.overlap, views});
+                                          o.wire(), DenseBuckets{o.first_bucket_mb, o.overlap, views});
   // The methods that sync parameters (their spec: keeps_parameters_equal is false) read and write
   // them; the others only the gradient.
   if (staged) return std::make_unique<HostStagedSync>(std::move(method), device, !spec.can.keeps_parameters_equal);

@@ -33,6 +33,7 @@
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
 #include "comm/quantized_allreduce.h"
+#include "comm/sync/sync_settings.h"
 #include "comm/wire_format.h"
 #include "models/backend.h"
 #include "models/parameters.h"
@@ -104,58 +105,23 @@ class GradientSync {
   std::string load_replicated(const std::vector<std::string>& states);
 };
 
-struct SyncOptions {
-  std::string method = "dense";
-  int64_t dense_warmup_steps = 0;
-  double bucket_mb = 8.0;   // dense allreduce bucket size (DDP's is 25; config_schema.h says why 8)
-  int64_t period = 1;       // local SGD: average parameters every `period` steps; diloco: H
-  // The format dense gradient buckets (dense, every method's dense warmup) and PowerSGD's P and Q
-  // factors travel in (comm/wire_format.h). Not parameters or BN statistics (local SGD's averaging
-  // stays fp32), not the sparse methods' values, not async_ps.
-  WireDType wire_dtype = WireDType::kF32;
-  double first_bucket_mb = 1.0;  // the first bucket backward fills (DDP's first bucket is 1 MB too)
-  bool overlap = true;           // dense buckets go out during backward (gradient_buckets.h)
-  // Sparse methods (oktopk, topka, gaussiank, gtopk): k = ceil(density * n) entries per step.
-  double density = 0.01;
-  int64_t local_threshold_every = 32;   // oktopk: exact local threshold every N compressed steps
-  int64_t global_threshold_every = 32;  // oktopk: exact global threshold every N compressed steps
-  int64_t region_every = 64;            // oktopk: region bounds recomputed every N compressed steps
-  int64_t max_in_flight = 4;            // oktopk: peers with messages in flight at once
-  bool balance = true;                  // oktopk: even out the final allgatherv blocks
-  int64_t rank = 2;                     // powersgd: rank of the factors
-  double min_compression_rate = 2.0;    // powersgd: compress when (n + m) r * rate < n m
-  bool error_feedback = true;           // compressing methods: false drops what was not sent
-  std::string keep_dense;               // compressing methods: tensors averaged exactly (keep_dense.h)
-  // Adaptive compression (accordion.h), for powersgd and the sparse methods: per interval, the low-
-  // compression setting (adaptive_rank, adaptive_density) in critical regimes, rank or density elsewhere.
-  bool adaptive = false;
-  int64_t adaptive_rank = 4;            // powersgd: the rank in critical regimes (above rank)
-  double adaptive_density = 0.1;        // sparse methods: the density in critical regimes (above density)
-  double adaptive_threshold = 0.5;      // eta: the relative change of the gradient norm that is critical
-  int64_t adaptive_interval = 0;        // steps per interval; 0: an epoch (steps_per_epoch)
-  std::vector<int64_t> lr_decay_steps;  // steps where the learning rate drops (the interval after is critical)
-  uint64_t seed = 0;                    // powersgd: the first Q's seed (the same on every rank)
-  std::string outer_optimizer = "nesterov";  // diloco (comm/sync/diloco.h): nesterov or sgd
-  double outer_lr = 0.7;                // diloco
-  double outer_momentum = 0.9;          // diloco
-  int64_t fragments = 1;                // diloco: Streaming DiLoCo's F
-  int64_t sync_delay = 0;               // diloco: tau
-  double mixing = 0.0;                  // diloco: alpha
-  OuterDType outer_dtype = OuterDType::kF32;  // diloco: the pseudo-gradients' wire format
-  int64_t servers = 1;                  // async_ps: the last `servers` ranks serve
-  int64_t max_staleness = -1;           // async_ps: -1 unbounded, 0 synchronous (comm/sync/async_ps_server.h)
-  std::string staleness_lr = "none";    // async_ps: inverse, none, dc or gap
-  double dc_lambda = 0.04;              // async_ps, staleness_lr = "dc"
-  std::string momentum_correction = "momentum";  // async_ps: none, momentum, momentum_and_lr (staleness_remedies.h)
-  bool deterministic = false;           // async_ps: serve workers in rank order
-  int64_t total_steps = 0;              // async_ps: the run's steps (the servers' schedule and end)
-  int64_t steps_per_epoch = 0;          // async_ps: for the servers' lr schedule
+// What make_gradient_sync builds from: the [sync] settings (sync_settings.h: the stage's keys and
+// every method's own, which each method reads through its options struct) and what the run around
+// it knows.
+struct SyncOptions : SyncSettings {
+  // Not an aggregate: a braced list of values would fill the settings' fields in declaration order.
+  explicit SyncOptions(const SyncSettings& settings = {}) : SyncSettings(settings) {}
+  std::vector<int64_t> lr_decay_steps;  // steps where the learning rate drops (Accordion: the interval after is critical)
+  uint64_t seed = 0;                    // experiment.seed (powersgd: the first Q's seed, the same on every rank)
+  int64_t total_steps = 0;              // the run's steps (async_ps: the servers' schedule and end)
+  int64_t steps_per_epoch = 0;          // async_ps: the servers' lr schedule; Accordion: an interval of 0
   // Where SyncBuffers live (runtime.device's backend); null: the CPU. The methods whose spec says
   // device_buffers (registry.h; and the dense warmup) run their arithmetic on this backend and
   // their communicator moves its memory (comm/device_communicator.h); the others compute on host
   // copies (host_staged.h).
   models::Backend* backend = nullptr;
 };
+
 
 
 // Builds the method of the table (registry.h) named o.method, inside the dense warmup when there is

@@ -5,6 +5,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "comm/sync/compressor_options.h"
 #include "comm/sync/keep_dense.h"
 #include "comm/sync/sync_state.h"
 
@@ -13,7 +14,7 @@ namespace trainer::comm {
 SyncMethod gtopk_method() {
   return sparse_method("gtopk", "tree of pairwise top-k merges, power-of-two process counts",
                        [](const SyncOptions& o, Communicator& comm, int64_t count, models::Backend& backend) {
-                         return std::make_unique<GTopk>(comm, count, o.density, backend);
+                         return std::make_unique<GTopk>(comm, count, options_of<SparseOptions>(o).density, backend);
                        });
 }
 

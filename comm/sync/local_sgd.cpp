@@ -18,8 +18,13 @@ SyncMethod local_sgd_method() {
   m.doc = "local steps, parameters averaged every sync.period steps";
   m.can.device_buffers = true;
   m.can.keeps_parameters_equal = false;
+  declare_options<LocalSgdOptions>(m);
+  m.defaults = [](const SyncRecipe&) -> std::vector<MethodDefault> {
+    return {{"sync.period", int64_t{4},
+             "local_sgd's period: H = 8 lost 2.8 points on CIFAR ResNet-20 and 2 CER points on LAS over seeds"}};
+  };
   m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
-    return std::make_unique<LocalSgd>(c.comm, c.n, o.bucket_mb, o.period, c.backend);
+    return std::make_unique<LocalSgd>(c.comm, c.n, o.bucket_mb, options_of<LocalSgdOptions>(o).period, c.backend);
   };
   return m;
 }

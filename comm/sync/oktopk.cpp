@@ -13,10 +13,12 @@
 namespace trainer::comm {
 
 SyncMethod oktopk_method() {
-  return sparse_method("oktopk", "Ok-Top-k sparse allreduce",
-                       [](const SyncOptions& o, Communicator& comm, int64_t count, models::Backend& backend) {
-                         return std::make_unique<OkTopk>(comm, count, o, backend);
-                       });
+  SyncMethod m = sparse_method("oktopk", "Ok-Top-k sparse allreduce",
+                               [](const SyncOptions& o, Communicator& comm, int64_t count, models::Backend& backend) {
+                                 return std::make_unique<OkTopk>(comm, count, options_of<OkTopkOptions>(o), backend);
+                               });
+  declare_options<OkTopkOptions>(m);
+  return m;
 }
 namespace {
 
@@ -39,7 +41,7 @@ float from_bits(uint32_t bits) {
 
 }  // namespace
 
-OkTopk::OkTopk(Communicator& comm, int64_t n, const SyncOptions& o, models::Backend& backend)
+OkTopk::OkTopk(Communicator& comm, int64_t n, const OkTopkOptions& o, models::Backend& backend)
     : ErrorFeedbackSync(n, &backend),
       comm_(comm),
       n_(n),

@@ -1,10 +1,38 @@
 #pragma once
 
+#include "comm/sync/compressor_options.h"
 #include "comm/sync/error_feedback_sync.h"
 #include "comm/sync/select.h"
 #include "comm/sync/sparse_passes.h"
 
 namespace trainer::comm {
+
+// sync.method = "oktopk"'s keys: the sparse methods' (compressor_options.h) and its schedule's.
+struct OkTopkOptions : SparseOptions {
+  int64_t local_threshold_every = 32;
+  int64_t global_threshold_every = 32;
+  int64_t region_every = 64;
+  int64_t max_in_flight = 4;
+  bool balance = true;
+
+  template <class Keys>
+  static void declare(Keys& k) {
+    SparseOptions::declare(k);
+    k.key("sync.local_threshold_every", &OkTopkOptions::local_threshold_every,
+          "recompute the local threshold exactly (k-th largest magnitude) every N compressed steps; in between it "
+          "is reused and nudged by the selected count.",
+          at_least(1));
+    k.key("sync.global_threshold_every", &OkTopkOptions::global_threshold_every,
+          "recompute the global threshold exactly every N compressed steps; reused and nudged in between.",
+          at_least(1));
+    k.key("sync.region_every", &OkTopkOptions::region_every,
+          "recompute the region bounds (balanced by selected counts) every N compressed steps.", at_least(1));
+    k.key("sync.max_in_flight", &OkTopkOptions::max_in_flight,
+          "peers with split-and-reduce messages in flight at once.", closed(1, 1 << 20));
+    k.key("sync.balance", &OkTopkOptions::balance,
+          "even out the globally selected entries across processes before the final allgatherv.");
+  }
+};
 
 // Ok-Top-k (Li & Hoefler, PPoPP 2022, "Near-Optimal Sparse Allreduce"), docs/architecture.md section 4. With
 // k = ceil(density * n), one compressed step on every rank:
@@ -57,7 +85,7 @@ namespace trainer::comm {
 class OkTopk final : public ErrorFeedbackSync {
  public:
   // `backend`: where the gradient and the residual live (sparse_passes.h); `comm` moves host memory.
-  OkTopk(Communicator& comm, int64_t n, const SyncOptions& options, models::Backend& backend);
+  OkTopk(Communicator& comm, int64_t n, const OkTopkOptions& options, models::Backend& backend);
   std::string name() const override { return "oktopk"; }
   std::string describe() const override;
 

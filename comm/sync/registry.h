@@ -1,11 +1,12 @@
 // The gradient-sync methods as one table (docs/architecture.md section 4, "The method table").
 //
 // Each method is one file that defines its spec: its name, one line of documentation for
-// sync.method, what it can do (SyncCapabilities), the checks of its own keys beyond their ranges,
-// and its factory. The table (registry.cpp) lists the built-in specs, one line each; a test or an
-// extension adds its own with register_sync_method(). Everything that used to ask a method's name
-// asks the table instead: the config's choices and checks, the factory (make_gradient_sync), the
-// trainer's roles and resume, --dry-run and the benchmarks.
+// sync.method, what it can do (SyncCapabilities), its own keys (an options struct, option_keys.h)
+// with their defaults that depend on the recipe, the rules between them, its start notes, and its
+// factory. The table (methods.h) lists the built-in methods, one line each; a test or an extension
+// adds its own with register_sync_method(). Everything that used to ask a method's name asks the
+// table instead: the config's keys, choices, defaults and checks, the factory (make_gradient_sync),
+// the trainer's roles and resume, the start notes, --dry-run, the divergence guard and the benchmarks.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,8 @@
 
 #include "comm/communicator.h"
 #include "comm/sync/gradient_sync.h"
+#include "comm/sync/option_keys.h"
+#include "comm/sync/sync_settings.h"
 #include "models/backend.h"
 #include "models/parameters.h"
 
@@ -68,10 +71,39 @@ struct SyncOptionProblem {
   std::string message;
 };
 
+// What a method's defaults and start notes may depend on beside its own keys: the recipe around it.
+struct SyncRecipe {
+  const SyncSettings& sync;  // the method's keys as the config holds them
+  std::string model_arch;    // model.arch
+  bool speech = false;       // a speech task (data.dataset = "an4"): deepspeech or las
+  std::string optimizer;     // optim.name
+  double momentum = 0;       // optim.momentum
+  int64_t total_steps = 0;   // the run's steps (0 when not known yet: --dry-run before the data is read)
+};
+
+// A default that depends on the recipe (the model, the optimizer, the method's other keys): it
+// applies where the config leaves the key unset; `why` is what it is for and what was measured, for
+// --dry-run and the start.
+struct MethodDefault {
+  std::string key;
+  Value value;
+  std::string why;
+};
+
 struct SyncMethod {
   std::string name;  // the value of sync.method
   std::string doc;   // what it does, for sync.method's documentation (docs/config.md)
   SyncCapabilities can;
+  // Its own keys (option_keys.h; declare_options<O>() sets them from its options struct). A key that
+  // several methods declare (sync.density) must have one type, range and default in all of them.
+  std::vector<OptionKey> keys;
+  // Its defaults that depend on the recipe (null: none).
+  std::function<std::vector<MethodDefault>(const SyncRecipe&)> defaults;
+  // Lines printed at the start (and by --dry-run) when the recipe is known to cost accuracy with
+  // this method, each beginning "note: " (null: none).
+  std::function<std::vector<std::string>(const SyncRecipe&)> start_notes;
+  // Ranks that serve instead of training, the last ones (applies_update; null: none).
+  std::function<int64_t(const SyncSettings&)> server_ranks;
   // Builds the method; the dense warmup and sync.keep_dense's dense allreduce are added around it by
   // make_gradient_sync. Throws std::invalid_argument naming the key for options it cannot run with.
   std::function<std::unique_ptr<GradientSync>(const SyncOptions&, const SyncContext&)> make;
@@ -86,6 +118,21 @@ struct SyncMethod {
   std::function<bool(const SyncOptions&)> needs_host_buffers;
 };
 
+template <class O>
+void declare_options(SyncMethod& m) {
+  m.keys = OptionBinding<O>().keys();
+}
+
+// Every key of every method in the table, once, in table order. A key several methods declare has
+// each declarer's documentation, prefixed by their names ("oktopk, topka, gaussiank, gtopk: ...").
+const std::vector<OptionKey>& sync_method_keys();
+const OptionKey* find_sync_method_key(const std::string& path);  // null when no method declares it
+// "oktopk, topka, gaussiank, gtopk and powersgd": the methods that declare a key.
+std::string sync_methods_declaring(const std::string& path);
+bool declares(const SyncMethod& method, const std::string& path);
+// The server ranks of the settings' method (0 for every method but a parameter server).
+int64_t server_ranks(const SyncSettings& settings);
+
 // Whether the method runs on device buffers with these options (device_buffers, and not
 // needs_host_buffers); on a device run the others compute on host copies (host_staged.h).
 bool takes_device_buffers(const SyncMethod& method, const SyncOptions& options);
@@ -96,6 +143,9 @@ const std::vector<SyncMethod>& sync_methods();  // their names: sync_method_name
 const SyncMethod* find_sync_method(const std::string& name);
 // The same, or std::invalid_argument naming the available methods.
 const SyncMethod& sync_method(const std::string& name);
+// Changes whenever a method is registered, so that tables derived from this one (the config's keys)
+// know to rebuild.
+int sync_table_version();
 // Adds a method (a test's, an extension's). Throws std::invalid_argument when the name is taken or
 // the spec has no name or factory. Not thread-safe: register before anything reads the table.
 void register_sync_method(SyncMethod method);

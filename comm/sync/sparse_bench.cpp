@@ -107,9 +107,10 @@ MethodResult bench_method(Communicator& comm, Communicator& sync_comm, const Poo
   const int64_t n = o.n, k = top_k_count(o.density, n);
   SyncOptions so;
   so.method = method;
-  so.density = o.density;
-  so.rank = powersgd_rank;
+  so.set("sync.density", o.density);
+  if (powersgd_rank > 0) so.set("sync.rank", powersgd_rank);
   const bool oktopk = method == "oktopk";
+  const auto ok_keys = options_of<OkTopkOptions>(so);
   // The baselines keep no thresholds: a couple of warmup steps and 16 timed ones are enough.
   const int warmup = oktopk ? o.warmup : std::min(o.warmup, 2);
   const int steps = oktopk ? o.steps : std::min(o.steps, 16);
@@ -141,7 +142,7 @@ MethodResult bench_method(Communicator& comm, Communicator& sync_comm, const Poo
     comm.log().take_totals(sent, received);
     if (j < warmup) continue;
     all.push_back(ms);
-    const bool is_exact = oktopk && (j % so.local_threshold_every == 0 || j % so.global_threshold_every == 0);
+    const bool is_exact = oktopk && (j % ok_keys.local_threshold_every == 0 || j % ok_keys.global_threshold_every == 0);
     (is_exact ? exact : reuse).push_back(ms);
     sent_sum += sent;
     recv_sum += received;

@@ -4,6 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "comm/sync/compressor_options.h"
 #include "comm/sync/keep_dense.h"
 #include "comm/sync/sync_state.h"
 
@@ -12,7 +13,7 @@ namespace trainer::comm {
 SyncMethod topka_method() {
   return sparse_method("topka", "local top-k, allgather",
                        [](const SyncOptions& o, Communicator& comm, int64_t count, models::Backend& backend) {
-                         return std::make_unique<TopkA>(comm, count, o.density, backend);
+                         return std::make_unique<TopkA>(comm, count, options_of<SparseOptions>(o).density, backend);
                        });
 }
 
