@@ -100,14 +100,54 @@ class Worker {
   // The start of either kind of step: its batch loaded (timed as data), the injected failure.
   // Returns when the step started.
   Clock::time_point begin_step(int64_t step);
+  // An eager step's forward and backward; with sync.overlap the method's first messages (dense
+  // buckets) go out during backward, from gradients_ready.
+  struct Backward {
+    StepResult result;
+    bool early = false;              // the method sent during backward (finish_early_sends)
+    int64_t from_us = 0, to_us = 0;  // backward's span, for the comm log
+  };
+  Backward forward_backward(int64_t step);
+  // The verdict on stop requests and non-finite values, found before the sync can spread them into
+  // other ranks' weights or residuals: of the local gradient as it is, or as its buckets went out.
+  StepVerdict agree(int64_t step, const Backward& backward);
   // The same step as one CUDA graph (runtime.cuda_graph, step_graph.h); false as step().
   bool graph_step(int64_t step);
-  // The launched steps' results, each closed as step() closes its step; `stop_signal`: the agreed
-  // signal of the last one.
+  // The launched steps' results, each closed by close_step as an eager step is; `stop_signal`: the
+  // agreed signal of the last one.
   bool drain_graph(int stop_signal);
-  // Whether round_duties has something to do after the `done`-th step (a launched step is drained
-  // first).
-  bool duties_due(int64_t done) const;
+
+  // What a step, eager or replayed from its recording, leaves to close.
+  struct FinishedStep {
+    int64_t step = 0;
+    double loss = 0;
+    int64_t samples = 0;
+    int64_t correct = 0;
+    bool applied = false;
+    comm::SyncStats stats;
+    double lr = 0;
+    // Not applied: what was not finite, and whether every rank knows it (the verdict's or the
+    // device's check after the sync), which lets the divergence guard judge it; whether the
+    // parameters were restored (a recorded step's own check), and whether only the loss was.
+    std::string nonfinite;
+    bool agreed_nonfinite = false;
+    bool restored = false;
+    bool loss_only = false;
+  };
+  // The one end of every step: the non-finite guard, the step's metrics, the divergence guard (a
+  // stop checkpoints the state after `state_done` steps: the last drained one's, for a recording),
+  // then round_duties. Returns false when the run stops.
+  bool close_step(const FinishedStep& s, int64_t state_done, int stop_signal);
+  // What falls due when `round` steps are done. One rule for round_duties and for whether a
+  // recorded step must hand its results over first (a launched step is drained before any duty).
+  struct Duties {
+    bool evaluate = false, checkpoint = false, finished = false, stop_after = false;
+    bool any() const { return evaluate || checkpoint || finished || stop_after; }
+  };
+  Duties duties(int64_t round) const;
+  bool log_due(int64_t done, int64_t round) const {
+    return done % config_.train.log_every_steps == 0 || round == total_steps_;
+  }
   // After the `done`-th step, at `at`: evaluation, checkpoint and the end when the round is due,
   // and stopping early (a stop signal agreed on, --stop-after). Returns false when the run stops.
   bool round_duties(int64_t done, const StepPosition& at, int stop_signal);
@@ -311,71 +351,88 @@ RunSummary Worker::run() {
 
 bool Worker::step(int64_t step) {
   if (graph_ && graph_->ready()) return graph_step(step);
-  StepTimes& times = metrics_->times();
-  models::ParameterStore& params = task_.parameters();
   const auto step_start = begin_step(step);
-
-  // Forward and backward; with sync.overlap the method's first messages (dense buckets) go out
-  // during backward, from gradients_ready.
-  auto t0 = Clock::now();
-  world_.log().set_step(step, e_.sync->phase(step));
-  guard_.before_forward();
-  nan_due_ = inject_nan_.count({rank_, step}) > 0;
-  weighted_from_ = params.size();
-  const bool early = e_.sync->begin_step(sync_buffers_, step);
-  const int64_t backward_from_us = world_.log().now_us();
-  const StepResult result = task_.forward_backward();
-  inject_nan_if_due(0);
-  weight_gradient(0);
-  e_.backend->synchronize();  // backward's kernels count here, not in the phase that waits next
-  const int64_t backward_to_us = world_.log().now_us();
-  times.compute += ms_since(t0);
-  spans_.mark("forward_backward");
+  const Backward backward = forward_backward(step);
   slow_down(config_, rank_, ms_since(step_start));
-
-  // The verdict on stop requests and non-finite values, found before the sync can spread them into
-  // other ranks' weights or residuals: of the local gradient as it is, or as its buckets went out.
-  t0 = Clock::now();
-  const int sent_check = early ? e_.sync->finish_early_sends() : kNotSentYet;
-  // Recorded only now: until finish_early_sends returns, the communication thread may be recording
-  // its last buckets, and the log takes one recording thread at a time (comm/comm_log.h). Readers
-  // place the span by its times, not by its line.
-  world_.log().record_compute("FORWARD_BACKWARD", backward_from_us, backward_to_us);
-  const StepVerdict verdict = clock_->verdict(step, stop_signal_received(), result.loss, sent_check);
-  times.sync += ms_since(t0);
+  const StepVerdict verdict = agree(step, backward);
   const double lr = optim::learning_rate(e_.schedule, step, steps_per_epoch_, total_steps_);
   UpdateOutcome update;
   if (verdict.nonfinite)
-    update.nonfinite = nonfinite_item(verdict.tensor, params) + " on rank " + std::to_string(verdict.rank) +
-                       ", before the gradient sync";
+    update.nonfinite = nonfinite_item(verdict.tensor, task_.parameters()) + " on rank " +
+                       std::to_string(verdict.rank) + ", before the gradient sync";
   else
-    update = update_.run(step, lr, times, spans_);
-  if (update.applied) {
-    guard_.applied();
-  } else {
-    // A non-finite value after the switch that ends the run is the divergence guard's to judge:
-    // only one every rank knows of (the verdict's; its extra collective must not wait alone).
-    if (verdict.nonfinite && guard_.next_skip_ends_run())
-      if (auto line = divergence_->nonfinite(step, result.loss, result.samples, verdict.tensor < 0,
-                                             "non-finite value at step " + str(step) + ": " + update.nonfinite))
-        stop_diverged(*line, step, false);
-    say(guard_.skip(step, update.nonfinite));
-  }
+    update = update_.run(step, lr, metrics_->times(), spans_);
   spans_.end_step();
   release_free_heap();
-
   if (graph_) {
     graph_->eager_step_done();
-    graph_samples_ = result.samples;
+    graph_samples_ = backward.result.samples;
   }
-  StepRecord record{result.loss, result.samples, result.correct, update.applied, update.stats, lr};
+  FinishedStep s;
+  s.step = step;
+  s.loss = backward.result.loss;
+  s.samples = backward.result.samples;
+  s.correct = backward.result.correct;
+  s.applied = update.applied;
+  s.stats = update.stats;
+  s.lr = lr;
+  s.nonfinite = update.nonfinite;
+  // Only a value every rank knows of (the verdict's; its extra collective must not wait alone).
+  s.agreed_nonfinite = verdict.nonfinite;
+  s.loss_only = verdict.tensor < 0;
+  return close_step(s, step + 1, verdict.stop_signal);
+}
+
+Worker::Backward Worker::forward_backward(int64_t step) {
+  const auto t0 = Clock::now();
+  world_.log().set_step(step, e_.sync->phase(step));
+  guard_.before_forward();
+  nan_due_ = inject_nan_.count({rank_, step}) > 0;
+  weighted_from_ = task_.parameters().size();
+  Backward b;
+  b.early = e_.sync->begin_step(sync_buffers_, step);
+  b.from_us = world_.log().now_us();
+  b.result = task_.forward_backward();
+  inject_nan_if_due(0);
+  weight_gradient(0);
+  e_.backend->synchronize();  // backward's kernels count here, not in the phase that waits next
+  b.to_us = world_.log().now_us();
+  metrics_->times().compute += ms_since(t0);
+  spans_.mark("forward_backward");
+  return b;
+}
+
+StepVerdict Worker::agree(int64_t step, const Backward& b) {
+  const auto t0 = Clock::now();
+  const int sent_check = b.early ? e_.sync->finish_early_sends() : kNotSentYet;
+  // Recorded only now: until finish_early_sends returns, the communication thread may be recording
+  // its last buckets, and the log takes one recording thread at a time (comm/comm_log.h). Readers
+  // place the span by its times, not by its line.
+  world_.log().record_compute("FORWARD_BACKWARD", b.from_us, b.to_us);
+  const StepVerdict verdict = clock_->verdict(step, stop_signal_received(), b.result.loss, sent_check);
+  metrics_->times().sync += ms_since(t0);
+  return verdict;
+}
+
+bool Worker::close_step(const FinishedStep& s, int64_t state_done, int stop_signal) {
+  if (s.applied) {
+    guard_.applied();
+  } else {
+    // A non-finite value after the switch that ends the run is the divergence guard's to judge.
+    if (s.agreed_nonfinite && guard_.next_skip_ends_run())
+      if (auto line = divergence_->nonfinite(s.step, s.loss, s.samples, s.loss_only,
+                                             "non-finite value at step " + str(s.step) + ": " + s.nonfinite))
+        stop_diverged(*line, s.step, false);
+    say(guard_.skip(s.step, s.nonfinite, s.restored));
+  }
+  StepRecord record{s.loss, s.samples, s.correct, s.applied, s.stats, s.lr};
   world_.log().take_totals(record.sent, record.received);
-  const int64_t done = step + 1;
-  const StepPosition at = clock_->position(done, update.stats);
-  metrics_->close_step(record, at, done % config_.train.log_every_steps == 0 || at.round == total_steps_);
-  if (auto line = divergence_->after_step(step, result.loss, result.samples, update.applied, keeper_.last()))
-    stop_diverged(*line, done, true);
-  return round_duties(done, at, verdict.stop_signal);
+  const int64_t done = s.step + 1;
+  const StepPosition at = clock_->position(done, s.stats);
+  metrics_->close_step(record, at, log_due(done, at.round));
+  if (auto line = divergence_->after_step(s.step, s.loss, s.samples, s.applied, keeper_.last()))
+    stop_diverged(*line, state_done, true);
+  return round_duties(done, at, stop_signal);
 }
 
 Clock::time_point Worker::begin_step(int64_t step) {
@@ -417,57 +474,51 @@ bool Worker::graph_step(int64_t step) {
   spans_.end_step();
   slow_down(config_, rank_, ms_since(step_start));
   const int64_t done = step + 1;
-  if (!verdict.stop_signal && !graph_->full() && !duties_due(done)) return true;
+  if (!verdict.stop_signal && !graph_->full() && !log_due(done, done) && !duties(done).any()) return true;
   return drain_graph(verdict.stop_signal);
-}
-
-bool Worker::duties_due(int64_t done) const {
-  const int64_t eval_every = config_.train.eval_every_steps, ck_every = config_.train.checkpoint_every;
-  return done % config_.train.log_every_steps == 0 || done == total_steps_ || done == options_.stop_after ||
-         (eval_every > 0 ? done % eval_every == 0 : done % steps_per_epoch_ == 0) ||
-         (ck_every > 0 && done % ck_every == 0);
 }
 
 bool Worker::drain_graph(int stop_signal) {
   const auto t0 = Clock::now();
   const std::vector<GraphStepResult> results = graph_->drain();
   metrics_->times().compute += ms_since(t0);
+  // The state is the last drained step's: a stop checkpoints that one.
   const int64_t last_done = results.empty() ? 0 : results.back().step + 1;
   bool go_on = true;
   for (size_t i = 0; i < results.size() && go_on; ++i) {
     const GraphStepResult& r = results[i];
-    const std::string what = "the loss or the gradient (found on the device, after the gradient sync)";
-    if (r.applied) {
-      guard_.applied();
-    } else {
-      if (guard_.next_skip_ends_run())
-        if (auto line = divergence_->nonfinite(r.step, r.loss, graph_samples_, false,
-                                               "non-finite value at step " + str(r.step) + ": " + what))
-          stop_diverged(*line, r.step, false);
-      say(guard_.skip(r.step, what, true));
-    }
-    StepRecord record{r.loss, graph_samples_, r.correct, r.applied, graph_->stats(), r.lr};
-    world_.log().take_totals(record.sent, record.received);
-    const int64_t done = r.step + 1;
-    const StepPosition at = clock_->position(done, record.stats);
-    metrics_->close_step(record, at, done % config_.train.log_every_steps == 0 || at.round == total_steps_);
-    // The state is the last drained step's: a stop checkpoints that one.
-    if (auto line = divergence_->after_step(r.step, r.loss, graph_samples_, r.applied, keeper_.last()))
-      stop_diverged(*line, last_done, true);
-    go_on = round_duties(done, at, i + 1 == results.size() ? stop_signal : 0);
+    FinishedStep s;
+    s.step = r.step;
+    s.loss = r.loss;
+    s.samples = graph_samples_;
+    s.correct = r.correct;
+    s.applied = r.applied;
+    s.stats = graph_->stats();
+    s.lr = r.lr;
+    s.nonfinite = "the loss or the gradient (found on the device, after the gradient sync)";
+    s.agreed_nonfinite = true;
+    s.restored = true;
+    go_on = close_step(s, last_done, i + 1 == results.size() ? stop_signal : 0);
   }
   return go_on;
 }
 
-bool Worker::round_duties(int64_t done, const StepPosition& at, int stop_signal) {
-  const bool finished = at.round == total_steps_;
-  const int64_t round = at.round, epoch = (at.global - 1) / steps_per_epoch_;
+Worker::Duties Worker::duties(int64_t round) const {
   const int64_t eval_every = config_.train.eval_every_steps, ck_every = config_.train.checkpoint_every;
-  const bool epoch_end = round % steps_per_epoch_ == 0;
-  if (round > 0 && ((eval_every > 0 && round % eval_every == 0) || (eval_every == 0 && epoch_end) || finished))
-    evaluate(round, epoch);
-  if ((round > 0 && ck_every > 0 && round % ck_every == 0) || finished || stop_signal)
-    checkpoint(round, done, finished || stop_signal);
+  Duties d;
+  d.finished = round == total_steps_;
+  d.evaluate = round > 0 && ((eval_every > 0 ? round % eval_every == 0 : round % steps_per_epoch_ == 0) || d.finished);
+  d.checkpoint = (round > 0 && ck_every > 0 && round % ck_every == 0) || d.finished;
+  d.stop_after = round > 0 && round == options_.stop_after;
+  return d;
+}
+
+bool Worker::round_duties(int64_t done, const StepPosition& at, int stop_signal) {
+  const Duties due = duties(at.round);
+  const bool finished = due.finished;
+  const int64_t round = at.round, epoch = (at.global - 1) / steps_per_epoch_;
+  if (due.evaluate) evaluate(round, epoch);
+  if (due.checkpoint || stop_signal) checkpoint(round, done, finished || stop_signal);
   summary_.steps = done;
   if (stop_signal && !finished) {
     end_comm_log();
@@ -477,7 +528,7 @@ bool Worker::round_duties(int64_t done, const StepPosition& at, int stop_signal)
     stopped_early_ = true;
     return false;
   }
-  if (round > 0 && round == options_.stop_after) {
+  if (due.stop_after) {
     end_comm_log();
     say("stopping after step " + str(round) + " (--stop-after)");
     stopped_early_ = true;
