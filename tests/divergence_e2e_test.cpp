@@ -123,6 +123,27 @@ TEST_CASE("A blow-up to an infinity within one window after the switch is report
   CHECK(records_with(dir.path, "diverged").size() == 1);
 }
 
+TEST_CASE("A run that blows up inside its first window is stopped against its own start", "[mpi][divergence]") {
+  // lr 10 from the first step and a warmup of 2: the loss is in the hundreds by step 5 and the
+  // thousands soon after, so the first window, the level the guard would compare later windows with,
+  // is the blow-up itself. The run's start (its first step's loss) sees it at that window's end.
+  TempDir dir("blow_up_early");
+  Outcome o = run_command(trainer::testing::small_cifar_command(
+      kRanks, dir.path,
+      "--set train.max_steps=60 --set sync.method=oktopk --set sync.dense_warmup_steps=2 --set optim.lr=10 "
+      "--set optim.warmup_steps=0 --set train.divergence_window=20"));
+  INFO(o.output);
+  CHECK(o.exit_code == 4);
+  CHECK(count(o.output, "error: ") == 1);  // not the error_feedback key the line names
+  CHECK_THAT(o.output, Contains("error: diverged: sync.method = oktopk") &&
+                           Contains("the mean training loss over the 20 steps to step 20 is") &&
+                           Contains("above 3 x the") && Contains("of the run's first step"));
+  const auto diverged = records_with(dir.path, "diverged");
+  REQUIRE(diverged.size() == 1);
+  CHECK(diverged[0]["step"] == 20);
+  CHECK(diverged[0]["window_loss"].get<double>() > 3 * diverged[0]["start_loss"].get<double>());
+}
+
 // A normal run of 100 steps watched with windows of 20: 4 windows after the reference (the first 20
 // steps: the warmup of 10 is shorter than a window). Windows of 5 are too short at 16 samples a step:
 // Ok-Top-k's loss here (a model still near chance) spikes from 2.6 to 4.3 for 5 steps at step 20 and

@@ -21,17 +21,22 @@ namespace {
 
 // Feeds `loss` (one value per step from `first`) to a watch as one rank's steps of one sample each;
 // returns the step count at which it tripped, or -1, and the highest ratio of a judged window's mean
-// to the reference in `max_ratio`.
+// to the reference in `max_ratio`. With a finite `start_factor` the run's start is its first loss
+// `start` (the first step's loss, as the guard agrees on it), and the ratio is to the start.
 int64_t first_trip(const std::vector<double>& loss, int64_t switch_step, int64_t window = 50, double factor = 1.5,
-                   int64_t first = 0, double* max_ratio = nullptr, double kept = 0, int64_t kept_end = -1) {
-  DivergenceWatch w(switch_step, window, factor, first);
+                   int64_t first = 0, double* max_ratio = nullptr, double kept = 0, int64_t kept_end = -1,
+                   double start_factor = std::numeric_limits<double>::infinity(), double start = 0) {
+  DivergenceWatch w(switch_step, window, factor, first, start_factor);
   w.restore(kept, kept_end);
+  const bool by_start = std::isfinite(start_factor);
+  if (by_start) w.set_start(start);
   double highest = 0;
   for (int64_t s = first; s < static_cast<int64_t>(loss.size()); ++s) {
     w.add(s, loss[s], 1);
     if (!w.closes(s)) continue;
     const auto v = w.close(s, w.local_loss_sum(), w.local_samples());
-    if (v.judged) highest = std::max(highest, v.mean / w.reference());
+    if (v.judged && by_start) highest = std::max(highest, v.mean / w.start());
+    if (v.judged && !by_start) highest = std::max(highest, v.mean / w.reference());
     if (v.diverged) {
       if (max_ratio) *max_ratio = highest;
       return v.end;
@@ -76,6 +81,40 @@ TEST_CASE("Normal noisy curves never trip the guard at its defaults", "[divergen
   // with a hard batch or two in the window) stays below the factor.
   CHECK(worst < 1.45);
   CHECK(worst > 1.0);  // the curves did test something: some window rose above the reference
+}
+
+TEST_CASE("Against the run's start: normal curves never trip it, a blow-up inside the first window does",
+          "[divergence]") {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  double worst = 0;
+  for (unsigned seed = 0; seed < 50; ++seed)
+    for (int64_t sw : {0, 2, 20, 250, 1000}) {
+      double ratio = 0;
+      INFO("seed " << seed << ", switch " << sw);
+      // The start is the untrained level, 2.3: an untrained model's loss hardly varies by batch (its
+      // outputs are near uniform); the curves' noise is a trained model's batch-to-batch spread.
+      CHECK(first_trip(normal_curve(seed, sw), sw, 50, kInf, 0, &ratio, 0, -1, 3.0, 2.3) == -1);
+      worst = std::max(worst, ratio);
+    }
+  CHECK(worst < 1.5);  // the margin below 3: windows of the flat start with a hard batch or two
+  CHECK(worst > 0.9);
+  // The LAS quickstart at lr 10 without clipping and a 2-step warmup: 3.5 to 862 within 20 steps.
+  // The reference is the first window, which holds the blow-up itself, so only the start sees it:
+  // at that window's end.
+  std::vector<double> blow_up(300, 3.5);
+  for (int64_t t = 2; t < 300; ++t) blow_up[t] = std::min(862.0, 3.5 * std::pow(1.35, static_cast<double>(t)));
+  CHECK(first_trip(blow_up, 2) == -1);  // the level at the switch alone: never
+  CHECK(first_trip(blow_up, 2, 50, 1.5, 0, nullptr, 0, -1, 3.0, blow_up[0]) == 50);
+  // A long dense warmup (switch at 250) that blows up from step 60: the dense windows are judged
+  // against the start too, [50, 100) first (its mean far above 3 x 1.0).
+  std::vector<double> in_warmup(400, 1.0);
+  for (int64_t t = 60; t < 400; ++t) in_warmup[t] = 50.0;
+  CHECK(first_trip(in_warmup, 250) == -1);
+  CHECK(first_trip(in_warmup, 250, 50, 1.5, 0, nullptr, 0, -1, 3.0, in_warmup[0]) == 100);
+  // A curve that falls stays clear of it, however long.
+  std::vector<double> falling(2000);
+  for (int64_t t = 0; t < 2000; ++t) falling[t] = 2.3 * std::exp(-static_cast<double>(t) / 300) + 0.1;
+  CHECK(first_trip(falling, 20, 50, 1.5, 0, nullptr, 0, -1, 3.0, falling[0]) == -1);
 }
 
 TEST_CASE("A rising loss trips the guard at the window whose mean passes the factor", "[divergence]") {

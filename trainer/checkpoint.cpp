@@ -218,6 +218,11 @@ void write_rank_state(const fs::path& path, const CheckpointIdentity& id, const 
     meta["divergence_reference"] = ref;
     meta["divergence_reference_end"] = std::to_string(state.divergence_reference_end);
   }
+  if (std::isfinite(state.divergence_start)) {
+    char start[32];
+    std::snprintf(start, sizeof start, "%.17g", state.divergence_start);
+    meta["divergence_start"] = start;
+  }
   models::write_safetensors(path.string(), tensors, meta);
 }
 
@@ -458,6 +463,8 @@ TrainingState read_rank_file(const fs::path& folder, int rank, int world, int64_
     state.divergence_reference_end = meta_int(f, "divergence_reference_end");
     state.divergence_reference = std::strtod(meta(f, "divergence_reference").c_str(), nullptr);
   }
+  if (f.metadata.count("divergence_start"))
+    state.divergence_start = std::strtod(meta(f, "divergence_start").c_str(), nullptr);
   state.optimizer_state = blob(f, "optimizer_state");
   state.sync_state = blob(f, "sync_state");
   return state;

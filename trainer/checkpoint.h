@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,6 +48,8 @@ struct TrainingState {
   // so that a resumed run is judged against the level at the switch; end -1: none yet (or absent).
   double divergence_reference = 0;
   int64_t divergence_reference_end = -1;
+  // Its start (the loss of the run's first step); NaN when unknown (a checkpoint written before it was kept).
+  double divergence_start = std::numeric_limits<double>::quiet_NaN();
 };
 
 // Who is saving or loading. The model's identity is its layout (tensor names and shapes, from the

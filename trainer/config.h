@@ -112,6 +112,7 @@ struct TrainConfig {
   int64_t skip_nonfinite_steps = 0;  // 0: a NaN/Inf loss or gradient is an error
   bool divergence_guard = true;      // trainer/divergence_guard.h
   double divergence_factor = 1.5;
+  double divergence_start_factor = 3.0;  // against the run's first step, dense steps included
   int64_t divergence_window = 50;    // steps
   std::string elastic_batch = "keep_global";  // resume on another number of processes (trainer/reshard.h)
 };

@@ -194,8 +194,9 @@ void visit_config(Cfg& c, Visitor& v) {
         "Stop a run whose sync method diverges after switching from dense training (after "
         "sync.dense_warmup_steps; every method but dense and async_ps): when the mean training loss over a "
         "window of train.divergence_window steps (all processes' batches) exceeds train.divergence_factor "
-        "times its mean over the window before the switch (the first window when there is no warmup), or "
-        "the loss turns non-finite after the switch where the run would end anyway, the run writes a "
+        "times its mean over the window before the switch (the first window when there is no warmup), or any "
+        "window, dense steps included, exceeds train.divergence_start_factor times the loss of the run's first "
+        "step, or the loss turns non-finite after the switch where the run would end anyway, the run writes a "
         "checkpoint (when its loss is finite), prints one line beginning \"diverged:\" with the method, its "
         "settings, the steps and the last good checkpoint, writes a \"diverged\" record to metrics.jsonl and "
         "exits with status 4. Normal runs stay below: after the LAS quickstart's switch the highest window was "
@@ -204,6 +205,14 @@ void visit_config(Cfg& c, Visitor& v) {
         "\"The divergence guard\").");
   v.key("train.divergence_factor", c.train.divergence_factor,
         "train.divergence_guard: how far above the level at the switch a window's mean loss may go.",
+        open_closed(1, 1e6));
+  v.key("train.divergence_start_factor", c.train.divergence_start_factor,
+        "train.divergence_guard: how far above the run's own start (the mean loss of its first step over all "
+        "processes) a window's mean loss may go, in the dense steps before the switch too. It catches a run "
+        "that blows up before the level at the switch is known or inside the window that measures it: the LAS "
+        "quickstart at optim.lr = 10 without clipping and a 2-step warmup went from loss 3.5 to 862 within 20 "
+        "steps, all inside its first window, and nothing stopped it. Training loss falls from its start; 3 x "
+        "is far above any normal window.",
         open_closed(1, 1e6));
   v.key("train.divergence_window", c.train.divergence_window,
         "train.divergence_guard: steps per window; the mean over so many batches keeps one bad batch from "

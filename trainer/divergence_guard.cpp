@@ -10,12 +10,14 @@
 
 namespace trainer::app {
 
-DivergenceWatch::DivergenceWatch(int64_t switch_step, int64_t window, double factor, int64_t first_step)
+DivergenceWatch::DivergenceWatch(int64_t switch_step, int64_t window, double factor, int64_t first_step,
+                                 double start_factor)
     : switch_(switch_step),
       window_(window),
       factor_(factor),
       first_(first_step),
-      reference_(std::numeric_limits<double>::quiet_NaN()) {
+      reference_(std::numeric_limits<double>::quiet_NaN()),
+      start_factor_(start_factor) {
   if (switch_ < 0) return;
   // Always a whole window: the mean of fewer steps (a warmup of 1, the untrained loss) is too noisy
   // a yardstick (on synthetic curves a 1-step reference tripped normal runs at 1.5 x).
@@ -38,7 +40,7 @@ void DivergenceWatch::restore(double reference, int64_t end) {
 }
 
 void DivergenceWatch::add(int64_t step, double loss, int64_t samples) {
-  if (!watching() || step < ref_begin_ || !std::isfinite(loss)) return;
+  if (!watching() || step < first_ || !std::isfinite(loss)) return;
   loss_sum_ += loss * static_cast<double>(samples);
   samples_ += static_cast<double>(samples);
 }
@@ -46,23 +48,33 @@ void DivergenceWatch::add(int64_t step, double loss, int64_t samples) {
 bool DivergenceWatch::closes(int64_t step) const {
   if (!watching()) return false;
   const int64_t end = step + 1;
-  return end == ref_end_ || (end > align_ && (end - align_) % window_ == 0);
+  // The windows before the reference's end too (the dense steps, judged against the start).
+  return end == ref_end_ || (end > first_ && (end - align_) % window_ == 0);
 }
 
 DivergenceWatch::Verdict DivergenceWatch::close(int64_t step, double loss_sum, double samples) {
   Verdict v;
   v.end = step + 1;
-  v.begin = v.end == ref_end_ ? ref_begin_ : v.end - window_;
+  v.begin = v.end == ref_end_ ? ref_begin_ : std::max(first_, v.end - window_);
   loss_sum_ = samples_ = 0;
   if (samples <= 0) return v;  // every step of the window was skipped: nothing to judge
   v.mean = loss_sum / samples;
-  if (std::isnan(reference_)) {  // the reference window (or the first one with any applied step)
-    reference_ = v.mean;
-    if (v.end != ref_end_) ref_begin_ = v.begin, ref_end_ = v.end;
+  const bool started = std::isfinite(start_);
+  v.above_start = started && (!std::isfinite(v.mean) || v.mean > start_factor_ * start_);
+  if (v.end < ref_end_ || std::isnan(reference_)) {
+    // A window of dense steps before the reference, or the reference (or the first window after it
+    // with any applied step): judged against the start alone.
+    if (v.end >= ref_end_) {
+      reference_ = v.mean;
+      if (v.end != ref_end_) ref_begin_ = v.begin, ref_end_ = v.end;
+    }
+    v.judged = started;
+    v.diverged = v.above_start;
     return v;
   }
   v.judged = true;
-  v.diverged = !std::isfinite(v.mean) || v.mean > factor_ * reference_;
+  v.above_reference = !std::isfinite(v.mean) || v.mean > factor_ * reference_;
+  v.diverged = v.above_reference || v.above_start;
   return v;
 }
 
@@ -88,11 +100,14 @@ std::string method_settings(const Config& config) {
 }
 
 DivergenceGuard::DivergenceGuard(const Config& config, int64_t switch_step, int64_t first_step,
-                                 comm::Communicator& comm, double kept_reference, int64_t kept_reference_end)
-    : watch_(switch_step, config.train.divergence_window, config.train.divergence_factor, first_step),
+                                 comm::Communicator& comm, double kept_reference, int64_t kept_reference_end,
+                                 double kept_start)
+    : watch_(switch_step, config.train.divergence_window, config.train.divergence_factor, first_step,
+             config.train.divergence_start_factor),
       comm_(comm),
       settings_(method_settings(config)) {
   watch_.restore(kept_reference, kept_reference_end);
+  watch_.set_start(kept_start);
 }
 
 std::string DivergenceGuard::where() const {
@@ -104,6 +119,13 @@ std::string DivergenceGuard::where() const {
 std::optional<std::string> DivergenceGuard::after_step(int64_t step, double loss, int64_t samples, bool applied,
                                                        const std::string& last_checkpoint) {
   if (!watch_.watching()) return std::nullopt;
+  // The run's start: its first step's loss over every rank (a step skipped everywhere leaves none).
+  if (step == 0) {
+    const bool finite = applied && std::isfinite(loss);
+    const auto [sum, n] = agreed(finite ? loss * static_cast<double>(samples) : 0.0,
+                                 finite ? static_cast<double>(samples) : 0.0);
+    if (n > 0) watch_.set_start(sum / n);
+  }
   if (applied) watch_.add(step, loss, samples);
   if (!watch_.closes(step)) return std::nullopt;
   const auto [sum, samples_all] = agreed(watch_.local_loss_sum(), watch_.local_samples());
@@ -113,9 +135,10 @@ std::optional<std::string> DivergenceGuard::after_step(int64_t step, double loss
     return std::nullopt;
   }
   last_mean_ = v.mean;
-  return "diverged: " + settings_ + " " + where() + ": the mean training loss over the " +
+  const bool before_switch = v.end <= watch_.switch_step();
+  return "diverged: " + settings_ + " " + (before_switch ? in_warmup() : where()) + ": the mean training loss over the " +
          std::to_string(v.end - v.begin) + " steps to step " + std::to_string(v.end) + " is " + number(v.mean) +
-         ", above " + reference_text();
+         ", above " + (v.above_reference ? reference_text() : start_text());
 }
 
 std::pair<double, double> DivergenceGuard::agreed(double loss_sum, double samples) {
@@ -127,6 +150,14 @@ std::pair<double, double> DivergenceGuard::agreed(double loss_sum, double sample
   double sum = 0, n = 0;
   for (int r = 0; r < comm_.size(); ++r) sum += all[2 * r], n += all[2 * r + 1];
   return {sum, n};
+}
+
+std::string DivergenceGuard::in_warmup() const {
+  return "in its dense warmup (the switch would come after step " + std::to_string(watch_.switch_step()) + ")";
+}
+
+std::string DivergenceGuard::start_text() const {
+  return number(watch_.start_factor()) + " x the " + number(watch_.start()) + " of the run's first step";
 }
 
 std::string DivergenceGuard::reference_text() const {
@@ -147,12 +178,16 @@ std::optional<std::string> DivergenceGuard::nonfinite(int64_t step, double loss,
                                watch_.local_samples() + (finite ? static_cast<double>(samples) : 0.0));
   const double mean = n > 0 ? sum / n : std::numeric_limits<double>::quiet_NaN();
   const bool known = std::isfinite(watch_.reference());
-  const bool risen = n > 0 && known && (!std::isfinite(mean) || mean > watch_.factor() * watch_.reference());
+  const bool above_reference = known && (!std::isfinite(mean) || mean > watch_.factor() * watch_.reference());
+  const bool above_start =
+      std::isfinite(watch_.start()) && (!std::isfinite(mean) || mean > watch_.start_factor() * watch_.start());
+  const bool risen = n > 0 && (above_reference || above_start);
   if (!loss_nonfinite && !risen) return std::nullopt;
   std::string line = "diverged: " + settings_ + " " + where() + ": " + what;
   if (risen) {
     last_mean_ = mean;
-    line += ", the mean training loss of its window so far at " + number(mean) + ", above " + reference_text();
+    line += ", the mean training loss of its window so far at " + number(mean) + ", above " +
+            (above_reference ? reference_text() : start_text());
   }
   return line;
 }
@@ -175,7 +210,9 @@ nlohmann::json DivergenceGuard::record() const {
                    {"switch_step", watch_.switch_step()},
                    {"factor", watch_.factor()},
                    {"reference_loss", watch_.reference()},
-                   {"reference_steps", {watch_.reference_begin(), watch_.reference_end()}}};
+                   {"reference_steps", {watch_.reference_begin(), watch_.reference_end()}},
+                   {"start_factor", watch_.start_factor()},
+                   {"start_loss", std::isfinite(watch_.start()) ? nlohmann::json(watch_.start()) : nlohmann::json(nullptr)}};
   if (!std::isfinite(watch_.reference())) r["reference_loss"] = nullptr;
   r["window_loss"] = std::isfinite(last_mean_) ? nlohmann::json(last_mean_) : nlohmann::json(nullptr);
   return r;

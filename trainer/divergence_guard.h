@@ -9,7 +9,11 @@
 // workers do not take their steps together, so they have no step at which to agree.
 //
 // The signal: the mean training loss over windows of W = train.divergence_window steps, weighted by
-// samples over every rank's batches. The reference is the window that ends at the switch (the W
+// samples over every rank's batches. Two yardsticks: the run's start (the mean loss of its first step,
+// agreed at step 0 and kept by checkpoints): every window, the dense ones before the switch
+// included, above train.divergence_start_factor times it is divergence (a run that blows up before
+// the level at the switch is known, or inside the window that measures it); and the level at the
+// switch, as follows. The reference is the window that ends at the switch (the W
 // dense steps before it); with a warmup shorter than W (or none) it is the run's first W steps, so
 // it is always a whole window. Checkpoints keep it (TrainingState::divergence_reference), so a
 // resumed run is judged against the same level; one resumed from a checkpoint written before the
@@ -53,11 +57,20 @@ namespace trainer::app {
 class DivergenceWatch {
  public:
   // switch_step: the first compressed step, or -1 when the run is not watched. first_step: the
-  // first step this process runs (a resume's).
-  DivergenceWatch(int64_t switch_step, int64_t window, double factor, int64_t first_step);
+  // first step this process runs (a resume's). start_factor: against the run's start (set_start).
+  DivergenceWatch(int64_t switch_step, int64_t window, double factor, int64_t first_step,
+                  double start_factor = std::numeric_limits<double>::infinity());
   // A resume: the reference a checkpoint kept (its window ended at `end`, at or before the first
   // step); windows then start at the first step.
   void restore(double reference, int64_t end);
+  // The run's start: the mean loss of its first step (the untrained model's, before any update)
+  // over every rank's batches; from then on every window, the dense ones before the reference
+  // included, is also judged against start_factor x it. One step: the next ones may already be the
+  // blow-up (lr 10: 3.5, then hundreds), and an untrained model's loss hardly varies by batch (its
+  // outputs are near uniform).
+  void set_start(double start) { start_ = start; }
+  double start() const { return start_; }
+  double start_factor() const { return start_factor_; }
 
   bool watching() const { return switch_ >= 0; }
   // Whether `step` is at or after the switch (the steps a non-finite loss is divergence in).
@@ -72,8 +85,11 @@ class DivergenceWatch {
 
   struct Verdict {
     bool diverged = false;
-    bool judged = false;  // a window after the reference was compared (false: the reference itself,
-                          // or a window whose every step was skipped)
+    bool judged = false;  // compared with a yardstick: the reference (a window after it), or the
+                          // start (any window once it is known); false for a window whose every
+                          // step was skipped
+    bool above_start = false;      // diverged against the start
+    bool above_reference = false;  // diverged against the reference
     double mean = 0;      // the window's mean loss
     int64_t begin = 0, end = 0;
   };
@@ -84,14 +100,17 @@ class DivergenceWatch {
   int64_t reference_begin() const { return ref_begin_; }
   int64_t reference_end() const { return ref_end_; }
   int64_t switch_step() const { return switch_; }
+  int64_t first_step() const { return first_; }
   double factor() const { return factor_; }
 
  private:
   int64_t switch_, window_;
   double factor_;
   int64_t ref_begin_ = 0, ref_end_ = 0;  // the reference window
-  int64_t first_ = 0, align_ = 0;         // the first step; windows end at align_ + k W
+  int64_t first_ = 0, align_ = 0;         // the first step; windows end at align_ + k W (k < 0 too)
   double reference_;
+  double start_factor_;
+  double start_ = std::numeric_limits<double>::quiet_NaN();
   double loss_sum_ = 0, samples_ = 0;
 };
 
@@ -113,8 +132,10 @@ int64_t switch_step(const Config& config, PhaseAt compressed_at) {
 class DivergenceGuard {
  public:
   // kept_reference(_end): a resumed checkpoint's (TrainingState::divergence_reference); end -1: none.
+  // kept_start: its kept start (TrainingState::divergence_start; NaN: none).
   DivergenceGuard(const Config& config, int64_t switch_step, int64_t first_step, comm::Communicator& comm,
-                  double kept_reference = 0, int64_t kept_reference_end = -1);
+                  double kept_reference = 0, int64_t kept_reference_end = -1,
+                  double kept_start = std::numeric_limits<double>::quiet_NaN());
 
   // After each step's update (collective at a window's last step). Returns the "diverged: ..." line
   // when the window just closed diverged (the caller checkpoints and stops), else nothing.
@@ -141,6 +162,8 @@ class DivergenceGuard {
  private:
   std::string where() const;  // "after its dense warmup of N steps" / "from its first step"
   std::string reference_text() const;  // "1.5 x the 2.74 of the 50 steps to step 250 (before the switch)"
+  std::string start_text() const;      // "3 x the 3.52 of the run's first step"
+  std::string in_warmup() const;       // "in its dense warmup (the switch would come after step 250)"
   // Every rank's (loss sum, samples), summed in rank order.
   std::pair<double, double> agreed(double loss_sum, double samples);
 

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -218,6 +219,7 @@ class Worker {
   RunFrame frame_;
   double kept_reference_ = 0;  // the divergence guard's reference from a resumed checkpoint
   int64_t kept_reference_end_ = -1;
+  double kept_start_ = std::numeric_limits<double>::quiet_NaN();  // and its start
   int64_t first_clock_ = 0;  // the steps this rank had taken at the start: its loader position
                              // (async_ps workers take different numbers of steps)
   RunSummary summary_;
@@ -293,7 +295,7 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
   const auto compressed_at = [this](int64_t s) { return e_.sync->phase(s) == comm::Phase::kCompressed; };
   const int64_t switch_at = &world == &training ? switch_step(config, compressed_at) : -1;
   divergence_ = std::make_unique<DivergenceGuard>(config, switch_at, frame_.first_step, training, kept_reference_,
-                                                  kept_reference_end_);
+                                                  kept_reference_end_, kept_start_);
   const auto refusal = remote_update_ ? std::optional<std::string>("")
                                       : cuda_graph_refusal(config, *e_.backend, task_, e_.sync_on_device, training.size());
   if (!refusal)
@@ -332,6 +334,7 @@ void Worker::resume(const LoadedCheckpoint& ck) {
   frame_.first_step = ck.state.step;
   kept_reference_ = ck.state.divergence_reference;
   kept_reference_end_ = ck.state.divergence_reference_end;
+  kept_start_ = ck.state.divergence_start;
   first_clock_ = resharded.epoch * steps_per_epoch_ + resharded.batch_in_epoch;
   task_.seek(resharded.epoch, resharded.batch_in_epoch);
   if (lead_) truncate_metrics(output_dir(config_) + "/metrics.jsonl", frame_.first_step);
@@ -567,6 +570,7 @@ void Worker::checkpoint(int64_t round, int64_t done, bool must_succeed) {
     state.divergence_reference = divergence_->watch().reference();
     state.divergence_reference_end = divergence_->watch().reference_end();
   }
+  if (divergence_) state.divergence_start = divergence_->watch().start();
   std::ostringstream opt_state, sync_state;
   e_.optimizer->save(opt_state);
   e_.sync->save(sync_state);
