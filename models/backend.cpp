@@ -34,18 +34,18 @@ void require_f32(const char* op, std::initializer_list<const Tensor*> tensors) {
 }
 }  // namespace
 
-void Backend::add_relu_tensors(const Tensor& a, const Tensor& b, Tensor& y) {
+void NnOps::add_relu_tensors(const Tensor& a, const Tensor& b, Tensor& y) {
   require_f32("add_relu_tensors", {&a, &b, &y});
   add(y.numel(), a.data, b.data, y.data);
   relu_forward(y.numel(), y.data, y.data);
 }
 
-void Backend::relu_backward_tensors(const Tensor& y, const Tensor& dy, Tensor& dx) {
+void NnOps::relu_backward_tensors(const Tensor& y, const Tensor& dy, Tensor& dx) {
   require_f32("relu_backward_tensors", {&y, &dy, &dx});
   relu_backward(dx.numel(), y.data, dy.data, dx.data);
 }
 
-void Backend::add_tensors(const Tensor& a, const Tensor& b, Tensor& y) {
+void NnOps::add_tensors(const Tensor& a, const Tensor& b, Tensor& y) {
   require_f32("add_tensors", {&a, &b, &y});
   add(y.numel(), a.data, b.data, y.data);
 }

@@ -186,13 +186,14 @@ struct TallMatrix {
   int64_t rows = 0, cols = 0;
 };
 
-class Backend : public DeviceMemory {
+// A backend is these families of ops over its memory (Backend, below, joins them). A backend
+// that changes a few ops of another derives from ForwardingBackend (forwarding_backend.h) and
+// overrides only those.
+
+// The image networks' ops, and the GEMMs, activations and loss every model uses.
+class NnOps {
  public:
-  // One line for --dry-run: the device, and for a GPU its name and memory.
-  virtual std::string describe() const { return name(); }
-  // What records a whole training step as one graph (runtime.cuda_graph, models/step_capture.h);
-  // null where the backend cannot (the CPU).
-  virtual StepCapture* step_capture() { return nullptr; }
+  virtual ~NnOps() = default;
   // The layout convolutions write for an output of `channels` channels.
   virtual Layout activation_layout(int64_t channels) const = 0;
   // Whether the image networks keep their activations in bf16 (tensor.h, DType): the CPU backend
@@ -255,9 +256,13 @@ class Backend : public DeviceMemory {
   virtual double softmax_cross_entropy(int64_t batch, int64_t classes, const float* logits,
                                        const int32_t* labels, float smoothing, float* dlogits,
                                        int64_t* correct) = 0;
+};
 
-  // ---- Sequences (speech models). A batch of sequences is time-major {T, N, C} with the true
-  // lengths in a host array (lengths[n] <= T); rows (t, n) with t >= lengths[n] are padding.
+// Sequences (speech models). A batch of sequences is time-major {T, N, C} with the true
+// lengths in a host array (lengths[n] <= T); rows (t, n) with t >= lengths[n] are padding.
+class SequenceOps {
+ public:
+  virtual ~SequenceOps() = default;
 
   // dst row (t, n) = src row (t', n) for t < lengths[n], with t' = lengths[n] - 1 - t when `reverse`
   // (each sequence reversed within its own length) else t'= t; padding rows of dst are zeroed. Rows
@@ -302,10 +307,14 @@ class Backend : public DeviceMemory {
   virtual void mask_width(const Tensor& x, const int32_t* lengths) = 0;
   // y[b, j, i] = x[b, i, j] for x {batch, rows, cols} row-major.
   virtual void transpose(int64_t batch, int64_t rows, int64_t cols, const float* x, float* y) = 0;
+};
 
-  // ---- Rows and the attention speller (Listen-Attend-Spell, models/nets/las.cpp). As above,
-  // per-utterance lengths and a row -> utterance map are host arrays; token ids and row indices,
-  // which the device produces or reads at every step, are device int32 arrays.
+// Rows and the attention speller (Listen-Attend-Spell, models/nets/las.cpp). As above,
+// per-utterance lengths and a row -> utterance map are host arrays; token ids and row indices,
+// which the device produces or reads at every step, are device int32 arrays.
+class SpellerOps {
+ public:
+  virtual ~SpellerOps() = default;
 
   // y {outer, b, a, cols} = x {outer, a, b, cols} with the middle axes swapped: y[o, j, i, :] =
   // x[o, i, j, :]. With outer = 1 it moves a batch between time-major {T, N, C} and
@@ -362,11 +371,15 @@ class Backend : public DeviceMemory {
   virtual void attention_backward(int64_t rows, int64_t steps, int64_t dim, int64_t cols, const int32_t* lengths,
                                   const int32_t* row_utterance, const float* keys, const float* values,
                                   const float* alpha, const float* dcontext, float* denergy, float* dquery) = 0;
+};
 
-  // ---- Optimizer arithmetic (optim/): the updates run where the parameters are. Every element is
-  // independent, and reductions sum fixed blocks in a fixed order, so results do not depend on the
-  // thread count (or, on a GPU, the launch shape).
-  // params and momentum (null unless u.use_momentum) updated in place from grads (unchanged).
+// Optimizer arithmetic (optim/): the updates run where the parameters are. Every element is
+// independent, and reductions sum fixed blocks in a fixed order, so results do not depend on the
+// thread count (or, on a GPU, the launch shape).
+// params and momentum (null unless u.use_momentum) updated in place from grads (unchanged).
+class UpdateOps {
+ public:
+  virtual ~UpdateOps() = default;
   virtual void sgd_update(int64_t n, const SgdUpdate& u, float* params, const float* grads, float* momentum) = 0;
   virtual void adam_update(int64_t n, const AdamUpdate& u, float* params, const float* grads, float* m,
                            float* v) = 0;
@@ -375,15 +388,7 @@ class Backend : public DeviceMemory {
   // x[0, n) *= alpha.
   virtual void scale(int64_t n, float alpha, float* x) = 0;
 
-  // ---- The 16-bit wire formats of dense gradient sync (sync.wire_dtype, comm/wire_format.h), where
-  // the gradient lives. to_half: y[i] = x[i] * scale (in fp32) rounded to `format`; from_half:
-  // y[i] = x[i] widened (exact). models/half_cast.h defines the bits: every device gives the CPU's,
-  // whose ops are that header's host loops.
-  virtual void to_half(HalfFormat format, int64_t n, const float* x, float scale, uint16_t* y) = 0;
-  virtual void from_half(HalfFormat format, int64_t n, const uint16_t* x, float* y) = 0;
-  // sum_of_squares' sum written to *out (one double in this backend's memory) without waiting: the
-  // overlapped buckets' finiteness check, read once per step (comm/sync/bucket_reducer.h).
-  virtual void sum_of_squares_into(int64_t n, const float* x, double* out) = 0;
+
 
   // Batch norm's running statistics after a training forward (PyTorch's convention), per channel:
   //     running_mean = (1 - momentum) * running_mean + momentum * batch_mean
@@ -391,6 +396,20 @@ class Backend : public DeviceMemory {
   // (unbias = M / (M - 1) turns the biased batch variance into the unbiased one).
   virtual void batchnorm_update_running(int64_t channels, float momentum, float unbias, const float* batch_mean,
                                         const float* batch_var, float* running_mean, float* running_var) = 0;
+};
+
+// The 16-bit wire formats of dense gradient sync (sync.wire_dtype, comm/wire_format.h), where
+// the gradient lives. to_half: y[i] = x[i] * scale (in fp32) rounded to `format`; from_half:
+// y[i] = x[i] widened (exact). models/half_cast.h defines the bits: every device gives the CPU's,
+// whose ops are that header's host loops.
+class SyncOps {
+ public:
+  virtual ~SyncOps() = default;
+  virtual void to_half(HalfFormat format, int64_t n, const float* x, float scale, uint16_t* y) = 0;
+  virtual void from_half(HalfFormat format, int64_t n, const uint16_t* x, float* y) = 0;
+  // sum_of_squares' sum written to *out (one double in this backend's memory) without waiting: the
+  // overlapped buckets' finiteness check, read once per step (comm/sync/bucket_reducer.h).
+  virtual void sum_of_squares_into(int64_t n, const float* x, double* out) = 0;
 
   // ---- Sparse gradient sync (comm/sync/sparse_passes.h): the passes over gradient-sized buffers
   // of the sparse methods (oktopk, topka, gaussiank, gtopk) where the gradient lives; what they do
@@ -456,6 +475,20 @@ class Backend : public DeviceMemory {
   // out[0, count) = decode(q) * scale, from a chunk of `blocks` blocks (count <= blocks * kQuantBlock).
   virtual void dequantize_blocks(LowBitFormat format, const uint8_t* chunk, int64_t blocks, int64_t count,
                                  float* out) = 0;
+};
+
+class Backend : public DeviceMemory,
+                public NnOps,
+                public SequenceOps,
+                public SpellerOps,
+                public UpdateOps,
+                public SyncOps {
+ public:
+  // One line for --dry-run: the device, and for a GPU its name and memory.
+  virtual std::string describe() const { return name(); }
+  // What records a whole training step as one graph (runtime.cuda_graph, models/step_capture.h);
+  // null where the backend cannot (the CPU).
+  virtual StepCapture* step_capture() { return nullptr; }
 };
 
 // The CPU backend (oneDNN primitives, OpenBLAS, OpenMP loops). One per process.

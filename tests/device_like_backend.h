@@ -8,13 +8,13 @@
 #include <string>
 
 #include "counting_memory.h"
-#include "models/backend.h"
+#include "models/forwarding_backend.h"
 
 namespace trainer::models {
 
-// (In trainer::models so the op signatures read as backend.h's.)
-class DeviceLikeCpu final : public Backend {
+class DeviceLikeCpu final : public ForwardingBackend {
  public:
+  DeviceLikeCpu() : ForwardingBackend(cpu_backend()) {}
   // ---- DeviceMemory: host memory that counts copies (counting_memory.h), not host to its users.
   std::string name() const override { return "device-like cpu"; }
   bool is_host() const override { return false; }
@@ -26,180 +26,9 @@ class DeviceLikeCpu final : public Backend {
   void synchronize() override { memory.synchronize(); }
   // Its calls finish when they return, so a second stream is the same memory with no-op marks.
   std::unique_ptr<DeviceStream> make_stream() override { return make_synchronous_stream(*this); }
-
-  // ---- Every op: the CPU backend's.
-  Layout activation_layout(int64_t channels) const override { return cpu_.activation_layout(channels); }
-  std::unique_ptr<ConvOp> make_conv(const ConvGeometry& g) override { return cpu_.make_conv(g); }
-  std::unique_ptr<BatchNormOp> make_batchnorm(const BatchNormGeometry& g) override { return cpu_.make_batchnorm(g); }
-  std::unique_ptr<PoolOp> make_pool(const PoolGeometry& g) override { return cpu_.make_pool(g); }
-  std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g) override { return cpu_.make_lstm(g); }
-  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-            const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
-    cpu_.gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  }
-  void layer_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                  const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
-    cpu_.layer_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  }
-  void broadcast_rows(int64_t rows, int64_t cols, const float* bias, float* y) override {
-    cpu_.broadcast_rows(rows, cols, bias, y);
-  }
-  void sum_rows(int64_t rows, int64_t cols, const float* dy, float* db) override { cpu_.sum_rows(rows, cols, dy, db); }
-  void relu_forward(int64_t n, const float* x, float* y) override { cpu_.relu_forward(n, x, y); }
-  void relu_backward(int64_t n, const float* y, const float* dy, float* dx) override {
-    cpu_.relu_backward(n, y, dy, dx);
-  }
-  void add(int64_t n, const float* a, const float* b, float* y) override { cpu_.add(n, a, b, y); }
-  void copy(int64_t n, const float* x, float* y) override { cpu_.copy(n, x, y); }
-  void shortcut_a_forward(const Tensor& x, int64_t stride, int64_t pad, Tensor& y) override {
-    cpu_.shortcut_a_forward(x, stride, pad, y);
-  }
-  void shortcut_a_backward(const Tensor& dy, int64_t stride, int64_t pad, Tensor& dx) override {
-    cpu_.shortcut_a_backward(dy, stride, pad, dx);
-  }
-  void convert_layout(const Tensor& x, Tensor& y) override { cpu_.convert_layout(x, y); }
-  void to_nchw(const Tensor& x, float* y) override { cpu_.to_nchw(x, y); }
-  void from_nchw(const float* x, Tensor& y) override { cpu_.from_nchw(x, y); }
-  double softmax_cross_entropy(int64_t batch, int64_t classes, const float* logits, const int32_t* labels,
-                               float smoothing, float* dlogits, int64_t* correct) override {
-    return cpu_.softmax_cross_entropy(batch, classes, logits, labels, smoothing, dlogits, correct);
-  }
-  void sequence_gather(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, bool reverse,
-                       const float* src, int64_t src_ld, float* dst, int64_t dst_ld) override {
-    cpu_.sequence_gather(steps, batch, cols, lengths, reverse, src, src_ld, dst, dst_ld);
-  }
-  void pack_sequences(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, const float* x,
-                      float* packed) override {
-    cpu_.pack_sequences(steps, batch, cols, lengths, x, packed);
-  }
-  void unpack_sequences(int64_t steps, int64_t batch, int64_t cols, const int32_t* lengths, const float* packed,
-                        float* x) override {
-    cpu_.unpack_sequences(steps, batch, cols, lengths, packed, x);
-  }
-  void hardtanh_forward(int64_t n, float lo, float hi, const float* x, float* y) override {
-    cpu_.hardtanh_forward(n, lo, hi, x, y);
-  }
-  void hardtanh_backward(int64_t n, float lo, float hi, const float* y, const float* dy, float* dx) override {
-    cpu_.hardtanh_backward(n, lo, hi, y, dy, dx);
-  }
-  void lookahead_forward(int64_t steps, int64_t batch, int64_t channels, int64_t context, const float* x,
-                         const float* w, float* y) override {
-    cpu_.lookahead_forward(steps, batch, channels, context, x, w, y);
-  }
-  void lookahead_backward(int64_t steps, int64_t batch, int64_t channels, int64_t context, const float* x,
-                          const float* w, const float* dy, float* dx, float* dw) override {
-    cpu_.lookahead_backward(steps, batch, channels, context, x, w, dy, dx, dw);
-  }
-  void ctc_loss(int64_t steps, int64_t batch, int64_t classes, const float* logits, const int32_t* frames,
-                const int32_t* labels, const int32_t* label_lengths, float grad_scale, double* losses,
-                float* dlogits) override {
-    cpu_.ctc_loss(steps, batch, classes, logits, frames, labels, label_lengths, grad_scale, losses, dlogits);
-  }
-  void image_to_sequence(const Tensor& x, float* y) override { cpu_.image_to_sequence(x, y); }
-  void sequence_to_image(const float* y, Tensor& x) override { cpu_.sequence_to_image(y, x); }
-  void mask_width(const Tensor& x, const int32_t* lengths) override { cpu_.mask_width(x, lengths); }
-  void transpose(int64_t batch, int64_t rows, int64_t cols, const float* x, float* y) override {
-    cpu_.transpose(batch, rows, cols, x, y);
-  }
-  void swap_axes(int64_t outer, int64_t a, int64_t b, int64_t cols, const float* x, float* y) override {
-    cpu_.swap_axes(outer, a, b, cols, x, y);
-  }
-  void copy_2d(int64_t rows, int64_t cols, const float* x, int64_t ldx, float* y, int64_t ldy) override {
-    cpu_.copy_2d(rows, cols, x, ldx, y, ldy);
-  }
-  void gather_rows(int64_t count, int64_t cols, const int32_t* index, const float* x, float* y) override {
-    cpu_.gather_rows(count, cols, index, x, y);
-  }
-  void scatter_rows(int64_t count, int64_t cols, const int32_t* index, const float* x, float* y) override {
-    cpu_.scatter_rows(count, cols, index, x, y);
-  }
-  void embedding_forward(int64_t rows, int64_t dim, const int32_t* tokens, const float* table, float* y,
-                         int64_t ldy) override {
-    cpu_.embedding_forward(rows, dim, tokens, table, y, ldy);
-  }
-  void embedding_backward(int64_t rows, int64_t dim, const int32_t* tokens, const float* dy, int64_t ldy,
-                          float* dtable) override {
-    cpu_.embedding_backward(rows, dim, tokens, dy, ldy, dtable);
-  }
-  void select_tokens(int64_t rows, int64_t classes, const float* logits, const int32_t* use_model, const int32_t* truth,
-                     int32_t* tokens) override {
-    cpu_.select_tokens(rows, classes, logits, use_model, truth, tokens);
-  }
-  void lstm_cell_forward(int64_t rows, int64_t hidden, float* gates, const float* c_prev, float* c, float* h,
-                         float* tanh_c) override {
-    cpu_.lstm_cell_forward(rows, hidden, gates, c_prev, c, h, tanh_c);
-  }
-  void lstm_cell_backward(int64_t rows, int64_t hidden, const float* gates, const float* c_prev, const float* tanh_c,
-                          const float* dh, float* dc, float* dgates) override {
-    cpu_.lstm_cell_backward(rows, hidden, gates, c_prev, tanh_c, dh, dc, dgates);
-  }
-  void attention_forward(int64_t rows, int64_t steps, int64_t dim, int64_t cols, const int32_t* lengths,
-                         const int32_t* row_utterance, const float* query, const float* keys, const float* values,
-                         float* alpha, float* context, int64_t ldc) override {
-    cpu_.attention_forward(rows, steps, dim, cols, lengths, row_utterance, query, keys, values, alpha, context, ldc);
-  }
-  void attention_backward(int64_t rows, int64_t steps, int64_t dim, int64_t cols, const int32_t* lengths,
-                          const int32_t* row_utterance, const float* keys, const float* values, const float* alpha,
-                          const float* dcontext, float* denergy, float* dquery) override {
-    cpu_.attention_backward(rows, steps, dim, cols, lengths, row_utterance, keys, values, alpha, dcontext, denergy,
-                            dquery);
-  }
-  void sgd_update(int64_t n, const SgdUpdate& u, float* params, const float* grads, float* momentum) override {
-    cpu_.sgd_update(n, u, params, grads, momentum);
-  }
-  void adam_update(int64_t n, const AdamUpdate& u, float* params, const float* grads, float* m, float* v) override {
-    cpu_.adam_update(n, u, params, grads, m, v);
-  }
-  double sum_of_squares(int64_t n, const float* x) override { return cpu_.sum_of_squares(n, x); }
-  void scale(int64_t n, float alpha, float* x) override { cpu_.scale(n, alpha, x); }
-  void to_half(HalfFormat format, int64_t n, const float* x, float scale, uint16_t* y) override {
-    cpu_.to_half(format, n, x, scale, y);
-  }
-  void from_half(HalfFormat format, int64_t n, const uint16_t* x, float* y) override {
-    cpu_.from_half(format, n, x, y);
-  }
-  void sum_of_squares_into(int64_t n, const float* x, double* out) override { cpu_.sum_of_squares_into(n, x, out); }
-  void batchnorm_update_running(int64_t channels, float momentum, float unbias, const float* batch_mean,
-                                const float* batch_var, float* running_mean, float* running_var) override {
-    cpu_.batchnorm_update_running(channels, momentum, unbias, batch_mean, batch_var, running_mean, running_var);
-  }
-  void magnitude_histogram(int64_t n, const float* grad, float* acc, uint32_t min_key, uint32_t mask, uint32_t prefix,
-                           int shift, int32_t* histogram) override {
-    cpu_.magnitude_histogram(n, grad, acc, min_key, mask, prefix, shift, histogram);
-  }
-  int64_t select_at_least(int64_t n, const float* grad, float* acc, float t, int32_t* index, float* value,
-                          int64_t capacity) override {
-    return cpu_.select_at_least(n, grad, acc, t, index, value, capacity);
-  }
-  void accumulate_moments(int64_t n, const float* grad, float* acc, double* sums) override {
-    cpu_.accumulate_moments(n, grad, acc, sums);
-  }
-  void sparse_to_dense(int64_t n, int64_t count, const int32_t* index, const float* value, float divisor,
-                       float* y) override {
-    cpu_.sparse_to_dense(n, count, index, value, divisor, y);
-  }
-  void scatter_fill(int64_t count, const int32_t* index, float value, float* y) override {
-    cpu_.scatter_fill(count, index, value, y);
-  }
-  void orthonormalize_columns(const std::vector<TallMatrix>& batch) override { cpu_.orthonormalize_columns(batch); }
-  void subtract(int64_t n, const float* a, const float* b, float* y) override { cpu_.subtract(n, a, b, y); }
-  void lerp(int64_t n, const float* start, float weight, float* y) override { cpu_.lerp(n, start, weight, y); }
-  void quantize_blocks(LowBitFormat format, const float* x, int64_t count, int64_t blocks, uint8_t* chunk) override {
-    cpu_.quantize_blocks(format, x, count, blocks, chunk);
-  }
-  void sum_quantized_blocks(LowBitFormat format, const uint8_t* received, int64_t chunk_bytes, int ranks,
-                            int64_t blocks, float* acc) override {
-    cpu_.sum_quantized_blocks(format, received, chunk_bytes, ranks, blocks, acc);
-  }
-  void dequantize_blocks(LowBitFormat format, const uint8_t* chunk, int64_t blocks, int64_t count,
-                         float* out) override {
-    cpu_.dequantize_blocks(format, chunk, blocks, count, out);
-  }
+  // ---- Every op: the CPU backend's (ForwardingBackend).
 
   testing::CountingMemory memory;
-
- private:
-  Backend& cpu_ = cpu_backend();
 };
 
 }  // namespace trainer::models
