@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "comm/sync/gradient_sync.h"
@@ -29,23 +30,19 @@ struct UpdateOutcome {
   comm::SyncStats stats;
 };
 
+// One of the two rules, chosen once from the method's spec (applies_update): local (the optimizer
+// runs here) or remote (async_ps's servers run it).
 class UpdateRule {
  public:
-  // `remote`: the method applies the update itself (its spec's applies_update, comm/sync/registry.h).
-  UpdateRule(comm::GradientSync& sync, bool remote, optim::Optimizer& optimizer, models::Backend& backend,
-             models::ParameterStore& params, comm::SyncBuffers& buffers, double clip_norm);
+  virtual ~UpdateRule() = default;
   // The step's update at learning rate `lr` (a remote update ignores it: the servers run the
   // schedule). Adds its time to `times` and marks the trace.
-  UpdateOutcome run(int64_t step, double lr, StepTimes& times, TraceSpans& spans);
-
- private:
-  comm::GradientSync& sync_;
-  optim::Optimizer& optimizer_;
-  models::Backend& backend_;
-  models::ParameterStore& params_;
-  comm::SyncBuffers& buffers_;
-  double clip_norm_;
-  bool remote_;  // the optimizer runs where the sync sends the gradient
+  virtual UpdateOutcome run(int64_t step, double lr, StepTimes& times, TraceSpans& spans) = 0;
 };
+
+// `remote`: the method applies the update itself (its spec's applies_update, comm/sync/registry.h).
+std::unique_ptr<UpdateRule> make_update_rule(bool remote, comm::GradientSync& sync, optim::Optimizer& optimizer,
+                                             models::Backend& backend, models::ParameterStore& params,
+                                             comm::SyncBuffers& buffers, double clip_norm);
 
 }  // namespace trainer::app

@@ -206,7 +206,7 @@ class Worker {
   const float gradient_weight_;
   int64_t weighted_from_ = 0;  // gradient entries [weighted_from_, n) are weighted this step
   std::unique_ptr<StepClock> clock_;
-  UpdateRule update_;
+  std::unique_ptr<UpdateRule> update_;
   CheckpointKeeper keeper_;
   NonfiniteGuard guard_;
   std::unique_ptr<DivergenceGuard> divergence_;
@@ -251,8 +251,8 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
       clock_(remote_update_ ? make_granted_clock(rank_, training.size(), config.data.batch_size, *e_.backend,
                                                  task_.parameters())
                             : make_lockstep_clock(world, *e_.backend, task_.parameters())),
-      update_(*e_.sync, remote_update_, *e_.optimizer, *e_.backend, task_.parameters(), sync_buffers_,
-              config.optim.grad_clip_norm),
+      update_(make_update_rule(remote_update_, *e_.sync, *e_.optimizer, *e_.backend, task_.parameters(),
+                               sync_buffers_, config.optim.grad_clip_norm)),
       keeper_(config, task_.parameters(), task_.buffers(), world),
       guard_(config.train.skip_nonfinite_steps, task_.buffers(), [this] { return keeper_.last_note(); }),
       spans_(world.log(), config.comm.trace_first_step, config.comm.trace_steps) {
@@ -364,7 +364,7 @@ bool Worker::step(int64_t step) {
     update.nonfinite = nonfinite_item(verdict.tensor, task_.parameters()) + " on rank " +
                        std::to_string(verdict.rank) + ", before the gradient sync";
   else
-    update = update_.run(step, lr, metrics_->times(), spans_);
+    update = update_->run(step, lr, metrics_->times(), spans_);
   spans_.end_step();
   release_free_heap();
   if (graph_) {
