@@ -59,10 +59,11 @@ KeyUnion build_key_union() {
   // Each distinct text once, after the names of the methods that share it.
   for (size_t i = 0; i < u.keys.size(); ++i) {
     std::vector<std::pair<std::vector<std::string>, std::string>> texts;
-    for (const auto& [method, doc] : docs[i]) {
-      auto same = std::find_if(texts.begin(), texts.end(), [&](const auto& t) { return t.second == doc; });
-      if (same == texts.end()) texts.push_back({{method}, doc});
-      else same->first.push_back(method);
+    for (const auto& declared : docs[i]) {  // (method, doc)
+      auto same =
+          std::find_if(texts.begin(), texts.end(), [&](const auto& t) { return t.second == declared.second; });
+      if (same == texts.end()) texts.push_back({{declared.first}, declared.second});
+      else same->first.push_back(declared.first);
     }
     std::string doc;
     for (const auto& [methods, text] : texts) {

@@ -1,19 +1,30 @@
 // The method table (comm/sync/registry.cpp) for the fuzz targets, which link the config reader
-// without the sync methods (and so without MPI and oneDNN): the built-in methods by name, with
-// default capabilities and no rules. The config's parsing and validation are what is fuzzed; the
-// methods' own rules are tested in tests/config_test.cpp against the real table.
+// without the sync methods (and so without MPI and oneDNN): the built-in methods of
+// comm/sync/methods.h, each with its own keys read from its options struct (declared in the method's
+// header), default capabilities and no rules, defaults or factory. The config's parsing and
+// validation are what is fuzzed; the methods' own rules are tested in tests/config_test.cpp against
+// the real table.
 #include <memory>
 #include <stdexcept>
 
+#include "comm/sync/async_ps.h"
+#include "comm/sync/compressor_options.h"
+#include "comm/sync/diloco.h"
+#include "comm/sync/local_sgd.h"
+#include "comm/sync/methods.h"
+#include "comm/sync/oktopk.h"
+#include "comm/sync/powersgd.h"
 #include "comm/sync/registry.h"
 
 namespace trainer::comm {
 namespace {
 
-SyncMethod named(const char* name) {
+template <class Options>
+SyncMethod keys_only(const char* name) {
   SyncMethod m;
   m.name = name;
   m.doc = "(fuzz build)";
+  declare_options<Options>(m);
   m.make = [](const SyncOptions&, const SyncContext&) -> std::unique_ptr<GradientSync> {
     throw std::logic_error("the fuzz build has no sync methods");
   };
@@ -22,14 +33,9 @@ SyncMethod named(const char* name) {
 
 }  // namespace
 
-SyncMethod dense_method() { return named("dense"); }
-SyncMethod local_sgd_method() { return named("local_sgd"); }
-SyncMethod diloco_method() { return named("diloco"); }
-SyncMethod oktopk_method() { return named("oktopk"); }
-SyncMethod topka_method() { return named("topka"); }
-SyncMethod gaussiank_method() { return named("gaussiank"); }
-SyncMethod gtopk_method() { return named("gtopk"); }
-SyncMethod powersgd_method() { return named("powersgd"); }
-SyncMethod async_ps_method() { return named("async_ps"); }
+#define TRAINER_FUZZ_SYNC_METHOD(name, options) \
+  SyncMethod name##_method() { return keys_only<options>(#name); }
+TRAINER_SYNC_METHODS(TRAINER_FUZZ_SYNC_METHOD)
+#undef TRAINER_FUZZ_SYNC_METHOD
 
 }  // namespace trainer::comm
