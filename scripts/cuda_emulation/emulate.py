@@ -167,6 +167,13 @@ class EmulatedCudaBackend final : public Backend {
   void synchronize() override {}
   // Launches run to completion in issue order: a second stream is the same memory, marks need no wait.
   std::unique_ptr<DeviceStream> make_stream() override { return make_synchronous_stream(*this); }
+  // scratch()'s growth (cuda_backend.cpp's grows stream-ordered once a second stream exists; here
+  // every call has finished when it returns).
+  void grow_scratch(size_t bytes) {
+    if (scratch_) host_memory().free(scratch_);
+    scratch_ = host_memory().allocate(bytes);
+    scratch_bytes_ = bytes;
+  }
 
   // ---- Launching our kernels: models/cuda/cuda_backend.cpp's own methods.
 """ + "\n".join(body for _, body in launching) + """
