@@ -32,7 +32,7 @@
 # evaluations, two deterministic processes alike); short CIFAR runs on the GPU: recorded steps with
 # an evaluation every 3 steps (re-recording), eager steps (whose sync phase must be under 5% of the
 # step), bf16, tf32, the CPU beside them, two ranks; every sync method on two ranks; the speech
-# quickstart and DeepSpeech when a corpus is here (SPEECH_CORPUS or datasets/an4_quickstart); then
+# quickstart and DeepSpeech when a corpus is here (SPEECH_CORPUS, below); then
 # `trainer bench` (loader, sync at 27.5M, resnet20, vgg16, resnet18 in three precisions, DeepSpeech,
 # LAS; PyTorch on the same GPU beside them when TORCH_PYTHON's torch has CUDA).
 set -u
@@ -205,10 +205,27 @@ step method_diloco_streaming 45 "${mpi[@]}" -n 2 "$build/trainer" "${cifar[@]}" 
   --set sync.outer_dtype=fp8 --set experiment.output_dir="$out/method_diloco_streaming"
 
 # ---- Speech end to end: LAS (Ok-Top-k after a dense warmup) on one rank and two, and DeepSpeech.
-# The corpus is synthesized with espeak-ng and sox, which GPU machines lack: bring one along
-# (SPEECH_CORPUS, or datasets/an4_quickstart as scripts/quickstart.sh makes it).
-corpus=${SPEECH_CORPUS:-datasets/an4_quickstart}
-if [[ -d $corpus ]]; then
+# The corpus is synthesized with espeak-ng and sox, which GPU machines lack: bring one along.
+# SPEECH_CORPUS: an AN4-layout folder, or scripts/make_gpu_speech_corpus's archive (8.6 MB, unpacked
+# into OUT_DIR); by default .device/speech_corpus.tar.xz or datasets/an4_quickstart, where present.
+corpus=${SPEECH_CORPUS:-}
+if [[ -z $corpus ]]; then
+  for c in .device/speech_corpus.tar.xz datasets/an4_quickstart; do
+    if [[ -e $c ]]; then
+      corpus=$c
+      break
+    fi
+  done
+fi
+if [[ $corpus == *.tar.xz && -f $corpus ]]; then
+  rm -rf "$out/speech_corpus"
+  if timeout 60 tar -xJf "$corpus" -C "$out" && [[ -d $out/speech_corpus ]]; then
+    corpus=$out/speech_corpus
+  else
+    echo "could not unpack $corpus"
+  fi
+fi
+if [[ -n $corpus && -d $corpus ]]; then
   speech=(--config configs/quickstart_an4.toml --set data.root="$corpus" --set runtime.device=cuda
           --set train.max_steps=60 --set train.log_every_steps=10 --set train.eval_every_steps=60
           --set sync.dense_warmup_steps=30)
@@ -219,7 +236,7 @@ if [[ -d $corpus ]]; then
     --set optim.lr=0.01 --set train.max_steps=30 --set experiment.output_dir="$out/deepspeech"
 else
   for name in speech_quickstart_cuda speech_quickstart_cuda_2ranks deepspeech_cuda; do
-    skip "$name" "no speech corpus at $corpus (SPEECH_CORPUS)"
+    skip "$name" "no speech corpus (SPEECH_CORPUS=${corpus:-unset}; scripts/make_gpu_speech_corpus makes one)"
   done
 fi
 

@@ -13,12 +13,13 @@
 // kMaxWorkspace (and, in bf16, a dot-product one).
 // - With runtime.deterministic (set_deterministic_algorithms): cuDNN's heuristics
 //   (cudnnGetConvolution*Algorithm_v7, which time nothing), the first deterministic algorithm in
-//   their order, else the first that works. The choice depends only on the descriptors, the GPU and
+//   their order (choose() says which count as deterministic). The choice depends only on the descriptors, the GPU and
 //   the cuDNN version, so two processes (a repeat, a resume, eager against graph) choose the same
 //   and compute the same bits, as the CPU backend's runs do. Timing (cudnnFind*) would not: two
 //   candidates that time alike come out in either order, and each process would take its own.
-//   (PyTorch does the same: with cudnn.benchmark off it takes the _v7 heuristics' order and, under
-//   deterministic algorithms, skips CUDNN_NON_DETERMINISTIC ones; aten/src/ATen/native/cudnn/Conv_v7.cpp.)
+//   (PyTorch, aten/src/ATen/native/cudnn/Conv_v7.cpp: with cudnn.benchmark off it takes the _v7
+//   heuristics' order, and with cudnn.deterministic also on, fixed default algorithms; its
+//   getValidAlgorithms skips CUDNN_NON_DETERMINISTIC results under determinism, as choose() here.)
 // - Without it: the fastest that cudnnFind* timed on the GPU, whatever its determinism (backward
 //   filter's fast kernels sum with atomics; on the H200 ResNet-20's weight gradients took 11.7 ms a
 //   step on the deterministic choice against PyTorch's 0.49 ms on cuDNN's fastest). A search is
@@ -71,20 +72,33 @@ bool transform_based(cudnnConvolutionBwdFilterAlgo_t a) {
          a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
 }
 
+// The algorithms cuDNN's API reference calls non-deterministic (they sum with atomics):
+// cudnnConvolutionBwdDataAlgo_t's ALGO_0, cudnnConvolutionBwdFilterAlgo_t's ALGO_0 and ALGO_3. A
+// result's `determinism` should say so too; this guards against a result that leaves it unset.
+bool sums_with_atomics(cudnnConvolutionFwdAlgo_t) { return false; }
+bool sums_with_atomics(cudnnConvolutionBwdDataAlgo_t a) { return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0; }
+bool sums_with_atomics(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+}
+
 // The first acceptable entry of a cudnnFind* result (sorted by measured time) or a
 // cudnnGet*_v7 one (sorted by the heuristics' expected time), or null. In fp32 only the algorithms
 // that keep FP32 math; in bf16 any math type (tensor-core math is what bf16 is for) but only
 // dot-product algorithms. `fits(algo)`: cuDNN gives a workspace size for it under this op's
 // descriptors and it is at most kMaxWorkspace (asked again rather than trusting the result's
-// `memory`, which the heuristics only estimate).
+// `memory`, which the heuristics only estimate). Under runtime.deterministic, in order of
+// preference: one the result calls deterministic; one it does not call so but that is not among
+// the documented atomic ones; else any (the run then may differ in the last bits, as before).
 template <class Perf, class Fits>
 const Perf* choose(const Perf* results, int count, bool bf16, const Fits& fits) {
-  for (bool need_deterministic : {deterministic_algorithms, false})
+  const int levels = deterministic_algorithms ? 3 : 1;
+  for (int level = 3 - levels; level < 3; ++level)
     for (int i = 0; i < count; ++i) {
       const Perf& p = results[i];
       const bool math_ok = bf16 ? !transform_based(p.algo) : fp32_math(p.mathType);
       if (p.status != CUDNN_STATUS_SUCCESS || !math_ok) continue;
-      if (need_deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
+      if (level == 0 && (p.determinism != CUDNN_DETERMINISTIC || sums_with_atomics(p.algo))) continue;
+      if (level == 1 && sums_with_atomics(p.algo)) continue;
       if (!fits(p.algo)) continue;
       return &p;
     }
@@ -99,11 +113,12 @@ const Perf* choose(const Perf* results, int count, bool bf16, const Fits& fits) 
                            std::to_string(g.kernel_h) + "x" + std::to_string(g.kernel_w));
 }
 
-// Whether `algo` is listed with CUDNN_STATUS_SUCCESS among a heuristics result.
+// Whether `algo` is listed with CUDNN_STATUS_SUCCESS among a heuristics result (an algorithm may be
+// listed once per math type).
 template <class Perf, class Algo>
 bool listed(const std::vector<Perf>& results, int count, Algo algo) {
   for (int i = 0; i < count; ++i)
-    if (results[i].algo == algo) return results[i].status == CUDNN_STATUS_SUCCESS;
+    if (results[i].algo == algo && results[i].status == CUDNN_STATUS_SUCCESS) return true;
   return false;
 }
 
