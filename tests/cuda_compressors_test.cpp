@@ -135,10 +135,10 @@ TEST_CASE("accumulate_moments, sparse_to_dense and scatter_fill", "[sparse]") {
   }
 }
 
-// Each sparse op once at the paper's gradient size (ResNet-50's n = 27,569,568, Ok-Top-k's density
-// 0.02): grids of thousands of blocks, offsets past 2^24, the 64-bit block counts. Hidden ([.large]:
+// Each sparse op once at the paper's gradient size (n = 27,569,568, Ok-Top-k's density
+// 0.02): grids of thousands of blocks, offsets past 2^24, the 64-bit block counts. Hidden ([.][large]:
 // a few hundred MB on both sides and seconds of CPU reference), run by scripts/gpu_check.sh.
-TEST_CASE("the sparse ops at 27.5M entries", "[.large][sparse]") {
+TEST_CASE("the sparse ops at 27.5M entries", "[.][large][sparse]") {
   const int64_t n = 27569568;
   const auto grad = gradient_like(n, 101), residual = gradient_like(n, 102);
   GpuArray g(grad);

@@ -124,7 +124,15 @@ class CudaBackend final : public Backend {
       check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device_of_stream()),
             "cudaDeviceGetAttribute (memory pools)");
       stream_ordered_scratch_ = pools != 0;
-      scratch(kOverlapScratchBytes);
+      // Sized now, and made stream-ordered now (freeing the old one waits for the device once,
+      // here, before any collective is in flight).
+      const size_t bytes = std::max(scratch_bytes_, kOverlapScratchBytes);
+      if (stream_ordered_scratch_ && scratch_) {
+        memory_.free(scratch_);
+        scratch_ = nullptr;
+        scratch_bytes_ = 0;
+      }
+      scratch(bytes);
     }
     return stream;
   }
@@ -515,12 +523,7 @@ class CudaBackend final : public Backend {
     if (capturing != cudaStreamCaptureStatusNone)
       throw std::logic_error("CUDA backend: the scratch would grow to " + std::to_string(bytes) +
                              " bytes inside a recorded step (its eager warmup steps should have grown it)");
-    if (scratch_) {
-      if (scratch_async_)
-        check(cudaFreeAsync(scratch_, stream_), "cudaFreeAsync (scratch)");
-      else
-        memory_.free(scratch_);  // the one from before the second stream: once, waits for the device
-    }
+    if (scratch_) check(cudaFreeAsync(scratch_, stream_), "cudaFreeAsync (scratch)");  // make_stream's or later
     scratch_ = nullptr;
     scratch_bytes_ = 0;
     check(cudaMallocAsync(&scratch_, bytes, stream_), "cudaMallocAsync (scratch)");
