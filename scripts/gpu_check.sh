@@ -117,28 +117,6 @@ for t in cuda_sequence_test cuda_lstm_test cuda_speller_test cuda_speech_models_
 done
 step device_test 30 "$build/tests/device_test" "[cuda]"
 
-# ---- compute-sanitizer: shared-memory races (racecheck) and barrier misuse (synccheck) in the
-# kernels that share memory and synchronize blocks: batch norm's statistics and gradients (the
-# small-shape case and the many-chunk one), the attention, and the sparse compaction.
-if [[ -x $sanitizer ]]; then
-  for tool in racecheck synccheck; do
-    step "batch_norm_$tool" 60 "$sanitizer" --tool $tool --error-exitcode 1 "$build/tests/cuda_backend_test" \
-      "CUDA batch norm matches the CPU*" "CUDA batch norm: a large mean offset*"
-    step "attention_$tool" 60 "$sanitizer" --tool $tool --error-exitcode 1 "$build/tests/cuda_speller_test" \
-      "CUDA attention*"
-    step "compaction_$tool" 60 "$sanitizer" --tool $tool --error-exitcode 1 "$build/tests/cuda_compressors_test" \
-      "select_at_least*"
-  done
-  # Out-of-bounds accesses over the compressors' ops (compaction writes above all).
-  step cuda_compressors_memcheck 90 "$sanitizer" --tool memcheck --error-exitcode 1 \
-    "$build/tests/cuda_compressors_test" "~[methods]"
-else
-  for name in batch_norm_racecheck attention_racecheck compaction_racecheck batch_norm_synccheck \
-      attention_synccheck compaction_synccheck cuda_compressors_memcheck; do
-    skip "$name" "no compute-sanitizer"
-  done
-fi
-
 # ---- Sync on device buffers. Two and three ranks share the one GPU through staged MPI (NCCL refuses
 # two ranks on one GPU); NCCL itself runs at one rank.
 step cuda_compressors_test 90 "$build/tests/cuda_compressors_test" --durations yes
@@ -217,7 +195,8 @@ if [[ -z $corpus ]]; then
     fi
   done
 fi
-if [[ $corpus == *.tar.xz && -f $corpus ]]; then
+# (Not without a GPU: nothing would read it.)
+if [[ $corpus == *.tar.xz && -f $corpus ]] && { ((have_gpu)) || [[ -n ${GPU_CHECK_FORCE:-} ]]; }; then
   rm -rf "$out/speech_corpus"
   if timeout 60 tar -xJf "$corpus" -C "$out" && [[ -d $out/speech_corpus ]]; then
     corpus=$out/speech_corpus
@@ -237,6 +216,28 @@ if [[ -n $corpus && -d $corpus ]]; then
 else
   for name in speech_quickstart_cuda speech_quickstart_cuda_2ranks deepspeech_cuda; do
     skip "$name" "no speech corpus (SPEECH_CORPUS=${corpus:-unset}; scripts/make_gpu_speech_corpus makes one)"
+  done
+fi
+
+# ---- compute-sanitizer (after the runs above: slow, and each capped): shared-memory races
+# (racecheck) and barrier misuse (synccheck) in the kernels that share memory and synchronize blocks: batch norm's statistics and gradients (the
+# small-shape case and the many-chunk one), the attention, and the sparse compaction.
+if [[ -x $sanitizer ]]; then
+  for tool in racecheck synccheck; do
+    step "batch_norm_$tool" 45 "$sanitizer" --tool $tool --error-exitcode 1 "$build/tests/cuda_backend_test" \
+      "CUDA batch norm matches the CPU*" "CUDA batch norm: a large mean offset*"
+    step "attention_$tool" 45 "$sanitizer" --tool $tool --error-exitcode 1 "$build/tests/cuda_speller_test" \
+      "CUDA attention*"
+    step "compaction_$tool" 45 "$sanitizer" --tool $tool --error-exitcode 1 "$build/tests/cuda_compressors_test" \
+      "select_at_least*"
+  done
+  # Out-of-bounds accesses over the compressors' ops (compaction writes above all).
+  step cuda_compressors_memcheck 60 "$sanitizer" --tool memcheck --error-exitcode 1 \
+    "$build/tests/cuda_compressors_test" "~[methods]"
+else
+  for name in batch_norm_racecheck attention_racecheck compaction_racecheck batch_norm_synccheck \
+      attention_synccheck compaction_synccheck cuda_compressors_memcheck; do
+    skip "$name" "no compute-sanitizer"
   done
 fi
 
