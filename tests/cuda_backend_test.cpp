@@ -72,7 +72,9 @@ TEST_CASE("CUDA convolution matches the CPU: 3x3, stride 2, padding, 1x1, bias, 
 // and no timed search at all (so two processes choose alike); otherwise one cudnnFind search per
 // length class (length_class.h), whose algorithms later extents of the class reuse, and still match
 // the CPU. DeepSpeech's first convolution (41x11, stride 2, padding 20x5) at a few time extents.
-TEST_CASE("CUDA convolution algorithms: none timed under runtime.deterministic, one search per length class", "[cuda]") {
+// [native]: cuDNN's, which scripts/cuda_emulation replaces with the CPU's convolutions.
+TEST_CASE("CUDA convolution algorithms: none timed under runtime.deterministic, one search per length class",
+          "[cuda][native]") {
   auto speech = [](int64_t width) { return ConvGeometry{2, 1, 41, width, 8, 41, 11, 2, 2, 20, 5, true}; };
   cuda::set_deterministic_algorithms(true);
   const int64_t before = cuda::convolution_searches();

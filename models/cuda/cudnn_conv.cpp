@@ -331,9 +331,12 @@ class CudnnConv final : public ConvOp {
   // cuDNN's heuristics for the three directions (every algorithm, in their order of expected time;
   // they run nothing on the GPU).
   struct Heuristics {
-    std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd{CUDNN_CONVOLUTION_FWD_ALGO_COUNT};
-    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bwd_data{CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT};
-    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bwd_filter{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT};
+    std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd =
+        std::vector<cudnnConvolutionFwdAlgoPerf_t>(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
+    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bwd_data =
+        std::vector<cudnnConvolutionBwdDataAlgoPerf_t>(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
+    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bwd_filter =
+        std::vector<cudnnConvolutionBwdFilterAlgoPerf_t>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
     int fwd_count = 0, bwd_data_count = 0, bwd_filter_count = 0;
   };
   Heuristics heuristics() const {
