@@ -1,181 +1,268 @@
 #!/usr/bin/env bash
-# The GPU check of the CUDA backend (models/cuda/): what a session with a GPU runs first. It cannot
-# run where there is no GPU (everything here then skips or fails with "no usable GPU").
+# The GPU check of the CUDA backend (models/cuda/): what a session with a GPU runs first, the one
+# command that checks everything GPU-side. Without a GPU it records every step as skipped (77) in a
+# few seconds and exits 77 (GPU_CHECK_FORCE=1 runs the steps anyway, to try the script itself).
 #
 #   scripts/gpu_check.sh [BUILD_DIR] [OUT_DIR]
 #
 # BUILD_DIR: a build configured with -DTRAINER_CUDA=ON (default build-cuda; in an unpacked bundle of
 # that build, "build"). Run from the folder holding configs/ (the repository or the bundle root).
-# OUT_DIR: where every log goes (default $OUT when set, else gpu_check_out). Each step runs even
-# when an earlier one failed; OUT_DIR/summary.json holds every step's exit code (77 = skipped), and
-# the script exits non-zero when any step failed.
+# OUT_DIR: where every log goes (default $OUT when set, else gpu_check_out).
 #
-# Steps: the GPU's description; cuda_backend_test (every CUDA op and a resnet20/vgg16 step against
-# the CPU backend) and the speech parity tests (sequence ops, CTC, LSTM, speller, DeepSpeech and LAS
-# steps); cuda_precision_test (bf16 copies, convolutions and GEMMs within bf16's bound, a bf16
-# ResNet-20 step); cuda_compressors_test (the sparse methods, PowerSGD and DiLoCo on device buffers,
-# op by op and whole methods against the CPU, on 1, 2 and 3 ranks, and once under compute-sanitizer's
-# memcheck); cuda_low_bit_test (DiLoCo's low-bit outer codec and its device sum, byte for byte
-# against the CPU, on 1 and 2 ranks); cuda_wire_test (sync.wire_dtype's casts and dense sync on GPU
-# buffers, overlapped on a second stream, against the CPU, on 1 and 2 ranks); device_test's CUDA
-# cases; cuda_graph_test (recorded steps against eager ones); a short quickstart training run on the
-# GPU (whose
-# metrics must show the sync phase under 5% of the step); and
-# the same on two ranks sharing the GPU (staged MPI), with staged_comm_test's GPU cases; every sync
-# method on two ranks (and dense through fp16); and
-# the speech quickstart on the GPU (one and two ranks) and DeepSpeech, when the corpus is here; and
-# the CIFAR loader alone (`trainer bench loader`: augmented images/s at 1 and 2 workers); `trainer
-# bench` of resnet20, vgg16 and resnet18 at batch 128, DeepSpeech and LAS at batch 8 on the GPU (with
-# PyTorch on the same GPU beside it when torch imports: eager, one CUDA graph, and TF32 for images).
-set -x
+# Time: the whole check runs within GPU_CHECK_BUDGET_S (default 450 s, under the 8 minutes a GPU
+# session can give it). Every step runs under `timeout` (TERM, then KILL 5 s later): its own cap or
+# what is left of the budget, whichever is less, so a hang costs at most that and never the rest.
+# A step that would get under 10 s is recorded as skipped (77) with the reason in its log. The
+# correctness checks come first, the benchmarks last (they get what is left).
+#
+# Results: OUT_DIR/NAME.log per step; OUT_DIR/summary.json holds every finished step's exit code
+# (0 passed, 77 skipped, 124 or 137 timed out, else failed) and is rewritten after each step, so a
+# run killed from outside keeps what it had; OUT_DIR/durations.tsv each step's seconds. Each step
+# runs even when an earlier one failed; the script exits non-zero when any step failed.
+#
+# Steps: the GPU's description; cuda_backend_test (every CUDA op, the convolution algorithm choice,
+# a resnet20/vgg16 step against the CPU backend) and the speech parity tests (sequence ops, CTC,
+# LSTM, speller, DeepSpeech and LAS steps); cuda_precision_test (bf16 within its bound);
+# compute-sanitizer's racecheck and synccheck over the batch norm, attention and compaction kernels'
+# tests, memcheck over the compressors; cuda_compressors_test (sparse methods, PowerSGD and DiLoCo on
+# device buffers against the CPU, on 1, 2 and 3 ranks) and each sparse op at the paper's 27.5M
+# entries; cuda_low_bit_test; cuda_wire_test (casts and overlapped dense sync on a second stream, 1
+# and 2 ranks); device_test's CUDA cases; staged_comm_test's CUDA cases on two ranks and its NCCL
+# case on one; cuda_graph_test (recorded steps against eager ones, a graph recorded again after
+# evaluations, two deterministic processes alike); short CIFAR runs on the GPU: recorded steps with
+# an evaluation every 3 steps (re-recording), eager steps (whose sync phase must be under 5% of the
+# step), bf16, tf32, the CPU beside them, two ranks; every sync method on two ranks; the speech
+# quickstart and DeepSpeech when a corpus is here (SPEECH_CORPUS, below); then
+# `trainer bench` (loader, sync at 27.5M, resnet20, vgg16, resnet18 in three precisions, DeepSpeech,
+# LAS; PyTorch on the same GPU beside them when TORCH_PYTHON's torch has CUDA).
+set -u
 build=${1:-build-cuda}
 out=${2:-${OUT:-gpu_check_out}}
+budget=${GPU_CHECK_BUDGET_S:-450}
 mkdir -p "$out"
+: >"$out/durations.tsv"
 declare -A codes
 order=()
 
-step() {  # step NAME COMMAND...: runs COMMAND with its output in OUT/NAME.log, records the exit code
-  local name=$1
-  shift
-  "$@" >"$out/$name.log" 2>&1
-  codes[$name]=$?
-  order+=("$name")
-  tail -n 20 "$out/$name.log"
+write_summary() {  # the codes so far, as JSON (rewritten after every step)
+  {
+    echo "{"
+    local sep="" name
+    for name in "${order[@]}"; do
+      printf '%s  "%s": %d' "$sep" "$name" "${codes[$name]}"
+      sep=$',\n'
+    done
+    printf '\n}\n'
+  } >"$out/summary.json.tmp" && mv "$out/summary.json.tmp" "$out/summary.json"
 }
 
-# The benchmarks come last and only while the check is within its budget (GPU_CHECK_BUDGET_S,
-# default 420 s of the 8 minutes), so the correctness checks always run: a benchmark past it is
-# recorded as skipped (77) with the reason in its log.
-bench() {  # bench NAME COMMAND...: as step, within the budget
-  if ((SECONDS >= ${GPU_CHECK_BUDGET_S:-420})); then
-    echo "skipped: the check had run ${SECONDS} s (GPU_CHECK_BUDGET_S=${GPU_CHECK_BUDGET_S:-420})" >"$out/$1.log"
-    codes[$1]=77
-    order+=("$1")
+record() {  # record NAME CODE SECONDS
+  codes[$1]=$2
+  order+=("$1")
+  printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$out/durations.tsv"
+  write_summary
+}
+
+skip() {  # skip NAME REASON: recorded as skipped (77), the reason in its log
+  echo "skipped: $2" >"$out/$1.log"
+  echo "== $1: skipped ($2)"
+  record "$1" 77 0
+}
+
+have_gpu=1
+nvidia-smi -L >/dev/null 2>&1 || have_gpu=0
+
+# step NAME CAP COMMAND...: COMMAND with its output in OUT/NAME.log, under a timeout of CAP seconds
+# or what is left of the budget, whichever is less; its exit code recorded.
+step() {
+  local name=$1 cap=$2
+  shift 2
+  if ((!have_gpu)) && [[ -z ${GPU_CHECK_FORCE:-} ]]; then
+    skip "$name" "no GPU here (nvidia-smi -L failed)"
     return
   fi
-  step "$@"
+  local left=$((budget - SECONDS))
+  local limit=$((cap < left ? cap : left))
+  if ((limit < 10)); then
+    skip "$name" "the check had run ${SECONDS} s of its ${budget} s (GPU_CHECK_BUDGET_S)"
+    return
+  fi
+  local start=$SECONDS code
+  echo "== $name (timeout ${limit} s; ${SECONDS} s of ${budget} s spent)"
+  timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1
+  code=$?
+  ((code == 124 || code == 137)) && echo "timed out after ${limit} s" >>"$out/$name.log"
+  record "$name" "$code" $((SECONDS - start))
+  tail -n 5 "$out/$name.log"
 }
 
-step nvidia_smi nvidia-smi
-step cuda_backend_test "$build/tests/cuda_backend_test" --durations yes
-# The speech half: sequence ops and CTC, the cuDNN LSTM, the speller's ops, then whole DeepSpeech
-# and LAS training steps against the CPU.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+mpi=(mpirun --oversubscribe)
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+cifar=(--config configs/quickstart_cifar.toml --set train.log_every_steps=10)
+
+if ((have_gpu)); then
+  step nvidia_smi 20 nvidia-smi
+else
+  skip nvidia_smi "no GPU here (nvidia-smi -L failed)"
+fi
+
+# ---- The CUDA ops against the CPU backend.
+step cuda_backend_test 120 "$build/tests/cuda_backend_test" --durations yes
+# The speech half: sequence ops and CTC, the cuDNN LSTM, the speller's ops, whole DeepSpeech and LAS
+# training steps; then bf16.
 for t in cuda_sequence_test cuda_lstm_test cuda_speller_test cuda_speech_models_test cuda_precision_test; do
-  step "$t" timeout 300 "$build/tests/$t" --durations yes
+  step "$t" 90 "$build/tests/$t" --durations yes
 done
-step device_test "$build/tests/device_test" "[cuda]"
-# runtime.cuda_graph: six 10-step ResNet-20 runs (graph against eager, bit for bit), about a minute.
-step cuda_graph_test timeout 300 "$build/tests/cuda_graph_test" --durations yes
-step quickstart_cuda "$build/trainer" --config configs/quickstart_cifar.toml --set runtime.device=cuda \
-  --set train.max_steps=40 --set train.log_every_steps=10 --set experiment.output_dir="$out/quickstart_run"
-# One process on one GPU has nothing to wait for: the phases are timed where the device spends
-# them, so the sync share of the step must be small (issue: it read 55-65% while the GPU's backward
-# landed in the sync phase).
-step sync_share_1gpu /usr/bin/python3 -c '
+step device_test 30 "$build/tests/device_test" "[cuda]"
+
+# ---- Sync on device buffers. Two and three ranks share the one GPU through staged MPI (NCCL refuses
+# two ranks on one GPU); NCCL itself runs at one rank.
+step cuda_compressors_test 90 "$build/tests/cuda_compressors_test" --durations yes
+step cuda_compressors_test_2 90 "${mpi[@]}" -n 2 "$build/tests/cuda_compressors_test"
+step cuda_compressors_test_3 90 "${mpi[@]}" -n 3 "$build/tests/cuda_compressors_test"
+# Each sparse op at the paper's gradient size (27,569,568 entries) against the CPU.
+step cuda_sparse_27m 90 "$build/tests/cuda_compressors_test" "[large]" --durations yes
+step cuda_low_bit_test 60 "$build/tests/cuda_low_bit_test" --durations yes
+step cuda_low_bit_test_2 60 "${mpi[@]}" -n 2 "$build/tests/cuda_low_bit_test"
+step cuda_wire_test 60 "$build/tests/cuda_wire_test" --durations yes
+step cuda_wire_test_2 60 "${mpi[@]}" -n 2 "$build/tests/cuda_wire_test"
+step staged_comm_test_2 60 "${mpi[@]}" -n 2 "$build/tests/staged_comm_test"
+# One rank: the NCCL case's calls run on NCCL and are logged as MPI's (with two it only checks the refusal).
+step staged_comm_test_nccl_1 60 "${mpi[@]}" -n 1 "$build/tests/staged_comm_test" "[cuda]"
+
+# ---- Whole steps: recorded CUDA graphs against eager steps, bit for bit (a constant rate, a
+# schedule, Adam with a skipped step, recorded again after evaluations), and two deterministic
+# processes alike.
+step cuda_graph_test 180 "$build/tests/cuda_graph_test" --durations yes
+
+# ---- Short training runs on the GPU.
+# Recorded steps (runtime.cuda_graph, the default) with an evaluation every 3 steps: each evaluation
+# moves buffers, so the graph is recorded again after it.
+step quickstart_cuda 60 "$build/trainer" "${cifar[@]}" --set runtime.device=cuda --set train.max_steps=40 \
+  --set train.eval_every_steps=3 --set experiment.output_dir="$out/quickstart_run"
+# Eager steps: the phases are timed where the device spends them, so one process on one GPU (nothing
+# to wait for) must show a small sync share. Recorded steps report no sync time, so this takes the
+# eager run.
+step quickstart_cuda_eager 60 "$build/trainer" "${cifar[@]}" --set runtime.device=cuda --set runtime.cuda_graph=false \
+  --set train.max_steps=40 --set experiment.output_dir="$out/quickstart_run_eager"
+step sync_share_1gpu 10 /usr/bin/python3 -c '
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if "t_sync_ms" in l]
 rows = rows[1:] or rows  # the first interval holds the algorithm search
 sync = sum(r["t_sync_ms"] for r in rows)
 step = sum(r["t_data_ms"] + r["t_compute_ms"] + r["t_sync_ms"] + r["t_optim_ms"] for r in rows)
 print(f"sync {sync:.1f} ms of {step:.1f} ms: {100 * sync / step:.1f}%")
-sys.exit(0 if sync < 0.05 * step else 1)' "$out/quickstart_run/metrics.jsonl"
-# runtime.precision on the GPU: the same run in bf16 and in tf32 (the loss curves beside fp32's).
+sys.exit(0 if 0 < step and sync < 0.05 * step else 1)' "$out/quickstart_run_eager/metrics.jsonl"
+# runtime.precision on the GPU (the loss curves beside fp32's), and the CPU's run beside them.
 for precision in bf16 tf32; do
-  step "quickstart_cuda_$precision" "$build/trainer" --config configs/quickstart_cifar.toml --set runtime.device=cuda \
-    --set runtime.precision=$precision --set train.max_steps=40 --set train.log_every_steps=10 \
-    --set experiment.output_dir="$out/quickstart_run_$precision"
+  step "quickstart_cuda_$precision" 60 "$build/trainer" "${cifar[@]}" --set runtime.device=cuda \
+    --set runtime.precision=$precision --set train.max_steps=40 --set experiment.output_dir="$out/quickstart_run_$precision"
 done
-# The same short run on the CPU, for the loss curve side by side (same seed, same data).
-step quickstart_cpu "$build/trainer" --config configs/quickstart_cifar.toml --set runtime.device=cpu \
-  --set train.max_steps=40 --set train.log_every_steps=10 --set experiment.output_dir="$out/quickstart_run_cpu"
-# Two ranks on the one GPU: gradients through MPI with pinned host staging (NCCL refuses two ranks on
-# one GPU). staged_comm_test's [cuda] cases compare staged collectives on GPU memory with MPI's.
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# The sparse methods on device buffers: ops and methods against the CPU, the exchanges real on 2 and
-# 3 ranks sharing the GPU; memcheck over the single-rank run (out-of-bounds compaction writes).
-step cuda_compressors_test timeout 300 "$build/tests/cuda_compressors_test" --durations yes
-step cuda_compressors_test_2 timeout 300 mpirun --oversubscribe -n 2 "$build/tests/cuda_compressors_test"
-step cuda_compressors_test_3 timeout 300 mpirun --oversubscribe -n 3 "$build/tests/cuda_compressors_test"
-if command -v compute-sanitizer >/dev/null || [[ -x /usr/local/cuda/bin/compute-sanitizer ]]; then
-  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  step cuda_compressors_memcheck timeout 300 "$sanitizer" --tool memcheck --error-exitcode 1 \
-    "$build/tests/cuda_compressors_test" "~[methods]"
-fi
-# DiLoCo's low-bit outer codec: each op and the whole device sum against the CPU, byte for byte, on
-# 1 and 2 ranks sharing the GPU (staged MPI).
-step cuda_low_bit_test timeout 120 "$build/tests/cuda_low_bit_test" --durations yes
-step cuda_low_bit_test_2 timeout 120 mpirun --oversubscribe -n 2 "$build/tests/cuda_low_bit_test"
-# sync.wire_dtype and sync.overlap on device buffers: the 16-bit casts against the CPU bit for bit,
-# the second stream's ordering, and dense sync on GPU buffers (overlapped or not) against the CPU's,
-# alone and on 2 ranks sharing the GPU (staged MPI: the communication thread waits for each event).
-step cuda_wire_test timeout 120 "$build/tests/cuda_wire_test" --durations yes
-step cuda_wire_test_2 timeout 120 mpirun --oversubscribe -n 2 "$build/tests/cuda_wire_test"
-step staged_comm_test_2 mpirun --oversubscribe -n 2 "$build/tests/staged_comm_test"
-step quickstart_cuda_2ranks mpirun --oversubscribe -n 2 "$build/trainer" --config configs/quickstart_cifar.toml \
-  --set runtime.device=cuda --set train.max_steps=40 --set train.log_every_steps=10 \
-  --set experiment.output_dir="$out/quickstart_run_2ranks"
+step quickstart_cpu 90 "$build/trainer" "${cifar[@]}" --set runtime.device=cpu --set train.max_steps=40 \
+  --set experiment.output_dir="$out/quickstart_run_cpu"
+step quickstart_cuda_2ranks 60 "${mpi[@]}" -n 2 "$build/trainer" "${cifar[@]}" --set runtime.device=cuda \
+  --set train.max_steps=40 --set experiment.output_dir="$out/quickstart_run_2ranks"
 # Every sync method on two ranks sharing the GPU, each on device buffers (the sparse ones' lists over
-# MPI, async_ps's worker staging its push and pull); 30 steps each after a 5-step dense warmup; and
-# Streaming DiLoCo (two fragments, a delay of one step overlapped on a host copy, fp8 on the wire).
+# MPI, async_ps's worker staging its push and pull); 30 steps each after a 5-step dense warmup; dense
+# through fp16 (overlapped on the second stream); Streaming DiLoCo (two fragments, a delay of one
+# step overlapped on a host copy, fp8 on the wire).
 for method in dense local_sgd diloco oktopk topka gaussiank gtopk powersgd async_ps; do
-  step "method_$method" mpirun --oversubscribe -n 2 "$build/trainer" --config configs/quickstart_cifar.toml \
-    --set runtime.device=cuda --set train.max_steps=30 --set train.log_every_steps=10 --set sync.method=$method \
-    --set sync.dense_warmup_steps=5 --set sync.period=4 --set sync.outer_momentum=0.5 --set sync.density=0.05 \
-    --set sync.deterministic=true --set experiment.output_dir="$out/method_$method"
+  step "method_$method" 45 "${mpi[@]}" -n 2 "$build/trainer" "${cifar[@]}" --set runtime.device=cuda \
+    --set train.max_steps=30 --set sync.method=$method --set sync.dense_warmup_steps=5 --set sync.period=4 \
+    --set sync.outer_momentum=0.5 --set sync.density=0.05 --set sync.deterministic=true \
+    --set experiment.output_dir="$out/method_$method"
 done
-# Dense through a 16-bit wire on the GPU, overlapped on the second stream (the default sync.overlap).
-step method_dense_fp16 mpirun --oversubscribe -n 2 "$build/trainer" --config configs/quickstart_cifar.toml \
-  --set runtime.device=cuda --set train.max_steps=30 --set train.log_every_steps=10 --set sync.method=dense \
-  --set sync.wire_dtype=fp16 --set experiment.output_dir="$out/method_dense_fp16"
-step method_diloco_streaming mpirun --oversubscribe -n 2 "$build/trainer" --config configs/quickstart_cifar.toml \
-  --set runtime.device=cuda --set train.max_steps=30 --set train.log_every_steps=10 --set sync.method=diloco \
-  --set sync.dense_warmup_steps=5 --set sync.period=4 --set sync.outer_momentum=0.5 --set sync.fragments=2 \
-  --set sync.sync_delay=1 --set sync.mixing=0.5 --set sync.outer_dtype=fp8 \
-  --set experiment.output_dir="$out/method_diloco_streaming"
-# The speech quickstart (LAS, Ok-Top-k after a dense warmup) for 60 steps on the GPU, on one rank and
-# on two sharing it, and DeepSpeech on the same corpus. The corpus is synthesized with espeak-ng and
-# sox, which GPU machines lack: bring datasets/an4_quickstart along (scripts/quickstart.sh makes it).
-if [[ -d datasets/an4_quickstart ]]; then
-  speech=(--config configs/quickstart_an4.toml --set runtime.device=cuda --set train.max_steps=60
-          --set train.log_every_steps=10 --set train.eval_every_steps=60 --set sync.dense_warmup_steps=30)
-  step speech_quickstart_cuda timeout 300 "$build/trainer" "${speech[@]}" \
-    --set experiment.output_dir="$out/speech_quickstart"
-  step speech_quickstart_cuda_2ranks timeout 300 mpirun --oversubscribe -n 2 "$build/trainer" "${speech[@]}" \
-    --set experiment.output_dir="$out/speech_quickstart_2ranks"
-  step deepspeech_cuda timeout 300 "$build/trainer" "${speech[@]}" --set model.arch=deepspeech \
-    --set sync.method=dense --set optim.lr=0.01 --set train.max_steps=30 --set experiment.output_dir="$out/deepspeech"
-else
-  echo "no datasets/an4_quickstart here: the speech runs are skipped"
+step method_dense_fp16 45 "${mpi[@]}" -n 2 "$build/trainer" "${cifar[@]}" --set runtime.device=cuda \
+  --set train.max_steps=30 --set sync.method=dense --set sync.wire_dtype=fp16 \
+  --set experiment.output_dir="$out/method_dense_fp16"
+step method_diloco_streaming 45 "${mpi[@]}" -n 2 "$build/trainer" "${cifar[@]}" --set runtime.device=cuda \
+  --set train.max_steps=30 --set sync.method=diloco --set sync.dense_warmup_steps=5 --set sync.period=4 \
+  --set sync.outer_momentum=0.5 --set sync.fragments=2 --set sync.sync_delay=1 --set sync.mixing=0.5 \
+  --set sync.outer_dtype=fp8 --set experiment.output_dir="$out/method_diloco_streaming"
+
+# ---- Speech end to end: LAS (Ok-Top-k after a dense warmup) on one rank and two, and DeepSpeech.
+# The corpus is synthesized with espeak-ng and sox, which GPU machines lack: bring one along.
+# SPEECH_CORPUS: an AN4-layout folder, or scripts/make_gpu_speech_corpus's archive (8.6 MB, unpacked
+# into OUT_DIR); by default .device/speech_corpus.tar.xz or datasets/an4_quickstart, where present.
+corpus=${SPEECH_CORPUS:-}
+if [[ -z $corpus ]]; then
+  for c in .device/speech_corpus.tar.xz datasets/an4_quickstart; do
+    if [[ -e $c ]]; then
+      corpus=$c
+      break
+    fi
+  done
 fi
-# TORCH_PYTHON: a Python whose torch has CUDA (default /usr/bin/python3).
+# (Not without a GPU: nothing would read it.)
+if [[ $corpus == *.tar.xz && -f $corpus ]] && { ((have_gpu)) || [[ -n ${GPU_CHECK_FORCE:-} ]]; }; then
+  rm -rf "$out/speech_corpus"
+  if timeout 60 tar -xJf "$corpus" -C "$out" && [[ -d $out/speech_corpus ]]; then
+    corpus=$out/speech_corpus
+  else
+    echo "could not unpack $corpus"
+  fi
+fi
+if [[ -n $corpus && -d $corpus ]]; then
+  speech=(--config configs/quickstart_an4.toml --set data.root="$corpus" --set runtime.device=cuda
+          --set train.max_steps=60 --set train.log_every_steps=10 --set train.eval_every_steps=60
+          --set sync.dense_warmup_steps=30)
+  step speech_quickstart_cuda 90 "$build/trainer" "${speech[@]}" --set experiment.output_dir="$out/speech_quickstart"
+  step speech_quickstart_cuda_2ranks 90 "${mpi[@]}" -n 2 "$build/trainer" "${speech[@]}" \
+    --set experiment.output_dir="$out/speech_quickstart_2ranks"
+  step deepspeech_cuda 90 "$build/trainer" "${speech[@]}" --set model.arch=deepspeech --set sync.method=dense \
+    --set optim.lr=0.01 --set train.max_steps=30 --set experiment.output_dir="$out/deepspeech"
+else
+  for name in speech_quickstart_cuda speech_quickstart_cuda_2ranks deepspeech_cuda; do
+    skip "$name" "no speech corpus (SPEECH_CORPUS=${corpus:-unset}; scripts/make_gpu_speech_corpus makes one)"
+  done
+fi
+
+# ---- compute-sanitizer (after the runs above: slow, and each capped): shared-memory races
+# (racecheck) and barrier misuse (synccheck) in the kernels that share memory and synchronize blocks: batch norm's statistics and gradients (the
+# small-shape case and the many-chunk one), the attention, and the sparse compaction.
+if [[ -x $sanitizer ]]; then
+  for tool in racecheck synccheck; do
+    step "batch_norm_$tool" 45 "$sanitizer" --tool $tool --error-exitcode 1 "$build/tests/cuda_backend_test" \
+      "CUDA batch norm matches the CPU*" "CUDA batch norm: a large mean offset*"
+    step "attention_$tool" 45 "$sanitizer" --tool $tool --error-exitcode 1 "$build/tests/cuda_speller_test" \
+      "CUDA attention*"
+    step "compaction_$tool" 45 "$sanitizer" --tool $tool --error-exitcode 1 "$build/tests/cuda_compressors_test" \
+      "select_at_least*"
+  done
+  # Out-of-bounds accesses over the compressors' ops (compaction writes above all).
+  step cuda_compressors_memcheck 60 "$sanitizer" --tool memcheck --error-exitcode 1 \
+    "$build/tests/cuda_compressors_test" "~[methods]"
+else
+  for name in batch_norm_racecheck attention_racecheck compaction_racecheck batch_norm_synccheck \
+      attention_synccheck compaction_synccheck cuda_compressors_memcheck; do
+    skip "$name" "no compute-sanitizer"
+  done
+fi
+
+# ---- Benchmarks, with what is left. TORCH_PYTHON: a Python whose torch has CUDA.
 torch_python=(--torch-python "${TORCH_PYTHON:-/usr/bin/python3}")
-bench bench_loader timeout 120 "$build/trainer" bench loader --threads 1 2
+step bench_loader 30 "$build/trainer" bench loader --threads 1 2
 # The sync methods on device buffers at the paper's size (n = 27,569,568, density 0.02), PyTorch's
 # compression on the same GPU beside them (issue 29's benchmark).
-bench bench_sync_cuda timeout 300 "$build/trainer" bench sync --device cuda "${torch_python[@]}"
-bench bench_resnet20 "$build/trainer" bench --model resnet20 --batch 128 --device cuda "${torch_python[@]}"
-bench bench_vgg16 timeout 300 "$build/trainer" bench --model vgg16 --batch 128 --device cuda "${torch_python[@]}"
+step bench_sync_cuda 60 "$build/trainer" bench sync --device cuda "${torch_python[@]}"
+step bench_resnet20 60 "$build/trainer" bench --model resnet20 --batch 128 --device cuda "${torch_python[@]}"
+step bench_vgg16 60 "$build/trainer" bench --model vgg16 --batch 128 --device cuda "${torch_python[@]}"
 for precision in fp32 bf16 tf32; do
-  bench "bench_resnet18_$precision" timeout 300 "$build/trainer" bench --model resnet18 --batch 128 --device cuda \
+  step "bench_resnet18_$precision" 60 "$build/trainer" bench --model resnet18 --batch 128 --device cuda \
     --precision $precision "${torch_python[@]}"
 done
-bench bench_deepspeech timeout 300 "$build/trainer" bench --model deepspeech --batch 8 --device cuda "${torch_python[@]}"
-bench bench_las timeout 300 "$build/trainer" bench --model las --batch 8 --device cuda "${torch_python[@]}"
+step bench_deepspeech 60 "$build/trainer" bench --model deepspeech --batch 8 --device cuda "${torch_python[@]}"
+step bench_las 60 "$build/trainer" bench --model las --batch 8 --device cuda "${torch_python[@]}"
 
-{
-  echo "{"
-  sep=""
-  for name in "${order[@]}"; do
-    printf '%s  "%s": %d' "$sep" "$name" "${codes[$name]}"
-    sep=$',\n'
-  done
-  printf '\n}\n'
-} >"$out/summary.json"
+write_summary
 cat "$out/summary.json"
-
+echo "gpu_check: ${SECONDS} s of ${budget} s"
+((!have_gpu)) && [[ -z ${GPU_CHECK_FORCE:-} ]] && exit 77
 failed=0
 for name in "${order[@]}"; do
   c=${codes[$name]}
-  [[ $c -ne 0 && $c -ne 77 ]] && failed=1
+  ((c != 0 && c != 77)) && failed=1
 done
 exit $failed

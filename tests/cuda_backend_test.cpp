@@ -68,6 +68,28 @@ TEST_CASE("CUDA convolution matches the CPU: 3x3, stride 2, padding, 1x1, bias, 
   check_conv({2, 5, 7, 5, 6, 5, 3, 2, 1, 2, 1, true}, 50);
 }
 
+// The algorithm choice (models/cuda/cudnn_conv.cpp): under runtime.deterministic cuDNN's heuristics
+// and no timed search at all (so two processes choose alike); otherwise one cudnnFind search per
+// length class (length_class.h), whose algorithms later extents of the class reuse, and still match
+// the CPU. DeepSpeech's first convolution (41x11, stride 2, padding 20x5) at a few time extents.
+// [native]: cuDNN's, which scripts/cuda_emulation replaces with the CPU's convolutions.
+TEST_CASE("CUDA convolution algorithms: none timed under runtime.deterministic, one search per length class",
+          "[cuda][native]") {
+  auto speech = [](int64_t width) { return ConvGeometry{2, 1, 41, width, 8, 41, 11, 2, 2, 20, 5, true}; };
+  cuda::set_deterministic_algorithms(true);
+  const int64_t before = cuda::convolution_searches();
+  check_conv(speech(100), 60);
+  check_conv(speech(120), 61);
+  check_conv({2, 16, 9, 9, 32, 3, 3, 2, 2, 1, 1, true}, 62);
+  CHECK(cuda::convolution_searches() == before);
+  cuda::set_deterministic_algorithms(false);
+  // 100, 101, 105 and 110 lie in class 112; 120 and 128 in class 128 (four classes per octave).
+  const int64_t searched = cuda::convolution_searches();
+  uint64_t seed = 70;
+  for (int64_t width : {100, 101, 105, 110, 120, 128}) check_conv(speech(width), seed++);
+  CHECK(cuda::convolution_searches() - searched == 2);
+}
+
 namespace {
 
 // What the batch norm tests feed an op: x drawn from [lo, hi), dy, gamma, beta, and the statistics

@@ -135,6 +135,65 @@ TEST_CASE("accumulate_moments, sparse_to_dense and scatter_fill", "[sparse]") {
   }
 }
 
+// Each sparse op once at the paper's gradient size (n = 27,569,568, Ok-Top-k's density
+// 0.02): grids of thousands of blocks, offsets past 2^24, the 64-bit block counts. Hidden ([.][large]:
+// a few hundred MB on both sides and seconds of CPU reference), run by scripts/gpu_check.sh.
+TEST_CASE("the sparse ops at 27.5M entries", "[.][large][sparse]") {
+  const int64_t n = 27569568;
+  const auto grad = gradient_like(n, 101), residual = gradient_like(n, 102);
+  GpuArray g(grad);
+  SECTION("magnitude_histogram") {
+    std::vector<float> cpu_acc = residual;
+    std::vector<int32_t> cpu_hist(256, -1);
+    cpu().magnitude_histogram(n, grad.data(), cpu_acc.data(), 0u, 0u, 0u, 24, cpu_hist.data());
+    GpuArray acc(residual), hist(256);
+    gpu().magnitude_histogram(n, g.data(), acc.data(), 0u, 0u, 0u, 24, reinterpret_cast<int32_t*>(hist.data()));
+    CHECK(as_ints(hist.host(), 256) == cpu_hist);
+    CHECK(acc.host() == cpu_acc);
+  }
+  SECTION("select_at_least") {
+    // |grad + residual| <= 4: 3.6 keeps a few percent, about Ok-Top-k's density.
+    std::vector<float> cpu_acc = residual, cpu_index(n), cpu_value(n);
+    const int64_t want = cpu().select_at_least(n, grad.data(), cpu_acc.data(), 3.6f,
+                                               reinterpret_cast<int32_t*>(cpu_index.data()), cpu_value.data(), n);
+    GpuArray acc(residual), index(n), value(n);
+    const int64_t got = gpu().select_at_least(n, g.data(), acc.data(), 3.6f, reinterpret_cast<int32_t*>(index.data()),
+                                              value.data(), n);
+    REQUIRE(got == want);
+    CHECK(want > 0);
+    const auto gi = index.host(), gv = value.host();
+    CHECK(std::memcmp(gi.data(), cpu_index.data(), sizeof(float) * want) == 0);
+    CHECK(std::memcmp(gv.data(), cpu_value.data(), sizeof(float) * want) == 0);
+    CHECK(acc.host() == cpu_acc);
+  }
+  SECTION("accumulate_moments, sparse_to_dense, scatter_fill") {
+    std::vector<float> cpu_acc = residual;
+    double want[2], got[2];
+    cpu().accumulate_moments(n, grad.data(), cpu_acc.data(), want);
+    GpuArray acc(residual);
+    gpu().accumulate_moments(n, g.data(), acc.data(), got);
+    CHECK(acc.host() == cpu_acc);
+    CHECK(std::fabs(got[0] - want[0]) <= 1e-12 * (std::fabs(want[0]) + n));
+    CHECK(std::fabs(got[1] - want[1]) <= 1e-12 * std::fabs(want[1]));
+    // Every 50th index (density 0.02), the last entry included.
+    std::vector<int32_t> idx;
+    for (int64_t i = 0; i < n; i += 50) idx.push_back(static_cast<int32_t>(i));
+    idx.push_back(static_cast<int32_t>(n - 1));
+    const auto count = static_cast<int64_t>(idx.size());
+    std::vector<float> idx_slots(count);
+    std::memcpy(idx_slots.data(), idx.data(), sizeof(int32_t) * count);
+    const auto values = random_vector(count, 103);
+    std::vector<float> cpu_out(n, std::numeric_limits<float>::quiet_NaN());
+    cpu().sparse_to_dense(n, count, idx.data(), values.data(), 2.f, cpu_out.data());
+    GpuArray gidx(idx_slots), gvalues(values), out(n);
+    gpu().sparse_to_dense(n, count, reinterpret_cast<int32_t*>(gidx.data()), gvalues.data(), 2.f, out.data());
+    CHECK(out.host() == cpu_out);
+    cpu().scatter_fill(count, idx.data(), 0.f, cpu_acc.data());
+    gpu().scatter_fill(count, reinterpret_cast<int32_t*>(gidx.data()), 0.f, acc.data());
+    CHECK(acc.host() == cpu_acc);
+  }
+}
+
 TEST_CASE("every sparse method on the GPU gives the CPU's outputs and state, bit for bit", "[sparse][methods]") {
   comm::Communicator& world = comm::world();
   constexpr int64_t n = 9001;

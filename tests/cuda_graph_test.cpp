@@ -5,6 +5,11 @@
 // changes every step, so a rate baked into the graph would show); and Adam (its bias correction
 // counts updates) with a non-finite step injected (TRAINER_TEST_INJECT_NAN) and skipped in both, in
 // the middle of the steps a graph run launches before it reads their results.
+// And two processes with runtime.deterministic write the same checkpoint (eager both times).
+// Neither comparison can flip on timing: under runtime.deterministic the convolutions' algorithms
+// come from cuDNN's heuristics, not from cudnnFind's timings (models/cuda/cudnn_conv.cpp), and
+// cuBLAS has one workspace of its own (models/cuda/cuda_backend.cpp), so each process computes the
+// same kernels in the same order.
 // Needs a GPU (exits 77 without one); scripts/gpu_check.sh runs it.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
@@ -56,13 +61,14 @@ std::vector<std::string> logged_losses(const std::filesystem::path& run_dir) {
   return losses;
 }
 
-void require_same(const std::string& extra, const std::string& env = "") {
-  TempDir eager_dir, graph_dir;
-  const auto eager = run(eager_dir, false, extra, env);
-  const auto graph = run(graph_dir, true, extra, env);
+// Runs `first` and `second` (graph or eager) and requires the same checkpoint and logged losses.
+void require_same(const std::string& extra, const std::string& env = "", bool first = false, bool second = true) {
+  TempDir first_dir, second_dir;
+  const auto one = run(first_dir, first, extra, env);
+  const auto two = run(second_dir, second, extra, env);
   for (const char* file : {"model.safetensors", "rank0.state"}) {
-    const auto a = trainer::models::read_safetensors((eager / file).string());
-    const auto b = trainer::models::read_safetensors((graph / file).string());
+    const auto a = trainer::models::read_safetensors((one / file).string());
+    const auto b = trainer::models::read_safetensors((two / file).string());
     REQUIRE(a.tensors.size() == b.tensors.size());
     for (size_t i = 0; i < a.tensors.size(); ++i) {
       INFO(file << ": " << a.tensors[i].name);
@@ -71,7 +77,7 @@ void require_same(const std::string& extra, const std::string& env = "") {
       CHECK(identical);
     }
   }
-  const auto la = logged_losses(eager_dir.path), lb = logged_losses(graph_dir.path);
+  const auto la = logged_losses(first_dir.path), lb = logged_losses(second_dir.path);
   REQUIRE(la.size() == 2);
   CHECK(la == lb);
 }
@@ -90,6 +96,16 @@ TEST_CASE("a captured step equals an eager step: Adam, a non-finite step skipped
   // Step 6 is the graph run's fifth recorded step, inside the window 5..9 it launches before reading.
   require_same("--set optim.name=adam --set optim.lr=0.001 --set train.skip_nonfinite_steps=2",
                "TRAINER_TEST_INJECT_NAN=0:6");
+}
+
+TEST_CASE("a step recorded again after each evaluation equals an eager step") {
+  // An evaluation moves the step's buffers, so the graph is recorded again after it (step_graph.h):
+  // evaluations at steps 3, 6 and 9 make three recordings after the first.
+  require_same("--set optim.schedule=constant --set optim.warmup_steps=0 --set train.eval_every_steps=3");
+}
+
+TEST_CASE("two processes with runtime.deterministic write the same checkpoint") {
+  require_same("--set optim.schedule=constant --set optim.warmup_steps=0", "", false, false);
 }
 
 int main(int argc, char** argv) { return trainer::cuda_testing::run_cuda_tests(argc, argv); }

@@ -58,6 +58,10 @@ struct AttentionInts {
   }
 };
 
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+// The shared scratch's size from the second stream's making on (scratch()): 2M doubles of partials.
+constexpr size_t kOverlapScratchBytes = size_t(16) << 20;
+
 int to_int(int64_t v, const char* what) {
   if (v < 0 || v > INT32_MAX) throw std::invalid_argument(std::string("cuBLAS gemm: ") + what + " out of int range");
   return static_cast<int>(v);
@@ -75,12 +79,29 @@ class CudaBackend final : public Backend {
     // FP32: CUBLAS_DEFAULT_MATH never uses TF32 tensor cores for SGEMM (that takes
     // CUBLAS_TF32_TENSOR_OP_MATH, runtime.precision = "tf32", or NVIDIA_TF32_OVERRIDE).
     check(cublasSetMathMode(cublas_, g_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    // The handle's one workspace, ours, set before any capture (a step graph is recorded only after
+    // eager steps, trainer/step_graph.h). Without it cuBLAS takes workspaces from its own pool: under
+    // stream capture a new one for every capture, so each re-record grows memory (PyTorch #83461,
+    // which gives every handle its own for that reason), and the pool's choice may differ between
+    // eager and captured calls. The cuBLAS docs (Results reproducibility) name a user workspace per
+    // handle as what keeps results bit-wise repeatable when more than one stream is active (ours
+    // has two during an overlapped step). Set after cublasSetStream, which resets the workspace to
+    // the default pool. The size is the cuBLAS docs' recommendation for Hopper (cublasSetWorkspace:
+    // 32 MiB; 4 MiB elsewhere), which covers the smaller need of older GPUs.
+    cublas_workspace_ = memory_.allocate(kCublasWorkspaceBytes);
+    check(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes), "cublasSetWorkspace");
     check(cudaMallocHost(&host_result_, 2 * sizeof(double)), "cudaMallocHost");
   }
   ~CudaBackend() override {
-    if (scratch_) memory_.free(scratch_);
+    if (scratch_) {
+      if (scratch_async_)
+        cudaFreeAsync(scratch_, stream_);
+      else
+        memory_.free(scratch_);
+    }
     cudaFreeHost(host_result_);
     cublasDestroy(cublas_);
+    if (cublas_workspace_) memory_.free(cublas_workspace_);  // after the handle that uses it
   }
 
   // ---- DeviceMemory: the CUDA device's.
@@ -93,7 +114,28 @@ class CudaBackend final : public Backend {
   void fill(int64_t n, float value, float* y) override { memory_.fill(n, value, y); }
   void synchronize() override { memory_.synchronize(); }
   void* stream_handle() override { return stream_; }  // NCCL enqueues on it (comm/cuda/nccl_communicator.h)
-  std::unique_ptr<DeviceStream> make_stream() override { return memory_.make_stream(); }
+  // The second stream is made before the first overlapped step (comm/sync/dense.cpp), so this is
+  // where the shared scratch is sized for them (see scratch()).
+  std::unique_ptr<DeviceStream> make_stream() override {
+    std::unique_ptr<DeviceStream> stream = memory_.make_stream();
+    if (stream && !second_stream_) {
+      second_stream_ = true;
+      int pools = 0;
+      check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device_of_stream()),
+            "cudaDeviceGetAttribute (memory pools)");
+      stream_ordered_scratch_ = pools != 0;
+      // Sized now, and made stream-ordered now (freeing the old one waits for the device once,
+      // here, before any collective is in flight).
+      const size_t bytes = std::max(scratch_bytes_, kOverlapScratchBytes);
+      if (stream_ordered_scratch_ && scratch_) {
+        memory_.free(scratch_);
+        scratch_ = nullptr;
+        scratch_bytes_ = 0;
+      }
+      scratch(bytes);
+    }
+    return stream;
+  }
 
   Layout activation_layout(int64_t) const override { return Layout::kChannelsLast; }
 
@@ -450,17 +492,48 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // Device scratch for reductions, grown only (freeing waits for the device, so nothing enqueued
-  // still uses the old one). Ops run in stream order, so one scratch serves them all.
+  // Device scratch for reductions, grown only. Ops run in stream order, so one scratch serves them
+  // all. Before a second stream exists a grown scratch replaces the old one through cudaFree, which
+  // waits for the whole device, so no enqueued op still uses the old one. Once one exists
+  // (make_stream: sync.overlap's collectives run there during backward) that wait would also wait
+  // for the collectives in flight, stalling the overlap, and a device-wide wait while NCCL kernels
+  // run is what NCCL's users are warned off (a rank blocked in cudaFree while its peer's collective
+  // waits for it). So make_stream sizes the scratch before the first overlapped step
+  // (kOverlapScratchBytes: the reductions' partials of backward's ops for all but the largest
+  // shapes), and a larger need after that grows it stream-ordered on the compute stream
+  // (cudaFreeAsync after the old one's last user there, cudaMallocAsync: the CUDA programming
+  // guide's stream-ordered allocator), which waits for nothing; the second stream never reads it.
+  // Never inside a capture: a recorded step replays with the pointers it was recorded with, and its
+  // eager warmup steps have grown the scratch already.
   void* scratch(size_t bytes) {
-    if (bytes > scratch_bytes_) {
+    if (bytes > scratch_bytes_) grow_scratch(bytes);
+    return scratch_;
+  }
+  void grow_scratch(size_t bytes) {
+    if (!stream_ordered_scratch_) {
       if (scratch_) memory_.free(scratch_);
       scratch_ = nullptr;
       scratch_bytes_ = 0;
       scratch_ = memory_.allocate(bytes);
       scratch_bytes_ = bytes;
+      return;
     }
-    return scratch_;
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(stream_, &capturing), "cudaStreamIsCapturing");
+    if (capturing != cudaStreamCaptureStatusNone)
+      throw std::logic_error("CUDA backend: the scratch would grow to " + std::to_string(bytes) +
+                             " bytes inside a recorded step (its eager warmup steps should have grown it)");
+    if (scratch_) check(cudaFreeAsync(scratch_, stream_), "cudaFreeAsync (scratch)");  // make_stream's or later
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    check(cudaMallocAsync(&scratch_, bytes, stream_), "cudaMallocAsync (scratch)");
+    scratch_async_ = true;
+    scratch_bytes_ = bytes;
+  }
+  int device_of_stream() const {
+    int device = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");  // the backend's device is the thread's current one
+    return device;
   }
   // Copies `n` (at most 2) doubles to pinned host memory and waits for them.
   const double* read_result(const double* device, int n) {
@@ -482,10 +555,14 @@ class CudaBackend final : public Backend {
   std::string description_;
   CudnnContext cudnn_;
   cublasHandle_t cublas_ = nullptr;
+  void* cublas_workspace_ = nullptr;  // the handle's (cublasSetWorkspace), for its whole life
   double* host_result_ = nullptr;
   std::unique_ptr<CudaStepCapture> capture_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
+  bool second_stream_ = false;           // make_stream has made one
+  bool stream_ordered_scratch_ = false;  // from then on the scratch grows stream-ordered (scratch())
+  bool scratch_async_ = false;           // scratch_ came from cudaMallocAsync
 };
 
 }  // namespace

@@ -13,6 +13,8 @@
 // Compiled only with cmake -DTRAINER_CUDA=ON.
 #pragma once
 
+#include <cstdint>
+
 #include "models/backend.h"
 
 namespace trainer::models::cuda {
@@ -21,12 +23,18 @@ namespace trainer::models::cuda {
 // the same object afterwards. Throws std::runtime_error ("no usable GPU: ...") without a GPU.
 Backend& cuda_backend(int local_rank);
 
-// runtime.deterministic: true keeps convolutions to cuDNN's deterministic algorithms (a run repeats
+// runtime.deterministic: true keeps convolutions to cuDNN's deterministic algorithms, chosen by
+// cuDNN's heuristics rather than by timing, so that every process chooses the same (a run repeats
 // bit for bit on the same GPU; resume is bit-exact); false (the default, as PyTorch's
 // cudnn.deterministic) takes the fastest, which for backward filter is usually one that sums with
 // atomics, so the last bits vary from run to run. Read when a convolution op is made: set it
 // before the model is built.
 void set_deterministic_algorithms(bool deterministic);
+
+// How many cudnnFind* searches (three timed calls each, one per direction) the convolutions of this
+// process have run: at most one per layer and length class (length_class.h), none under
+// runtime.deterministic (cudnn_conv.cpp). For tests and the log.
+int64_t convolution_searches();
 
 // runtime.precision = "tf32": cuBLAS GEMMs (CUBLAS_TF32_TENSOR_OP_MATH) and cuDNN convolutions
 // (CUDNN_DEFAULT_MATH instead of CUDNN_FMA_MATH) may multiply on TF32 tensor cores (10-bit mantissa

@@ -9,13 +9,24 @@
 // reorder: the two orders are the same. FP32 math: the convolution descriptor asks for FMA math, which keeps
 // cuDNN off TF32 tensor cores (CUDNN_DEFAULT_MATH would allow TF32 on Ampere and later).
 //
-// Algorithms are chosen once per op (one op per layer and shape) by cudnnFind*, which times the
-// candidates on the GPU: the fastest FP32 one whose workspace fits kMaxWorkspace. With
-// runtime.deterministic (set_deterministic_algorithms) the fastest deterministic one first, else the
-// fastest that works: a run then repeats on the same GPU, as the CPU backend's runs do. Without it
-// the fastest whatever its determinism: backward filter's fast kernels sum with atomics (on the H200,
-// ResNet-20's weight gradients took 11.7 ms a step on the deterministic choice against PyTorch's
-// 0.49 ms on cuDNN's fastest).
+// Algorithms are chosen once per op (one op per layer and shape): an FP32 one whose workspace fits
+// kMaxWorkspace (and, in bf16, a dot-product one).
+// - With runtime.deterministic (set_deterministic_algorithms): cuDNN's heuristics
+//   (cudnnGetConvolution*Algorithm_v7, which time nothing), the first deterministic algorithm in
+//   their order (choose() says which count as deterministic). The choice depends only on the descriptors, the GPU and
+//   the cuDNN version, so two processes (a repeat, a resume, eager against graph) choose the same
+//   and compute the same bits, as the CPU backend's runs do. Timing (cudnnFind*) would not: two
+//   candidates that time alike come out in either order, and each process would take its own.
+//   (PyTorch, aten/src/ATen/native/cudnn/Conv_v7.cpp: with cudnn.benchmark off it takes the _v7
+//   heuristics' order, and with cudnn.deterministic also on, fixed default algorithms; its
+//   getValidAlgorithms skips CUDNN_NON_DETERMINISTIC results under determinism, as choose() here.)
+// - Without it: the fastest that cudnnFind* timed on the GPU, whatever its determinism (backward
+//   filter's fast kernels sum with atomics; on the H200 ResNet-20's weight gradients took 11.7 ms a
+//   step on the deterministic choice against PyTorch's 0.49 ms on cuDNN's fastest). A search is
+//   remembered per length class (length_class.h): a speech batch, padded to its own longest
+//   utterance, reuses the algorithms searched for an earlier extent of its class when cuDNN's
+//   heuristics list them as supported for its geometry and their workspace fits, so a run searches
+//   a bounded number of times instead of nearly every step.
 //
 // runtime.precision = bf16 (set_bf16): the descriptors are bf16 with fp32 compute (cuDNN's
 // BFLOAT16 configuration, tensor cores), so the op keeps bf16 copies: the input's (made in forward
@@ -24,6 +35,8 @@
 // buffers for what cuDNN writes (the output, the input and weight gradients), widened into the
 // fp32 tensors. The bias is added to, and its gradient summed from, the fp32 tensors.
 #include <algorithm>
+#include <array>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -32,6 +45,7 @@
 #include "models/cuda/cuda_check.h"
 #include "models/cuda/cudnn_ops.h"
 #include "models/cuda/kernels.h"
+#include "models/cuda/length_class.h"
 
 namespace trainer::models::cuda {
 namespace {
@@ -58,29 +72,80 @@ bool transform_based(cudnnConvolutionBwdFilterAlgo_t a) {
          a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
 }
 
-// The fastest acceptable result of a cudnnFind* call (its results come sorted by time). In fp32 only
-// the algorithms that keep FP32 math; in bf16 any math type (tensor-core math is what bf16 is for)
-// but only dot-product algorithms.
-template <class Perf>
-Perf choose(const Perf* results, int count, const char* direction, const ConvGeometry& g, bool bf16) {
-  for (bool need_deterministic : {deterministic_algorithms, false})
+// The algorithms cuDNN's API reference calls non-deterministic (they sum with atomics):
+// cudnnConvolutionBwdDataAlgo_t's ALGO_0, cudnnConvolutionBwdFilterAlgo_t's ALGO_0 and ALGO_3. A
+// result's `determinism` should say so too; this guards against a result that leaves it unset.
+bool sums_with_atomics(cudnnConvolutionFwdAlgo_t) { return false; }
+bool sums_with_atomics(cudnnConvolutionBwdDataAlgo_t a) { return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0; }
+bool sums_with_atomics(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+}
+
+// The first acceptable entry of a cudnnFind* result (sorted by measured time) or a
+// cudnnGet*_v7 one (sorted by the heuristics' expected time), or null. In fp32 only the algorithms
+// that keep FP32 math; in bf16 any math type (tensor-core math is what bf16 is for) but only
+// dot-product algorithms. `fits(algo)`: cuDNN gives a workspace size for it under this op's
+// descriptors and it is at most kMaxWorkspace (asked again rather than trusting the result's
+// `memory`, which the heuristics only estimate). Under runtime.deterministic, in order of
+// preference: one the result calls deterministic; one it does not call so but that is not among
+// the documented atomic ones; else any (the run then may differ in the last bits, as before).
+template <class Perf, class Fits>
+const Perf* choose(const Perf* results, int count, bool bf16, const Fits& fits) {
+  const int levels = deterministic_algorithms ? 3 : 1;
+  for (int level = 3 - levels; level < 3; ++level)
     for (int i = 0; i < count; ++i) {
       const Perf& p = results[i];
       const bool math_ok = bf16 ? !transform_based(p.algo) : fp32_math(p.mathType);
-      if (p.status != CUDNN_STATUS_SUCCESS || !math_ok || p.memory > kMaxWorkspace) continue;
-      if (need_deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
-      return p;
+      if (p.status != CUDNN_STATUS_SUCCESS || !math_ok) continue;
+      if (level == 0 && (p.determinism != CUDNN_DETERMINISTIC || sums_with_atomics(p.algo))) continue;
+      if (level == 1 && sums_with_atomics(p.algo)) continue;
+      if (!fits(p.algo)) continue;
+      return &p;
     }
-  throw std::runtime_error(std::string("cuDNN: no ") + (bf16 ? "bf16 " : "FP32 ") + direction + " convolution algorithm for input " +
-                           std::to_string(g.batch) + "x" + std::to_string(g.in_channels) + "x" +
-                           std::to_string(g.in_h) + "x" + std::to_string(g.in_w) + ", " +
-                           std::to_string(g.out_channels) + " filters " + std::to_string(g.kernel_h) + "x" +
-                           std::to_string(g.kernel_w));
+  return nullptr;
 }
+
+[[noreturn]] void no_algorithm(const char* direction, const ConvGeometry& g, bool bf16) {
+  throw std::runtime_error(std::string("cuDNN: no ") + (bf16 ? "bf16 " : "FP32 ") + direction +
+                           " convolution algorithm for input " + std::to_string(g.batch) + "x" +
+                           std::to_string(g.in_channels) + "x" + std::to_string(g.in_h) + "x" +
+                           std::to_string(g.in_w) + ", " + std::to_string(g.out_channels) + " filters " +
+                           std::to_string(g.kernel_h) + "x" + std::to_string(g.kernel_w));
+}
+
+// Whether `algo` is listed with CUDNN_STATUS_SUCCESS among a heuristics result (an algorithm may be
+// listed once per math type).
+template <class Perf, class Algo>
+bool listed(const std::vector<Perf>& results, int count, Algo algo) {
+  for (int i = 0; i < count; ++i)
+    if (results[i].algo == algo && results[i].status == CUDNN_STATUS_SUCCESS) return true;
+  return false;
+}
+
+struct ConvAlgorithms {
+  cudnnConvolutionFwdAlgo_t fwd{};
+  cudnnConvolutionBwdDataAlgo_t bwd_data{};
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
+};
+
+// A geometry's length class (length_class.h) and the modes that change the candidates: the key of
+// the searched choices. Ops are made on the training thread only.
+using ClassKey = std::array<int64_t, 13>;
+ClassKey class_key(const ConvGeometry& g, bool bf16) {
+  return {g.batch,         g.in_channels, length_class(g.in_h), length_class(g.in_w), g.out_channels,
+          g.kernel_h,      g.kernel_w,    g.stride_h,           g.stride_w,           g.pad_h,
+          g.pad_w,         bf16 ? 1 : 0,  tf32_allowed() ? 1 : 0};
+}
+std::map<ClassKey, ConvAlgorithms>& searched_by_class() {
+  static auto* searched = new std::map<ClassKey, ConvAlgorithms>;  // never destroyed, as the backend
+  return *searched;
+}
+int64_t searches = 0;  // cudnnFind* searches (three calls each) in this process
 
 }  // namespace
 
 void set_deterministic_algorithms(bool deterministic) { deterministic_algorithms = deterministic; }
+int64_t convolution_searches() { return searches; }
 
 namespace {
 
@@ -130,26 +195,11 @@ class CudnnConv final : public ConvOp {
     if (on != n || oc != k || oh != g.out_h() || ow != g.out_w())
       throw std::logic_error("cuDNN convolution: output size differs from ConvGeometry's");
 
+    const ConvAlgorithms a = choose_algorithms();
+    fwd_algo_ = a.fwd;
+    bwd_data_algo_ = a.bwd_data;
+    bwd_filter_algo_ = a.bwd_filter;
     cudnnHandle_t h = ctx_.handle();
-    int returned = 0;
-    std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
-    check(cudnnFindConvolutionForwardAlgorithm(h, x_, w_, conv_, y_, static_cast<int>(fwd.size()), &returned,
-                                               fwd.data()),
-          "cudnnFindConvolutionForwardAlgorithm");
-    const auto f = choose(fwd.data(), returned, "forward", g, bf16_);
-    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bwd_data(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
-    check(cudnnFindConvolutionBackwardDataAlgorithm(h, w_, y_, conv_, x_, static_cast<int>(bwd_data.size()),
-                                                    &returned, bwd_data.data()),
-          "cudnnFindConvolutionBackwardDataAlgorithm");
-    const auto d = choose(bwd_data.data(), returned, "backward-data", g, bf16_);
-    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bwd_filter(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
-    check(cudnnFindConvolutionBackwardFilterAlgorithm(h, x_, y_, conv_, w_, static_cast<int>(bwd_filter.size()),
-                                                      &returned, bwd_filter.data()),
-          "cudnnFindConvolutionBackwardFilterAlgorithm");
-    const auto b = choose(bwd_filter.data(), returned, "backward-filter", g, bf16_);
-    fwd_algo_ = f.algo;
-    bwd_data_algo_ = d.algo;
-    bwd_filter_algo_ = b.algo;
     // Ask again for the chosen algorithms' workspace under this descriptor (Find's figure may differ).
     size_t fb = 0, db = 0, wb = 0;
     check(cudnnGetConvolutionForwardWorkspaceSize(h, x_, w_, conv_, y_, fwd_algo_, &fb), "forward workspace size");
@@ -257,6 +307,109 @@ class CudnnConv final : public ConvOp {
   }
 
  private:
+  // The workspace each algorithm needs under this op's descriptors; false where cuDNN gives none
+  // (the algorithm does not support them) or it exceeds kMaxWorkspace.
+  bool fits(cudnnConvolutionFwdAlgo_t a) const {
+    size_t bytes = 0;
+    return cudnnGetConvolutionForwardWorkspaceSize(ctx_.handle(), x_, w_, conv_, y_, a, &bytes) ==
+               CUDNN_STATUS_SUCCESS &&
+           bytes <= kMaxWorkspace;
+  }
+  bool fits(cudnnConvolutionBwdDataAlgo_t a) const {
+    size_t bytes = 0;
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(ctx_.handle(), w_, y_, conv_, x_, a, &bytes) ==
+               CUDNN_STATUS_SUCCESS &&
+           bytes <= kMaxWorkspace;
+  }
+  bool fits(cudnnConvolutionBwdFilterAlgo_t a) const {
+    size_t bytes = 0;
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(ctx_.handle(), x_, y_, conv_, w_, a, &bytes) ==
+               CUDNN_STATUS_SUCCESS &&
+           bytes <= kMaxWorkspace;
+  }
+
+  // cuDNN's heuristics for the three directions (every algorithm, in their order of expected time;
+  // they run nothing on the GPU).
+  struct Heuristics {
+    std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd =
+        std::vector<cudnnConvolutionFwdAlgoPerf_t>(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
+    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bwd_data =
+        std::vector<cudnnConvolutionBwdDataAlgoPerf_t>(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
+    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bwd_filter =
+        std::vector<cudnnConvolutionBwdFilterAlgoPerf_t>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
+    int fwd_count = 0, bwd_data_count = 0, bwd_filter_count = 0;
+  };
+  Heuristics heuristics() const {
+    Heuristics r;
+    cudnnHandle_t h = ctx_.handle();
+    check(cudnnGetConvolutionForwardAlgorithm_v7(h, x_, w_, conv_, y_, static_cast<int>(r.fwd.size()), &r.fwd_count,
+                                                 r.fwd.data()),
+          "cudnnGetConvolutionForwardAlgorithm_v7");
+    check(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w_, y_, conv_, x_, static_cast<int>(r.bwd_data.size()),
+                                                      &r.bwd_data_count, r.bwd_data.data()),
+          "cudnnGetConvolutionBackwardDataAlgorithm_v7");
+    check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x_, y_, conv_, w_, static_cast<int>(r.bwd_filter.size()),
+                                                        &r.bwd_filter_count, r.bwd_filter.data()),
+          "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
+    return r;
+  }
+
+  // See the header: timing-free under runtime.deterministic, else searched once per length class.
+  ConvAlgorithms choose_algorithms() {
+    auto fits_here = [this](auto algo) { return fits(algo); };
+    if (deterministic_algorithms) {
+      const Heuristics r = heuristics();
+      const auto* f = choose(r.fwd.data(), r.fwd_count, bf16_, fits_here);
+      if (!f) no_algorithm("forward", g_, bf16_);
+      const auto* d = choose(r.bwd_data.data(), r.bwd_data_count, bf16_, fits_here);
+      if (!d) no_algorithm("backward-data", g_, bf16_);
+      const auto* b = choose(r.bwd_filter.data(), r.bwd_filter_count, bf16_, fits_here);
+      if (!b) no_algorithm("backward-filter", g_, bf16_);
+      return {f->algo, d->algo, b->algo};
+    }
+    const ClassKey key = class_key(g_, bf16_);
+    auto& searched = searched_by_class();
+    if (const auto it = searched.find(key); it != searched.end()) {
+      // Searched for another extent of this class: reuse it where cuDNN supports it here (the
+      // heuristics list it with a success status) and its workspace fits.
+      const ConvAlgorithms& a = it->second;
+      const Heuristics r = heuristics();
+      if (listed(r.fwd, r.fwd_count, a.fwd) && fits(a.fwd) && listed(r.bwd_data, r.bwd_data_count, a.bwd_data) &&
+          fits(a.bwd_data) && listed(r.bwd_filter, r.bwd_filter_count, a.bwd_filter) && fits(a.bwd_filter))
+        return a;
+    }
+    const ConvAlgorithms a = search(fits_here);
+    searched.insert_or_assign(key, a);
+    return a;
+  }
+
+  // cudnnFind*: times the candidates on the GPU (allocating its own workspaces).
+  template <class Fits>
+  ConvAlgorithms search(const Fits& fits_here) {
+    ++searches;
+    cudnnHandle_t h = ctx_.handle();
+    int returned = 0;
+    std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
+    check(cudnnFindConvolutionForwardAlgorithm(h, x_, w_, conv_, y_, static_cast<int>(fwd.size()), &returned,
+                                               fwd.data()),
+          "cudnnFindConvolutionForwardAlgorithm");
+    const auto* f = choose(fwd.data(), returned, bf16_, fits_here);
+    if (!f) no_algorithm("forward", g_, bf16_);
+    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bwd_data(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
+    check(cudnnFindConvolutionBackwardDataAlgorithm(h, w_, y_, conv_, x_, static_cast<int>(bwd_data.size()),
+                                                    &returned, bwd_data.data()),
+          "cudnnFindConvolutionBackwardDataAlgorithm");
+    const auto* d = choose(bwd_data.data(), returned, bf16_, fits_here);
+    if (!d) no_algorithm("backward-data", g_, bf16_);
+    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bwd_filter(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
+    check(cudnnFindConvolutionBackwardFilterAlgorithm(h, x_, y_, conv_, w_, static_cast<int>(bwd_filter.size()),
+                                                      &returned, bwd_filter.data()),
+          "cudnnFindConvolutionBackwardFilterAlgorithm");
+    const auto* b = choose(bwd_filter.data(), returned, bf16_, fits_here);
+    if (!b) no_algorithm("backward-filter", g_, bf16_);
+    return {f->algo, d->algo, b->algo};
+  }
+
   int64_t weights() const { return g_.out_channels * g_.in_channels * g_.kernel_h * g_.kernel_w; }
   int64_t inputs() const { return g_.batch * g_.in_channels * g_.in_h * g_.in_w; }
   int64_t outputs() const { return g_.batch * g_.out_channels * g_.out_h() * g_.out_w(); }

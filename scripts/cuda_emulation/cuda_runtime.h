@@ -1,21 +1,31 @@
 // The part of CUDA our kernels use, emulated on the host, so that models/cuda/*.cu can run on a
-// machine without a GPU (scripts/cuda_emulation/run.sh). Each block's threads are std::threads;
-// __syncthreads is a barrier of the block, a warp shuffle one of its 32 threads; __shared__ is a
-// function-local static (the blocks of a launch run one after another). Launches run to completion
-// before they return, in issue order, as on one stream. Grid-stride kernels get at most a few
-// blocks (their loops cover the rest, which exercises the striding); other kernels get their whole
-// grid (emulate.py decides which is which).
+// machine without a GPU (scripts/cuda_emulation/run.sh). Cooperative: a block's threads are fibers
+// (ucontext) on the launching thread, each with a stack of its own; a thread runs until it reaches a
+// barrier (__syncthreads: the block's; a warp shuffle or ballot: its warp's) or returns, then the
+// next one runs, and a barrier opens once every thread still running has reached it. One OS thread
+// and no locks, so a block costs microseconds instead of an OS thread per CUDA thread. The order in
+// which threads run alternates (forward, then backward) from one barrier phase to the next, so a
+// value read without the barrier that should order it is read before its write in one of the two.
+// A barrier that can never open (some threads wait at one the others never reach: divergent
+// __syncthreads, a warp split between a shuffle and a block barrier) aborts with the kernel's
+// position, where a GPU would hang or be undefined. __shared__ is a function-local static (the
+// blocks of a launch run one after another). Launches run to completion before they return, in
+// issue order, as on one stream. Grid-stride kernels get at most a few blocks (their loops cover the
+// rest, which exercises the striding); other kernels get their whole grid (emulate.py decides which
+// is which).
 #pragma once
+
+#include <ucontext.h>
 
 #include <algorithm>
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
-#include <thread>
 #include <vector>
 
 struct dim3 {
@@ -53,32 +63,56 @@ inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cud
 #define __shared__ static
 #define __launch_bounds__(x)
 
-inline thread_local dim3 threadIdx, blockIdx;
-inline dim3 blockDim, gridDim;
+// Per launching thread (its fibers run on it, so they see the launch's): the scheduler sets
+// threadIdx before it resumes a thread.
+inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 namespace cuda_emulation {
-inline std::barrier<>* block_barrier = nullptr;
-inline std::vector<std::barrier<>*> warp_barriers;
-inline float shuffled[1024];
+
+// One block's threads and their barriers.
+struct Block {
+  enum State { kRunnable, kAtBlockBarrier, kAtWarpBarrier, kDone };
+  unsigned threads = 0;
+  std::vector<State> state;
+  std::vector<ucontext_t> context;
+  ucontext_t scheduler;
+  unsigned current = 0;
+  float shuffled[1024];
+};
+inline thread_local Block* block = nullptr;
+
 inline unsigned thread_in_block() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
+
+// The running thread waits at a barrier: back to the scheduler, which resumes it once it opens.
+inline void wait(Block::State at) {
+  Block& b = *block;
+  const unsigned t = b.current;
+  b.state[t] = at;
+  swapcontext(&b.context[t], &b.scheduler);
+}
+
+// Fiber stacks, kept for the next launch (a block has at most 1024 threads). 256 KiB each: kernel
+// parameters (HostInts arrays) are copied onto them.
+constexpr size_t kStackBytes = size_t(256) << 10;
+inline thread_local std::vector<std::unique_ptr<char[]>> stacks;
+
 }  // namespace cuda_emulation
 
-inline void __syncthreads() { cuda_emulation::block_barrier->arrive_and_wait(); }
+inline void __syncthreads() { cuda_emulation::wait(cuda_emulation::Block::kAtBlockBarrier); }
 
 // Every lane of the warp calls it with the same offset, as on a GPU.
 inline float __shfl_down_sync(unsigned, float v, int offset) {
   using namespace cuda_emulation;
   const unsigned t = thread_in_block(), lane = t % 32;
-  std::barrier<>& warp = *warp_barriers[t / 32];
-  shuffled[t] = v;
-  warp.arrive_and_wait();
-  const float result = lane + offset < 32 ? shuffled[t + offset] : v;
-  warp.arrive_and_wait();
+  block->shuffled[t] = v;
+  wait(Block::kAtWarpBarrier);
+  const float result = lane + offset < 32 && t + offset < block->threads ? block->shuffled[t + offset] : v;
+  wait(Block::kAtWarpBarrier);
   return result;
 }
 
-// Integer atomics (the radix select's histogram, batch norm's tickets): the block's threads run
-// concurrently here too.
+// Integer atomics (the radix select's histogram, batch norm's tickets): one OS thread runs the
+// fibers, so these need no more than a plain read-modify-write; atomic_ref keeps them honest.
 inline int atomicAdd(int* address, int value) { return std::atomic_ref<int>(*address).fetch_add(value); }
 inline unsigned atomicAdd(unsigned* address, unsigned value) {
   return std::atomic_ref<unsigned>(*address).fetch_add(value);
@@ -95,17 +129,92 @@ T __ldcg(const T* p) {  // a load that bypasses L1 on a GPU
 inline unsigned __ballot_sync(unsigned, bool predicate) {
   using namespace cuda_emulation;
   const unsigned t = thread_in_block(), warp = t / 32;
-  std::barrier<>& barrier = *warp_barriers[warp];
-  shuffled[t] = predicate ? 1.f : 0.f;
-  barrier.arrive_and_wait();
-  const unsigned lanes = std::min(32u, blockDim.x * blockDim.y * blockDim.z - warp * 32);
+  block->shuffled[t] = predicate ? 1.f : 0.f;
+  wait(Block::kAtWarpBarrier);
+  const unsigned lanes = std::min(32u, block->threads - warp * 32);
   unsigned bits = 0;
   for (unsigned lane = 0; lane < lanes; ++lane)
-    if (shuffled[warp * 32 + lane] != 0.f) bits |= 1u << lane;
-  barrier.arrive_and_wait();
+    if (block->shuffled[warp * 32 + lane] != 0.f) bits |= 1u << lane;
+  wait(Block::kAtWarpBarrier);
   return bits;
 }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
+
+namespace cuda_emulation {
+
+// A fiber's entry: makecontext passes ints only, so the kernel's call comes through a global.
+inline thread_local const std::function<void()>* body = nullptr;
+inline void fiber_main() {
+  (*body)();
+  block->state[block->current] = Block::kDone;
+  // Returning ends the fiber: uc_link resumes the scheduler.
+}
+
+// Runs one block's threads until all have returned. Barriers open when every thread still running
+// waits at them: the block's when all do, a warp's when all of that warp's do.
+inline void run_block(unsigned threads, dim3 shape, const std::function<void()>& kernel_call, const char* what) {
+  Block b;
+  b.threads = threads;
+  b.state.assign(threads, Block::kRunnable);
+  b.context.resize(threads);
+  block = &b;
+  body = &kernel_call;
+  while (stacks.size() < threads) stacks.push_back(std::make_unique<char[]>(kStackBytes));
+  for (unsigned t = 0; t < threads; ++t) {
+    getcontext(&b.context[t]);
+    b.context[t].uc_stack.ss_sp = stacks[t].get();
+    b.context[t].uc_stack.ss_size = kStackBytes;
+    b.context[t].uc_link = &b.scheduler;
+    makecontext(&b.context[t], fiber_main, 0);
+  }
+  bool backward = false;
+  for (;;) {
+    // A phase: every runnable thread runs to its next barrier or its end.
+    for (unsigned i = 0; i < threads; ++i) {
+      const unsigned t = backward ? threads - 1 - i : i;
+      if (b.state[t] != Block::kRunnable) continue;
+      b.current = t;
+      threadIdx = dim3(t % shape.x, (t / shape.x) % shape.y, t / (shape.x * shape.y));
+      swapcontext(&b.scheduler, &b.context[t]);
+    }
+    backward = !backward;
+    // Open what can open: each warp whose running lanes all wait at its barrier, then the block's.
+    bool opened = false, running = false, block_waits = true;
+    for (unsigned w = 0; w * 32 < threads; ++w) {
+      const unsigned end = std::min(threads, w * 32 + 32);
+      bool all_at_warp = true, any = false;
+      for (unsigned t = w * 32; t < end; ++t) {
+        if (b.state[t] == Block::kDone) continue;
+        any = true;
+        if (b.state[t] != Block::kAtWarpBarrier) all_at_warp = false;
+        if (b.state[t] != Block::kAtBlockBarrier) block_waits = false;
+      }
+      if (any) running = true;
+      if (any && all_at_warp) {
+        for (unsigned t = w * 32; t < end; ++t)
+          if (b.state[t] == Block::kAtWarpBarrier) b.state[t] = Block::kRunnable;
+        opened = true;
+      }
+    }
+    if (!running) break;
+    if (!opened && block_waits) {
+      for (unsigned t = 0; t < threads; ++t)
+        if (b.state[t] == Block::kAtBlockBarrier) b.state[t] = Block::kRunnable;
+      opened = true;
+    }
+    if (!opened) {
+      std::fprintf(stderr,
+                   "cuda_emulation: %s: block (%u, %u, %u) can never continue: some threads wait at a barrier "
+                   "the others do not reach (divergent __syncthreads or warp shuffle)\n",
+                   what, blockIdx.x, blockIdx.y, blockIdx.z);
+      std::abort();
+    }
+  }
+  block = nullptr;
+  body = nullptr;
+}
+
+}  // namespace cuda_emulation
 
 template <class Kernel, class... Args>
 cudaError_t emulated_launch(bool whole_grid, dim3 grid, dim3 block, Kernel kernel, Args... args) {
@@ -115,28 +224,12 @@ cudaError_t emulated_launch(bool whole_grid, dim3 grid, dim3 block, Kernel kerne
   gridDim = grid;
   blockDim = block;
   const unsigned threads = block.x * block.y * block.z;
+  const std::function<void()> call = [&] { kernel(args...); };
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) {
-        std::barrier<> barrier(threads);
-        block_barrier = &barrier;
-        std::vector<std::unique_ptr<std::barrier<>>> warps;
-        warp_barriers.clear();
-        for (unsigned w = 0; w * 32 < threads; ++w) {
-          warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - w * 32)));
-          warp_barriers.push_back(warps.back().get());
-        }
-        std::vector<std::thread> pool;
-        for (unsigned t = 0; t < threads; ++t)
-          pool.emplace_back([&, t] {
-            blockIdx = dim3(bx, by, bz);
-            threadIdx = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
-            kernel(args...);
-            // A thread that is done leaves the barriers, so the others never wait for it.
-            barrier.arrive_and_drop();
-            warp_barriers[t / 32]->arrive_and_drop();
-          });
-        for (auto& thread : pool) thread.join();
+        blockIdx = dim3(bx, by, bz);
+        run_block(threads, block, call, __PRETTY_FUNCTION__);
       }
   return cudaSuccess;
 }

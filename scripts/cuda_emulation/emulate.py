@@ -12,6 +12,9 @@ usage: emulate.py SOURCE_DIR OUT_DIR
   batch norm op (models/cuda/batch_norm.cu) for channels-last activations, and the CPU backend's
   ops for the rest (cuDNN's and cuBLAS's: convolution, pooling, the LSTM, GEMM, copies; batch norm
   in the CPU's blocked layouts), over host memory that says it is not host memory (is_host() false).
+  The emulated methods are an explicit list (`emulated`); generation fails when a CudaBackend
+  method calls a kernel without being listed, or a .cu file's kernels are reached from nothing
+  emulated and not listed as run elsewhere (`not_emulated`).
 """
 import glob
 import os
@@ -114,8 +117,67 @@ own = {"scratch", "read_result", "read_count"}
 # Methods that launch our kernels around a cuBLAS call (the bf16 layer GEMM's copies): the CPU's
 # product stands in for the whole method, as it does for cuBLAS.
 library = {"layer_gemm"}
-launching = [(name, body) for name, body in members(cls)
-             if ("launch_" in body or name in own) and name not in library]
+# The emulated launching methods, by name: a list rather than a search for "launch_" in the bodies,
+# so that a method that launches some other way cannot fall back to the CPU's op unseen (its parity
+# test would then compare the CPU with itself). The checks below fail the generation when a method
+# calls a launch_ function without being listed, when a listed one calls none, and when a kernel
+# (any launch_ function the .cu files define) is reached neither from here nor from not_emulated.
+emulated = {
+    "accumulate_moments", "adam_update", "add", "attention_backward", "attention_forward",
+    "batchnorm_update_running", "broadcast_rows", "ctc_loss", "dequantize_blocks", "embedding_backward",
+    "embedding_forward", "from_half", "from_nchw", "gather_rows", "hardtanh_backward", "hardtanh_forward",
+    "image_to_sequence", "lerp", "lookahead_backward", "lookahead_forward", "lstm_cell_backward",
+    "lstm_cell_forward", "magnitude_histogram", "mask_width", "orthonormalize_columns", "pack_sequences",
+    "quantize_blocks", "relu_backward", "relu_forward", "scale", "scatter_fill", "scatter_rows",
+    "select_at_least", "select_tokens", "sequence_gather", "sequence_to_image", "sgd_update",
+    "shortcut_a_backward", "shortcut_a_forward", "softmax_cross_entropy", "sparse_to_dense", "subtract",
+    "sum_of_squares", "sum_of_squares_into", "sum_quantized_blocks", "sum_rows", "swap_axes", "to_half",
+    "to_nchw", "transpose", "unpack_sequences",
+}
+# The launch_ functions no emulated method calls, and where they run instead.
+not_emulated = {
+    "launch_begin_step": "cuda_step_capture.cpp (runtime.cuda_graph needs a GPU)",
+    "launch_end_step": "cuda_step_capture.cpp (runtime.cuda_graph needs a GPU)",
+    "launch_clip_decide": "cuda_step_capture.cpp (runtime.cuda_graph needs a GPU)",
+    "launch_copy_if_skipped": "cuda_step_capture.cpp (runtime.cuda_graph needs a GPU)",
+    "launch_poison_if_nonfinite": "cuda_step_capture.cpp (runtime.cuda_graph needs a GPU)",
+    "launch_scale_by_control": "cuda_step_capture.cpp (runtime.cuda_graph needs a GPU)",
+    "launch_filter_to_channels_last": "cudnn_conv.cpp (the CPU's convolutions stand in for cuDNN's)",
+    "launch_filter_from_channels_last": "cudnn_conv.cpp (the CPU's convolutions stand in for cuDNN's)",
+    "launch_to_bf16": "cudnn_conv.cpp (the CPU's convolutions stand in for cuDNN's)",
+    "launch_from_bf16": "cudnn_conv.cpp (the CPU's convolutions stand in for cuDNN's)",
+    "launch_to_bf16_2d": "layer_gemm (the CPU's product stands in for cuBLAS's)",
+    "launch_fill": "cuda_device.cpp (the emulation's memory is host memory)",
+}
+# Kernels launched by an op class rather than a launch_ function: emulated through the class.
+op_files = {"batch_norm.cu": "make_batchnorm_op (channels-last batch norm)"}
+
+methods = members(cls)
+problems = []
+for name, body in methods:
+    calls = "launch_" in body
+    if calls and name not in emulated and name not in library:
+        problems.append("%s calls a kernel but is not listed in emulate.py's `emulated`" % name)
+    if name in emulated and not calls:
+        problems.append("%s is listed as emulated but calls no launch_ function" % name)
+problems += ["%s is listed as emulated but CudaBackend has no such method" % n
+             for n in sorted(emulated - {name for name, _ in methods})]
+reached = set()
+for name, body in methods:
+    if name in emulated:
+        reached |= set(re.findall(r"\b(launch_\w+)\(", body))
+for path, text in texts.items():
+    if not path.endswith(".cu") or "<<<" not in text:
+        continue
+    defined = set(re.findall(r"^cudaError_t\s+(launch_\w+)\(", text, re.M))
+    if not defined and os.path.basename(path) not in op_files:
+        problems.append("%s launches kernels outside any launch_ function" % os.path.basename(path))
+    for launch in sorted(defined - reached - set(not_emulated)):
+        problems.append("%s (%s) is reached from no emulated method and not listed in `not_emulated`"
+                        % (launch, os.path.basename(path)))
+if problems:
+    sys.exit("emulate.py:\n  " + "\n  ".join(problems))
+launching = [(name, body) for name, body in methods if name in emulated or name in own]
 launching_names = {name for name, _ in launching}
 
 backend_h = open(os.path.join(src, "models/backend.h")).read()
@@ -167,6 +229,13 @@ class EmulatedCudaBackend final : public Backend {
   void synchronize() override {}
   // Launches run to completion in issue order: a second stream is the same memory, marks need no wait.
   std::unique_ptr<DeviceStream> make_stream() override { return make_synchronous_stream(*this); }
+  // scratch()'s growth (cuda_backend.cpp's grows stream-ordered once a second stream exists; here
+  // every call has finished when it returns).
+  void grow_scratch(size_t bytes) {
+    if (scratch_) host_memory().free(scratch_);
+    scratch_ = host_memory().allocate(bytes);
+    scratch_bytes_ = bytes;
+  }
 
   // ---- Launching our kernels: models/cuda/cuda_backend.cpp's own methods.
 """ + "\n".join(body for _, body in launching) + """
@@ -208,6 +277,7 @@ Backend& cuda_backend(int) {
   return *backend;
 }
 void set_deterministic_algorithms(bool) {}
+int64_t convolution_searches() { return 0; }  // the CPU's convolutions stand in for cuDNN's: no search
 void set_tf32(bool allow) { g_emulated_tf32 = allow; }
 bool tf32_allowed() { return g_emulated_tf32; }
 void set_bf16(bool on) { g_emulated_bf16 = on; }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA parity tests on a machine without a GPU: our kernels (models/cuda/*.cu) run on the host,
-# each CUDA thread a std::thread (cuda_runtime.h here), through the CUDA backend's own launching
+# each CUDA thread a fiber of the launching thread, run cooperatively barrier to barrier
+# (cuda_runtime.h here), through the CUDA backend's own launching
 # methods (models/cuda/cuda_backend.cpp); cuDNN's and cuBLAS's ops are the CPU backend's there, so
 # what this checks is our kernels and their wiring, not cuDNN or cuBLAS, nor timing, nor the
 # memory model beyond barriers. A GPU run (scripts/gpu_check.sh) remains the test.
