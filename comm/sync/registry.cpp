@@ -60,7 +60,8 @@ KeyUnion build_key_union() {
   for (size_t i = 0; i < u.keys.size(); ++i) {
     std::vector<std::pair<std::vector<std::string>, std::string>> texts;
     for (const auto& [method, doc] : docs[i]) {
-      auto same = std::find_if(texts.begin(), texts.end(), [&](const auto& t) { return t.second == doc; });
+      // doc by an init-capture: clang before 16 (the fuzz build) cannot capture a structured binding.
+      auto same = std::find_if(texts.begin(), texts.end(), [&d = doc](const auto& t) { return t.second == d; });
       if (same == texts.end()) texts.push_back({{method}, doc});
       else same->first.push_back(method);
     }
