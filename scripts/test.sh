@@ -34,7 +34,9 @@ EOF
 }
 trap slowest EXIT
 tier=()
-((fast)) && tier=(-LE 'e2e|slow')
+if ((fast)); then
+  tier=(-LE 'e2e|slow')
+fi
 if ! (cd build && ctest --output-on-failure -j 2 --output-junit "$junit" "${tier[@]}" "$@"); then
   # A log is often read from its end (CI keeps only the tail): repeat each failure's output there.
   echo "=== the failed tests once more, one at a time, so that their output ends the log ==="
