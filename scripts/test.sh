@@ -4,7 +4,7 @@
 # build-fuzz/). Ends with the slowest tests and their seconds.
 #   scripts/test.sh                  everything (what CI runs)
 #   scripts/test.sh --fast           the everyday tier: unit and quick multi-rank tests, no end to end,
-#                                    nothing slow, no fuzzing (about 2 minutes on 2 idle cores)
+#                                    nothing slow, no fuzzing (56 s on 2 nearly idle cores)
 #   scripts/test.sh [--fast] [ctest args...]   e.g. -R parity, -L mpi (ctest args skip the fuzzing)
 #   TRAINER_SKIP_FUZZ=1 scripts/test.sh        ctest only
 # The tiers are ctest labels (tests/CMakeLists.txt): unit, mpi, e2e, slow.
