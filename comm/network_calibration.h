@@ -42,7 +42,7 @@ struct NetworkCalibration {
   AlphaBetaFit allreduce_fit, p2p_fit;
 
   // The rates whatif costs calls at (network_model.h: allreduce its own fit, everything else p2p's).
-  NetworkRates rates() const { return {allreduce_fit.network, p2p_fit.network}; }
+  NetworkRates rates() const { return {allreduce_fit.network, p2p_fit.network, {}, 0}; }
 };
 
 std::string calibration_to_json(const NetworkCalibration& calibration);  // one object, indented

@@ -1,19 +1,48 @@
 #!/usr/bin/env bash
-# Builds trainer and runs the whole test suite (unit, gradient checks, PyTorch parity, end to end),
-# then every fuzz target for 30 s and every fuzz crash regression (scripts/fuzz; clang, build-fuzz/).
-#   scripts/test.sh [ctest args...]      e.g. -R parity (ctest args skip the fuzzing)
-#   TRAINER_SKIP_FUZZ=1 scripts/test.sh  ctest only
+# Builds trainer and runs the whole test suite (unit, gradient checks, PyTorch parity, multi-rank,
+# end to end), then every fuzz target for 30 s and every fuzz crash regression (scripts/fuzz; clang,
+# build-fuzz/). Ends with the slowest tests and their seconds.
+#   scripts/test.sh                  everything (what CI runs)
+#   scripts/test.sh --fast           the everyday tier: unit and quick multi-rank tests, no end to end,
+#                                    nothing slow, no fuzzing (56 s on 2 nearly idle cores)
+#   scripts/test.sh [--fast] [ctest args...]   e.g. -R parity, -L mpi (ctest args skip the fuzzing)
+#   TRAINER_SKIP_FUZZ=1 scripts/test.sh        ctest only
+# The tiers are ctest labels (tests/CMakeLists.txt): unit, mpi, e2e, slow.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+fast=0
+if [[ ${1:-} == --fast ]]; then
+  fast=1
+  shift
+fi
 scripts/build.sh
 # Two tests at a time on two cores: OpenMP's spin-waiting would stall each test's parallel regions.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
-if ! (cd build && ctest --output-on-failure -j 2 "$@"); then
+junit=$PWD/build/Testing/ctest-junit.xml
+rm -f "$junit"
+# The slowest tests of this run, from ctest's JUnit file: printed last, whatever happened.
+slowest() {
+  [[ -s $junit ]] || return 0
+  echo "=== the slowest tests of this run (seconds; the machine's load counts too) ==="
+  /usr/bin/python3 - "$junit" <<'EOF' || true
+import sys, xml.etree.ElementTree as ET
+cases = [(float(c.get("time") or 0), c.get("status") or "", c.get("name")) for c in ET.parse(sys.argv[1]).iter("testcase")]
+for seconds, status, name in sorted(cases, reverse=True)[:15]:
+    print("%8.1f  %s%s" % (seconds, name, "" if status in ("run", "") else "  (" + status + ")"))
+print("%8.1f  in all, %d tests" % (sum(c[0] for c in cases), len(cases)))
+EOF
+}
+trap slowest EXIT
+tier=()
+if ((fast)); then
+  tier=(-LE 'e2e|slow')
+fi
+if ! (cd build && ctest --output-on-failure -j 2 --output-junit "$junit" "${tier[@]}" "$@"); then
   # A log is often read from its end (CI keeps only the tail): repeat each failure's output there.
   echo "=== the failed tests once more, one at a time, so that their output ends the log ==="
   (cd build && ctest --rerun-failed --output-on-failure) || true
   exit 1
 fi
-if [[ ${TRAINER_SKIP_FUZZ:-0} != 1 && $# -eq 0 ]]; then
+if [[ ${TRAINER_SKIP_FUZZ:-0} != 1 && $fast == 0 && $# -eq 0 ]]; then
   scripts/fuzz all "${TRAINER_FUZZ_SECONDS:-30}"
 fi

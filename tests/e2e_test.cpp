@@ -92,7 +92,7 @@ TEST_CASE("Dry run prints the device, and runtime.device = cuda without CUDA is 
   CHECK_THAT(o.output, Contains("runtime.device"));
 }
 
-TEST_CASE("Dry run prints the precision; tf32 on the CPU is one line naming the key", "[e2e]") {
+TEST_CASE("Dry run prints the precision, and tf32 on the CPU is one line naming the key", "[e2e]") {
   const std::string cfg = std::string(TRAINER_SOURCE_DIR) + "/configs/quickstart_cifar.toml";
   Outcome o = run_trainer("--config " + cfg + " --dry-run");
   INFO(o.output);

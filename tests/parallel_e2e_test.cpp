@@ -78,7 +78,7 @@ TEST_CASE("Resume is bit-identical across a switch of sync.adaptive", "[mpi][res
   // has nothing to compare with); a threshold no change reaches (eta = 5) then sends steps 9-15 at the
   // high one, so the runs resumed from steps 5 and 10 cross the switch after step 8 or run past it.
   const int P = 2;
-  for (const std::string& method : {"powersgd", "oktopk"}) {
+  for (const std::string method : {"powersgd", "oktopk"}) {
     SECTION(method) {
       const std::string sync = "--set sync.method=" + method + " --set sync.dense_warmup_steps=2" +
                                " --set sync.adaptive=true --set sync.adaptive_interval=3"

@@ -194,7 +194,7 @@ TEST_CASE("whatif at calibrated rates: allreduce at its own fit, other kinds at 
   write(dir.path / "metrics.jsonl", metrics_record(1, "compressed") + metrics_record(2, "compressed"));
   const auto run = measure_run(dir.path.string());
   const Network reduce{1e9, 10e-6}, messages{2e8, 40e-6};
-  const NetworkRates rates{reduce, messages};
+  const NetworkRates rates{reduce, messages, {}, 0};
   // P = 2: allreduce 10 us + 1 ms; message 40 us + 4000/B'; allgatherv 40 us + 4000/B'.
   const auto cost = trainer::app::cost_step(run, run.phases[0], rates, 2);
   REQUIRE(cost.ops.size() == 4);
@@ -204,7 +204,7 @@ TEST_CASE("whatif at calibrated rates: allreduce at its own fit, other kinds at 
   const auto p = predict(run, rates, 2);
   CHECK(p[0].comm_ms == Approx(1e3 * (10e-6 + 1e6 / 1e9 + 2 * (40e-6 + 4000 / 2e8))));
   // One link for all kinds (the nominal form) is the same as equal rates.
-  CHECK(predict(run, reduce, 2)[0].comm_ms == Approx(predict(run, NetworkRates{reduce, reduce}, 2)[0].comm_ms));
+  CHECK(predict(run, reduce, 2)[0].comm_ms == Approx(predict(run, NetworkRates{reduce, reduce, {}, 0}, 2)[0].comm_ms));
 
   // The outputs say which rates they used.
   trainer::app::WhatifNetwork calibrated;

@@ -88,12 +88,12 @@ PowerSgd::PowerSgd(Communicator& comm, const std::vector<models::ParamView>& vie
       n_(n),
       rank_(rank),
       seed_(seed),
-      wire_(wire),
-      requested_overlap_(buckets.overlap && backend.is_host()),
-      overlap_(requested_overlap_ && comm.size() > 1),
       p_(backend),
       q_(backend),
       q_next_(backend),
+      wire_(wire),
+      requested_overlap_(buckets.overlap && backend.is_host()),
+      overlap_(requested_overlap_ && comm.size() > 1),
       reducer_(comm, plan_buckets(n, views, bucket_mb, buckets.first_bucket_mb),
                [this](size_t bucket, float* grads) { exchange(bucket, grads); }, &views) {
   if (rank < 1) throw std::invalid_argument("powersgd: sync.rank must be at least 1");
