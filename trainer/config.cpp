@@ -393,13 +393,10 @@ void check_consistency(const Config& c, const Settings& settings, const std::str
   // table's names by now (its choices).
   const comm::SyncMethod& method = comm::sync_method(c.sync.method);
   // A key that would silently do nothing under this method (sync.adaptive = true under dense).
-  for (const comm::OptionKey& key : comm::sync_method_keys()) {
-    const Value& value = c.sync.keys.at(key.path);
-    if (key.refused_for_others && !comm::declares(method, key.path) && value != key.default_value)
-      fail(origin({key.path, "sync.method"}), key.path + " = " + toml_literal(value) + " applies to " +
-                                                  comm::sync_methods_declaring(key.path) + ", not to sync.method = \"" +
-                                                  c.sync.method + "\"");
-  }
+  if (const comm::OptionKey* key = comm::refused_key(method, c.sync.keys))
+    fail(origin({key->path, "sync.method"}), key->path + " = " + toml_literal(c.sync.keys.at(key->path)) +
+                                                 " applies to " + comm::sync_methods_declaring(key->path) +
+                                                 ", not to sync.method = \"" + c.sync.method + "\"");
   if (method.check)
     for (const comm::SyncOptionProblem& problem : method.check(sync_options(c)))
       fail(origin(problem.keys), problem.message);

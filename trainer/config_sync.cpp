@@ -11,7 +11,7 @@ comm::SyncOptions sync_options(const Config& c) {
 }
 
 comm::SyncRecipe sync_recipe(const Config& c, int64_t total_steps) {
-  return comm::SyncRecipe{c.sync, c.model.arch, c.data.dataset == "an4", c.optim.name, c.optim.momentum, total_steps};
+  return comm::SyncRecipe{c.sync, c.data.dataset == "an4", c.optim.name, c.optim.momentum, total_steps};
 }
 
 std::vector<std::string> method_default_lines(const Config& c) {

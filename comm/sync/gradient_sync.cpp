@@ -100,10 +100,9 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
   if (spec.check)
     for (const SyncOptionProblem& problem : spec.check(o)) throw std::invalid_argument(problem.message);
   // Keys that would silently do nothing under this method (sync.adaptive = true under dense).
-  for (const OptionKey& key : sync_method_keys())
-    if (key.refused_for_others && !declares(spec, key.path) && o.keys.at(key.path) != key.default_value)
-      throw std::invalid_argument(key.path + " applies to " + sync_methods_declaring(key.path) + ", not to '" +
-                                  o.method + "'");
+  if (const OptionKey* key = refused_key(spec, o.keys))
+    throw std::invalid_argument(key->path + " applies to " + sync_methods_declaring(key->path) + ", not to '" +
+                                o.method + "'");
   // sync.keep_dense (keep_dense.h): the tensors it names, per view; empty when unset.
   std::vector<bool> kept;
   const std::string keep_dense = spec.can.compresses ? options_of<CompressorOptions>(o).keep_dense : "";

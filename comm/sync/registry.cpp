@@ -107,6 +107,13 @@ bool declares(const SyncMethod& method, const std::string& path) {
   return std::any_of(method.keys.begin(), method.keys.end(), [&](const OptionKey& k) { return k.path == path; });
 }
 
+const OptionKey* refused_key(const SyncMethod& method, const MethodValues& values) {
+  for (const OptionKey& key : key_union().keys)
+    if (key.refused_for_others && !declares(method, key.path) && values.at(key.path) != key.default_value)
+      return &key;
+  return nullptr;
+}
+
 int64_t server_ranks(const SyncSettings& settings) {
   const SyncMethod& m = sync_method(settings.method);
   return m.server_ranks ? m.server_ranks(settings) : 0;

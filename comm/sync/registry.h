@@ -74,7 +74,6 @@ struct SyncOptionProblem {
 // What a method's defaults and start notes may depend on beside its own keys: the recipe around it.
 struct SyncRecipe {
   const SyncSettings& sync;  // the method's keys as the config holds them
-  std::string model_arch;    // model.arch
   bool speech = false;       // a speech task (data.dataset = "an4"): deepspeech or las
   std::string optimizer;     // optim.name
   double momentum = 0;       // optim.momentum
@@ -130,6 +129,9 @@ const OptionKey* find_sync_method_key(const std::string& path);  // null when no
 // "oktopk, topka, gaussiank, gtopk and powersgd": the methods that declare a key.
 std::string sync_methods_declaring(const std::string& path);
 bool declares(const SyncMethod& method, const std::string& path);
+// A key marked refused_for_others that these values set (to anything but its default) while the
+// method does not declare it, or null: the config and the factory both refuse it.
+const OptionKey* refused_key(const SyncMethod& method, const MethodValues& values);
 // The server ranks of the settings' method (0 for every method but a parameter server).
 int64_t server_ranks(const SyncSettings& settings);
 
