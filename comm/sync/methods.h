@@ -4,13 +4,14 @@
 // (tests/fuzz/sync_table.cpp), which has no factories and reads each method's keys from its options
 // struct (declared in the method's header).
 //   X(name, options struct)
-#define TRAINER_SYNC_METHODS(X) \
-  X(dense, NoOptions)           \
-  X(local_sgd, LocalSgdOptions) \
-  X(diloco, DilocoKeys)         \
-  X(oktopk, OkTopkOptions)      \
-  X(topka, SparseOptions)       \
-  X(gaussiank, SparseOptions)   \
-  X(gtopk, SparseOptions)       \
-  X(powersgd, PowerSgdOptions)  \
+#define TRAINER_SYNC_METHODS(X)          \
+  X(dense, NoOptions)              \
+  X(local_sgd, LocalSgdOptions)    \
+  X(diloco, DilocoKeys)            \
+  X(sparseloco, SparseLocoOptions) \
+  X(oktopk, OkTopkOptions)         \
+  X(topka, SparseOptions)          \
+  X(gaussiank, SparseOptions)      \
+  X(gtopk, SparseOptions)          \
+  X(powersgd, PowerSgdOptions)     \
   X(async_ps, AsyncPsOptions)

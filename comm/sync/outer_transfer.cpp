@@ -61,23 +61,40 @@ void OuterTransfer::start(float* data, int64_t count, int64_t step, Phase phase)
     finish_staged();
     return;
   }
+  launch([this, data, count](Communicator& own) { average(own, data, count, staged()); },
+         "diloco: the outer allreduce", step, phase);
+}
+
+void OuterTransfer::start_exchange(std::function<void(Communicator&)> exchange, std::string what, int64_t step,
+                                   Phase phase) {
+  if (thread_.joinable()) throw std::logic_error("outer transfer: one is still in flight");
+  if (!backend_.is_host()) throw std::logic_error("outer transfer: an exchange runs on host memory only");
+  if (!overlap_) {
+    exchange(comm_);
+    return;
+  }
+  launch(std::move(exchange), std::move(what), step, phase);
+}
+
+void OuterTransfer::launch(std::function<void(Communicator&)> exchange, std::string what, int64_t step, Phase phase) {
   prepare();
   log_active_ = comm_.log().active();
   step_ = step;
+  what_ = std::move(what);
   phase_ = phase;
   calls_.clear();
   error_ = nullptr;
-  thread_ = std::thread([this, data, count] { run(data, count); });
+  thread_ = std::thread([this, exchange = std::move(exchange)] { run(exchange); });
 }
 
-void OuterTransfer::run(float* data, int64_t count) {
+void OuterTransfer::run(const std::function<void(Communicator&)>& exchange) {
   CommLog::Deferral deferral(calls_, log_active_);
   omp_set_num_threads(1);  // this thread's loops run on it alone, beside the training thread's teams
   try {
-    average(*own_, data, count, staged());
+    exchange(*own_);
   } catch (const std::exception& e) {
-    error_ = std::make_exception_ptr(std::runtime_error(
-        "diloco: the outer allreduce started at step " + std::to_string(step_) + " failed on its thread: " + e.what()));
+    error_ = std::make_exception_ptr(std::runtime_error(what_ + " started at step " + std::to_string(step_) +
+                                                        " failed on its thread: " + e.what()));
   } catch (...) {
     error_ = std::current_exception();
   }

@@ -49,7 +49,9 @@
 
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -80,6 +82,11 @@ class OuterTransfer {
   // the transfer until wait(); otherwise returns with the average. `step`, `phase`: the comm log's
   // labels of its calls. Collective; one transfer at a time.
   void start(float* data, int64_t count, int64_t step, Phase phase);
+  // Another exchange than the average, run the same way (its thread and communicator, its calls
+  // deferred into the comm log, its error rethrown by wait()): `exchange` makes its collective calls
+  // over the communicator it is given, on host memory only (sparseloco's allgather of its compressed
+  // fragments, sparseloco.h). `what` names it in an error ("sparseloco: the outer allgather").
+  void start_exchange(std::function<void(Communicator&)> exchange, std::string what, int64_t step, Phase phase);
   // Completes the transfer in flight, if any: logs its calls and rethrows its error.
   void wait();
   bool in_flight() const { return thread_.joinable(); }
@@ -88,7 +95,8 @@ class OuterTransfer {
   // The calls themselves: data <- the sum over `comm`'s ranks, then / P, in the backend's memory or
   // (`host_copy`) in a host copy of device data.
   void average(Communicator& comm, float* data, int64_t count, bool host_copy);
-  void run(float* data, int64_t count);  // the thread's body
+  void launch(std::function<void(Communicator&)> exchange, std::string what, int64_t step, Phase phase);
+  void run(const std::function<void(Communicator&)>& exchange);  // the thread's body
   void finish_staged();                   // copies a staged average back to the device
   // Whether transfers run on a host copy of device data (see above).
   bool staged() const { return !backend_.is_host() && overlap_; }
@@ -108,6 +116,7 @@ class OuterTransfer {
   std::thread thread_;
   bool log_active_ = false;  // the log's state when it started
   int64_t step_ = 0;
+  std::string what_;  // the exchange's name for its error
   Phase phase_ = Phase::kCompressed;
   std::vector<DeferredCall> calls_;
   std::exception_ptr error_;

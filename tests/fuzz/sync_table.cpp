@@ -15,6 +15,7 @@
 #include "comm/sync/oktopk.h"
 #include "comm/sync/powersgd.h"
 #include "comm/sync/registry.h"
+#include "comm/sync/sparseloco.h"
 
 namespace trainer::comm {
 namespace {

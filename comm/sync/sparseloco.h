@@ -1,0 +1,157 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/sync/chunk_codec.h"
+#include "comm/sync/fragments.h"
+#include "comm/sync/gradient_sync.h"
+#include "comm/sync/option_keys.h"
+#include "comm/sync/outer_transfer.h"
+#include "models/device_buffer.h"
+
+namespace trainer::comm {
+
+// SparseLoCo (Sarfi, Therien, Lidin and Belilovsky 2025, arXiv 2508.15706): DiLoCo's schedule
+// (diloco.h: H = sync.period inner steps with the config's optimizer, Streaming DiLoCo's fragments
+// and delay) with the pseudo-gradient sent sparse and in a few bits, and DiLoCo's outer momentum
+// replaced by each rank's error-feedback accumulator. A sync of fragment f, on rank r:
+//   1. tau = sync.sync_delay steps before its turn:
+//        delta_r = theta_outer - theta_local                    (the pseudo-gradient)
+//        e_r    <- beta e_r + delta_r                            (beta = sync.error_decay)
+//        c_r     = C(e_r)                                        (chunk_codec.h: chunk-wise top-k,
+//                                                                 sync.density, sync.value_bits)
+//        e_r    <- e_r - D(c_r)                                  (what was not sent stays owed)
+//      and the payloads c_1..c_P are exchanged (ALLGATHER_SPARSELOCO: an allgather, since ranks keep
+//      different entries; every payload of one fragment has the same size);
+//   2. at its turn: every rank decodes the P payloads in rank order and adds them in float32,
+//        theta_outer <- theta_outer - (alpha / P) sum_r D(c_r)   (alpha = sync.outer_lr)
+//      and the fragment's local parameters become theta_outer.
+// So every rank sums the same values in the same order: the sum is exact over what was sent, and
+// theta_outer is the same on every rank, bit for bit. There is no outer momentum (the paper's point:
+// the decayed accumulator plays its part); the outer step is plain SGD on the mean.
+// Batch-norm running statistics are averaged (ALLREDUCE_BN_STATS) with every sync of the last
+// fragment, i.e. every H steps, as diloco does.
+//
+// The exchange with tau > 0 runs on OuterTransfer's thread during the tau steps (sync.overlap;
+// outer_transfer.h), as diloco's allreduce does: the same calls on the same bytes either way.
+//
+// Communication per sync of a fragment of n_f entries in C chunks keeping K entries: each rank's
+// payload is 4 C + ceil(12 K / 8) + ceil(b K / 8) bytes, and the allgather sends it to the P - 1
+// others (a ring: (P - 1) x payload per rank). At density 2% and 2 bits that is about 0.036 n_f
+// bytes per payload against DiLoCo's 4 n_f bytes of fp32 (110x), or at P = 4 0.11 n_f sent per rank
+// against the fp32 ring allreduce's 6 n_f (55x).
+//
+// Memory: theta_outer and the accumulator (2n floats), one fragment's payloads (P of them).
+//
+// Saved state: the schedule's keys and the codec's (checked on load), the inner step count,
+// theta_outer, this rank's accumulator, and a fragment in flight (the P payloads gathered), so a
+// checkpoint anywhere resumes bit for bit. On another number of ranks (load_resharded) the shared
+// state must agree across the saved ranks and each new rank's accumulator is the mean of the saved
+// ranks' (rank_mean.h), as error feedback keeps what the average update still owes.
+//
+// Host memory (capability device_buffers = false): on a device run the trainer hands this method
+// host copies (host_staged.h), as for the other host methods.
+struct SparseLocoOptions {
+  int64_t period = 1;
+  int64_t fragments = 1;
+  int64_t sync_delay = 0;
+  double outer_lr = 0.7;  // the key's default, shared with diloco; sparseloco's default is 1 (defaults())
+  double density = 0.1;   // shared with the sparse methods; sparseloco's default is 0.02 (defaults())
+  double error_decay = 0.95;
+  int64_t value_bits = 2;
+
+  template <class Keys>
+  static void declare(Keys& k) {
+    k.key("sync.period", &SparseLocoOptions::period,
+          "H, the inner steps between two syncs of the model (of each fragment). Unless set, 8, as diloco.",
+          at_least(1));
+    k.key("sync.fragments", &SparseLocoOptions::fragments,
+          "Streaming DiLoCo's F: the parameters in F fragments of whole tensors that sync in turn, one every "
+          "sync.period / sync.fragments steps.",
+          at_least(1));
+    k.key("sync.sync_delay", &SparseLocoOptions::sync_delay,
+          "Streaming DiLoCo's tau: a fragment's compressed pseudo-gradient is sent tau steps before its outer "
+          "step is applied (below sync.period / sync.fragments); its allgather runs during those steps on a "
+          "communication thread (sync.overlap).",
+          at_least(0));
+    k.key("sync.outer_lr", &SparseLocoOptions::outer_lr,
+          "alpha: theta_outer -= alpha x the mean of the ranks' decoded sparse updates. Unless set, 1, the "
+          "paper's.",
+          open_closed(0, 1e6));
+    k.key("sync.density", &SparseLocoOptions::density,
+          "fraction of each chunk's entries sent, k = ceil(density x chunk size) per chunk of up to 4,096 (64 x 64 "
+          "tiles of matrices, runs of vectors). Unless set, 0.02 (the paper's range is 1-3%).",
+          open_closed(0, 1));
+    k.key("sync.error_decay", &SparseLocoOptions::error_decay,
+          "beta, the decay of each rank's error-feedback accumulator: e = beta x e + pseudo-gradient before "
+          "compressing (0.95, the paper's; it stands in for DiLoCo's outer momentum).",
+          closed(0, 1));
+    k.key("sync.value_bits", &SparseLocoOptions::value_bits,
+          "bits per sent value: 2 (the paper's), 4 or 8, uniform levels over [-max, max] of each chunk's sent "
+          "values with one fp32 scale per chunk.",
+          closed(2, 8));
+  }
+};
+
+struct SyncOptionProblem;  // registry.h
+// SparseLoCo's rules between its options (the fragment schedule, the value bits), stated once.
+std::vector<SyncOptionProblem> sparseloco_problems(const SparseLocoOptions& options);
+
+class SparseLoco final : public GradientSync {
+ public:
+  // `views`: the model's tensors (their shapes cut the chunks; null: one vector). `backend`: a host
+  // backend (the parameters' copies on a device run). `bucket_elements`: the BN statistics'
+  // allreduce pieces. Throws std::invalid_argument naming the key for impossible options.
+  SparseLoco(Communicator& comm, models::Backend& backend, int64_t n, const std::vector<models::ParamView>* views,
+             const SparseLocoOptions& options, int64_t bucket_elements, bool overlap);
+  std::string name() const override { return "sparseloco"; }
+  std::string describe() const override;
+  Phase phase(int64_t) const override { return Phase::kCompressed; }
+  SyncStats reduce(SyncBuffers& b, int64_t step) override;
+  void after_step(SyncBuffers& b, int64_t step) override;
+  void complete_in_flight() override { transfer_->wait(); }
+  std::string overlap_plan() const override;
+  void save(std::ostream& out) const override;
+  void load(std::istream& in) override;
+  std::string load_resharded(const std::vector<std::string>& states) override;
+
+  // For tests: theta_outer and this rank's accumulator (host copies; empty before the first step),
+  // the fragments, each fragment's codec, and the bytes of one payload per fragment.
+  std::vector<float> outer_parameters() const { return outer_; }
+  std::vector<float> accumulator() const { return accumulator_; }
+  const std::vector<Fragment>& fragments() const { return fragments_; }
+  const ChunkCodec& codec(int f) const { return codecs_[static_cast<size_t>(f)]; }
+  int64_t inner_steps() const { return inner_steps_; }
+
+ private:
+  struct State;  // what save() writes (sparseloco.cpp)
+  State state() const;
+  void adopt(State&& s);
+  void start_sync(const SyncBuffers& b, int f, int64_t step);  // step 1 above
+  void finish_sync(SyncBuffers& b, int f);                     // step 2, and the BN statistics
+
+  Communicator& comm_;
+  models::Backend& backend_;
+  int64_t n_;
+  SparseLocoOptions options_;
+  int64_t bucket_elements_;
+  std::vector<Fragment> fragments_;
+  std::vector<ChunkCodec> codecs_;  // one per fragment
+  FragmentSchedule schedule_;
+  std::vector<float> outer_;        // theta_outer; empty until the first step
+  std::vector<float> accumulator_;  // e_r over the whole model; empty until the first step
+  std::vector<float> update_;       // a fragment's decoded sum
+  int64_t inner_steps_ = 0;
+  int in_flight_ = -1;        // the fragment whose payloads wait for its outer step
+  int in_flight_ranks_ = 0;   // how many payloads it has (P when it was sent)
+  std::vector<uint8_t> payload_;   // this rank's payload
+  std::vector<uint8_t> gathered_;  // every rank's, in rank order
+  // The payloads' trip over the wire. Declared last: destroyed first, so an exchange still in flight
+  // ends before the buffers it writes go.
+  std::unique_ptr<OuterTransfer> transfer_;
+};
+
+}  // namespace trainer::comm
