@@ -217,7 +217,7 @@ TEST_CASE("the built-in methods' capabilities", "[registry]") {
         "dense, local_sgd, diloco, oktopk, topka, gaussiank, gtopk, powersgd and async_ps");
   CHECK(comm::sync_methods_that(&SyncCapabilities::compresses) == "oktopk, topka, gaussiank, gtopk and powersgd");
   CHECK(comm::sync_methods_that(&SyncCapabilities::applies_update) == "async_ps");
-  for (const char* name : {"local_sgd", "diloco", "async_ps"})
+  for (const char* name : {"local_sgd", "diloco", "sparseloco", "async_ps"})
     CHECK_FALSE(comm::sync_method(name).can.keeps_parameters_equal);
   for (const char* name : {"dense", "oktopk", "powersgd"}) CHECK(comm::sync_method(name).can.keeps_parameters_equal);
   CHECK_FALSE(comm::sync_method("dense").can.wrapped_in_warmup);
@@ -237,4 +237,20 @@ TEST_CASE("diloco's rules are checked once, by the config, naming the key set la
              Contains("sync.outer_optimizer = \"nesterov\" needs sync.outer_momentum > 0"));
   // The same options under another method are not diloco's business.
   CHECK(error_of("[sync]\nmethod = \"local_sgd\"\nperiod = 4\nfragments = 8\n").empty());
+}
+
+TEST_CASE("sparseloco's bad values are one line naming the key; its defaults are the paper's", "[registry]") {
+  CHECK(error_of("[sync]\nmethod = \"sparseloco\"\nvalue_bits = 3\n") ==
+        "configs/x.toml: sync.value_bits = 3 must be 2, 4 or 8");
+  CHECK_THAT(error_of("[sync]\nmethod = \"sparseloco\"\nerror_decay = 1.5\n"), Contains("sync.error_decay"));
+  CHECK_THAT(error_of("[sync]\nmethod = \"sparseloco\"\nperiod = 4\nfragments = 8\n"),
+             Contains("sync.fragments = 8 must be between 1 and sync.period = 4"));
+  CHECK_THAT(error_of("[sync]\nmethod = \"sparseloco\"\ndensity = 0.0\n"), Contains("sync.density"));
+  // Unset, its keys take the paper's values (H as diloco's default), through the spec's defaults().
+  const Config c = parse_config("[sync]\nmethod = \"sparseloco\"\n", "t");
+  CHECK(c.sync.get<int64_t>("sync.period") == 8);
+  CHECK(c.sync.get<double>("sync.outer_lr") == 1.0);
+  CHECK(c.sync.get<double>("sync.density") == 0.02);
+  CHECK(c.sync.get<double>("sync.error_decay") == 0.95);
+  CHECK(c.sync.get<int64_t>("sync.value_bits") == 2);
 }
