@@ -7,12 +7,15 @@
 // statistics and the bytes sent and received equal the host run's, and so does the saved state; a
 // checkpoint taken with a fragment in flight resumes across the two. The async_ps worker stages its
 // push and pull (async_ps.h): against a server on the last rank, the parameters it pulls equal the
-// host worker's, with only the gradient and the statistics copied out. Run under mpiexec with P = 1, 2 and 3.
+// host worker's, with only the gradient and the statistics copied out. SparseLoCo keeps its state on
+// the device and stages only each synced fragment for its codec. Run under mpiexec with P = 1, 2 and 3.
 #include <catch2/catch.hpp>
 
 #include <random>
 #include <sstream>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "comm/staged_communicator.h"
@@ -21,6 +24,7 @@
 #include "models/parameters.h"
 #include "comm/sync/diloco.h"
 #include "comm/sync/registry.h"
+#include "comm/sync/sparseloco.h"
 #include "tests/device_like_backend.h"
 #include "tests/tiny_views.h"
 
@@ -163,6 +167,50 @@ TEST_CASE("DiLoCo on device buffers gives the host path's bits", "[diloco][devic
       if (!v.overlap) CHECK(to_host == 0);
       else CHECK((to_host > 0 && to_host < kSteps * n));
       CHECK(saved(*host) == saved(*on_device));  // theta_outer, the outer momentum, a fragment in flight
+    }
+  }
+}
+
+// SparseLoCo (comm/sync/sparseloco.h) on device buffers: theta_outer, the accumulator and the
+// element-wise steps on the "device", the codec on a host copy of each synced fragment. Period 4
+// after a dense warmup of 2, 2% of each chunk in 2 bits; plain, and streaming with an overlapped delay.
+TEST_CASE("SparseLoCo on device buffers gives the host path's bits, copying only the synced fragments",
+          "[sparseloco][device]") {
+  REQUIRE(kConcurrentCalls);
+  const auto views = testing::tiny_views();
+  const int64_t n = views.back().offset + views.back().numel();
+  constexpr int kSteps = 14;
+  for (const auto& [fragments, delay, overlap] : std::vector<std::tuple<int64_t, int64_t, bool>>{{1, 0, false}, {2, 1, true}}) {
+    DYNAMIC_SECTION("fragments " << fragments << ", delay " << delay) {
+      auto options = [&](models::Backend* backend) {
+        comm::SyncOptions o;
+        o.method = "sparseloco";
+        o.dense_warmup_steps = 2;
+        o.set("sync.period", 4);
+        o.set("sync.fragments", fragments);
+        o.set("sync.sync_delay", delay);
+        o.set("sync.density", 0.02);
+        o.set("sync.outer_lr", 1.0);
+        o.overlap = overlap;
+        o.backend = backend;
+        return o;
+      };
+      models::DeviceLikeCpu device;
+      auto host = comm::make_gradient_sync(options(nullptr), comm::world(), n, &views);
+      auto on_device = comm::make_gradient_sync(options(&device), comm::world(), n, &views);
+      std::vector<float> host_params(n, 0.5f), host_state(6, 1.f), device_params = host_params,
+                                                                     device_state = host_state;
+      const Trace a = train(*host, models::host_memory(), views, 0, kSteps, host_params, host_state);
+      const Trace b = train(*on_device, device, views, 0, kSteps, device_params, device_state);
+      check_same_steps(a, b);
+      // Beyond the harness's copies: per sync of a fragment, its accumulator out and back and its
+      // sum in; three rounds of syncs here, so under 3 x 2n floats in and 3 x n out.
+      const int64_t harness = kSteps * (3 * n + 6) * 4;
+      const int64_t to_host = device.memory.to_host - harness, to_device = device.memory.to_device - harness;
+      CHECK(to_host > 0);
+      CHECK(to_host <= 3 * n * 4);
+      CHECK(to_device == 2 * to_host);
+      CHECK(saved(*host) == saved(*on_device));  // theta_outer, the accumulator, payloads in flight
     }
   }
 }

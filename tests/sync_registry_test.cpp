@@ -214,7 +214,7 @@ TEST_CASE("--dry-run describes a registered method", "[registry]") {
 TEST_CASE("the built-in methods' capabilities", "[registry]") {
   using comm::SyncCapabilities;
   CHECK(comm::sync_methods_that(&SyncCapabilities::device_buffers) ==
-        "dense, local_sgd, diloco, oktopk, topka, gaussiank, gtopk, powersgd and async_ps");
+        "dense, local_sgd, diloco, sparseloco, oktopk, topka, gaussiank, gtopk, powersgd and async_ps");
   CHECK(comm::sync_methods_that(&SyncCapabilities::compresses) == "oktopk, topka, gaussiank, gtopk and powersgd");
   CHECK(comm::sync_methods_that(&SyncCapabilities::applies_update) == "async_ps");
   for (const char* name : {"local_sgd", "diloco", "sparseloco", "async_ps"})

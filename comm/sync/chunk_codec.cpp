@@ -122,7 +122,7 @@ ChunkCodec::ChunkCodec(std::vector<Chunk> chunks, int bits) : chunks_(std::move(
   payload_bytes_ = codes_at_ + packed_bytes(kept_, bits_);
 }
 
-void ChunkCodec::encode(const float* x, uint8_t* payload) const {
+void ChunkCodec::encode(const float* x, uint8_t* payload, int64_t origin) const {
   const float half = code_midpoint(bits_);
   const float levels_half = static_cast<float>(1 << bits_) / 2.f;  // L / 2: floor(y + L/2) rounds y + (L-1)/2
   const int64_t top = (int64_t{1} << bits_) - 1;
@@ -133,7 +133,7 @@ void ChunkCodec::encode(const float* x, uint8_t* payload) const {
     // A magnitude that sorts NaN first, so that the order is strict (a NaN is sent and caught by
     // the non-finite guard rather than breaking the sort).
     auto magnitude = [&](int32_t j) {
-      const float v = x[c.at(j)];
+      const float v = x[c.at(j) - origin];
       return std::isnan(v) ? std::numeric_limits<float>::infinity() : std::fabs(v);
     };
     order.resize(static_cast<size_t>(c.size()));
@@ -145,14 +145,14 @@ void ChunkCodec::encode(const float* x, uint8_t* payload) const {
     std::nth_element(order.begin(), order.begin() + (c.k - 1), order.end(), larger);
     std::sort(order.begin(), order.begin() + c.k);
     float largest = 0;
-    for (int64_t i = 0; i < c.k; ++i) largest = std::max(largest, std::fabs(x[c.at(order[i])]));
+    for (int64_t i = 0; i < c.k; ++i) largest = std::max(largest, std::fabs(x[c.at(order[i]) - origin]));
     const float scale = largest / half;
     std::memcpy(payload + ci * 4, &scale, 4);
     for (int64_t i = 0; i < c.k; ++i) {
       positions.put(static_cast<uint32_t>(order[i]), kChunkPositionBits);
       int64_t q = 0;
       if (scale > 0) {
-        const float y = std::floor(x[c.at(order[i])] / scale + levels_half);
+        const float y = std::floor(x[c.at(order[i]) - origin] / scale + levels_half);
         q = std::isnan(y) ? 0 : static_cast<int64_t>(std::clamp(y, 0.f, static_cast<float>(top)));
       }
       codes.put(static_cast<uint32_t>(q), bits_);

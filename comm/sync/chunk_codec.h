@@ -62,13 +62,13 @@ class ChunkCodec {
   int64_t kept() const { return kept_; }                // K, entries sent
   int64_t payload_bytes() const { return payload_bytes_; }
 
-  // Selects, quantizes and packs x's chunks (x: the flat buffer the chunks index) into `payload`
-  // (payload_bytes()).
-  void encode(const float* x, uint8_t* payload) const;
+  // Selects, quantizes and packs x's chunks into `payload` (payload_bytes()). x[0] is entry `origin`
+  // of the flat buffer the chunks index (0: x is that buffer; a fragment's begin: x holds the
+  // fragment alone).
+  void encode(const float* x, uint8_t* payload, int64_t origin = 0) const;
   // out[entry] += sign x the value a payload stands for, entry by entry in payload order (the
   // chunks in order, each in increasing position). Every rank adds the same floats in the same
-  // order. out[0] stands for entry `origin` of the buffer x was (0: the same buffer's layout; a
-  // fragment's begin: a buffer of the fragment alone).
+  // order. out[0] stands for entry `origin`, as in encode().
   void decode_add(const uint8_t* payload, float sign, float* out, int64_t origin = 0) const;
 
  private:

@@ -68,9 +68,8 @@ void OuterTransfer::start(float* data, int64_t count, int64_t step, Phase phase)
 void OuterTransfer::start_exchange(std::function<void(Communicator&)> exchange, std::string what, int64_t step,
                                    Phase phase) {
   if (thread_.joinable()) throw std::logic_error("outer transfer: one is still in flight");
-  if (!backend_.is_host()) throw std::logic_error("outer transfer: an exchange runs on host memory only");
   if (!overlap_) {
-    exchange(comm_);
+    exchange(comm_.host_side());  // host memory: a device communicator's MPI side
     return;
   }
   launch(std::move(exchange), std::move(what), step, phase);

@@ -125,13 +125,13 @@ SyncMethod sparseloco_method() {
       "accumulator, sent as chunk-wise top-k in 2 bits per value (an allgather), and the decoded mean stepping "
       "the shared parameters by plain SGD";
   m.can.keeps_parameters_equal = false;
-  m.can.device_buffers = false;  // host loops (chunk_codec.cpp); a device run stages host copies
+  m.can.device_buffers = true;  // the element-wise steps on the backend, the codec on a host copy
   declare_options<SparseLocoOptions>(m);
   m.defaults = sparseloco_defaults;
   m.check = [](const SyncOptions& o) { return sparseloco_problems(sparseloco_options(o)); };
   m.concurrent_calls = [](const SyncOptions& o) { return sparseloco_options(o).sync_delay > 0 && o.overlap; };
   m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
-    return std::make_unique<SparseLoco>(c.comm, c.host_backend("sparseloco"), c.n, c.views, sparseloco_options(o),
+    return std::make_unique<SparseLoco>(c.comm, c.backend, c.n, c.views, sparseloco_options(o),
                                         bucket_elements(o.bucket_mb), o.overlap);
   };
   return m;
@@ -147,6 +147,9 @@ SparseLoco::SparseLoco(Communicator& comm, models::Backend& backend, int64_t n,
       bucket_elements_(bucket_elements),
       fragments_(plan_fragments(n, views, o.fragments)),
       schedule_(o.period, o.fragments, o.sync_delay),
+      outer_(backend),
+      accumulator_(backend),
+      update_(backend),
       transfer_(std::make_unique<OuterTransfer>(comm, backend, OuterDType::kF32, bucket_elements,
                                                 overlap && o.sync_delay > 0)) {
   for (const SyncOptionProblem& problem : sparseloco_problems(o)) throw std::invalid_argument(problem.message);
@@ -156,7 +159,8 @@ SparseLoco::SparseLoco(Communicator& comm, models::Backend& backend, int64_t n,
     largest = std::max(largest, f.size());
     largest_payload = std::max(largest_payload, codecs_.back().payload_bytes());
   }
-  update_.resize(static_cast<size_t>(largest));
+  update_.resize(largest);
+  host_.resize(static_cast<size_t>(largest));
   payload_.resize(static_cast<size_t>(largest_payload));
   gathered_.resize(static_cast<size_t>(largest_payload * comm.size()));
 }
@@ -203,9 +207,11 @@ SyncStats SparseLoco::reduce(SyncBuffers& b, int64_t step) {
   comm_.log().set_step(step, Phase::kCompressed);
   // theta_outer starts as rank 0's parameters (diloco.cpp says why the broadcast), e at zero.
   if (outer_.empty()) {
-    outer_.assign(b.params, b.params + n_);
+    outer_.resize(n_);
+    backend_.copy(n_, b.params, outer_.data());
     comm_.broadcast(outer_.data(), n_, DType::kF32, 0, "BROADCAST_OUTER");
-    accumulator_.assign(static_cast<size_t>(n_), 0.f);
+    accumulator_.resize(n_);
+    backend_.fill(n_, 0.f, accumulator_.data());
   }
   transfer_->prepare();  // collective the first time (a resumed run's first step too)
   return {Phase::kCompressed, 0.0};
@@ -230,8 +236,11 @@ void SparseLoco::start_sync(const SyncBuffers& b, int f, int64_t step) {
   backend_.subtract(fr.size(), outer_.data() + fr.begin, b.params + fr.begin, delta);
   backend_.scale(fr.size(), static_cast<float>(options_.error_decay), e);
   backend_.add(fr.size(), e, delta, e);
-  codec.encode(accumulator_.data(), payload_.data());
-  codec.decode_add(payload_.data(), -1.f, accumulator_.data());  // e -= what was sent
+  // The codec on the host: e out, encoded, e -= what was sent, e back.
+  models::copy_to_host(backend_, e, fr.size(), host_.data());
+  codec.encode(host_.data(), payload_.data(), fr.begin);
+  codec.decode_add(payload_.data(), -1.f, host_.data(), fr.begin);
+  models::copy_to_device(backend_, host_.data(), fr.size(), e);
   const int64_t bytes = codec.payload_bytes();
   uint8_t* gathered = gathered_.data();
   const uint8_t* payload = payload_.data();
@@ -247,12 +256,13 @@ void SparseLoco::finish_sync(SyncBuffers& b, int f) {
   transfer_->wait();
   const Fragment& fr = fragments_[static_cast<size_t>(f)];
   const ChunkCodec& codec = codecs_[static_cast<size_t>(f)];
-  // The sum over ranks in rank order, in a buffer of the fragment's size (its origin fr.begin).
-  float* sum = update_.data();
-  std::fill(sum, sum + fr.size(), 0.f);
+  // The sum over ranks in rank order, on the host in a buffer of the fragment's size.
+  std::fill(host_.begin(), host_.begin() + fr.size(), 0.f);
   for (int r = 0; r < in_flight_ranks_; ++r)
     codec.decode_add(gathered_.data() + static_cast<size_t>(r) * static_cast<size_t>(codec.payload_bytes()), 1.f,
-                     sum, fr.begin);
+                     host_.data(), fr.begin);
+  float* sum = update_.data();
+  models::copy_to_device(backend_, host_.data(), fr.size(), sum);
   float* outer = outer_.data() + fr.begin;
   backend_.scale(fr.size(), static_cast<float>(options_.outer_lr / in_flight_ranks_), sum);
   backend_.subtract(fr.size(), outer, sum, outer);
@@ -273,8 +283,8 @@ SparseLoco::State SparseLoco::state() const {
   s.n = n_;
   s.density = options_.density;
   s.inner_steps = inner_steps_;
-  s.outer = outer_;
-  s.accumulator = accumulator_;
+  s.outer = models::host_copy(outer_);
+  s.accumulator = models::host_copy(accumulator_);
   s.in_flight = in_flight_;
   s.in_flight_ranks = in_flight_ranks_;
   if (in_flight_ >= 0)
@@ -288,8 +298,10 @@ void SparseLoco::adopt(State&& s) {
       static_cast<int64_t>(s.gathered.size()) != s.in_flight_ranks * codecs_[static_cast<size_t>(s.in_flight)].payload_bytes())
     throw std::runtime_error("sparseloco state: the payloads in flight have the wrong size");
   inner_steps_ = s.inner_steps;
-  outer_ = std::move(s.outer);
-  accumulator_ = std::move(s.accumulator);
+  outer_.resize(static_cast<int64_t>(s.outer.size()));
+  models::copy_to_device(backend_, s.outer.data(), outer_.size(), outer_.data());
+  accumulator_.resize(static_cast<int64_t>(s.accumulator.size()));
+  models::copy_to_device(backend_, s.accumulator.data(), accumulator_.size(), accumulator_.data());
   in_flight_ = s.in_flight;
   in_flight_ranks_ = s.in_flight_ranks;
   if (gathered_.size() < s.gathered.size()) gathered_.resize(s.gathered.size());

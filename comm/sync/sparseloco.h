@@ -52,8 +52,13 @@ namespace trainer::comm {
 // state must agree across the saved ranks and each new rank's accumulator is the mean of the saved
 // ranks' (rank_mean.h), as error feedback keeps what the average update still owes.
 //
-// Host memory (capability device_buffers = false): on a device run the trainer hands this method
-// host copies (host_staged.h), as for the other host methods.
+// Device buffers (capability device_buffers): theta_outer, the accumulator and the fragment's
+// pseudo-gradient live on the run's backend, and the element-wise steps above are its ops (subtract,
+// scale, add, copy: CUDA kernels on a GPU). The codec runs on the host, on a copy of the fragment's
+// accumulator (out and back once per sync; the decoded sum in once): its payloads are a few percent
+// of the fragment and cross the network from host memory (over MPI: Communicator::host_side), so a
+// step between syncs copies nothing, where host staging (host_staged.h) would copy the parameters
+// and the gradient every step. Same bits as on the CPU: the same ops and the same host code.
 struct SparseLocoOptions {
   int64_t period = 1;
   int64_t fragments = 1;
@@ -102,8 +107,8 @@ std::vector<SyncOptionProblem> sparseloco_problems(const SparseLocoOptions& opti
 
 class SparseLoco final : public GradientSync {
  public:
-  // `views`: the model's tensors (their shapes cut the chunks; null: one vector). `backend`: a host
-  // backend (the parameters' copies on a device run). `bucket_elements`: the BN statistics'
+  // `views`: the model's tensors (their shapes cut the chunks; null: one vector). `backend`: where
+  // the parameters live (host or device memory; see above). `bucket_elements`: the BN statistics'
   // allreduce pieces. Throws std::invalid_argument naming the key for impossible options.
   SparseLoco(Communicator& comm, models::Backend& backend, int64_t n, const std::vector<models::ParamView>* views,
              const SparseLocoOptions& options, int64_t bucket_elements, bool overlap);
@@ -120,8 +125,8 @@ class SparseLoco final : public GradientSync {
 
   // For tests: theta_outer and this rank's accumulator (host copies; empty before the first step),
   // the fragments, each fragment's codec, and the bytes of one payload per fragment.
-  std::vector<float> outer_parameters() const { return outer_; }
-  std::vector<float> accumulator() const { return accumulator_; }
+  std::vector<float> outer_parameters() const { return models::host_copy(outer_); }
+  std::vector<float> accumulator() const { return models::host_copy(accumulator_); }
   const std::vector<Fragment>& fragments() const { return fragments_; }
   const ChunkCodec& codec(int f) const { return codecs_[static_cast<size_t>(f)]; }
   int64_t inner_steps() const { return inner_steps_; }
@@ -141,9 +146,10 @@ class SparseLoco final : public GradientSync {
   std::vector<Fragment> fragments_;
   std::vector<ChunkCodec> codecs_;  // one per fragment
   FragmentSchedule schedule_;
-  std::vector<float> outer_;        // theta_outer; empty until the first step
-  std::vector<float> accumulator_;  // e_r over the whole model; empty until the first step
-  std::vector<float> update_;       // a fragment's decoded sum
+  models::DeviceBuffer outer_;        // theta_outer; empty until the first step
+  models::DeviceBuffer accumulator_;  // e_r over the whole model; empty until the first step
+  models::DeviceBuffer update_;       // a fragment's pseudo-gradient, then its decoded sum
+  std::vector<float> host_;           // the codec's side: a fragment's accumulator, or its sum
   int64_t inner_steps_ = 0;
   int in_flight_ = -1;        // the fragment whose payloads wait for its outer step
   int in_flight_ranks_ = 0;   // how many payloads it has (P when it was sent)
