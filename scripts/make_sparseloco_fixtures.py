@@ -15,7 +15,8 @@ its pseudo-gradient is theta_outer - local. Per round and rank:
 The codec as chunk_codec.h states it: tensors of 2+ dimensions as shape[0] x rest in tiles of up
 to 64 x 64 (row-major tile order), vectors in runs of up to 4096; k = min(m, max(1, ceil(density m)))
 entries of largest magnitude per chunk (ties: lower position first); scale s = max|x| / ((L-1)/2)
-over the kept entries, q = clamp(floor(x / s + L/2), 0, L-1), value (q - (L-1)/2) s, L = 2^bits.
+over the kept entries, q = clamp(floor(x / s + L/2), 0, L-1), value (q - (L-1)/2) s, L = 2^bits
+(32 bits: the values themselves; make_demo_fixtures.py uses it).
 
 The tensors are shaped to exercise the ragged tiles (65 x 66: 64 x 64, 64 x 2, 1 x 64, 1 x 2), a
 conv weight (5 x 3 x 3 x 3 -> 5 x 27), a vector (300) and a 1 x 40 row (a run); runs longer than
@@ -73,6 +74,9 @@ def encode_decode(x, chunks, bits):
         order = np.argsort(-np.abs(v), kind="stable")[:k]
         pos = np.sort(order)
         kept = v[pos]
+        if bits == 32:  # the fp32 values themselves
+            sent.append((idx[pos], kept.astype(F32)))
+            continue
         scale = F32(np.max(np.abs(kept))) / half
         if scale > 0:
             q = np.floor(kept / scale + F32(levels / 2)).astype(F32)

@@ -128,6 +128,26 @@ TEST_CASE("chunk codec: top-k per chunk, 2/4/8-bit levels within half a step, th
     CHECK(shifted[7] == 5.f);
   }
   CHECK_THROWS_WITH(comm::ChunkCodec({}, 3), Contains("sync.value_bits = 3"));
+  // 32 bits: the values themselves, no scale.
+  std::vector<float> x(100);
+  for (int i = 0; i < 100; ++i) x[static_cast<size_t>(i)] = std::sin(0.37f * static_cast<float>(i)) * static_cast<float>(i);
+  comm::Chunk run;
+  run.cols = run.stride = 100;
+  run.k = 7;
+  const comm::ChunkCodec exact({run}, 32);
+  CHECK(exact.payload_bytes() == (7 * 12 + 7) / 8 + 7 * 4);
+  std::vector<uint8_t> payload(static_cast<size_t>(exact.payload_bytes()));
+  exact.encode(x.data(), payload.data());
+  std::vector<float> out(100, 0.f);
+  exact.decode_add(payload.data(), 1.f, out.data());
+  int sent = 0;
+  for (int i = 0; i < 100; ++i)
+    if (out[static_cast<size_t>(i)] != 0.f) {
+      ++sent;
+      CHECK(out[static_cast<size_t>(i)] == x[static_cast<size_t>(i)]);
+      CHECK(std::fabs(x[static_cast<size_t>(i)]) > 80.f);  // the 7 largest of |sin(0.37 i)| i < 100
+    }
+  CHECK(sent == 7);
 }
 
 TEST_CASE("chunk codec: a zero chunk decodes to zeros; bytes at 2% and 2 bits are over 50x below fp32", "[codec]") {

@@ -241,7 +241,7 @@ TEST_CASE("diloco's rules are checked once, by the config, naming the key set la
 
 TEST_CASE("sparseloco's bad values are one line naming the key; its defaults are the paper's", "[registry]") {
   CHECK(error_of("[sync]\nmethod = \"sparseloco\"\nvalue_bits = 3\n") ==
-        "configs/x.toml: sync.value_bits = 3 must be 2, 4 or 8");
+        "configs/x.toml: sync.value_bits = 3 must be 2, 4, 8 or 32");
   CHECK_THAT(error_of("[sync]\nmethod = \"sparseloco\"\nerror_decay = 1.5\n"), Contains("sync.error_decay"));
   CHECK_THAT(error_of("[sync]\nmethod = \"sparseloco\"\nperiod = 4\nfragments = 8\n"),
              Contains("sync.fragments = 8 must be between 1 and sync.period = 4"));

@@ -45,7 +45,7 @@ class BitReader {
       buffer_ |= static_cast<uint64_t>(*in_++) << filled_;
       filled_ += 8;
     }
-    const auto value = static_cast<uint32_t>(buffer_ & ((uint64_t{1} << bits) - 1));
+    const auto value = static_cast<uint32_t>(buffer_ & ((uint64_t{1} << bits) - 1));  // bits <= 32
     buffer_ >>= bits;
     filled_ -= bits;
     return value;
@@ -60,10 +60,10 @@ class BitReader {
 int64_t packed_bytes(int64_t fields, int bits) { return (fields * bits + 7) / 8; }
 
 // (L - 1) / 2 for L = 2^bits levels: the codes' midpoint, exact in float32.
-float code_midpoint(int bits) { return static_cast<float>((1 << bits) - 1) / 2.f; }
+float code_midpoint(int bits) { return static_cast<float>((int64_t{1} << bits) - 1) / 2.f; }
 
 // The chunks of one tensor of `numel` entries at `offset` with the given shape.
-void add_tensor_chunks(int64_t offset, const models::Shape& shape, int64_t numel, double density,
+void add_tensor_chunks(int64_t offset, const models::Shape& shape, int64_t numel, double density, int64_t run,
                        std::vector<Chunk>& out) {
   auto kept = [density](int64_t m) {
     return std::min(m, std::max<int64_t>(1, static_cast<int64_t>(std::ceil(density * static_cast<double>(m)))));
@@ -71,10 +71,10 @@ void add_tensor_chunks(int64_t offset, const models::Shape& shape, int64_t numel
   const int64_t rows = shape.size() >= 2 ? shape[0] : 1;
   const int64_t cols = rows > 0 ? numel / rows : 0;
   if (rows <= 1 || cols <= 1) {  // a vector (or a matrix of one row or column): runs
-    for (int64_t at = 0; at < numel; at += kChunkRun) {
+    for (int64_t at = 0; at < numel; at += run) {
       Chunk c;
       c.begin = offset + at;
-      c.cols = std::min(kChunkRun, numel - at);
+      c.cols = std::min(run, numel - at);
       c.stride = c.cols;
       c.k = kept(c.size());
       out.push_back(c);
@@ -95,36 +95,38 @@ void add_tensor_chunks(int64_t offset, const models::Shape& shape, int64_t numel
 
 }  // namespace
 
-std::vector<Chunk> plan_chunks(const Fragment& fragment, const std::vector<models::ParamView>* views, double density) {
+std::vector<Chunk> plan_chunks(const Fragment& fragment, const std::vector<models::ParamView>* views, double density,
+                               int64_t run) {
+  if (run < 1 || run > kChunkRun) throw std::logic_error("chunk codec: runs of " + std::to_string(run));
   std::vector<Chunk> chunks;
   if (!views || views->empty()) {
-    add_tensor_chunks(fragment.begin, {fragment.size()}, fragment.size(), density, chunks);
+    add_tensor_chunks(fragment.begin, {fragment.size()}, fragment.size(), density, run, chunks);
     return chunks;
   }
   for (int64_t t = fragment.first_tensor; t < fragment.first_tensor + fragment.tensors; ++t) {
     const models::ParamView& v = (*views)[static_cast<size_t>(t)];
-    add_tensor_chunks(v.offset, v.shape, v.numel(), density, chunks);
+    add_tensor_chunks(v.offset, v.shape, v.numel(), density, run, chunks);
   }
   return chunks;
 }
 
 ChunkCodec::ChunkCodec(std::vector<Chunk> chunks, int bits) : chunks_(std::move(chunks)), bits_(bits) {
-  if (bits != 2 && bits != 4 && bits != 8)
-    throw std::invalid_argument("sync.value_bits = " + std::to_string(bits) + " must be 2, 4 or 8");
+  if (bits != 2 && bits != 4 && bits != 8 && bits != 32)
+    throw std::invalid_argument("sync.value_bits = " + std::to_string(bits) + " must be 2, 4, 8 or 32");
   for (const Chunk& c : chunks_) {
     if (c.size() > kChunkRun || c.k < 1 || c.k > c.size())
       throw std::logic_error("chunk codec: a chunk of " + std::to_string(c.size()) + " entries keeping " +
                              std::to_string(c.k));
     kept_ += c.k;
   }
-  positions_at_ = static_cast<int64_t>(chunks_.size()) * 4;
+  positions_at_ = bits_ == 32 ? 0 : static_cast<int64_t>(chunks_.size()) * 4;
   codes_at_ = positions_at_ + packed_bytes(kept_, kChunkPositionBits);
   payload_bytes_ = codes_at_ + packed_bytes(kept_, bits_);
 }
 
 void ChunkCodec::encode(const float* x, uint8_t* payload, int64_t origin) const {
   const float half = code_midpoint(bits_);
-  const float levels_half = static_cast<float>(1 << bits_) / 2.f;  // L / 2: floor(y + L/2) rounds y + (L-1)/2
+  const float levels_half = static_cast<float>(int64_t{1} << bits_) / 2.f;  // L / 2: floor(y + L/2) rounds y + (L-1)/2
   const int64_t top = (int64_t{1} << bits_) - 1;
   BitWriter positions(payload + positions_at_), codes(payload + codes_at_);
   std::vector<int32_t> order;
@@ -144,6 +146,15 @@ void ChunkCodec::encode(const float* x, uint8_t* payload, int64_t origin) const 
     };
     std::nth_element(order.begin(), order.begin() + (c.k - 1), order.end(), larger);
     std::sort(order.begin(), order.begin() + c.k);
+    if (bits_ == 32) {  // the values themselves
+      for (int64_t i = 0; i < c.k; ++i) {
+        positions.put(static_cast<uint32_t>(order[i]), kChunkPositionBits);
+        uint32_t raw;
+        std::memcpy(&raw, &x[c.at(order[i]) - origin], 4);
+        codes.put(raw, 32);
+      }
+      continue;
+    }
     float largest = 0;
     for (int64_t i = 0; i < c.k; ++i) largest = std::max(largest, std::fabs(x[c.at(order[i]) - origin]));
     const float scale = largest / half;
@@ -167,14 +178,17 @@ void ChunkCodec::decode_add(const uint8_t* payload, float sign, float* out, int6
   BitReader positions(payload + positions_at_), codes(payload + codes_at_);
   for (size_t ci = 0; ci < chunks_.size(); ++ci) {
     const Chunk& c = chunks_[ci];
-    float scale;
-    std::memcpy(&scale, payload + ci * 4, 4);
+    float scale = 0;
+    if (bits_ != 32) std::memcpy(&scale, payload + ci * 4, 4);
     for (int64_t i = 0; i < c.k; ++i) {
       const auto j = static_cast<int64_t>(positions.get(kChunkPositionBits));
-      const auto q = static_cast<float>(codes.get(bits_));
-      if (j >= c.size()) throw std::runtime_error("sparseloco: a payload names position " + std::to_string(j) +
+      const uint32_t code = codes.get(bits_);
+      if (j >= c.size()) throw std::runtime_error("chunk codec: a payload names position " + std::to_string(j) +
                                                   " in a chunk of " + std::to_string(c.size()));
-      out[c.at(j) - origin] += sign * ((q - half) * scale);
+      float value;
+      if (bits_ == 32) std::memcpy(&value, &code, 4);
+      else value = (static_cast<float>(code) - half) * scale;
+      out[c.at(j) - origin] += sign * value;
     }
   }
 }

@@ -11,6 +11,7 @@
 // Per chunk of m entries, k = min(m, ceil(density x m)) entries of largest magnitude are kept (ties:
 // the lower position in the chunk first), sent in increasing position, each as
 //   its position in the chunk, 12 bits (m <= 4,096), and
+//   its value as 32 bits (b = sync.value_bits = 32: the fp32 value itself, no scale), or
 //   a code q of b = sync.value_bits bits (2, 4 or 8): with L = 2^b levels and the chunk's scale
 //   s = max |x| / ((L - 1) / 2) over its kept entries, q = clamp(floor(x / s + L / 2), 0, L - 1),
 //   and the value it stands for is (q - (L - 1) / 2) x s: L levels evenly spaced over
@@ -21,8 +22,8 @@
 // chunk's payload independent of the others' and its error bounded by s / 2 per entry.
 //
 // Payload layout (little-endian, every rank's the same size for one fragment, so the exchange is a
-// plain allgather): the C chunk scales (fp32), then the K positions packed 12 bits each, then the K
-// codes packed b bits each (K = sum of the chunks' k; each stream padded to whole bytes).
+// plain allgather): the C chunk scales (fp32; none at 32 bits), then the K positions packed 12 bits
+// each, then the K codes packed b bits each (K = sum of the chunks' k; each stream padded to whole bytes).
 // Arithmetic is float32 throughout, in this order, so every rank decodes the same bits and
 // scripts/make_sparseloco_fixtures.py reproduces them.
 #pragma once
@@ -50,12 +51,14 @@ struct Chunk {
 };
 
 // The chunks of the tensors of `fragment` (views null or empty: the buffer [begin, end) as one 1-D
-// tensor), in tensor order, tiles row-major within a tensor.
-std::vector<Chunk> plan_chunks(const Fragment& fragment, const std::vector<models::ParamView>* views, double density);
+// tensor), in tensor order, tiles row-major within a tensor; vectors in runs of `run` (at most
+// kChunkRun; DeMo's are 64, demo.h).
+std::vector<Chunk> plan_chunks(const Fragment& fragment, const std::vector<models::ParamView>* views, double density,
+                               int64_t run = kChunkRun);
 
 class ChunkCodec {
  public:
-  // `bits`: 2, 4 or 8 (std::invalid_argument naming sync.value_bits otherwise).
+  // `bits`: 2, 4, 8 or 32 (std::invalid_argument naming sync.value_bits otherwise).
   ChunkCodec(std::vector<Chunk> chunks, int bits);
   const std::vector<Chunk>& chunks() const { return chunks_; }
   int bits() const { return bits_; }

@@ -9,6 +9,7 @@
   X(local_sgd, LocalSgdOptions)    \
   X(diloco, DilocoKeys)            \
   X(sparseloco, SparseLocoOptions) \
+  X(demo, DemoOptions)             \
   X(oktopk, OkTopkOptions)         \
   X(topka, SparseOptions)          \
   X(gaussiank, SparseOptions)      \

@@ -107,8 +107,9 @@ std::vector<SyncOptionProblem> sparseloco_problems(const SparseLocoOptions& o) {
   std::vector<SyncOptionProblem> found;
   const std::string schedule = fragment_schedule_problem(o.period, o.fragments, o.sync_delay);
   if (!schedule.empty()) found.push_back({{"sync.period", "sync.fragments", "sync.sync_delay"}, schedule});
-  if (o.value_bits != 2 && o.value_bits != 4 && o.value_bits != 8)
-    found.push_back({{"sync.value_bits"}, "sync.value_bits = " + std::to_string(o.value_bits) + " must be 2, 4 or 8"});
+  if (o.value_bits != 2 && o.value_bits != 4 && o.value_bits != 8 && o.value_bits != 32)
+    found.push_back(
+        {{"sync.value_bits"}, "sync.value_bits = " + std::to_string(o.value_bits) + " must be 2, 4, 8 or 32"});
   if (!(o.density > 0 && o.density <= 1))
     found.push_back({{"sync.density"}, "sync.density must be in (0, 1]"});
   if (!(o.error_decay >= 0 && o.error_decay <= 1))

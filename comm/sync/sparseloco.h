@@ -95,9 +95,10 @@ struct SparseLocoOptions {
           "compressing (0.95, the paper's; it stands in for DiLoCo's outer momentum).",
           closed(0, 1));
     k.key("sync.value_bits", &SparseLocoOptions::value_bits,
-          "bits per sent value: 2 (the paper's), 4 or 8, uniform levels over [-max, max] of each chunk's sent "
-          "values with one fp32 scale per chunk.",
-          closed(2, 8));
+          "bits per sent value: 2 (sparseloco's default, the paper's), 4 or 8, uniform levels over [-max, max] of "
+          "each chunk's sent values with one fp32 scale per chunk; or 32, the fp32 values themselves (demo's "
+          "default, the DeMo paper's).",
+          closed(2, 32));
   }
 };
 

@@ -9,6 +9,7 @@
 
 #include "comm/sync/async_ps.h"
 #include "comm/sync/compressor_options.h"
+#include "comm/sync/demo.h"
 #include "comm/sync/diloco.h"
 #include "comm/sync/local_sgd.h"
 #include "comm/sync/methods.h"
