@@ -2,6 +2,8 @@
 // over the ranks, in fp32 (allreduce_average) or through the low-bit sum of sync.outer_dtype
 // (allreduce_sum_quantized, then / P), either on the calling thread or overlapped with the inner
 // steps that follow (Streaming DiLoCo's delay tau: the average is needed only tau steps later).
+// SparseLoCo's allgather of its compressed fragments (comm/sync/sparseloco.h) runs the same way
+// through start_exchange().
 //
 // Overlapped: the transfer runs on a thread of its own, over a communicator of its own (split from
 // the method's, prepare()), while
