@@ -91,8 +91,10 @@ bool needs_concurrent_calls(const Config& c) {
 optim::OptimizerOptions optimizer_options(const Config& c) {
   optim::OptimizerOptions o;
   o.name = c.optim.name;
-  o.momentum = c.optim.momentum;
-  o.nesterov = c.optim.nesterov;
+  // A method that owns the momentum (sync.dgc) applies it before the optimizer sees the gradient.
+  const bool owned = sync_owns_momentum(c);
+  o.momentum = owned ? 0.0 : c.optim.momentum;
+  o.nesterov = owned ? false : c.optim.nesterov;
   o.weight_decay = c.optim.weight_decay;
   o.decoupled_weight_decay = c.optim.decoupled_weight_decay;
   o.beta1 = c.optim.beta1;

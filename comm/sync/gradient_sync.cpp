@@ -33,7 +33,10 @@ class WarmupSync final : public GradientSync {
   void gradients_ready(int64_t from) override { early_->gradients_ready(from); }
   int finish_early_sends() override { return early_->finish_early_sends(); }
   SyncStats reduce(SyncBuffers& b, int64_t step) override {
-    return step < warmup_steps_ ? dense_.reduce(b, step) : method_->reduce(b, step);
+    if (step >= warmup_steps_) return method_->reduce(b, step);
+    const SyncStats stats = dense_.reduce(b, step);
+    method_->dense_warmup_step(b);
+    return stats;
   }
   void after_step(SyncBuffers& b, int64_t step) override {
     if (step >= warmup_steps_) method_->after_step(b, step);
