@@ -15,7 +15,10 @@ with P simulated ranks, written from the equations (not from the trainer's code)
   masking              v_r = 0 and u_r = 0 where rank r's entry was selected
   sparsity warm-up     the density of step s < S: start (d / start)^(floor(s stages / S) / stages)
 and the dense warmup's steps: the average is clipped at C, then u = m u + g_avg, output u (Nesterov
-u + g_avg), the same on every rank.
+u + g_avg), the same on every rank. Coupled weight decay lambda as DGC's reference optimizer (DGCSGD)
+applies it: a dense momentum of its own, w = m w + lambda p (Nesterov w = m (w + lambda p), adding
+lambda p + w), added to the output; the parameters p are fixed here (the trainer's optimizer moves
+them between steps, which this model leaves out).
 Values are float32 as the trainer keeps them; fma(m, u, g) is computed in float64 and rounded once.
 """
 
@@ -105,8 +108,10 @@ def select(method, acc, d):
     return np.nonzero(mag >= max(t, denorm))[0]
 
 
-def run(method, p, n, steps, m, nesterov, c, dense, warmup, density, seed):
+def run(method, p, n, steps, m, nesterov, c, dense, warmup, density, seed, wd=0.0):
     rng = np.random.default_rng(seed)
+    params = rng.uniform(-2, 2, n).astype(F32)
+    w = np.zeros(n, F32)
     u = [np.zeros(n, F32) for _ in range(p)]
     v = [np.zeros(n, F32) for _ in range(p)]
     record = []
@@ -136,12 +141,16 @@ def run(method, p, n, steps, m, nesterov, c, dense, warmup, density, seed):
                 u[r][sel] = 0
             out = (total / F32(p)).astype(F32)
             step["density_target"] = d if warmup["steps"] > 0 else -1
+        if wd > 0:
+            w, decay = momentum(w, (params * F32(wd)).astype(F32), m, nesterov)
+            out = (out + decay).astype(F32)
         step["output"] = short(out)
         step["residual"] = [short(x) for x in v]
         step["velocity"] = [short(x) for x in u]
         record.append(step)
     return {"method": method, "ranks": p, "n": n, "momentum": m, "nesterov": nesterov, "clip": c,
-            "dense_warmup_steps": dense, "density": density, "warmup": warmup, "steps": record}
+            "dense_warmup_steps": dense, "density": density, "warmup": warmup, "weight_decay": wd,
+            "params": short(params), "steps": record}
 
 
 def main():
@@ -149,10 +158,10 @@ def main():
     warm = {"steps": 6, "stages": 3, "start": 0.5}
     off = {"steps": 0, "stages": 4, "start": 0.25}
     for p in (2, 4):
-        cases.append(run("topka", p, 48, 9, 0.9, False, 2.0, 2, warm, 0.1, 100 + p))
+        cases.append(run("topka", p, 48, 9, 0.9, False, 2.0, 2, warm, 0.1, 100 + p, wd=0.01))
         cases.append(run("topka", p, 48, 6, 0.9, True, 0.0, 0, off, 0.1, 200 + p))
         cases.append(run("gaussiank", p, 64, 9, 0.9, False, 2.0, 2, warm, 0.1, 300 + p))
-        cases.append(run("gaussiank", p, 64, 6, 0.8, True, 2.5, 0, off, 0.15, 400 + p))
+        cases.append(run("gaussiank", p, 64, 6, 0.8, True, 2.5, 0, off, 0.15, 400 + p, wd=0.05))
     OUT.write_text(json.dumps({"source": "scripts/make_dgc_fixtures.py", "cases": cases}, separators=(",", ":")) + "\n")
     print(f"wrote {OUT} ({len(cases)} cases)")
 

@@ -2,7 +2,8 @@
 //   - topka (exact top-k) and gaussiank (a fitted threshold) with sync.dgc against the NumPy model of
 //     the paper's equations (scripts/make_dgc_fixtures.py -> tests/fixtures/dgc_reference.json):
 //     the gradient the optimizer gets, every rank's residual and velocity, step by step, through a
-//     dense warmup, local clipping, Nesterov and the sparsity warm-up's densities;
+//     dense warmup, local clipping, Nesterov, coupled weight decay's own momentum and the sparsity
+//     warm-up's densities;
 //   - a resume from a saved state gives the same bits as the run that went on; states saved with
 //     and without sync.dgc refuse each other; the elastic resume's velocity is the ranks' mean;
 //   - the rules: adam, coupled weight decay, sync.keep_dense, sync.adaptive with a warm-up.
@@ -63,6 +64,7 @@ comm::SyncOptions options_of_case(const json& c) {
   o.momentum = c.at("momentum").get<double>();
   o.nesterov = c.at("nesterov").get<bool>();
   o.grad_clip_norm = c.at("clip").get<double>();
+  o.coupled_weight_decay = c.at("weight_decay").get<double>();
   return o;
 }
 
@@ -90,7 +92,8 @@ std::string saved(const comm::GradientSync& sync) {
 
 std::vector<std::vector<float>> run(comm::GradientSync& sync, int64_t n, int from, int to) {
   std::vector<std::vector<float>> outputs;
-  std::vector<float> params(n, 0.f);
+  std::vector<float> params(n);
+  for (int64_t i = 0; i < n; ++i) params[i] = 0.01f * static_cast<float>(i % 13) - 0.05f;
   for (int step = from; step < to; ++step) {
     std::vector<float> g = gradient(n, step);
     comm::SyncBuffers b{params.data(), g.data(), n, nullptr, 0, nullptr};
@@ -109,6 +112,7 @@ comm::SyncOptions resume_options(const char* method) {
   o.set("sync.density_warmup_stages", 3);
   o.momentum = 0.9;
   o.grad_clip_norm = 4.0;
+  o.coupled_weight_decay = 1e-3;
   return o;
 }
 
@@ -137,7 +141,7 @@ TEST_CASE("DGC's steps match the NumPy model of the paper's equations", "[dgc]")
       REQUIRE(ef);
       REQUIRE(ef->dgc());
       const auto dense = c.at("dense_warmup_steps").get<int64_t>();
-      std::vector<float> params(n, 0.f);
+      std::vector<float> params = floats(c.at("params"));
       int step = 0;
       for (const json& s : c.at("steps")) {
         INFO("step " << step);
@@ -230,8 +234,8 @@ TEST_CASE("sync.dgc's rules", "[dgc]") {
   o.optimizer = "adam";
   CHECK(has_problem(o, "optim.name"));
   o.optimizer = "sgd";
-  o.coupled_weight_decay = 1e-4;
-  CHECK(has_problem(o, "optim.weight_decay"));
+  o.coupled_weight_decay = 1e-4;  // the method's (its own momentum on lambda p), not a problem
+  CHECK_FALSE(has_problem(o, "optim.weight_decay"));
   o.coupled_weight_decay = 0;
   o.set("sync.keep_dense", std::string("x*"));
   CHECK(has_problem(o, "sync.keep_dense"));

@@ -82,8 +82,10 @@ struct SparseOptions : CompressorOptions {
           "u = m u + g, error feedback accumulates u instead of g, and u is cleared where an entry was sent "
           "(momentum factor masking). With optim.grad_clip_norm = C each rank clips its own gradient at "
           "C / sqrt(processes) before it enters u, and nothing is clipped after the sync. SGD only (an error with "
-          "adam and adamw, whose moments are not a velocity the method can carry); coupled optim.weight_decay "
-          "needs optim.decoupled_weight_decay = true; not with sync.keep_dense or sync.error_feedback = false.");
+          "adam and adamw, whose moments are not a velocity the method can carry). Coupled optim.weight_decay "
+          "moves into the method too, as in DGC's reference: a dense momentum of its own on lambda p, added "
+          "after the sync (decoupled decay stays the optimizer's). Not with sync.keep_dense or "
+          "sync.error_feedback = false.");
     k.key("sync.density_warmup_steps", &SparseOptions::density_warmup_steps,
           "DGC's sparsity warm-up: the density falls exponentially from sync.density_warmup_start to sync.density "
           "in sync.density_warmup_stages equal stages over the run's first N steps (a dense warmup's steps "

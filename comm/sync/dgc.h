@@ -16,6 +16,13 @@
 // the sync. The steps of a dense warmup (sync.dense_warmup_steps) apply the momentum to the averaged
 // gradient instead (u = m u + g_avg, output u; Nesterov u + g_avg), after clipping it at C.
 //
+// Weight decay, as DGC's reference does it (its DGCSGD optimizer): coupled decay (optim.weight_decay
+// without optim.decoupled_weight_decay) is not compressed: a second, dense velocity w = m w + lambda p
+// (Nesterov: w = m (w + lambda p), adding lambda p + w) is kept from the parameters, which every rank
+// holds equal, and added to the output after the sync. SGD with momentum on g + lambda p splits
+// exactly so, momentum being linear; the optimizer then gets no weight decay either. Decoupled
+// decay stays the optimizer's (applied to the weights, outside momentum).
+//
 // The sparsity warm-up (sync.density_warmup_steps, with or without sync.dgc) is DensityWarmup.
 #pragma once
 
@@ -36,6 +43,7 @@ struct DgcSettings {
   bool nesterov = false;  // optim.nesterov
   double clip_norm = 0;   // optim.grad_clip_norm (C; 0: no clipping)
   int ranks = 1;          // N
+  double weight_decay = 0;  // coupled optim.weight_decay (lambda; 0: none or decoupled)
 };
 
 // sync.density_warmup_*: the density of step s, falling exponentially from `start` to `target` in
@@ -65,6 +73,9 @@ class DgcMomentum {
   // A dense warmup step, after the average: clips it at C, then the same update; g becomes what the
   // optimizer applies.
   void correct_averaged(float* grad);
+  // After the step's output: the weight decay's own momentum from the parameters (equal on every
+  // rank), w = m w + lambda p, added to the output (Nesterov: lambda p + m w). No-op without decay.
+  void add_decay(float* output, const float* params);
   // Momentum factor masking after the step's selection: u = 0 where the residual was cleared. On the
   // host from the residual's pending clears; on a device the passes clear u with the residual
   // (ErrorFeedback::set_cleared_with), so this does nothing there.
@@ -73,24 +84,32 @@ class DgcMomentum {
   float* device_velocity();
   // The velocity as host floats (empty before the first step), for tests and checkpoints.
   std::vector<float> values() const;
+  // The weight decay's velocity w, the same way.
+  std::vector<float> decay_values() const;
 
-  // A count, a presence byte and the raw floats (as ErrorFeedback::save).
+  // u, then w: each a count, a presence byte and the raw floats (as ErrorFeedback::save).
   void save(std::ostream& out) const;
   void load(std::istream& in);  // throws std::runtime_error naming what does not match
-  // Elastic resume: the mean of the saved ranks' velocities (rank_mean.h).
+  // Elastic resume: the mean of the saved ranks' velocities (rank_mean.h); w is the same on every
+  // rank, so its mean is itself.
   void load_mean(const std::vector<std::istream*>& saved);
 
  private:
-  float* storage();  // allocated (zero) where the velocity lives
+  // n floats where the velocity lives: host memory or the device's, allocated (zero) on first use.
+  struct Buffer {
+    std::vector<float> host;
+    models::DeviceBuffer device;
+  };
+  float* storage(Buffer& b);
+  std::vector<float> read(const Buffer& b) const;
+  void adopt(Buffer& b, std::vector<float> values);
   void update(float* grad, double clip_at);
-  void adopt(std::vector<float> u);
 
   int64_t n_;
   models::Backend& backend_;
   bool on_host_;
   DgcSettings settings_;
-  std::vector<float> host_;
-  models::DeviceBuffer on_device_;
+  Buffer velocity_, decay_, scratch_;
 };
 
 }  // namespace trainer::comm

@@ -59,7 +59,10 @@ SyncStats ErrorFeedbackSync::reduce(SyncBuffers& b, int64_t step) {
   ErrorFeedback::Step feedback(ef_, b.grads);
   SyncStats stats = compress(b, step, feedback);
   if (!feedback.formed()) throw std::logic_error(name() + ": a compressed step that never formed acc = grad + residual");
-  if (dgc_) dgc_->mask(ef_);  // momentum factor masking: u = 0 where the residual was cleared
+  if (dgc_) {
+    dgc_->mask(ef_);  // momentum factor masking: u = 0 where the residual was cleared
+    dgc_->add_decay(b.grads, b.params);
+  }
   if (!keep_residual_) ef_.clear_all();
   if (warmup_.on()) stats.density_target = high_setting_;
   if (accordion_) {
@@ -77,7 +80,9 @@ SyncStats ErrorFeedbackSync::reduce(SyncBuffers& b, int64_t step) {
 }
 
 void ErrorFeedbackSync::dense_warmup_step(SyncBuffers& b) {
-  if (dgc_) dgc_->correct_averaged(b.grads);
+  if (!dgc_) return;
+  dgc_->correct_averaged(b.grads);
+  dgc_->add_decay(b.grads, b.params);
 }
 
 void ErrorFeedbackSync::enable_dgc(const DgcSettings& settings) {
@@ -103,6 +108,8 @@ std::string ErrorFeedbackSync::dgc_note() const {
     out << "\nDGC (sync.dgc): this method owns SGD's momentum (optim.momentum = " << s.momentum
         << (s.nesterov ? ", Nesterov" : "") << "; the optimizer steps without it): per rank u = m u + g, the "
         << "residual accumulates u, u cleared where an entry was sent (momentum factor masking)";
+    if (s.weight_decay > 0)
+      out << "; coupled weight decay " << s.weight_decay << " with its own dense momentum, added after the sync";
     if (s.clip_norm > 0)
       out << "; local clipping: each rank's gradient at optim.grad_clip_norm / sqrt(" << s.ranks
           << ") = " << s.clip_norm / std::sqrt(static_cast<double>(s.ranks))

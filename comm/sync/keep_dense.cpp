@@ -111,12 +111,6 @@ SyncMethod sparse_method(std::string name, std::string doc, SparseFactory make) 
                               "\": DGC carries SGD's momentum in the method (a velocity accumulated into the residual); "
                               "Adam's moments normalize the averaged gradient per entry after the sync and cannot move "
                               "before it"});
-    if (s.dgc && o.coupled_weight_decay > 0)
-      problems.push_back({{"sync.dgc", "optim.weight_decay", "optim.decoupled_weight_decay"},
-                          "sync.dgc with optim.weight_decay = " + number(o.coupled_weight_decay) +
-                              " needs optim.decoupled_weight_decay = true: coupled decay would lose the momentum the "
-                              "optimizer no longer has (DGC's reference keeps a momentum for the decay term in its "
-                              "optimizer; not implemented here)"});
     const bool warmup = s.density_warmup_steps > 0 || s.density_warmup_epochs > 0;
     if (s.density_warmup_steps > 0 && s.density_warmup_epochs > 0)
       problems.push_back({{"sync.density_warmup_steps", "sync.density_warmup_epochs"},
@@ -155,7 +149,8 @@ SyncMethod sparse_method(std::string name, std::string doc, SparseFactory make) 
       // The lists are host arrays: on a device run, the MPI side of the device's communicator.
       std::unique_ptr<ErrorFeedbackSync> sparse = make(o, c.comm.host_side(), count, c.backend);
       sparse->set_keep_residual(s.error_feedback);
-      if (s.dgc) sparse->enable_dgc(DgcSettings{o.momentum, o.nesterov, o.grad_clip_norm, c.comm.size()});
+      if (s.dgc)
+        sparse->enable_dgc(DgcSettings{o.momentum, o.nesterov, o.grad_clip_norm, c.comm.size(), o.coupled_weight_decay});
       DensityWarmup warmup;
       warmup.steps = s.density_warmup_steps > 0 ? s.density_warmup_steps : s.density_warmup_epochs * o.steps_per_epoch;
       warmup.start = s.density_warmup_start;
