@@ -138,9 +138,9 @@ SyncMethod sparse_method(std::string name, std::string doc, SparseFactory make) 
     std::vector<std::string> notes = short_warmup_notes(r);
     if (options_of<SparseOptions>(r.sync).dgc)
       notes.push_back("note: sync.dgc: " + r.sync.method + " owns SGD's momentum (optim.momentum = " + number(r.momentum) +
-                      ", with optim.nesterov) and optim.grad_clip_norm (each rank clips its own gradient at C / "
-                      "sqrt(processes) before the momentum); the optimizer steps without momentum and nothing is "
-                      "clipped after the sync");
+                      " and optim.nesterov), the coupled optim.weight_decay, and optim.grad_clip_norm when set (each "
+                      "rank clips its own gradient at C / sqrt(processes) before the momentum); the optimizer steps "
+                      "without momentum and nothing is clipped after the sync");
     return notes;
   };
   m.make = [make](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
