@@ -440,6 +440,10 @@ class SyncOps {
                                float* y) = 0;
   // y[index[j]] = value for j < count (error feedback's clears).
   virtual void scatter_fill(int64_t count, const int32_t* index, float value, float* y) = 0;
+  // DGC's momentum correction (comm/sync/dgc.h), per entry: velocity = fma(m, velocity, grad) and
+  // grad = velocity; with `nesterov`, t = velocity + grad, velocity = m * t and grad = fma(m, t, grad)
+  // (the new velocity plus the gradient, rounded once). Float32, the same rounding on every device.
+  virtual void momentum_correction(int64_t n, float momentum, bool nesterov, float* velocity, float* grad) = 0;
 
   // ---- Low-rank gradient sync (PowerSGD, comm/sync/powersgd.h).
   // Makes each matrix's columns orthonormal, in place, by Gram-Schmidt with dot products in double:

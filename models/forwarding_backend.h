@@ -188,6 +188,9 @@ class ForwardingBackend : public Backend {
   void scatter_fill(int64_t count, const int32_t* index, float value, float* y) override {
     inner_.scatter_fill(count, index, value, y);
   }
+  void momentum_correction(int64_t n, float momentum, bool nesterov, float* velocity, float* grad) override {
+    inner_.momentum_correction(n, momentum, nesterov, velocity, grad);
+  }
   void orthonormalize_columns(const std::vector<TallMatrix>& batch) override { inner_.orthonormalize_columns(batch); }
   void subtract(int64_t n, const float* a, const float* b, float* y) override { inner_.subtract(n, a, b, y); }
   void lerp(int64_t n, const float* start, float weight, float* y) override { inner_.lerp(n, start, weight, y); }

@@ -2,8 +2,8 @@
 // comm/sync/sparse_passes.h): each backend op on random inputs (outputs poisoned with NaN first),
 // exactly, since they are integer counts, compactions and single float adds (GaussianK's double sums
 // to 1e-12); then each sparse method on the CUDA backend against the same method on the CPU over 12
-// steps (a dense warmup of 2, exact and reused thresholds): every output bit for bit and the saved
-// state byte for byte. PowerSGD (models/cuda/low_rank.cu): Gram-Schmidt within float rounding (its
+// steps (a dense warmup of 2, exact and reused thresholds; and with sync.dgc, its velocity on the
+// device): every output bit for bit and the saved state byte for byte. PowerSGD (models/cuda/low_rank.cu): Gram-Schmidt within float rounding (its
 // double sums run in another order), subtract exactly, and whole PowerSGD steps within 1e-4.
 // DiLoCo (the outer steps on the device): lerp exactly, and whole DiLoCo steps within float
 // rounding. Under mpiexec (scripts/gpu_check.sh: P = 2, 3 sharing the GPU through staged MPI) the
@@ -15,6 +15,7 @@
 
 #include <cstring>
 #include <sstream>
+#include <utility>
 
 #include "comm/communicator.h"
 #include "comm/staged_communicator.h"
@@ -135,6 +136,21 @@ TEST_CASE("accumulate_moments, sparse_to_dense and scatter_fill", "[sparse]") {
   }
 }
 
+TEST_CASE("momentum_correction (DGC's velocity) gives the CPU's bits", "[sparse][dgc]") {
+  for (int64_t n : kSizes) {
+    for (const bool nesterov : {false, true}) {
+      INFO("n = " << n << (nesterov ? ", Nesterov" : ""));
+      const auto grad = gradient_like(n, 11 + n), velocity = gradient_like(n, 12 + n);
+      std::vector<float> cpu_u = velocity, cpu_g = grad;
+      cpu().momentum_correction(n, 0.9f, nesterov, cpu_u.data(), cpu_g.data());
+      GpuArray u(velocity), g(grad);
+      gpu().momentum_correction(n, 0.9f, nesterov, u.data(), g.data());
+      CHECK(u.host() == cpu_u);
+      CHECK(g.host() == cpu_g);
+    }
+  }
+}
+
 // Each sparse op once at the paper's gradient size (n = 27,569,568, Ok-Top-k's density
 // 0.02): grids of thousands of blocks, offsets past 2^24, the 64-bit block counts. Hidden ([.][large]:
 // a few hundred MB on both sides and seconds of CPU reference), run by scripts/gpu_check.sh.
@@ -200,12 +216,22 @@ TEST_CASE("every sparse method on the GPU gives the CPU's outputs and state, bit
   constexpr int kSteps = 12;
   std::vector<const char*> methods{"oktopk", "topka", "gaussiank"};
   if ((world.size() & (world.size() - 1)) == 0) methods.push_back("gtopk");
-  for (const char* name : methods) {
-    SECTION(name) {
+  std::vector<std::pair<const char*, bool>> runs;  // each method without and with sync.dgc
+  for (const char* name : methods)
+    for (const bool dgc : {false, true}) runs.emplace_back(name, dgc);
+  for (const auto& [name, dgc] : runs) {
+    SECTION(std::string(name) + (dgc ? ", sync.dgc and a sparsity warm-up" : "")) {
       comm::SyncOptions o;
       o.method = name;
       o.set("sync.density", 0.02);
       o.dense_warmup_steps = 2;
+      if (dgc) {  // the velocity and the decay's on the device; no clipping (its norm sums in another order)
+        o.set("sync.dgc", true);
+        o.set("sync.density_warmup_steps", 8);
+        o.momentum = 0.9;
+        o.nesterov = true;
+        o.coupled_weight_decay = 1e-3;
+      }
       o.set("sync.local_threshold_every", 3);
       o.set("sync.global_threshold_every", 2);
       o.set("sync.region_every", 4);
@@ -215,7 +241,7 @@ TEST_CASE("every sparse method on the GPU gives the CPU's outputs and state, bit
       comm::StagedCommunicator staged(world, gpu());
       o.backend = &gpu();
       auto device = comm::make_gradient_sync(o, staged, n, nullptr);
-      std::vector<float> params(n, 0.f);
+      std::vector<float> params = gradient_like(n, 7);  // DGC's weight decay reads them
       GpuArray gparams(params), ggrads(n);
       for (int step = 0; step < kSteps; ++step) {
         INFO("step " << step);

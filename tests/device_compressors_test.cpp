@@ -135,6 +135,39 @@ TEST_CASE("the sparse methods on device buffers give the host path's bits", "[sp
   }
 }
 
+TEST_CASE("sync.dgc and the sparsity warm-up on device buffers give the host path's bits", "[sparse][device][dgc]") {
+  // The velocity is a device buffer there: its update is Backend::momentum_correction, its masking
+  // the device passes' clears (DgcMomentum, comm/sync/dgc.h); on the host the pending clears.
+  constexpr int kSteps = 14;
+  for (const char* name : methods()) {
+    for (const bool nesterov : {false, true}) {
+      SECTION(std::string(name) + (nesterov ? ", Nesterov" : "")) {
+        comm::SyncOptions o = options(name);
+        o.set("sync.dgc", true);
+        o.set("sync.density_warmup_steps", 8);
+        o.set("sync.density_warmup_stages", 2);
+        o.momentum = 0.9;
+        o.nesterov = nesterov;
+        o.grad_clip_norm = 40.0;  // binds: the gradients' norm is about 75 per rank
+        auto host = comm::make_gradient_sync(o, comm::world(), kEntries, nullptr);
+        models::DeviceLikeCpu device;
+        comm::SyncOptions od = o;
+        od.backend = &device;
+        auto on_device = comm::make_gradient_sync(od, comm::world(), kEntries, nullptr);
+        CHECK_THAT(on_device->describe(), !Catch::Contains("through host memory"));
+        check_same_steps(train(*host, models::host_memory(), 0, kSteps), train(*on_device, device, 0, kSteps));
+        CHECK(saved(*host) == saved(*on_device));
+        // Resumed on the other side, the same bits as the run that went on.
+        auto resumed = comm::make_gradient_sync(o, comm::world(), kEntries, nullptr);
+        std::istringstream state(saved(*on_device));
+        resumed->load(state);
+        check_same_steps(train(*resumed, models::host_memory(), kSteps, kSteps + 4),
+                         train(*on_device, device, kSteps, kSteps + 4));
+      }
+    }
+  }
+}
+
 TEST_CASE("a sparse method's checkpoint resumes across host and device", "[sparse][device]") {
   for (const char* name : methods()) {
     SECTION(name) {

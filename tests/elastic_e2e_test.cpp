@@ -247,6 +247,25 @@ TEST_CASE("Elastic resume P = 4 -> 2 -> 4 through one epoch, every method", "[mp
   }
 }
 
+TEST_CASE("Elastic resume with sync.dgc: P = 4 -> 2, the velocity the saved ranks' mean", "[mpi][elastic][dgc]") {
+  // DGC's velocity is a rank's own state, like the residual (comm/sync/dgc.h): a resume on another
+  // number of ranks takes their mean, which keeps what the average update still owes.
+  const std::string sync = "--set sync.method=topka --set sync.density=0.02 --set sync.dense_warmup_steps=2"
+                           " --set sync.dgc=true --set sync.density_warmup_steps=8 --set optim.grad_clip_norm=1"
+                           " --set train.max_steps=12 --set train.checkpoint_every=6 --set train.log_every_steps=2";
+  TempDir run("elastic_dgc");
+  Outcome first = run_command(trainer::testing::small_cifar_command(4, run.path, sync + " --stop-after 6"));
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  Outcome second = run_command(trainer::testing::small_cifar_command(2, run.path, sync + " --resume latest"));
+  INFO(second.output);
+  REQUIRE(second.exit_code == 0);
+  CHECK_THAT(second.output, Contains("residual and DGC velocity: the mean of the 4 saved ranks'"));
+  const auto l = losses(run.path);
+  for (const auto& [step, loss] : l) CHECK(std::isfinite(loss));
+  CHECK(std::fabs(mean_loss(l, 6, 12) - mean_loss(l, 0, 6)) < 0.5);
+}
+
 TEST_CASE("A P = 4 checkpoint resumes on P = 3: uneven shares weighted to the mean over the global batch",
           "[mpi][elastic]") {
   // Frozen BN: a step's gradient is the mean of its samples' gradients whatever the split, so 3

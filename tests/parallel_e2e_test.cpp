@@ -119,6 +119,54 @@ TEST_CASE("Resume is bit-identical across a switch of sync.adaptive", "[mpi][res
   }
 }
 
+TEST_CASE("Resume is bit-identical with sync.dgc and the sparsity warm-up", "[mpi][resume][dgc]") {
+  // DGC's velocity (comm/sync/dgc.h) follows the residual in the state; the warm-up's densities
+  // (steps 0-3 at 0.2, 4-7 at 0.093, 8-11 at 0.043, then 0.02) switch after steps 7 and 11, so the
+  // runs resumed from steps 7 and 10 start mid-stage and cross a switch. Local clipping binds.
+  const int P = 2;
+  for (const std::string method : {"topka", "oktopk"}) {
+    SECTION(method) {
+      const std::string sync = "--set sync.method=" + method + " --set sync.dense_warmup_steps=2" +
+                               " --set sync.dgc=true --set sync.density=0.02 --set sync.density_warmup_steps=12"
+                               " --set sync.density_warmup_stages=3 --set sync.density_warmup_start=0.2"
+                               " --set optim.grad_clip_norm=0.5 --set train.max_steps=16"
+                               " --set train.checkpoint_every=5 --set train.log_every_steps=1";
+      TempDir ref("ref_dgc_" + method);
+      const Outcome reference = run(trainer_command(P, ref.path, sync));
+      INFO(reference.output);
+      REQUIRE(reference.exit_code == 0);
+      std::ifstream metrics(ref.path / "metrics.jsonl");
+      std::map<int64_t, double> target;
+      for (std::string line; std::getline(metrics, line);) {
+        const auto rec = nlohmann::json::parse(line);
+        if (rec.contains("density_target")) target[rec["step"].get<int64_t>()] = rec["density_target"].get<double>();
+      }
+      CHECK(target.count(2) == 0);  // steps 0 and 1: dense
+      CHECK(target[4] == Approx(0.2));   // the record of step 3
+      CHECK(target[5] == Approx(0.2 * std::pow(0.1, 1.0 / 3)));
+      CHECK(target[12] == Approx(0.2 * std::pow(0.1, 2.0 / 3)));
+      CHECK(target[13] == Approx(0.02));
+      for (int stop : {7, 10}) {
+        TempDir part("part_dgc_" + method + std::to_string(stop));
+        Outcome first = run(trainer_command(P, part.path, sync + " --stop-after " + std::to_string(stop)));
+        INFO(first.output);
+        REQUIRE(first.exit_code == 0);
+        Outcome second = run(trainer_command(P, part.path, sync + " --resume latest"));
+        INFO(second.output);
+        REQUIRE(second.exit_code == 0);
+        CHECK_THAT(second.output, Contains("resumed from"));
+        require_identical_states(ref.path / "checkpoints/step_16", part.path / "checkpoints/step_16", P);
+        if (stop == 10) {
+          Outcome plain = run(trainer_command(P, part.path, sync + " --set sync.dgc=false --resume latest"));
+          // The optimizer's state is read first: with sync.dgc it kept no momentum buffer.
+          CHECK(plain.exit_code != 0);
+          CHECK_THAT(plain.output, Contains("momentum buffer of 0 elements"));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("Resume is bit-identical with adam and adamw, and another optimizer's state is a clear error", "[mpi][resume]") {
   // Adam's state is its moments and the step count (the bias corrections depend on it). adamw runs
   // under local_sgd, where every rank steps its own optimizer, so each rank's state must come back.

@@ -7,7 +7,20 @@ namespace trainer {
 comm::SyncOptions sync_options(const Config& c) {
   comm::SyncOptions o(c.sync);
   o.seed = static_cast<uint64_t>(c.experiment.seed);
+  o.momentum = c.optim.momentum;
+  o.nesterov = c.optim.nesterov;
+  o.grad_clip_norm = c.optim.grad_clip_norm;
+  o.optimizer = c.optim.name;
+  o.coupled_weight_decay = c.optim.name != "adamw" && !c.optim.decoupled_weight_decay ? c.optim.weight_decay : 0.0;
   return o;
+}
+
+bool sync_owns_momentum(const Config& c) {
+  return comm::method_owns_momentum(comm::sync_method(c.sync.method), sync_options(c));
+}
+
+double trainer_clip_norm(const Config& c) {
+  return comm::method_owns_clipping(comm::sync_method(c.sync.method), sync_options(c)) ? 0.0 : c.optim.grad_clip_norm;
 }
 
 comm::SyncRecipe sync_recipe(const Config& c, int64_t total_steps) {

@@ -16,6 +16,13 @@ namespace trainer {
 // schedule are the experiment's to fill in (trainer/experiment.cpp).
 comm::SyncOptions sync_options(const Config& config);
 
+// Whether the method owns SGD's momentum with these settings (its spec's owns_momentum: sync.dgc):
+// the optimizer is then built without momentum.
+bool sync_owns_momentum(const Config& config);
+// optim.grad_clip_norm as the trainer applies it after the sync: 0 when the method clips itself
+// (its spec's owns_clipping: DGC's local clipping).
+double trainer_clip_norm(const Config& config);
+
 // What the method's defaults and start notes see of the run; total_steps 0 when not known yet.
 comm::SyncRecipe sync_recipe(const Config& config, int64_t total_steps = 0);
 

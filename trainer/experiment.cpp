@@ -91,9 +91,12 @@ bool needs_concurrent_calls(const Config& c) {
 optim::OptimizerOptions optimizer_options(const Config& c) {
   optim::OptimizerOptions o;
   o.name = c.optim.name;
-  o.momentum = c.optim.momentum;
-  o.nesterov = c.optim.nesterov;
-  o.weight_decay = c.optim.weight_decay;
+  // A method that owns the momentum (sync.dgc) applies it before the optimizer sees the gradient.
+  const bool owned = sync_owns_momentum(c);
+  o.momentum = owned ? 0.0 : c.optim.momentum;
+  o.nesterov = owned ? false : c.optim.nesterov;
+  // ... and the coupled weight decay (its own momentum, comm/sync/dgc.h); decoupled decay stays here.
+  o.weight_decay = owned && !c.optim.decoupled_weight_decay && c.optim.name != "adamw" ? 0.0 : c.optim.weight_decay;
   o.decoupled_weight_decay = c.optim.decoupled_weight_decay;
   o.beta1 = c.optim.beta1;
   o.beta2 = c.optim.beta2;

@@ -38,6 +38,7 @@ void IntervalMetrics::close_step(const StepRecord& step, const StepPosition& at,
     steps_ += 1;
     samples_ += step.samples;
     correct_ += step.correct;
+    if (step.stats.density_target >= 0) density_target_ = step.stats.density_target;
     if (step.stats.low_compression >= 0) {
       low_sum_ += step.stats.low_compression;
       low_steps_ += 1;
@@ -85,6 +86,8 @@ void IntervalMetrics::report(const StepRecord& last, const StepPosition& at, boo
   // sync.adaptive: the share of the compressed entries sent at the low-compression setting, mean over
   // the interval's adaptive steps (comm/sync/accordion.h)
   if (low_steps_ > 0) record["low_compression"] = low_sum_ / static_cast<double>(low_steps_);
+  // sync.density_warmup_*: the density the sparse selection aimed at in the interval's last step
+  if (density_target_ >= 0) record["density_target"] = density_target_;
   if (tau_max_ >= 0) {  // async_ps: rank 0's gradients' staleness at the servers, and their lr
     record["staleness_mean"] = tau_sum_ * k;
     record["staleness_max"] = tau_max_;
@@ -97,6 +100,7 @@ void IntervalMetrics::reset(int64_t global) {
   times_ = StepTimes{};
   loss_sum_ = density_sum_ = tau_sum_ = low_sum_ = 0;
   low_steps_ = 0;
+  density_target_ = -1;
   steps_ = samples_ = correct_ = skipped_ = sent_ = received_ = 0;
   tau_max_ = -1;
   start_ = Clock::now();

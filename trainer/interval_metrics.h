@@ -59,6 +59,7 @@ class IntervalMetrics {
   StepTimes times_;
   double loss_sum_ = 0, density_sum_ = 0, tau_sum_ = 0, low_sum_ = 0;
   int64_t low_steps_ = 0;
+  double density_target_ = -1;  // the last applied step's SyncStats::density_target
   int64_t steps_ = 0, samples_ = 0, correct_ = 0, skipped_ = 0, sent_ = 0, received_ = 0, tau_max_ = -1;
   comm::Phase phase_ = comm::Phase::kDense;  // of the last applied step (kept across intervals)
   std::chrono::steady_clock::time_point start_;

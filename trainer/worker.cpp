@@ -252,7 +252,7 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
                                                  task_.parameters())
                             : make_lockstep_clock(world, *e_.backend, task_.parameters())),
       update_(make_update_rule(remote_update_, *e_.sync, *e_.optimizer, *e_.backend, task_.parameters(),
-                               sync_buffers_, config.optim.grad_clip_norm)),
+                               sync_buffers_, trainer_clip_norm(config))),
       keeper_(config, task_.parameters(), task_.buffers(), world),
       guard_(config.train.skip_nonfinite_steps, task_.buffers(), [this] { return keeper_.last_note(); }),
       spans_(world.log(), config.comm.trace_first_step, config.comm.trace_steps) {
@@ -300,7 +300,7 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
                                       : cuda_graph_refusal(config, *e_.backend, task_, e_.sync_on_device, training.size());
   if (!refusal)
     graph_ = std::make_unique<StepGraph>(*e_.backend, task_, *e_.sync, *e_.optimizer, sync_buffers_, world.log(),
-                                         config.optim.grad_clip_norm, config.train.skip_nonfinite_steps > 0);
+                                         trainer_clip_norm(config), config.train.skip_nonfinite_steps > 0);
   else if (!refusal->empty())
     say(*refusal);
 }

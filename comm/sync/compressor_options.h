@@ -54,6 +54,11 @@ struct CompressorOptions {
 struct SparseOptions : CompressorOptions {
   double density = 0.1;           // k = ceil(density * n) entries per step
   double adaptive_density = 0.1;  // under adaptive: the density of critical regimes
+  bool dgc = false;                   // Deep Gradient Compression's momentum correction (dgc.h)
+  int64_t density_warmup_steps = 0;   // DGC's sparsity warm-up (dgc.h DensityWarmup); 0: off
+  int64_t density_warmup_epochs = 0;  // the same in epochs (steps_per_epoch each)
+  double density_warmup_start = 0.25;
+  int64_t density_warmup_stages = 4;
 
   template <class Keys>
   static void declare(Keys& k) {
@@ -71,6 +76,32 @@ struct SparseOptions : CompressorOptions {
           "kept 99% against 10% or 25% of each layer; 0.1 is ten times sync.density's default under "
           "sync.adaptive (0.01).",
           open_closed(0, 1));
+    k.key("sync.dgc", &SparseOptions::dgc,
+          "Deep Gradient Compression (Lin et al., ICLR 2018; docs/methods.md): the method owns SGD's momentum "
+          "(optim.momentum, optim.nesterov) and the optimizer steps without it. Each rank keeps a velocity "
+          "u = m u + g, error feedback accumulates u instead of g, and u is cleared where an entry was sent "
+          "(momentum factor masking). With optim.grad_clip_norm = C each rank clips its own gradient at "
+          "C / sqrt(processes) before it enters u, and nothing is clipped after the sync. SGD only (an error with "
+          "adam and adamw, whose moments are not a velocity the method can carry). Coupled optim.weight_decay "
+          "moves into the method too, as in DGC's reference: a dense momentum of its own on lambda p, added "
+          "after the sync (decoupled decay stays the optimizer's). Not with sync.keep_dense or "
+          "sync.error_feedback = false.");
+    k.key("sync.density_warmup_steps", &SparseOptions::density_warmup_steps,
+          "DGC's sparsity warm-up: the density falls exponentially from sync.density_warmup_start to sync.density "
+          "in sync.density_warmup_stages equal stages over the run's first N steps (a dense warmup's steps "
+          "included), start * (density / start)^(i / stages) in stage i, then sync.density. 0: off. The density in "
+          "use is the metrics' density_target field. Not with sync.adaptive, which sets the density itself.",
+          at_least(0));
+    k.key("sync.density_warmup_epochs", &SparseOptions::density_warmup_epochs,
+          "the sparsity warm-up's length in epochs instead of steps (DGC: 4); not together with "
+          "sync.density_warmup_steps. 0: off.",
+          at_least(0));
+    k.key("sync.density_warmup_start", &SparseOptions::density_warmup_start,
+          "the sparsity warm-up's first density (DGC: 0.25, above sync.density).", open_closed(0, 1));
+    k.key("sync.density_warmup_stages", &SparseOptions::density_warmup_stages,
+          "the sparsity warm-up's number of stages at constant density (DGC: 4: 25%, 6.25%, 1.56%, 0.4%, then "
+          "0.1%).",
+          at_least(1));
   }
 };
 

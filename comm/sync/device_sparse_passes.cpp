@@ -167,6 +167,8 @@ class DeviceSparsePasses final : public SparsePasses {
     cleared_.reserve(count);
     backend_.copy_to_device(cleared_.data(), index, count * sizeof(int32_t));
     backend_.scatter_fill(count, ints(cleared_), 0.f, acc_);
+    // DGC's momentum masking (dgc.h): the velocity is cleared where the residual is.
+    if (float* velocity = ef_->cleared_with()) backend_.scatter_fill(count, ints(cleared_), 0.f, velocity);
   }
 
   models::Backend& backend_;

@@ -64,6 +64,13 @@ class ErrorFeedback {
   // The deferred-clear flags themselves (one bit per entry, 16 per word), for a pass that decides
   // what to clear (write_sparse_output); flags set there are applied like clear()'s.
   uint16_t* clear_flags();
+  // The clears deferred since the last selection pass (one bit per entry, 16 per word), or null when
+  // none are: after a step, exactly what it sent (DGC's momentum masking reads them, dgc.h).
+  const uint16_t* pending_clears() const { return has_pending_ ? pending_.data() : nullptr; }
+  // On a device: a second buffer of n floats (DGC's velocity) that the device passes clear wherever
+  // they clear the residual; null: none.
+  void set_cleared_with(float* companion) { cleared_with_ = companion; }
+  float* cleared_with() const { return cleared_with_; }
   // Sets the whole residual to zero (pending clears dropped): what a step leaves behind when the
   // method runs without error feedback (sync.error_feedback = false).
   void clear_all();
@@ -115,6 +122,8 @@ class ErrorFeedback {
     uint16_t* sent_flags();
     void sent_approximately(int64_t at, const float* approx, int64_t count);
     bool formed() const { return state_ != State::kFresh; }
+    // ErrorFeedback::cleared_with(): the device passes clear it where they clear the residual.
+    float* cleared_with() const { return ef_.cleared_with(); }
 
    private:
     enum class State { kFresh, kWhole, kRanges };
@@ -140,6 +149,7 @@ class ErrorFeedback {
   std::vector<float> residual_;
   std::vector<uint16_t> pending_;  // one bit per entry; all zero when has_pending_ is false
   bool has_pending_ = false;
+  float* cleared_with_ = nullptr;
 };
 
 }  // namespace trainer::comm

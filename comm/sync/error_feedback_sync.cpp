@@ -1,6 +1,7 @@
 #include "comm/sync/error_feedback_sync.h"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -48,10 +49,22 @@ SyncStats ErrorFeedbackSync::reduce(SyncBuffers& b, int64_t step) {
   if (b.n != ef_.size())
     throw std::invalid_argument(name() + ": gradient of " + std::to_string(b.n) + " entries, the method was built for " +
                                 std::to_string(ef_.size()));
+  if (warmup_.on()) apply_density(warmup_.density_at(step), /*fresh=*/true);
+  if (dgc_) {
+    // u = m u + g: what error feedback accumulates from here on is the velocity, not g.
+    dgc_->correct_local(b.grads);
+    // ef_ may have been replaced by a load since the last step: the passes find u again here.
+    if (ef_.device()) ef_.set_cleared_with(dgc_->device_velocity());
+  }
   ErrorFeedback::Step feedback(ef_, b.grads);
-  const SyncStats stats = compress(b, step, feedback);
+  SyncStats stats = compress(b, step, feedback);
   if (!feedback.formed()) throw std::logic_error(name() + ": a compressed step that never formed acc = grad + residual");
+  if (dgc_) {
+    dgc_->mask(ef_);  // momentum factor masking: u = 0 where the residual was cleared
+    dgc_->add_decay(b.grads, b.params);
+  }
   if (!keep_residual_) ef_.clear_all();
+  if (warmup_.on()) stats.density_target = high_setting_;
   if (accordion_) {
     SyncStats adaptive = stats;
     adaptive.low_compression = accordion_->low_fraction();  // the setting this step ran at
@@ -64,6 +77,92 @@ SyncStats ErrorFeedbackSync::reduce(SyncBuffers& b, int64_t step) {
     return adaptive;
   }
   return stats;
+}
+
+void ErrorFeedbackSync::dense_warmup_step(SyncBuffers& b) {
+  if (!dgc_) return;
+  dgc_->correct_averaged(b.grads);
+  dgc_->add_decay(b.grads, b.params);
+}
+
+void ErrorFeedbackSync::enable_dgc(const DgcSettings& settings) {
+  dgc_ = std::make_unique<DgcMomentum>(ef_.size(), ef_.device() ? *ef_.device() : models::cpu_backend(), settings);
+}
+
+void ErrorFeedbackSync::enable_density_warmup(const DensityWarmup& warmup) {
+  if (accordion_) throw std::invalid_argument("sync.density_warmup_steps: not with sync.adaptive, which sets the density itself");
+  warmup_ = warmup;
+  if (warmup_.on()) apply_density(warmup_.density_at(0), /*fresh=*/false);
+}
+
+void ErrorFeedbackSync::apply_density(double density, bool fresh) {
+  if (density == high_setting_) return;
+  high_setting_ = density;
+  adapt(std::vector<uint8_t>{0}, fresh);  // one group, at its "high compression" setting: the density
+}
+
+std::string ErrorFeedbackSync::dgc_note() const {
+  std::ostringstream out;
+  if (dgc_) {
+    const DgcSettings& s = dgc_->settings();
+    out << "\nDGC (sync.dgc): this method owns SGD's momentum (optim.momentum = " << s.momentum
+        << (s.nesterov ? ", Nesterov" : "") << "; the optimizer steps without it): per rank u = m u + g, the "
+        << "residual accumulates u, u cleared where an entry was sent (momentum factor masking)";
+    if (s.weight_decay > 0)
+      out << "; coupled weight decay " << s.weight_decay << " with its own dense momentum, added after the sync";
+    if (s.clip_norm > 0)
+      out << "; local clipping: each rank's gradient at optim.grad_clip_norm / sqrt(" << s.ranks
+          << ") = " << s.clip_norm / std::sqrt(static_cast<double>(s.ranks))
+          << " before the momentum, nothing clipped after the sync";
+  }
+  if (warmup_.on()) {
+    out << "\nsparsity warm-up (sync.density_warmup_*): density";
+    for (int64_t i = 0; i < warmup_.stages; ++i)
+      out << " " << warmup_.start * std::pow(warmup_.target / warmup_.start, static_cast<double>(i) / warmup_.stages);
+    out << " in " << warmup_.stages << " stages over " << warmup_.steps << " steps, then " << warmup_.target;
+  }
+  return out.str();
+}
+
+void ErrorFeedbackSync::save_dgc(std::ostream& out) const {
+  if (!dgc_ && !warmup_.on()) return;
+  write_sync_header(out, "dgc", 1);
+  write_pod(out, high_setting_);  // the density in use (the warm-up's stage)
+  write_pod(out, static_cast<uint8_t>(dgc_ != nullptr));
+  if (dgc_) dgc_->save(out);
+}
+
+void ErrorFeedbackSync::load_dgc(const std::vector<std::istream*>& saved) {
+  const bool on = dgc_ || warmup_.on();
+  double density = 0;
+  for (size_t r = 0; r < saved.size(); ++r) {
+    std::istream& in = *saved[r];
+    const bool has = peek_sync_method(in) == "dgc";
+    if (has != on)
+      throw std::runtime_error(name() + " state was saved " + (has ? "with" : "without") +
+                               " sync.dgc or a sparsity warm-up (sync.density_warmup_*), this run has " +
+                               (has ? "neither" : "one"));
+    if (!on) return;
+    read_sync_header(in, "dgc", 1);
+    const auto d = read_pod<double>(in);
+    const auto velocity = read_pod<uint8_t>(in);
+    if (!in) throw std::runtime_error(name() + " sync.dgc state: truncated");
+    if (r == 0) density = d;
+    if (d != density)
+      throw std::runtime_error(name() + " sync.dgc state of saved rank " + std::to_string(r) +
+                               " runs at another density than rank 0's");
+    if ((velocity != 0) != (dgc_ != nullptr))
+      throw std::runtime_error(name() + " state was saved with sync.dgc = " + (velocity ? "true" : "false") +
+                               ", this run has sync.dgc = " + (velocity ? "false" : "true"));
+  }
+  if (!on) return;
+  if (dgc_) {
+    if (saved.size() == 1)
+      dgc_->load(*saved[0]);
+    else
+      dgc_->load_mean(saved);
+  }
+  if (warmup_.on()) apply_density(density, /*fresh=*/false);
 }
 
 void ErrorFeedbackSync::enable_adaptive(Communicator& comm, std::vector<AccordionGroup> groups,
@@ -122,6 +221,7 @@ void ErrorFeedbackSync::save(std::ostream& out) const {
   save_adaptive(out);
   save_state(out);
   ef_.save(out);
+  save_dgc(out);
 }
 
 void ErrorFeedbackSync::load(std::istream& in) {
@@ -133,6 +233,7 @@ void ErrorFeedbackSync::load(std::istream& in) {
     load_adaptive(in);
     load_state(in);
     residual.load(in, name().c_str());
+    load_dgc({&in});
   } catch (...) {
     load_adaptive(before);
     load_state(before);
@@ -183,14 +284,15 @@ std::string ErrorFeedbackSync::load_resharded(const std::vector<std::string>& st
     }
     what = merge_state(saved);
     residual.load_mean(saved, name().c_str());
+    load_dgc(saved);
   } catch (...) {
     load_adaptive(adaptive_before);
     load_state(before);
     throw;
   }
   ef_ = std::move(residual);
-  return name() + ": " + what + "; residual: the mean of the " + std::to_string(states.size()) +
-         " saved ranks' (float64, rank order)";
+  return name() + ": " + what + "; residual" + (dgc_ ? " and DGC velocity" : "") + ": the mean of the " +
+         std::to_string(states.size()) + " saved ranks' (float64, rank order)";
 }
 
 }  // namespace trainer::comm

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "comm/sync/accordion.h"
+#include "comm/sync/dgc.h"
 #include "comm/sync/error_feedback.h"
 #include "comm/sync/gradient_sync.h"
 
@@ -39,7 +40,10 @@ class ErrorFeedbackSync : public GradientSync {
  public:
   Phase phase(int64_t) const final { return Phase::kCompressed; }
   SyncStats reduce(SyncBuffers& b, int64_t step) final;
-  // The compressor's state, then the residual (ErrorFeedback::save).
+  // sync.dgc: the momentum on the dense warmup's averaged gradient (dgc.h).
+  void dense_warmup_step(SyncBuffers& b) final;
+  // The compressor's state, then the residual (ErrorFeedback::save), then with sync.dgc or a
+  // sparsity warm-up a "dgc" section: the density in use and the velocity (none: saved without both).
   void save(std::ostream& out) const final;
   // All or nothing: on an error the compressor's state and the residual stay as they were.
   void load(std::istream& in) final;
@@ -67,6 +71,16 @@ class ErrorFeedbackSync : public GradientSync {
   void enable_adaptive(Communicator& comm, std::vector<AccordionGroup> groups, const AccordionOptions& options,
                        double high, double low);
   const Accordion* accordion() const { return accordion_.get(); }
+
+  // sync.dgc (dgc.h): momentum correction, momentum factor masking and local clipping around every
+  // step, the velocity where the residual lives.
+  void enable_dgc(const DgcSettings& settings);
+  const DgcMomentum* dgc() const { return dgc_.get(); }
+  // sync.density_warmup_* (dgc.h DensityWarmup): each step first sets the compressor's density to
+  // the warm-up's for that step, through adapt() as sync.adaptive does (refused together with it).
+  void enable_density_warmup(const DensityWarmup& warmup);
+  // For describe(): "" without DGC or a warm-up, else a line each.
+  std::string dgc_note() const;
   // The setting a group at low (true) or high compression uses.
   double adaptive_setting(bool low) const { return low ? low_setting_ : high_setting_; }
   // For describe(): "" without sync.adaptive, else a line naming the two settings of `what`.
@@ -93,6 +107,13 @@ class ErrorFeedbackSync : public GradientSync {
 
  private:
   void save_adaptive(std::ostream& out) const;
+  void save_dgc(std::ostream& out) const;
+  // The "dgc" section: its density applied (adapt, not fresh), the velocity loaded; nothing when
+  // neither is on. `saved` holds every saved rank's stream (one for an exact resume): the velocity
+  // is their mean. Throws when the section's presence differs from this run's settings.
+  void load_dgc(const std::vector<std::istream*>& saved);
+  // The warm-up's density for `step` applied when it differs from the one in use (a fresh switch).
+  void apply_density(double density, bool fresh);
   void load_adaptive(std::istream& in);  // the detector's state, or none; applies the settings
 
   ErrorFeedback ef_;
@@ -100,6 +121,8 @@ class ErrorFeedbackSync : public GradientSync {
   std::unique_ptr<Accordion> accordion_;  // null unless sync.adaptive
   Communicator* comm_for_log_ = nullptr;
   double high_setting_ = 0, low_setting_ = 0;
+  std::unique_ptr<DgcMomentum> dgc_;  // null unless sync.dgc
+  DensityWarmup warmup_;              // off unless sync.density_warmup_*
 };
 
 }  // namespace trainer::comm

@@ -48,7 +48,7 @@ std::string GaussianK::describe() const {
   out << "gaussiank: threshold from a normal fit of grad + residual, adjusted until about k = " << k_ << " of " << n_
       << " entries pass; ALLGATHER_COUNTS, ALLGATHERV_FINAL of (index, value); per rank about " << 2 * k_ * 4 / 1e6
       << " MB sent, " << 2.0 * k_ * (p - 1) * 4 / 1e6 << " MB received at P = " << p << "; error feedback";
-  out << adaptive_note("density");
+  out << adaptive_note("density") << dgc_note();
   return out.str();
 }
 

@@ -33,7 +33,10 @@ class WarmupSync final : public GradientSync {
   void gradients_ready(int64_t from) override { early_->gradients_ready(from); }
   int finish_early_sends() override { return early_->finish_early_sends(); }
   SyncStats reduce(SyncBuffers& b, int64_t step) override {
-    return step < warmup_steps_ ? dense_.reduce(b, step) : method_->reduce(b, step);
+    if (step >= warmup_steps_) return method_->reduce(b, step);
+    const SyncStats stats = dense_.reduce(b, step);
+    method_->dense_warmup_step(b);
+    return stats;
   }
   void after_step(SyncBuffers& b, int64_t step) override {
     if (step >= warmup_steps_) method_->after_step(b, step);
@@ -116,7 +119,11 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
                                           o.wire(), DenseBuckets{o.first_bucket_mb, o.overlap, views});
   // The methods that sync parameters (their spec: keeps_parameters_equal is false) read and write
   // them; the others only the gradient.
-  if (staged) return std::make_unique<HostStagedSync>(std::move(method), device, !spec.can.keeps_parameters_equal);
+  // DGC's weight decay reads them too (its own momentum on lambda p, dgc.h).
+  const bool reads_parameters = method_owns_momentum(spec, o) && o.coupled_weight_decay > 0;
+  if (staged)
+    return std::make_unique<HostStagedSync>(std::move(method), device,
+                                            !spec.can.keeps_parameters_equal || reads_parameters);
   return method;
 }
 

@@ -39,7 +39,7 @@ std::string GTopk::describe() const {
   out << "gtopk: exact local top-k (k = " << k_ << " of " << n_ << "), " << rounds
       << " round(s) of pairwise SENDRECV_GTOPK merge and reselect, BROADCAST_GTOPK of the final k; messages of "
       << (2 + words_) * k_ * 4 / 1e6 << " MB (index, value, contributor mask); error feedback";
-  out << adaptive_note("density");
+  out << adaptive_note("density") << dgc_note();
   return out.str();
 }
 

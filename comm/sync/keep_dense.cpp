@@ -97,6 +97,33 @@ SyncMethod sparse_method(std::string name, std::string doc, SparseFactory make) 
                           "sync.adaptive_density = " + number(s.adaptive_density) +
                               " must be above sync.density = " + number(s.density) +
                               " (sync.adaptive: the density of critical regimes, the lower compression)"});
+    if (s.dgc && !s.keep_dense.empty())
+      problems.push_back({{"sync.dgc", "sync.keep_dense"},
+                          "sync.dgc owns the optimizer's momentum, which the tensors of sync.keep_dense would then lack: "
+                          "not together yet"});
+    if (s.dgc && !s.error_feedback)
+      problems.push_back({{"sync.dgc", "sync.error_feedback"},
+                          "sync.dgc accumulates the velocity in error feedback's residual: it needs "
+                          "sync.error_feedback = true"});
+    if (s.dgc && o.optimizer != "sgd")
+      problems.push_back({{"sync.dgc", "optim.name"},
+                          "sync.dgc applies to optim.name = \"sgd\", not \"" + o.optimizer +
+                              "\": DGC carries SGD's momentum in the method (a velocity accumulated into the residual); "
+                              "Adam's moments normalize the averaged gradient per entry after the sync and cannot move "
+                              "before it"});
+    const bool warmup = s.density_warmup_steps > 0 || s.density_warmup_epochs > 0;
+    if (s.density_warmup_steps > 0 && s.density_warmup_epochs > 0)
+      problems.push_back({{"sync.density_warmup_steps", "sync.density_warmup_epochs"},
+                          "sync.density_warmup_steps and sync.density_warmup_epochs both set: give its length once"});
+    if (warmup && s.adaptive)
+      problems.push_back({{"sync.density_warmup_steps", "sync.adaptive"},
+                          "a sparsity warm-up (sync.density_warmup_*) is not with sync.adaptive, which sets the density "
+                          "itself"});
+    if (warmup && !(s.density_warmup_start > s.density))
+      problems.push_back({{"sync.density_warmup_start", "sync.density"},
+                          "sync.density_warmup_start = " + number(s.density_warmup_start) +
+                              " must be above sync.density = " + number(s.density) +
+                              " (the sparsity warm-up falls from it to sync.density)"});
     return problems;
   };
   m.defaults = [](const SyncRecipe& r) -> std::vector<MethodDefault> {
@@ -105,13 +132,31 @@ SyncMethod sparse_method(std::string name, std::string doc, SparseFactory make) 
              "the sparse methods' density outside critical regimes under sync.adaptive (ten times below "
              "sync.adaptive_density's 0.1, Accordion's ratio; this pair is not measured here yet)"}};
   };
-  m.start_notes = short_warmup_notes;
+  m.owns_momentum = [](const SyncOptions& o) { return options_of<SparseOptions>(o).dgc; };
+  m.owns_clipping = [](const SyncOptions& o) { return options_of<SparseOptions>(o).dgc; };
+  m.start_notes = [](const SyncRecipe& r) {
+    std::vector<std::string> notes = short_warmup_notes(r);
+    if (options_of<SparseOptions>(r.sync).dgc)
+      notes.push_back("note: sync.dgc: " + r.sync.method + " owns SGD's momentum (optim.momentum = " + number(r.momentum) +
+                      " and optim.nesterov), the coupled optim.weight_decay, and optim.grad_clip_norm when set (each "
+                      "rank clips its own gradient at C / sqrt(processes) before the momentum); the optimizer steps "
+                      "without momentum and nothing is clipped after the sync");
+    return notes;
+  };
   m.make = [make](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
     const auto s = options_of<SparseOptions>(o);
     auto method = [&](int64_t count) -> std::unique_ptr<GradientSync> {
       // The lists are host arrays: on a device run, the MPI side of the device's communicator.
       std::unique_ptr<ErrorFeedbackSync> sparse = make(o, c.comm.host_side(), count, c.backend);
       sparse->set_keep_residual(s.error_feedback);
+      if (s.dgc)
+        sparse->enable_dgc(DgcSettings{o.momentum, o.nesterov, o.grad_clip_norm, c.comm.size(), o.coupled_weight_decay});
+      DensityWarmup warmup;
+      warmup.steps = s.density_warmup_steps > 0 ? s.density_warmup_steps : s.density_warmup_epochs * o.steps_per_epoch;
+      warmup.start = s.density_warmup_start;
+      warmup.stages = s.density_warmup_stages;
+      warmup.target = s.density;
+      sparse->enable_density_warmup(warmup);
       // One k over the flat gradient, so one group: the whole gradient (accordion.h).
       if (s.adaptive) sparse->enable_adaptive(c.comm, {{0, count}}, adaptive_options(o), s.density, s.adaptive_density);
       return sparse;

@@ -73,7 +73,7 @@ std::string OkTopk::describe() const {
       << "  per rank about " << 2.0 * k_ * (p_ - 1) / p_ * words << " MB split and reduce + " << 2.0 * k_ / p_ * words
       << " MB allgatherv block sent (bound 6k(P-1)/P words = " << 6.0 * k_ * (p_ - 1) / p_ * words
       << " MB at P = " << p_ << "); error feedback";
-  out << adaptive_note("density");
+  out << adaptive_note("density") << dgc_note();
   return out.str();
 }
 

@@ -162,6 +162,14 @@ bool takes_device_buffers(const SyncMethod& method, const SyncOptions& options) 
   return method.can.device_buffers && !(method.needs_host_buffers && method.needs_host_buffers(options));
 }
 
+bool method_owns_momentum(const SyncMethod& method, const SyncOptions& options) {
+  return method.owns_momentum && method.owns_momentum(options);
+}
+
+bool method_owns_clipping(const SyncMethod& method, const SyncOptions& options) {
+  return method.owns_clipping && method.owns_clipping(options);
+}
+
 models::Backend& SyncContext::host_backend(const std::string& method) const {
   if (!backend.is_host())
     throw std::logic_error("sync method '" + method + "' keeps its state in host memory and was given the " +

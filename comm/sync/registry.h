@@ -115,6 +115,12 @@ struct SyncMethod {
   // True when these options keep a method with device_buffers on host buffers after all (the
   // compressors' sync.keep_dense, sync.adaptive and 16-bit sync.wire_dtype are host loops). Null: never.
   std::function<bool(const SyncOptions&)> needs_host_buffers;
+  // True when these options make the method own SGD's momentum (optim.momentum, optim.nesterov, in
+  // SyncOptions): the trainer then builds the optimizer without momentum (sync.dgc, dgc.h). Null: never.
+  std::function<bool(const SyncOptions&)> owns_momentum;
+  // True when these options make the method apply optim.grad_clip_norm itself (DGC's local clipping):
+  // the trainer then clips nothing after the sync. Null: never.
+  std::function<bool(const SyncOptions&)> owns_clipping;
 };
 
 template <class O>
@@ -138,6 +144,9 @@ int64_t server_ranks(const SyncSettings& settings);
 // Whether the method runs on device buffers with these options (device_buffers, and not
 // needs_host_buffers); on a device run the others compute on host copies (host_staged.h).
 bool takes_device_buffers(const SyncMethod& method, const SyncOptions& options);
+// The spec's owns_momentum and owns_clipping with these options (false when null).
+bool method_owns_momentum(const SyncMethod& method, const SyncOptions& options);
+bool method_owns_clipping(const SyncMethod& method, const SyncOptions& options);
 
 // Every method, built-in ones first, in the order docs and errors list them.
 const std::vector<SyncMethod>& sync_methods();  // their names: sync_method_names() (gradient_sync.h)

@@ -30,7 +30,7 @@ std::string TopkA::describe() const {
   out << "topka: exact local top-k (k = " << k_ << " of " << n_ << "), 2 ALLGATHER_TOPK of k words (indices, "
       << "values), local sum; per rank " << 2 * k_ * 4 / 1e6 << " MB sent, " << 2.0 * k_ * (p - 1) * 4 / 1e6
       << " MB received at P = " << p << "; error feedback";
-  out << adaptive_note("density");
+  out << adaptive_note("density") << dgc_note();
   return out.str();
 }
 

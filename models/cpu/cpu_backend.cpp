@@ -364,6 +364,9 @@ class CpuBackend final : public Backend {
   void scatter_fill(int64_t count, const int32_t* index, float value, float* y) override {
     cpu::scatter_fill(count, index, value, y);
   }
+  void momentum_correction(int64_t n, float momentum, bool nesterov, float* velocity, float* grad) override {
+    cpu::momentum_correction(n, momentum, nesterov, velocity, grad);
+  }
   void orthonormalize_columns(const std::vector<TallMatrix>& batch) override { cpu::orthonormalize_columns(batch); }
   void subtract(int64_t n, const float* a, const float* b, float* y) override { cpu::subtract(n, a, b, y); }
   void lerp(int64_t n, const float* start, float weight, float* y) override { cpu::lerp(n, start, weight, y); }

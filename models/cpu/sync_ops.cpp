@@ -84,6 +84,20 @@ void scatter_fill(int64_t count, const int32_t* index, float value, float* y) {
   for (int64_t j = 0; j < count; ++j) y[index[j]] = value;
 }
 
+void momentum_correction(int64_t n, float momentum, bool nesterov, float* velocity, float* grad) {
+  if (nesterov) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float t = velocity[i] + grad[i];
+      velocity[i] = momentum * t;
+      grad[i] = std::fma(momentum, t, grad[i]);
+    }
+    return;
+  }
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) grad[i] = velocity[i] = std::fma(momentum, velocity[i], grad[i]);
+}
+
 namespace {
 
 double column_norm(const float* a, int64_t rows, int64_t cols, int64_t j) {

@@ -19,6 +19,7 @@ int64_t select_at_least(int64_t n, const float* grad, float* acc, float t, int32
 void accumulate_moments(int64_t n, const float* grad, float* acc, double* sums);
 void sparse_to_dense(int64_t n, int64_t count, const int32_t* index, const float* value, float divisor, float* y);
 void scatter_fill(int64_t count, const int32_t* index, float value, float* y);
+void momentum_correction(int64_t n, float momentum, bool nesterov, float* velocity, float* grad);
 // The matrices in parallel, each on one thread (Backend::orthonormalize_columns).
 void orthonormalize_columns(const std::vector<TallMatrix>& batch);
 void subtract(int64_t n, const float* a, const float* b, float* y);

@@ -460,6 +460,9 @@ class CudaBackend final : public Backend {
   void scatter_fill(int64_t count, const int32_t* index, float value, float* y) override {
     check(launch_scatter_fill(count, index, value, y, stream_), "scatter_fill");
   }
+  void momentum_correction(int64_t n, float momentum, bool nesterov, float* velocity, float* grad) override {
+    check(launch_momentum_correction(n, momentum, nesterov, velocity, grad, stream_), "momentum_correction");
+  }
 
   // ---- Low-rank gradient sync (low_rank.cu, elementwise.cu).
   void orthonormalize_columns(const std::vector<TallMatrix>& batch) override {

@@ -82,6 +82,8 @@ cudaError_t launch_accumulate_moments(int64_t n, const float* grad, float* acc, 
 cudaError_t launch_sparse_to_dense(int64_t n, int64_t count, const int32_t* index, const float* value, float divisor,
                                    float* y, cudaStream_t stream);
 cudaError_t launch_scatter_fill(int64_t count, const int32_t* index, float value, float* y, cudaStream_t stream);
+cudaError_t launch_momentum_correction(int64_t n, float momentum, bool nesterov, float* velocity, float* grad,
+                                       cudaStream_t stream);
 
 // ---- low_rank.cu: PowerSGD's Gram-Schmidt (backend.h), one block per matrix; `batch` (count
 // entries) in device memory.

@@ -189,6 +189,19 @@ __global__ void scatter_fill_kernel(int64_t count, const int32_t* index, float v
   for (int64_t j = first_index(); j < count; j += grid_stride()) y[index[j]] = value;
 }
 
+// dgc.h's update in backend.h's rounding: the roundings spelled out so nothing is contracted otherwise.
+__global__ void momentum_correction_kernel(int64_t n, float momentum, bool nesterov, float* velocity, float* grad) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    if (nesterov) {
+      const float t = __fadd_rn(velocity[i], grad[i]);
+      velocity[i] = __fmul_rn(momentum, t);
+      grad[i] = __fmaf_rn(momentum, t, grad[i]);
+    } else {
+      grad[i] = velocity[i] = __fmaf_rn(momentum, velocity[i], grad[i]);
+    }
+  }
+}
+
 }  // namespace
 
 cudaError_t launch_magnitude_histogram(int64_t n, const float* grad, float* acc, uint32_t min_key, uint32_t mask,
@@ -254,6 +267,13 @@ cudaError_t launch_sparse_to_dense(int64_t n, int64_t count, const int32_t* inde
 cudaError_t launch_scatter_fill(int64_t count, const int32_t* index, float value, float* y, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   scatter_fill_kernel<<<grid_for(count), kThreads, 0, stream>>>(count, index, value, y);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_momentum_correction(int64_t n, float momentum, bool nesterov, float* velocity, float* grad,
+                                       cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  momentum_correction_kernel<<<grid_for(n), kThreads, 0, stream>>>(n, momentum, nesterov, velocity, grad);
   return cudaGetLastError();
 }
 
