@@ -305,7 +305,7 @@ void write_synthetic_cifar10(const std::string& dir, int64_t n_train, int64_t n_
   }
   readme += variant == SyntheticVariant::kHard
                 ? ".\nEach image: the class shape or texture (pattern classes as patches of any outline) with a random\n"
-                  "colour, scale, aspect, warp and rotation, among up to three smaller objects of other classes,\n"
+                  "colour, scale, aspect, warp and rotation, among up to two smaller objects of other classes,\n"
                   "sometimes behind a bar, over a random background, blurred, with strong pixel noise.\n"
                 : ".\nEach image: a class shape or texture with a jittered (often random) colour at random position,\n"
                   "size and rotation, over a random background with a distractor blob and pixel noise.\n";

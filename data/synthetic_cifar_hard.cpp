@@ -9,12 +9,13 @@ namespace {
 
 // The knobs the calibration moved (docs/running.md lists each probe and its accuracy); everything
 // else below is a fixed range.
-constexpr double kNoiseMin = 0.04, kNoiseMax = 0.11;   // pixel noise standard deviation, [0,1] scale
-constexpr double kBlurMaxSigma = 1.0;                 // Gaussian blur, pixels (0 = sharp)
-constexpr int kMaxDistractors = 3;                    // 0..this many, uniformly
-constexpr double kOcclusionChance = 0.4;              // a bar in front of the main object
-constexpr double kMinContrast = 0.28;                 // RGB distance between object and background
-constexpr double kMainRadiusMin = 5.5, kMainRadiusMax = 12.0;
+constexpr double kNoiseMin = 0.015, kNoiseMax = 0.035;    // pixel noise standard deviation, [0,1] scale
+constexpr double kBlurMaxSigma = 0.25;                    // Gaussian blur, pixels (0 = sharp)
+constexpr int kMaxDistractors = 2;                        // 0..this many, uniformly
+constexpr double kDistractorScale = 0.45;                 // largest distractor radius / main radius
+constexpr double kOcclusionChance = 0.1;                  // a bar in front of the main object
+constexpr double kMinContrast = 0.5;                      // RGB distance between object and background
+constexpr double kMainRadiusMin = 8.5, kMainRadiusMax = 12.0;
 
 enum Label { kDisc, kSquare, kTriangle, kCross, kRing, kHStripes, kVStripes, kChecker, kDiagonal,
              kTwoBlobs };
@@ -73,7 +74,7 @@ Object draw_object(int label, double r_min, double r_max, const Colour& behind, 
   o.corner = rng.uniform(0.0, 0.4);
   o.thickness = label == kRing ? rng.uniform(0.12, 0.3) : rng.uniform(0.18, 0.4);
   o.blob_gap = rng.uniform(0.35, 0.65);
-  o.period = rng.uniform(3.0, 6.0);
+  o.period = rng.uniform(3.5, 6.0);
   o.phase = rng.uniform(0.0, 2 * kPi);
   o.phase2 = rng.uniform(0.0, 2 * kPi);
   o.cell_stretch = std::exp(rng.uniform(-0.3, 0.3));
@@ -162,7 +163,7 @@ Scene draw_scene(int label, Rng& rng) {
   s.distractors = static_cast<int>(rng.below(kMaxDistractors + 1));
   for (int i = 0; i < kMaxDistractors; ++i) {  // all drawn, so the draw count does not depend on s.distractors
     int other = static_cast<int>((label + 1 + rng.below(9)) % 10);
-    s.distractor[i] = draw_object(other, 2.5, std::max(3.0, 0.6 * s.main.r), s.bg, rng);
+    s.distractor[i] = draw_object(other, 2.5, std::max(3.0, kDistractorScale * s.main.r), s.bg, rng);
     s.distractor[i].cx = rng.uniform(2.0, 30.0);
     s.distractor[i].cy = rng.uniform(2.0, 30.0);
   }

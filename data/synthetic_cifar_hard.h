@@ -3,12 +3,12 @@
 // accuracy instead of near 100% (calibration: docs/running.md, "Data").
 //
 // What makes it hard, each a property of real photographs the easy variant lacks:
-// - clutter: up to three smaller distractor objects, each drawn as another class would be, so every
+// - clutter: up to two smaller distractor objects, each drawn as another class would be, so every
 //   shape and texture also appears in images of other labels and the model must find the main object;
 // - shared parts: pattern classes (stripes, checker) come as patches of any solid outline, solid
 //   classes are sometimes filled with a dotted texture that belongs to no class, and the shape knobs
 //   reach towards their neighbours (rounded squares, thick rings, merging blobs, fat crosses);
-// - intra-class variation: scale (5 to 12 pixels), aspect, warp, wider orientation wobble;
+// - intra-class variation: scale, aspect, warp, wider orientation wobble;
 // - occlusion: a bar in front of the object for some images;
 // - optics: low contrast, a Gaussian blur and stronger pixel noise.
 // Colour carries no label information (the hue is uniform for every class).

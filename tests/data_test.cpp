@@ -366,9 +366,9 @@ TEST_CASE("hard synthetic CIFAR-10 is balanced, carried by content, and colour s
        << "; closest class means " << e.min_mean_rms);
   REQUIRE(e.count_spread <= 1);
   // The hue is uniform for every class, so colour is at chance; the edge statistic still sees the
-  // stripes' direction, less clearly than on easy data. (Measured: 0.19 and 0.09.)
+  // stripes' direction, less clearly than on easy data. (Measured: 0.22 and 0.09.)
   REQUIRE(e.colour_accuracy < 0.15);
-  REQUIRE(e.edge_accuracy > 0.14);
+  REQUIRE(e.edge_accuracy > 0.15);
 }
 
 // ---------------------------------------------------------------------------------------------------
