@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -16,6 +17,8 @@
 #include <vector>
 
 #include "data/cifar.h"
+#include "data/synthetic_canvas.h"
+#include "data/synthetic_cifar_hard.h"
 
 namespace trainer::data {
 namespace fs = std::filesystem;
@@ -26,103 +29,11 @@ const char* const kSyntheticCifarClasses[10] = {
 
 namespace {
 
-constexpr double kPi = 3.14159265358979323846;
-constexpr int kSide = kCifarSide;
+using namespace synthetic;
 
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// One independent stream per (seed, split, index): images can be drawn in any order, on any thread.
-uint64_t stream_seed(uint64_t seed, uint64_t split, uint64_t index) {
-  uint64_t s = seed;
-  s = splitmix64(s) ^ split;
-  s = splitmix64(s) ^ index;
-  return splitmix64(s);
-}
-
-// mt19937_64's output sequence is fixed by the C++ standard; the distributions are not, so the
-// transforms below are ours.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : engine_(seed) {}
-  double uniform() { return static_cast<double>(engine_() >> 11) * 0x1.0p-53; }  // [0, 1)
-  double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
-  bool chance(double p) { return uniform() < p; }
-  // Box-Muller; the second value is dropped so every call consumes exactly two draws.
-  double normal() {
-    double u1 = 1.0 - uniform();  // (0, 1]: log stays finite
-    double u2 = uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * kPi * u2);
-  }
-  // Cheap approximate normal for pixel noise (3,072 per image): the sum of four 16-bit uniforms from
-  // one draw, scaled to unit variance (Irwin-Hall; tails stop at 3.5 sigma, which noise does not miss).
-  double pixel_noise() {
-    uint64_t x = engine_();
-    double sum = static_cast<double>((x & 0xFFFF) + ((x >> 16) & 0xFFFF) + ((x >> 32) & 0xFFFF) + (x >> 48));
-    return (sum * (1.0 / 65536.0) - 2.0) * 1.7320508075688772;
-  }
-  // Uniform integer in [0, n), by rejection (no modulo bias).
-  uint64_t below(uint64_t n) {
-    uint64_t limit = ~0ull - (~0ull % n);
-    uint64_t x;
-    do x = engine_(); while (x >= limit);
-    return x % n;
-  }
-
- private:
-  std::mt19937_64 engine_;
-};
-
-using Colour = std::array<double, 3>;
-
-Colour hsv(double h, double s, double v) {
-  h = (h - std::floor(h)) * 6.0;
-  int sector = static_cast<int>(h) % 6;
-  double f = h - std::floor(h);
-  double p = v * (1 - s), q = v * (1 - s * f), t = v * (1 - s * (1 - f));
-  switch (sector) {
-    case 0: return {v, t, p};
-    case 1: return {q, v, p};
-    case 2: return {p, v, t};
-    case 3: return {p, q, v};
-    case 4: return {t, p, v};
-    default: return {v, p, q};
-  }
-}
-
-double distance(const Colour& a, const Colour& b) {
-  return std::sqrt((a[0] - b[0]) * (a[0] - b[0]) + (a[1] - b[1]) * (a[1] - b[1]) +
-                   (a[2] - b[2]) * (a[2] - b[2]));
-}
-
-// sin(kx * px + ky * py + phase) at every pixel centre, without a sin per pixel: angle addition over
-// per-column and per-row tables (the backgrounds and all stripe patterns are plane waves).
-class PlaneWave {
- public:
-  PlaneWave() = default;
-  PlaneWave(double kx, double ky, double phase) {
-    for (int i = 0; i < kSide; ++i) {
-      sx_[i] = std::sin(kx * (i + 0.5));
-      cx_[i] = std::cos(kx * (i + 0.5));
-      sy_[i] = std::sin(ky * (i + 0.5) + phase);
-      cy_[i] = std::cos(ky * (i + 0.5) + phase);
-    }
-  }
-  double at(int x, int y) const { return sx_[x] * cy_[y] + cx_[x] * sy_[y]; }
-
- private:
-  double sx_[kSide] = {}, cx_[kSide] = {}, sy_[kSide] = {}, cy_[kSide] = {};
-};
-
-double clamp01(double x) { return x < 0 ? 0 : (x > 1 ? 1 : x); }
-
-// Coverage of a pixel by a shape whose signed distance (in pixels, negative inside) is d: a one-pixel
-// soft edge, so small shapes keep their outline instead of aliasing into blocks.
-double coverage(double d) { return clamp01(0.5 - d); }
+// README.txt's first words mark a folder as ours; its variant line says which generator wrote it.
+constexpr const char* kReadmeFirstWords = "Synthetic CIFAR-10 stand-in";
+constexpr const char* kVariantPrefix = "variant = ";
 
 enum Label { kDisc, kSquare, kTriangle, kCross, kRing, kHStripes, kVStripes, kChecker, kDiagonal,
              kTwoBlobs };
@@ -317,7 +228,7 @@ void write_atomically(const fs::path& path, const void* data, size_t bytes) {
 
 // Renders records [first, first + count) of a split into one file's bytes.
 std::vector<uint8_t> render_records(const std::vector<uint8_t>& labels, int64_t first, int64_t count,
-                                    uint64_t seed, uint64_t split) {
+                                    uint64_t seed, uint64_t split, SyntheticVariant variant) {
   std::vector<uint8_t> bytes(count * kCifarRecordBytes);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < count; ++i) {
@@ -325,15 +236,40 @@ std::vector<uint8_t> render_records(const std::vector<uint8_t>& labels, int64_t 
     uint8_t* rec = bytes.data() + i * kCifarRecordBytes;
     rec[0] = labels[index];
     Rng rng(stream_seed(seed, split, static_cast<uint64_t>(index)));
-    Scene scene = draw_scene(labels[index], rng);
-    render(scene, rng, rec + 1);
+    if (variant == SyntheticVariant::kHard) {
+      render_hard_image(labels[index], rng, rec + 1);
+    } else {
+      Scene scene = draw_scene(labels[index], rng);
+      render(scene, rng, rec + 1);
+    }
   }
   return bytes;
 }
 
 }  // namespace
 
-void write_synthetic_cifar10(const std::string& dir, int64_t n_train, int64_t n_test, uint64_t seed) {
+const char* synthetic_variant_name(SyntheticVariant variant) {
+  return variant == SyntheticVariant::kHard ? "hard" : "easy";
+}
+
+std::optional<SyntheticVariant> parse_synthetic_variant(const std::string& name) {
+  if (name == "easy") return SyntheticVariant::kEasy;
+  if (name == "hard") return SyntheticVariant::kHard;
+  return std::nullopt;
+}
+
+std::optional<SyntheticVariant> synthetic_variant_in(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / "README.txt");
+  std::string line;
+  if (!std::getline(in, line) || line.rfind(kReadmeFirstWords, 0) != 0) return std::nullopt;
+  while (std::getline(in, line)) {
+    if (line.rfind(kVariantPrefix, 0) == 0) return parse_synthetic_variant(line.substr(std::strlen(kVariantPrefix)));
+  }
+  return SyntheticVariant::kEasy;
+}
+
+void write_synthetic_cifar10(const std::string& dir, int64_t n_train, int64_t n_test, uint64_t seed,
+                             SyntheticVariant variant) {
   if (n_train < kCifarTrainFiles || n_test < 1) {
     throw std::invalid_argument("synthetic cifar10: need at least 5 training images (one per file) "
                                 "and 1 test image, got n_train = " + std::to_string(n_train) +
@@ -349,16 +285,17 @@ void write_synthetic_cifar10(const std::string& dir, int64_t n_train, int64_t n_
   int64_t first = 0;
   for (int f = 0; f < kCifarTrainFiles; ++f) {
     int64_t count = n_train / kCifarTrainFiles + (f < n_train % kCifarTrainFiles ? 1 : 0);
-    std::vector<uint8_t> bytes = render_records(train_labels, first, count, seed, kTrainSplit);
+    std::vector<uint8_t> bytes = render_records(train_labels, first, count, seed, kTrainSplit, variant);
     write_atomically(train_paths[f], bytes.data(), bytes.size());
     first += count;
   }
   std::vector<uint8_t> test_labels = balanced_labels(n_test, seed, kTestSplit);
-  std::vector<uint8_t> bytes = render_records(test_labels, 0, n_test, seed, kTestSplit);
+  std::vector<uint8_t> bytes = render_records(test_labels, 0, n_test, seed, kTestSplit, variant);
   write_atomically(cifar10_files(dir, false)[0], bytes.data(), bytes.size());
 
   std::string readme =
-      "Synthetic CIFAR-10 stand-in (NOT the real CIFAR-10), written by trainer's data/synthetic_cifar.cpp.\n"
+      std::string(kReadmeFirstWords) + " (NOT the real CIFAR-10), written by trainer's data/synthetic_cifar.cpp.\n" +
+      kVariantPrefix + synthetic_variant_name(variant) + "\n"
       "Format: exactly CIFAR-10 binary (3073-byte records: label, 1024 R, 1024 G, 1024 B).\n"
       "seed = " + std::to_string(seed) + ", train images = " + std::to_string(n_train) +
       " (data_batch_1..5.bin), test images = " + std::to_string(n_test) + " (test_batch.bin).\n"
@@ -366,10 +303,13 @@ void write_synthetic_cifar10(const std::string& dir, int64_t n_train, int64_t n_
   for (int c = 0; c < kCifarClasses; ++c) {
     readme += std::string(c ? "," : "") + " " + std::to_string(c) + ": " + kSyntheticCifarClasses[c];
   }
-  readme +=
-      ".\nEach image: a class shape or texture with a jittered (often random) colour at random position,\n"
-      "size and rotation, over a random background with a distractor blob and pixel noise.\n"
-      "The same seed and counts always give the same bytes.\n";
+  readme += variant == SyntheticVariant::kHard
+                ? ".\nEach image: the class shape or texture (pattern classes as patches of any outline) with a random\n"
+                  "colour, scale, aspect, warp and rotation, among up to two smaller objects of other classes,\n"
+                  "sometimes behind a bar, over a random background, blurred, with strong pixel noise.\n"
+                : ".\nEach image: a class shape or texture with a jittered (often random) colour at random position,\n"
+                  "size and rotation, over a random background with a distractor blob and pixel noise.\n";
+  readme += "The same seed, counts and variant always give the same bytes.\n";
   write_atomically(fs::path(dir) / "README.txt", readme.data(), readme.size());
 }
 

@@ -121,6 +121,22 @@ TEST_CASE("A truncated CIFAR file stops the run with one line naming it", "[e2e]
   CHECK_THAT(o.output, Contains("data_batch_3.bin") && Contains("3073"));
 }
 
+TEST_CASE("A synthetic data.root of the other variant is one error naming data.root, never reused", "[e2e]") {
+  TempDir dir("variant");
+  trainer::data::write_synthetic_cifar10(dir.path.string(), 20, 10, 1);  // easy
+  const auto cfg = write_file(dir.path / "x.toml", "[data]\nroot = \"" + dir.path.string() +
+                                                       "\"\nsynthesize_if_missing = true\n");
+  const std::string out = " --set experiment.output_dir=" + (dir.path / "out").string();
+  const Outcome o = run_trainer("--config " + cfg + out + " --set data.synthetic_variant=hard");
+  CHECK(o.exit_code != 0);
+  CHECK_THAT(o.output, Contains("data.root = " + dir.path.string()) && Contains("easy") &&
+                           Contains("data.synthetic_variant = hard"));
+  CHECK(trainer::data::synthetic_variant_in(dir.path.string()) == trainer::data::SyntheticVariant::kEasy);
+  const Outcome bad = run_trainer("--config " + cfg + out + " --set data.synthetic_variant=medium --dry-run");
+  CHECK(bad.exit_code != 0);
+  CHECK_THAT(bad.output, Contains("data.synthetic_variant"));
+}
+
 TEST_CASE("The quickstart reaches 90% test accuracy in its default budget, outputs in place", "[e2e][slow]") {
   // The README's main job, unchanged but for where its data and outputs go.
   TempDir out("quickstart");

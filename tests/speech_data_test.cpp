@@ -807,3 +807,35 @@ TEST_CASE("make_speech_corpus writes a deterministic AN4-layout corpus", "[speec
   }
   for (const std::string& s : speakers[0]) REQUIRE(speakers[1].count(s) == 0);  // disjoint speakers
 }
+
+TEST_CASE("make_speech_corpus --hard is deterministic, loads, and is not the default corpus", "[speech][scripts]") {
+  if (run_shell("command -v espeak-ng > /dev/null && command -v sox > /dev/null && command -v python3 > /dev/null") != 0) {
+    WARN("espeak-ng, sox or python3 missing (scripts/install_deps.sh): corpus script not tested");
+    return;
+  }
+  TempDir dir;
+  const std::string script = std::string(TRAINER_SOURCE_DIR) + "/scripts/make_speech_corpus";
+  const std::string args = " --train 8 --test 3 --train-speakers 4 --test-speakers 2 --seed 5";
+  REQUIRE(run_shell("'" + script + "' --hard --out '" + dir.file("a") + "'" + args + " --jobs 2 > /dev/null") == 0);
+  REQUIRE(run_shell("'" + script + "' --hard --out '" + dir.file("b") + "'" + args + " --jobs 1 > /dev/null") == 0);
+  REQUIRE(run_shell("'" + script + "' --out '" + dir.file("easy") + "'" + args + " > /dev/null") == 0);
+  REQUIRE(run_shell("diff -r '" + dir.file("a") + "' '" + dir.file("b") + "' > /dev/null") == 0);  // identical
+  REQUIRE(run_shell("grep -q '^variant: hard' '" + dir.file("a") + "/README.txt'") == 0);
+  REQUIRE(run_shell("grep -q '^variant:' '" + dir.file("easy") + "/README.txt'") != 0);
+
+  REQUIRE(run_shell("diff -r -q '" + dir.file("a") + "/wav' '" + dir.file("easy") + "/wav' > /dev/null") != 0);
+
+  std::set<std::string> speakers[2];
+  for (bool train : {true, false}) {
+    for (const An4Entry& e : read_an4_index(dir.file("a"), train))
+      speakers[train].insert(fs::path(e.audio_path).parent_path().filename().string());
+    An4Options o;
+    o.root = dir.file("a");
+    SpeechSet hard = load_an4(o, train);
+    REQUIRE(hard.size() == (train ? 8 : 3));
+    for (int64_t i = 0; i < hard.size(); ++i) REQUIRE(hard.utterances[i].frames > 30);  // espeak-ng said something
+  }
+  REQUIRE(speakers[true].size() == 4);
+  REQUIRE(speakers[false].size() == 2);
+  for (const std::string& s : speakers[0]) REQUIRE(speakers[1].count(s) == 0);  // unseen test voices
+}

@@ -122,5 +122,32 @@ class StudyTest(unittest.TestCase):
                 self.assertIn(path, p.stdout)
 
 
+    def test_prepare_runs_before_the_runs_only_when_its_path_is_missing(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            made = os.path.join(tmp, "made")
+            path = os.path.join(tmp, "prep.toml")
+            def write(command):
+                with open(path, "w") as f:
+                    f.write(TINY.replace("[[method]]", "[prepare]\ncreates = %s\ncommand = %s\n\n[[method]]" % (
+                        json.dumps(made), json.dumps(command)), 1))
+            write(["mkdir", made])
+            p = study(path, os.path.join(tmp, "out"), "--dry-run")  # says what it would run, runs nothing
+            self.assertEqual(p.returncode, 0, p.stdout)
+            self.assertIn("prepare: %s is missing: mkdir %s" % (made, made), p.stdout)
+            self.assertFalse(os.path.exists(made))
+            write(["true"])  # succeeds without making the path: an error before any run
+            p = study(path, os.path.join(tmp, "out"))
+            self.assertEqual(p.returncode, 2, p.stdout)
+            self.assertIn("'prepare' did not make " + made, p.stdout)
+            self.assertFalse(os.path.exists(os.path.join(tmp, "out", "none")))
+            os.mkdir(made)
+            p = study(path, os.path.join(tmp, "out"), "--dry-run")  # present: not run again
+            self.assertNotIn("prepare:", p.stdout)
+            write("mkdir")
+            p = study(path, os.path.join(tmp, "out"), "--dry-run")
+            self.assertEqual(p.returncode, 2, p.stdout)
+            self.assertIn("'prepare.command' must be list", p.stdout)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -26,6 +26,7 @@ inline const std::vector<std::string> kModelArchs = {"resnet20", "resnet32", "re
                                                      "vgg16",    "deepspeech", "las"};
 inline const std::vector<std::string> kDatasets = {"cifar10", "an4"};
 inline const std::vector<std::string> kSpeechFeatures = {"spectrogram", "logmel"};
+inline const std::vector<std::string> kSyntheticVariants = {"easy", "hard"};  // data/synthetic_cifar.h
 // Must match optim::optimizer_names() (a test checks).
 inline const std::vector<std::string> kOptimizers = {"sgd", "adam", "adamw"};
 inline const std::vector<std::string> kSchedules = {"constant", "multistep", "cosine", "exponential"};
@@ -68,6 +69,7 @@ struct DataConfig {
   int64_t synthetic_train_size = 20000;
   int64_t synthetic_test_size = 2000;
   int64_t synthetic_seed = 1234;
+  std::string synthetic_variant = "easy";
   int64_t batch_size = 128;  // per process
   // Not a key: the global batch an elastic resume keeps (trainer/reshard.h) where the new number of
   // processes does not divide it (0: batch_size x processes). Shares then differ by one sample.

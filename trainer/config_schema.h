@@ -105,6 +105,12 @@ void visit_config(Cfg& c, Visitor& v) {
         "Seed of the synthetic generator, separate from experiment.seed so the data stays the same "
         "across runs.",
         at_least(0));
+  v.key("data.synthetic_variant", c.data.synthetic_variant,
+        "Which synthetic generator: easy (ResNet-20 reaches ~98% in 6 epochs) or hard (clutter, "
+        "occlusion, shared parts, blur and noise; calibrated to land near real CIFAR-10, ~70%). The "
+        "variant is recorded in data.root's README.txt; a synthetic data.root of the other variant is "
+        "an error, never reused.",
+        kSyntheticVariants);
   v.key("data.batch_size", c.data.batch_size,
         "Training examples per step on each process; the global batch is this times the number of "
         "processes.",

@@ -3,8 +3,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include "data/synthetic_cifar.h"
+#include "trainer/agreed_error.h"
 
 namespace trainer::app {
 namespace fs = std::filesystem;
@@ -30,15 +32,27 @@ ImageTask::ImageTask(const Config& config, comm::Communicator& comm,
                      const std::function<void(const std::string&)>& announce, models::Backend& backend)
     : data_(config.data), device_batch_(backend) {
   const DataConfig& d = config.data;
-  if (d.synthesize_if_missing && !dataset_present(d.root)) {
-    if (comm.rank() == 0) {
-      announce("data: generating the synthetic CIFAR-10-format dataset in " + d.root + " (" +
-               std::to_string(d.synthetic_train_size) + " train, " + std::to_string(d.synthetic_test_size) +
-               " test images)");
-      data::write_synthetic_cifar10(d.root, d.synthetic_train_size, d.synthetic_test_size,
-                                    static_cast<uint64_t>(d.synthetic_seed));
+  if (d.synthesize_if_missing) {
+    const data::SyntheticVariant variant = *data::parse_synthetic_variant(d.synthetic_variant);  // validated
+    if (!dataset_present(d.root)) {
+      if (comm.rank() == 0) {
+        announce("data: generating the " + d.synthetic_variant + " synthetic CIFAR-10-format dataset in " +
+                 d.root + " (" + std::to_string(d.synthetic_train_size) + " train, " +
+                 std::to_string(d.synthetic_test_size) + " test images)");
+        data::write_synthetic_cifar10(d.root, d.synthetic_train_size, d.synthetic_test_size,
+                                      static_cast<uint64_t>(d.synthetic_seed), variant);
+      }
+      comm.barrier("BARRIER_SETUP");
     }
-    comm.barrier("BARRIER_SETUP");
+    // An easy corpus must never stand in for a hard one, nor the other way round. Every rank reads
+    // the same README, so all stop alike.
+    std::optional<data::SyntheticVariant> found = data::synthetic_variant_in(d.root);
+    if (found && *found != variant) {
+      throw AgreedError("data.root = " + d.root + " holds the " + data::synthetic_variant_name(*found) +
+                            " synthetic dataset, but data.synthetic_variant = " + d.synthetic_variant +
+                            ": point data.root at another folder (or delete this one)",
+                        1);
+    }
   }
   train_set_ = data::read_cifar10(d.root, true);
   test_set_ = data::read_cifar10(d.root, false);

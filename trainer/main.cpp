@@ -49,14 +49,18 @@ Tool add_make_cifar(CLI::App& app) {
     std::string out;
     int64_t train = 20000, test = 2000;
     uint64_t seed = 1234;
+    std::string variant = "easy";
   };
   auto o = std::make_shared<Options>();
   cmd->add_option("--out", o->out, "Output folder")->required();
   cmd->add_option("--train", o->train, "Training images")->check(CLI::PositiveNumber);
   cmd->add_option("--test", o->test, "Test images")->check(CLI::PositiveNumber);
   cmd->add_option("--seed", o->seed, "Generator seed");
+  cmd->add_option("--variant", o->variant, "easy (default) or hard (calibrated near real CIFAR-10's accuracy)")
+      ->check(CLI::IsMember({"easy", "hard"}));
   return {cmd, [o] {
-            trainer::data::write_synthetic_cifar10(o->out, o->train, o->test, o->seed);
+            trainer::data::write_synthetic_cifar10(o->out, o->train, o->test, o->seed,
+                                                   *trainer::data::parse_synthetic_variant(o->variant));
             std::printf("wrote %lld train and %lld test images to %s\n", static_cast<long long>(o->train),
                         static_cast<long long>(o->test), o->out.c_str());
             return 0;
