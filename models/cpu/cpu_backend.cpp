@@ -108,7 +108,9 @@ class CpuBackend final : public Backend {
     return cpu::make_dnnl_batchnorm(g);
   }
   std::unique_ptr<PoolOp> make_pool(const PoolGeometry& g) override { return cpu::make_dnnl_pool(g); }
-  std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g) override { return cpu::make_lstm(g, settings_.lstm_algorithm); }
+  std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g) override {
+    return cpu::make_lstm(g, settings_.lstm_algorithm);
+  }
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
@@ -395,7 +397,8 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 Backend& cpu_backend(const BackendSettings& settings) {
-  // Never destroyed: buffers and ops made through a backend may be freed by other statics' destructors.
+  // Never destroyed (as the CUDA one): ops, buffers and sync state made through a backend refer to
+  // it until the process ends, some from other statics.
   static std::mutex mutex;
   static auto* backends = new std::vector<std::unique_ptr<CpuBackend>>;
   std::lock_guard<std::mutex> lock(mutex);
