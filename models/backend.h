@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "models/backend_settings.h"
 #include "models/device_memory.h"
 #include "models/low_bit_blocks.h"
 #include "models/half_cast.h"
@@ -495,7 +496,11 @@ class Backend : public DeviceMemory,
   virtual StepCapture* step_capture() { return nullptr; }
 };
 
-// The CPU backend (oneDNN primitives, OpenBLAS, OpenMP loops). One per process.
-Backend& cpu_backend();
+// The CPU backend (oneDNN primitives, OpenBLAS, OpenMP loops) with `settings`: one per process and
+// settings, made on first use and never destroyed (ops, buffers and sync state made through it keep
+// a reference for the process's life). The default one (fp32) also does the host arithmetic of
+// host-staged syncs and servers. Throws std::invalid_argument, one line naming runtime.precision,
+// for a precision this CPU cannot run (dnnl_precision.h).
+Backend& cpu_backend(const BackendSettings& settings = {});
 
 }  // namespace trainer::models

@@ -31,7 +31,7 @@ using namespace trainer::cuda_testing;
 
 namespace {
 
-void check_conv(ConvGeometry g, uint64_t seed) {
+void check_conv(ConvGeometry g, uint64_t seed, Backend& device = gpu()) {
   g.src_layout = g.dst_layout = Layout::kChannelsLast;
   INFO("conv " << g.batch << "x" << g.in_channels << "x" << g.in_h << "x" << g.in_w << " -> " << g.out_channels
                << " kernel " << g.kernel_h << "x" << g.kernel_w << " stride " << g.stride_h << "," << g.stride_w
@@ -48,7 +48,7 @@ void check_conv(ConvGeometry g, uint64_t seed) {
   c->backward_weights(x.data(), dy.data(), dw.data(), g.bias ? db.data() : nullptr);
 
   GpuArray gx(x), gw(w), gb(b), gdy(dy), gy(ny), gdx(nx), gdw(nw), gdb(g.out_channels);
-  auto d = gpu().make_conv(g);
+  auto d = device.make_conv(g);
   d->forward(gx.data(), gw.data(), g.bias ? gb.data() : nullptr, gy.data());
   d->backward_data(gdy.data(), gw.data(), gdx.data());
   d->backward_weights(gx.data(), gdy.data(), gdw.data(), g.bias ? gdb.data() : nullptr);
@@ -76,13 +76,14 @@ TEST_CASE("CUDA convolution matches the CPU: 3x3, stride 2, padding, 1x1, bias, 
 TEST_CASE("CUDA convolution algorithms: none timed under runtime.deterministic, one search per length class",
           "[cuda][native]") {
   auto speech = [](int64_t width) { return ConvGeometry{2, 1, 41, width, 8, 41, 11, 2, 2, 20, 5, true}; };
-  cuda::set_deterministic_algorithms(true);
+  BackendSettings deterministic;
+  deterministic.deterministic = true;
+  Backend& gpu_deterministic = cuda::cuda_backend(0, deterministic);
   const int64_t before = cuda::convolution_searches();
-  check_conv(speech(100), 60);
-  check_conv(speech(120), 61);
-  check_conv({2, 16, 9, 9, 32, 3, 3, 2, 2, 1, 1, true}, 62);
+  check_conv(speech(100), 60, gpu_deterministic);
+  check_conv(speech(120), 61, gpu_deterministic);
+  check_conv({2, 16, 9, 9, 32, 3, 3, 2, 2, 1, 1, true}, 62, gpu_deterministic);
   CHECK(cuda::convolution_searches() == before);
-  cuda::set_deterministic_algorithms(false);
   // 100, 101, 105 and 110 lie in class 112; 120 and 128 in class 128 (four classes per octave).
   const int64_t searched = cuda::convolution_searches();
   uint64_t seed = 70;

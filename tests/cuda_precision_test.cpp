@@ -1,4 +1,4 @@
-// runtime.precision = bf16 on the CUDA backend (models/cuda/cuda_backend.h, set_bf16): the bf16
+// runtime.precision = bf16 on the CUDA backend (models/cuda/cuda_backend.h, Precision::kBf16): the bf16
 // copies round exactly as the CPU's (bf16.cu), each bf16 convolution and layer GEMM is within
 // bf16's error bound of exact products (tests/bf16_bound.h; a convolution's outputs are rounded to
 // bf16 once more, since cuDNN writes bf16), and a ResNet-20 training step in bf16 on the GPU stays
@@ -30,11 +30,13 @@ using namespace trainer::bf16_testing;
 
 namespace {
 
-// bf16 for the ops made (and the layer GEMMs called) in its scope, fp32 after.
-struct Bf16Scope {
-  Bf16Scope() { cuda::set_bf16(true); }
-  ~Bf16Scope() { cuda::set_bf16(false); }
-};
+// The GPU's backend made with runtime.precision = bf16 (gpu() is the fp32 one, on the same device
+// and stream).
+Backend& gpu_bf16() {
+  BackendSettings settings;
+  settings.precision = Precision::kBf16;
+  return cuda::cuda_backend(0, settings);
+}
 
 }  // namespace
 
@@ -116,8 +118,7 @@ TEST_CASE("CUDA bf16 convolutions are within bf16's error bound of exact product
     };
     GpuArray gx(to_nhwc(x, N, C, H * W)), gw(w), gb(b), gdy(to_nhwc(dy, N, K, P * Q));
     GpuArray gy(N * K * P * Q), gdx(N * C * H * W), gdw(w.size()), gdb(K);
-    Bf16Scope bf16;
-    auto op = gpu().make_conv(g);
+    auto op = gpu_bf16().make_conv(g);
     op->forward(gx.data(), gw.data(), g.bias ? gb.data() : nullptr, gy.data());
     op->backward_weights(gx.data(), gdy.data(), gdw.data(), g.bias ? gdb.data() : nullptr);
     op->backward_data(gdy.data(), gw.data(), gdx.data());
@@ -133,14 +134,11 @@ TEST_CASE("CUDA bf16 layer GEMMs are within bf16's error bound of exact products
     INFO("trans_a " << t.ta << " trans_b " << t.tb << " m " << t.m << " n " << t.n << " k " << t.k);
     const auto a = random_vector(t.m * t.k, 5), b = random_vector(t.k * t.n, 6), c0 = random_vector(t.m * t.n, 7);
     GpuArray ga(a), gb(b), gc(c0);
-    {
-      Bf16Scope bf16;
-      gpu().layer_gemm(t.ta, t.tb, t.m, t.n, t.k, t.alpha, ga.data(), t.lda(), gb.data(), t.ldb(), t.beta, gc.data(),
-                       t.n);
-    }
+    gpu_bf16().layer_gemm(t.ta, t.tb, t.m, t.n, t.k, t.alpha, ga.data(), t.lda(), gb.data(), t.ldb(), t.beta,
+                          gc.data(), t.n);
     check_within_bf16_bound("layer_gemm", gc.host(), exact_gemm(t, a, b, c0));
   }
-  // Outside the scope the layer GEMM is fp32 again: cuBLAS's SGEMM, as gemm().
+  // The fp32 backend's layer GEMM is cuBLAS's SGEMM, as gemm().
   const auto a = random_vector(8 * 64, 8), b = random_vector(64 * 8, 9);
   GpuArray ga(a), gb(b), plain(64), layer(64);
   gpu().gemm(false, false, 8, 8, 64, 1.f, ga.data(), 64, gb.data(), 8, 0.f, plain.data(), 8);
@@ -160,8 +158,7 @@ TEST_CASE("A ResNet-20 training step in bf16 on the GPU matches fp32 on the CPU"
   cm->backward();
   const std::vector<float> g32 = host_grads(cm->parameters());
 
-  Bf16Scope bf16;
-  auto gm = make_image_model({"resnet20", 10, 0.f}, gpu(), 3);
+  auto gm = make_image_model({"resnet20", 10, 0.f}, gpu_bf16(), 3);
   GpuArray gx(x), glabels(batch);
   gpu().copy_to_device(glabels.data(), labels.data(), sizeof(int32_t) * batch);
   const double loss16 = gm->forward(Tensor{gx.data(), {batch, 3, 32, 32}},

@@ -37,8 +37,8 @@ void require_no_reference_since(size_t from) {
   CHECK(checked > 0);  // the model made primitives: the check looked at something
 }
 
-void run_image_model(const std::string& arch, int64_t batch) {
-  auto model = make_image_model({arch, 10, 0.f}, cpu_backend(), 1);
+void run_image_model(const std::string& arch, int64_t batch, Backend& backend = cpu_backend()) {
+  auto model = make_image_model({arch, 10, 0.f}, backend, 1);
   std::mt19937_64 rng(batch);
   std::normal_distribution<float> normal;
   std::vector<float> x(batch * 3 * 32 * 32);
@@ -70,7 +70,7 @@ void run_speech_model(SpeechModel& model, int64_t feature_dim, int64_t batch, in
 
 TEST_CASE("ISA under test", "[dispatch]") {
   std::printf("dispatch_test: oneDNN ISA %s, activation layout %s\n", cpu::dnnl_isa_name(),
-              layout_name(cpu::dnnl_blocked_layout()));
+              layout_name(cpu::dnnl_blocked_layout(Precision::kFp32)));
   CHECK(std::string(cpu::dnnl_isa_name()) != "no SIMD");
 }
 
@@ -120,16 +120,15 @@ TEST_CASE("LAS: no reference primitive", "[dispatch]") {
 }
 
 TEST_CASE("Models in bf16: no reference primitive, every convolution and Linear in bf16", "[bf16]") {
-  // First in its process (ctest runs it alone), so the activation layout is the one bf16 probes.
-  cpu::set_precision(cpu::Precision::kBf16);
+  Backend& bf16 = cpu_backend({Precision::kBf16});
   std::printf("dispatch_test: bf16, oneDNN ISA %s, activation layout %s\n", cpu::dnnl_isa_name(),
-              layout_name(cpu::dnnl_blocked_layout()));
+              layout_name(cpu::dnnl_blocked_layout(Precision::kBf16)));
   int matmuls = 0;  // the GEMMs are made once per shape for the process, so counted over all models
   for (const char* arch : {"resnet20", "resnet18", "vgg16"})
     for (int64_t batch : {1, 32, 128}) {
       INFO(arch << " batch " << batch);
       const size_t from = cpu::recorded_primitives().size();
-      run_image_model(arch, batch);
+      run_image_model(arch, batch, bf16);
       require_no_reference_since(from);
       const auto records = cpu::recorded_primitives();
       int convs = 0;
@@ -149,17 +148,16 @@ TEST_CASE("Models in bf16: no reference primitive, every convolution and Linear 
   // (and LAS's attention products) in fp32.
   for (int64_t batch : {1, 8}) {
     INFO("deepspeech batch " << batch);
-    auto model = make_speech_model("deepspeech", cpu_backend(), 1);
+    auto model = make_speech_model("deepspeech", bf16, 1);
     const size_t from = cpu::recorded_primitives().size();
     run_speech_model(*model, DeepSpeechOptions{}.feature_dim, batch, 120);
     require_no_reference_since(from);
   }
   {
     INFO("las batch 4");
-    auto model = make_las(cpu_backend(), LasOptions{}, 1);
+    auto model = make_las(bf16, LasOptions{}, 1);
     const size_t from = cpu::recorded_primitives().size();
     run_speech_model(*model, LasOptions{}.feature_dim, 4, 64);
     require_no_reference_since(from);
   }
-  cpu::set_precision(cpu::Precision::kFp32);
 }

@@ -25,9 +25,10 @@ using models::ParameterStore;
 using models::Tensor;
 
 struct LayerHarness {
+  explicit LayerHarness(models::Backend& backend = models::cpu_backend()) : ctx{backend, params, buffers} {}
   ParameterStore params{true};
   ParameterStore buffers{false};
-  models::LayerContext ctx{models::cpu_backend(), params, buffers};
+  models::LayerContext ctx;
 };
 
 inline std::vector<float> random_vector(int64_t n, uint64_t seed, float scale = 1.f, float min_abs = 0.f) {

@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "gradcheck.h"
-#include "models/cpu/lstm_ops.h"
 #include "models/layers/hardtanh.h"
 #include "models/layers/lookahead.h"
 #include "models/layers/lstm.h"
@@ -25,15 +24,18 @@ void randomize(LayerHarness& h, uint64_t seed, float scale = 0.5f) {
   std::copy(v.begin(), v.end(), h.params.values());
 }
 
-// Runs `body` once with each CPU LSTM implementation, restoring the default afterwards.
+// The CPU backend whose LSTMs are `algorithm`'s.
+Backend& cpu_with(LstmAlgorithm algorithm) {
+  BackendSettings settings;
+  settings.lstm_algorithm = algorithm;
+  return cpu_backend(settings);
+}
+
+// Runs `body(backend)` once on a CPU backend of each LSTM implementation.
 template <class Body>
 void with_each_lstm(Body&& body) {
-  for (auto algorithm : {cpu::LstmAlgorithm::kDnnl, cpu::LstmAlgorithm::kGemm}) {
-    DYNAMIC_SECTION((algorithm == cpu::LstmAlgorithm::kDnnl ? "oneDNN" : "GEMM")) {
-      cpu::set_lstm_algorithm(algorithm);
-      body();
-      cpu::set_lstm_algorithm(cpu::LstmAlgorithm::kDnnl);
-    }
+  for (auto algorithm : {LstmAlgorithm::kDnnl, LstmAlgorithm::kGemm}) {
+    DYNAMIC_SECTION((algorithm == LstmAlgorithm::kDnnl ? "oneDNN" : "GEMM")) { body(cpu_with(algorithm)); }
   }
 }
 
@@ -51,8 +53,8 @@ void check_close(const std::string& what, const float* actual, const std::vector
 }  // namespace
 
 TEST_CASE("LSTM gradients: stacked, unidirectional, variable lengths", "[lstm][gradcheck]") {
-  with_each_lstm([] {
-    LayerHarness h;
+  with_each_lstm([](Backend& backend) {
+    LayerHarness h(backend);
     Lstm lstm(h.ctx, "rnn", {4, 3, 2, false});
     randomize(h, 1);
     lstm.set_lengths({5, 3, 1});
@@ -61,8 +63,8 @@ TEST_CASE("LSTM gradients: stacked, unidirectional, variable lengths", "[lstm][g
 }
 
 TEST_CASE("LSTM gradients: stacked, bidirectional, variable lengths", "[lstm][gradcheck]") {
-  with_each_lstm([] {
-    LayerHarness h;
+  with_each_lstm([](Backend& backend) {
+    LayerHarness h(backend);
     Lstm lstm(h.ctx, "rnn", {3, 3, 2, true});
     randomize(h, 3);
     lstm.set_lengths({2, 6, 4});
@@ -71,8 +73,8 @@ TEST_CASE("LSTM gradients: stacked, bidirectional, variable lengths", "[lstm][gr
 }
 
 TEST_CASE("LSTM: outputs past each length are zero, padding input is never read", "[lstm]") {
-  with_each_lstm([] {
-    LayerHarness h;
+  with_each_lstm([](Backend& backend) {
+    LayerHarness h(backend);
     Lstm lstm(h.ctx, "rnn", {2, 3, 1, true});
     randomize(h, 5);
     const std::vector<int32_t> lengths{4, 2};
@@ -102,9 +104,8 @@ TEST_CASE("LSTM: the oneDNN and GEMM implementations agree", "[lstm]") {
   std::vector<float> dy = random_vector(9 * 4 * 32, 8);
   std::vector<float> y[2], dx[2], dparams[2];
   int index = 0;
-  for (auto algorithm : {cpu::LstmAlgorithm::kDnnl, cpu::LstmAlgorithm::kGemm}) {
-    cpu::set_lstm_algorithm(algorithm);
-    LayerHarness h;
+  for (auto algorithm : {LstmAlgorithm::kDnnl, LstmAlgorithm::kGemm}) {
+    LayerHarness h(cpu_with(algorithm));
     Lstm lstm(h.ctx, "rnn", {20, 16, 2, true});
     randomize(h, 9, 0.3f);
     lstm.set_lengths(lengths);
@@ -115,7 +116,6 @@ TEST_CASE("LSTM: the oneDNN and GEMM implementations agree", "[lstm]") {
     dparams[index].assign(h.params.grads(), h.params.grads() + h.params.size());
     ++index;
   }
-  cpu::set_lstm_algorithm(cpu::LstmAlgorithm::kDnnl);
   auto close = [](const std::vector<float>& a, const std::vector<float>& b) {
     double max_ref = 0, max_diff = 0;
     for (size_t i = 0; i < a.size(); ++i) {
@@ -131,7 +131,7 @@ TEST_CASE("LSTM: the oneDNN and GEMM implementations agree", "[lstm]") {
 
 TEST_CASE("LstmOp (the backend's whole LSTM): padding of x and dy does not matter, y and dx are zero there",
           "[lstm]") {
-  with_each_lstm([] {
+  with_each_lstm([](Backend& backend) {
     const LstmGeometry g{4, 5, 2, true};
     const int64_t T = 6, N = 3, I = 4, H = 5, pairs = 4;
     const std::vector<int32_t> lengths{4, 6, 1};
@@ -153,7 +153,7 @@ TEST_CASE("LstmOp (the backend's whole LSTM): padding of x and dy does not matte
         dw[r].b_ih.push_back(grads[r][2][i].data()), dw[r].b_hh.push_back(grads[r][3][i].data());
       }
     }
-    auto op = cpu_backend().make_lstm(g);
+    auto op = backend.make_lstm(g);
     std::vector<float> x[2], dy[2], y[2], dx[2];
     for (int r = 0; r < 2; ++r) {
       x[r] = random_vector(T * N * I, 30);
@@ -190,8 +190,8 @@ TEST_CASE("LstmOp (the backend's whole LSTM): padding of x and dy does not matte
 TEST_CASE("LSTM matches torch.nn.LSTM on a packed batch (2 layers, bidirectional)", "[lstm][parity]") {
   const auto f = read_safetensors(std::string(TRAINER_FIXTURES) + "/lstm_bidir.safetensors");
   auto ref = [&](const std::string& name) { return f.at("f64." + name).as_f64(); };
-  with_each_lstm([&] {
-    LayerHarness h;
+  with_each_lstm([&](Backend& backend) {
+    LayerHarness h(backend);
     Lstm lstm(h.ctx, "rnn", {5, 4, 2, true});
     h.params.allocate(h.ctx.backend);
     h.buffers.allocate(h.ctx.backend);

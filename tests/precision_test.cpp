@@ -23,7 +23,6 @@
 #include "bf16_bound.h"
 
 using namespace trainer::models;
-using trainer::models::cpu::Precision;
 using namespace trainer::bf16_testing;
 
 namespace {
@@ -36,11 +35,12 @@ std::vector<float> random_vector(size_t n, uint64_t seed) {
   return v;
 }
 
-// Sets the precision for the ops made in its scope, and back to fp32 after.
-struct PrecisionScope {
-  explicit PrecisionScope(Precision p) { cpu::set_precision(p); }
-  ~PrecisionScope() { cpu::set_precision(Precision::kFp32); }
-};
+// The CPU backend computing in `p` (its other settings the defaults).
+Backend& cpu_in(Precision p) {
+  BackendSettings settings;
+  settings.precision = p;
+  return cpu_backend(settings);
+}
 
 // Activation of shape {n, c, h, w} in `layout` (and dtype: bf16 rounds), to and from NCHW fp32
 // (the reference's order). A bf16 tensor uses the first half of the vector's storage.
@@ -78,8 +78,7 @@ void check_bf16_conv(ConvGeometry g, bool bf16_activations = false) {
 
   const ExactConv exact = exact_conv(g, x, w, b, dy);
 
-  PrecisionScope bf16(Precision::kBf16);
-  auto op = cpu::make_dnnl_conv(g);
+  auto op = cpu_in(Precision::kBf16).make_conv(g);
   const Shape x_shape{N, C, H, W}, y_shape{N, K, P, Q};
   auto x_op = to_layout(x, x_shape, g.src_layout, act);
   auto dy_op = to_layout(dy, y_shape, op->output_layout(), act);
@@ -103,11 +102,8 @@ TEST_CASE("bf16 convolutions are within bf16's error bound of exact products", "
     return;
   }
   // The layouts the models give them: the backend's activation layout for bf16, probed first.
-  Layout act16, act32;
-  {
-    PrecisionScope bf16(Precision::kBf16);
-    act16 = cpu::dnnl_activation_layout(16), act32 = cpu::dnnl_activation_layout(32);
-  }
+  const Layout act16 = cpu_in(Precision::kBf16).activation_layout(16),
+               act32 = cpu_in(Precision::kBf16).activation_layout(32);
   const Layout nhwc = Layout::kChannelsLast;
   struct Case {
     const char* name;
@@ -136,10 +132,9 @@ TEST_CASE("bf16 activations: the residual block's ops, the shortcut and the reor
     WARN("skipped: no bf16 at ISA " << cpu::dnnl_isa_name());
     return;
   }
-  PrecisionScope scope(Precision::kBf16);
-  Backend& be = cpu_backend();
+  Backend& be = cpu_in(Precision::kBf16);
   REQUIRE(be.bf16_activations());
-  const Layout layout = cpu::dnnl_activation_layout(16);
+  const Layout layout = be.activation_layout(16);
   const Shape shape{4, 16, 6, 6};
   const int64_t n = numel(shape);
   // Inputs exactly representable in bf16 (what a bf16 tensor holds), in the tensors' storage.
@@ -167,7 +162,7 @@ TEST_CASE("bf16 activations: the residual block's ops, the shortcut and the reor
   // exactly and round to nearest even.
   const Shape out_shape{4, 32, 3, 3};
   std::vector<uint16_t> sy(numel(out_shape), 0xffff), sdx(n, 0xffff);
-  Tensor tsy{reinterpret_cast<float*>(sy.data()), out_shape, cpu::dnnl_activation_layout(32), DType::kBf16};
+  Tensor tsy{reinterpret_cast<float*>(sy.data()), out_shape, be.activation_layout(32), DType::kBf16};
   Tensor tsdx{reinterpret_cast<float*>(sdx.data()), shape, layout, DType::kBf16};
   be.shortcut_a_forward(ta, 2, 8, tsy);
   be.shortcut_a_backward(tsy, 2, 8, tsdx);
@@ -203,13 +198,13 @@ TEST_CASE("bf16 layer GEMMs are within bf16's error bound of exact products", "[
     WARN("skipped: no bf16 at ISA " << cpu::dnnl_isa_name());
     return;
   }
-  PrecisionScope bf16(Precision::kBf16);
+  Backend& bf16 = cpu_in(Precision::kBf16);
   for (const GemmCase& t : gemm_cases()) {
     INFO("trans_a " << t.ta << " trans_b " << t.tb << " m " << t.m << " n " << t.n << " k " << t.k);
     const auto a = random_vector(t.m * t.k, 5), b = random_vector(t.k * t.n, 6), c0 = random_vector(t.m * t.n, 7);
     std::vector<float> got = c0;
-    cpu_backend().layer_gemm(t.ta, t.tb, t.m, t.n, t.k, t.alpha, a.data(), t.lda(), b.data(), t.ldb(), t.beta,
-                             got.data(), t.n);
+    bf16.layer_gemm(t.ta, t.tb, t.m, t.n, t.k, t.alpha, a.data(), t.lda(), b.data(), t.ldb(), t.beta, got.data(),
+                    t.n);
     check_within_bf16_bound("layer_gemm", got, exact_gemm(t, a, b, c0));
   }
 }
@@ -233,8 +228,7 @@ void check_bf16_step(const std::string& arch, int64_t batch, double min_cosine) 
   std::vector<int32_t> labels(batch);
   for (int64_t i = 0; i < batch; ++i) labels[i] = static_cast<int32_t>((i * 7) % 10);
   auto step = [&](Precision p, std::vector<float>& grads) {
-    PrecisionScope scope(p);
-    auto model = make_image_model({arch, 10, 0.f}, cpu_backend(), 3);
+    auto model = make_image_model({arch, 10, 0.f}, cpu_in(p), 3);
     const double loss = model->forward(Tensor{const_cast<float*>(x.data()), {batch, 3, 32, 32}}, labels.data(),
                                        Mode::kTrain);
     model->backward();
@@ -243,7 +237,6 @@ void check_bf16_step(const std::string& arch, int64_t batch, double min_cosine) 
     return loss;
   };
   std::vector<float> g16, g32;
-  // bf16 first, so that the activation layout is the one a bf16 run probes (dnnl_dispatch.h).
   const double loss16 = step(Precision::kBf16, g16);
   const double loss32 = step(Precision::kFp32, g32);
   check_bf16_step_close(std::string("ISA ") + cpu::dnnl_isa_name(), loss16, loss32, g16, g32, min_cosine);
@@ -253,9 +246,8 @@ void check_bf16_step(const std::string& arch, int64_t batch, double min_cosine) 
 // Linear and LAS's Linear products (the listener's key projection, the speller's cells, query and
 // output) read bf16 copies; their LSTMs and activations stay fp32.
 double speech_step(const std::string& arch, Precision p, std::vector<float>& grads) {
-  PrecisionScope scope(p);
   const bool las = arch == "las";
-  auto model = las ? make_las(cpu_backend(), LasOptions{}, 5) : make_speech_model(arch, cpu_backend(), 5);
+  auto model = las ? make_las(cpu_in(p), LasOptions{}, 5) : make_speech_model(arch, cpu_in(p), 5);
   const int64_t features = las ? LasOptions{}.feature_dim : DeepSpeechOptions{}.feature_dim;
   const int64_t batch = 4, frames = las ? 64 : 120;
   std::mt19937_64 rng(7);
@@ -326,8 +318,7 @@ TEST_CASE("Precisions a device cannot run are refused with one line naming the k
     const std::string isa = std::string("at ISA ") + cpu::dnnl_isa_name();
     CHECK_THROWS_WITH(trainer::app::precision_plan(config),
                       Catch::Contains("runtime.precision = \"bf16\"") && Catch::Contains(isa));
-    CHECK_THROWS_WITH(cpu::set_precision(Precision::kBf16),
+    CHECK_THROWS_WITH(cpu_in(Precision::kBf16),
                       Catch::Contains("runtime.precision = \"bf16\"") && Catch::Contains(isa));
-    CHECK(cpu::precision() == Precision::kFp32);
   }
 }

@@ -289,10 +289,11 @@ int run_bench(const BenchOptions& o) {
   const double step_gflop = 3 * w.forward_flops() / 1e9;  // forward + backward data + weights
   std::printf("bench: %s training step, %s, %d threads\n", o.model.c_str(), w.description.c_str(), threads);
   const double limit = o.device == "cpu" ? sgemm_gflops() : 0;
-  if (o.device == "cpu")
+  if (o.device == "cpu") {
+    const models::Layout layout = models::cpu::dnnl_blocked_layout(backend_settings(runtime).precision);
     std::printf("  ISA: oneDNN %s (activations %s), selection %s; oneDNN sgemm 1024^3 here: %.1f GFLOP/s\n",
-                models::cpu::dnnl_isa_name(), models::layout_name(models::cpu::dnnl_blocked_layout()),
-                comm::selection_isa(), limit);
+                models::cpu::dnnl_isa_name(), models::layout_name(layout), comm::selection_isa(), limit);
+  }
   std::printf("  %-26s %9.1f ms/step %8.2f samples/s %6.1f GFLOP/s  (%.1f GFLOP/step)\n", "trainer", ms,
               w.batch * 1e3 / ms, step_gflop / (ms / 1e3), step_gflop);
   std::printf("  %-26s forward %.1f, backward %.1f, sgd %.1f ms; %.2f cpu/wall\n", "", median(forward),

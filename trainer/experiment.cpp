@@ -10,7 +10,6 @@
 #include "comm/device_communicator.h"
 #include "comm/sync/registry.h"
 #include "models/cpu/dnnl_dispatch.h"
-#include "models/cpu/dnnl_ops.h"
 #include "models/cpu/dnnl_precision.h"
 #ifdef TRAINER_HAS_CUDA
 #include "models/cuda/cuda_backend.h"
@@ -23,25 +22,23 @@ int configure_runtime(const Config& config, int local_ranks) {
   if (threads <= 0)
     threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, local_ranks));
   omp_set_num_threads(threads);  // oneDNN (OpenMP runtime) and OpenBLAS (OpenMP build) follow this
-  using models::cpu::ConvAlgorithm;
-  const std::string& a = config.runtime.conv_algorithm;
-  ConvAlgorithm algorithm = a == "direct" ? ConvAlgorithm::kDirect
-                            : a == "winograd" ? ConvAlgorithm::kWinograd
-                                              : ConvAlgorithm::kAuto;
-  if (config.runtime.deterministic) algorithm = ConvAlgorithm::kDirect;
-  models::cpu::set_conv_algorithm(algorithm);
-  precision_plan(config);  // refuses what this device cannot run
-  if (config.runtime.device == "cpu")
-    models::cpu::set_precision(config.runtime.precision == "bf16" ? models::cpu::Precision::kBf16
-                                                                  : models::cpu::Precision::kFp32);
-#ifdef TRAINER_HAS_CUDA
-  models::cuda::set_deterministic_algorithms(config.runtime.deterministic);
-  if (config.runtime.device == "cuda") {
-    models::cuda::set_tf32(config.runtime.precision == "tf32");
-    models::cuda::set_bf16(config.runtime.precision == "bf16");
-  }
-#endif
+  precision_plan(config);        // refuses what this device cannot run, before anything is built
   return threads;
+}
+
+models::BackendSettings backend_settings(const Config& config) {
+  using models::ConvAlgorithm;
+  using models::Precision;
+  models::BackendSettings s;
+  const std::string& p = config.runtime.precision;
+  s.precision = p == "bf16" ? Precision::kBf16 : p == "tf32" ? Precision::kTf32 : Precision::kFp32;
+  s.deterministic = config.runtime.deterministic;
+  const std::string& a = config.runtime.conv_algorithm;
+  s.conv_algorithm = a == "direct" ? ConvAlgorithm::kDirect : a == "winograd" ? ConvAlgorithm::kWinograd
+                                                                                : ConvAlgorithm::kAuto;
+  // So that CPU results do not depend on which kernels this CPU offers (config_schema.h).
+  if (config.runtime.deterministic) s.conv_algorithm = ConvAlgorithm::kDirect;
+  return s;
 }
 
 std::string precision_plan(const Config& config) {
@@ -56,21 +53,18 @@ std::string precision_plan(const Config& config) {
            "rounded to bf16 once; the rest fp32)";
   if (config.runtime.device != "cpu")
     throw std::invalid_argument(key + "runtime.device = \"" + config.runtime.device + "\" is not cpu or cuda");
-  if (p == "tf32")
-    throw std::invalid_argument(key + "TF32 is a GPU tensor-core mode that CPUs do not have; use fp32 or bf16 on "
-                                      "runtime.device = \"cpu\"");
-  models::cpu::require_precision(models::cpu::Precision::kBf16);
+  models::cpu::require_precision(backend_settings(config).precision);  // tf32; bf16 below AVX-512
   return "bf16 (convolutions and Linear layers on bf16 copies with fp32 accumulation; the rest fp32; oneDNN ISA " +
          std::string(models::cpu::dnnl_isa_name()) + ")";
 }
 
 models::Backend& device_backend(const Config& config, int local_rank) {
   const std::string& device = config.runtime.device;
-  if (device == "cpu") return models::cpu_backend();
+  if (device == "cpu") return models::cpu_backend(backend_settings(config));
   if (device == "cuda") {
 #ifdef TRAINER_HAS_CUDA
     try {
-      return models::cuda::cuda_backend(local_rank);
+      return models::cuda::cuda_backend(local_rank, backend_settings(config));
     } catch (const std::exception& e) {
       throw std::runtime_error("runtime.device = \"cuda\": " + std::string(e.what()));
     }

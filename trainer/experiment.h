@@ -30,18 +30,23 @@ struct Experiment {
   std::unique_ptr<comm::GradientSync> sync;
 };
 
-// Applies runtime.threads (0: hardware cores divided by the ranks on this node), the convolution
-// algorithm and runtime.precision (checked first: precision_plan). Returns the thread count.
+// Applies runtime.threads (0: hardware cores divided by the ranks on this node) and checks
+// runtime.precision (precision_plan). Returns the thread count. The backend's own settings are
+// given to it when it is made (device_backend).
 int configure_runtime(const Config& config, int local_ranks);
+
+// runtime.precision, runtime.deterministic and runtime.conv_algorithm as a backend's settings
+// (models/backend_settings.h); runtime.deterministic asks the CPU for direct convolutions.
+models::BackendSettings backend_settings(const Config& config);
 
 // runtime.precision in one line for --dry-run and the start line ("bf16 (...)"). Throws
 // std::invalid_argument, one line naming the key, where this device cannot run it: tf32 on the CPU,
 // bf16 on a CPU below AVX-512, bf16 on CUDA (the GPU half of issue 32 is not built).
 std::string precision_plan(const Config& config);
 
-// The backend runtime.device names, for the rank at `local_rank` on its node (a GPU backend takes
-// GPU local_rank % visible GPUs). Throws one line naming the key when this build or this machine
-// cannot provide it.
+// The backend runtime.device names, with the config's settings (backend_settings), for the rank at
+// `local_rank` on its node (a GPU backend takes GPU local_rank % visible GPUs). Throws one line
+// naming the key when this build or this machine cannot provide it.
 models::Backend& device_backend(const Config& config, int local_rank);
 
 // Everything; `announce` receives progress lines (rank 0). The task's data is shared among the

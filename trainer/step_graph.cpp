@@ -23,17 +23,17 @@ std::optional<std::string> cuda_graph_refusal(const Config& config, models::Back
   return std::nullopt;
 }
 
-StepGraph::StepGraph(models::Backend& backend, Task& task, comm::GradientSync& sync, optim::Optimizer& optimizer,
-                     comm::SyncBuffers& buffers, comm::CommLog& log, double clip_norm, bool keep_bn_statistics)
+StepGraph::StepGraph(models::Backend& backend, Task& task, UpdateRule& update, optim::Optimizer& optimizer,
+                     comm::SyncBuffers& buffers, comm::CommLog& log, bool keep_bn_statistics)
     : backend_(backend),
       capture_(*backend.step_capture()),
       task_(task),
-      sync_(sync),
+      update_(update),
       optimizer_(optimizer),
       buffers_(buffers),
       log_(log),
-      clip_norm_(clip_norm),
       results_(models::kMaxPendingSteps) {
+  if (!update.recordable()) throw std::logic_error("StepGraph: the update rule cannot be recorded");
   if (keep_bn_statistics && buffers.n_state > 0) bn_backup_ = models::DeviceBuffer(backend, buffers.n_state);
 }
 
@@ -45,9 +45,10 @@ void StepGraph::invalidate(int warmup) {
   eager_left_ = std::max(eager_left_, warmup);
 }
 
-// What the step does on the device, in the order an eager step does it (worker.cpp, update_rule.cpp),
-// with the host's decisions replaced by the control block's (step_graph.h). Nothing here may wait
-// for the device, read a value back or allocate: the capture fails if anything does.
+// What the step does on the device, in the order an eager step does it (worker.cpp), its update the
+// update rule's own stages (update_rule.h), with the host's decisions replaced by the control
+// block's (step_graph.h). Nothing here may wait for the device, read a value back or allocate: the
+// capture fails if anything does.
 std::string StepGraph::record(int64_t step, const std::function<void()>& after_backward) {
   host_updates_ = optimizer_.step_count();
   capture_.prepare(host_updates_, buffers_.n);
@@ -66,10 +67,8 @@ std::string StepGraph::record(int64_t step, const std::function<void()>& after_b
       // The sync's collectives are recorded once, untimed (a timing waits for the device), and
       // logged at every launch (launch() below).
       comm::CommLog::Deferral deferred(collectives_, false);
-      stats_ = sync_.reduce(buffers_, step);
+      stats_ = update_.record(step, capture_);
     }
-    capture_.check_and_clip(buffers_.n, buffers_.grads, clip_norm_);
-    optimizer_.graph_step(buffers_.params, buffers_.grads, capture_.control());
     if (!bn_backup_.empty()) capture_.copy_if_skipped(buffers_.n_state, bn_backup_.data(), buffers_.state);
     capture_.end_step();
   } catch (const std::exception& e) {

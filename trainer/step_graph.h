@@ -9,13 +9,17 @@
 //   BN copy   the running statistics kept on the device (train.skip_nonfinite_steps > 0)
 //   forward   the loss left on the device (no read back), backward
 //   verdict   a non-finite loss poisons one gradient element, so that ...
-//   sync      ... the dense allreduce (NCCL; nothing on one rank) makes every rank see it, and
-//             (its buckets after backward, on the compute stream: the second stream of an eager
-//             step's sync.overlap is not recorded, comm/sync/dense.h)
-//   clip      the synced gradient's norm decides on the device: not finite -> the step is skipped;
-//             optim.grad_clip_norm scales by the host's rule (optim/clip.h)
-//   optimizer the update reads its coefficients from the control block and does nothing when
-//             skipped; a skipped step puts the BN statistics back
+//   update    ... the update rule's stages (update_rule.h), recorded from the same list an eager
+//             step runs:
+//     sync      the dense allreduce (NCCL; nothing on one rank) makes every rank see it (its
+//               buckets after backward, on the compute stream: the second stream of an eager
+//               step's sync.overlap is not recorded, comm/sync/dense.h)
+//     clip      the synced gradient's norm decides on the device: not finite -> the step is
+//               skipped; optim.grad_clip_norm scales by the host's rule (optim/clip.h)
+//     optimizer the update reads its coefficients from the control block and does nothing when
+//               skipped
+//     after_step the method's (nothing for dense)
+//   BN back   a skipped step puts the BN statistics back
 //   result    {loss sum, correct, skipped} into a ring slot; the device counts applied updates
 //
 // The host does per step only what cannot be on the device: it waits for the previous launch (the
@@ -43,6 +47,7 @@
 #include "optim/optimizer.h"
 #include "trainer/config.h"
 #include "trainer/task.h"
+#include "trainer/update_rule.h"
 
 namespace trainer::app {
 
@@ -63,8 +68,9 @@ struct GraphStepResult {
 
 class StepGraph {
  public:
-  StepGraph(models::Backend& backend, Task& task, comm::GradientSync& sync, optim::Optimizer& optimizer,
-            comm::SyncBuffers& buffers, comm::CommLog& log, double clip_norm, bool keep_bn_statistics);
+  // `update`: the worker's (recordable) update rule, whose stages the graph records.
+  StepGraph(models::Backend& backend, Task& task, UpdateRule& update, optim::Optimizer& optimizer,
+            comm::SyncBuffers& buffers, comm::CommLog& log, bool keep_bn_statistics);
   ~StepGraph();
 
   // Whether the next step is to be recorded or replayed (else: an eager step, counted as warmup).
@@ -94,11 +100,10 @@ class StepGraph {
   models::Backend& backend_;
   models::StepCapture& capture_;
   Task& task_;
-  comm::GradientSync& sync_;
-  optim::Optimizer& optimizer_;
+  UpdateRule& update_;
+  optim::Optimizer& optimizer_;  // its update count and per-step coefficients (the host's half)
   comm::SyncBuffers& buffers_;
   comm::CommLog& log_;
-  const double clip_norm_;
   models::DeviceBuffer bn_backup_;  // the BN statistics at the step's start (skip_nonfinite_steps > 0)
   int eager_left_ = 2;
   bool fresh_ = false;                        // recorded, not launched yet: the batch is staged

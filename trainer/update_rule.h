@@ -1,5 +1,6 @@
 // The update rule: how a step's gradient becomes new weights. Three stages, in this order for every
-// method:
+// method (a local update lists them once, and both an eager step and a recorded one, step_graph.h,
+// go through that list):
 //   share  the sync method combines the gradient over the ranks (GradientSync::reduce); on return
 //          the gradient is what the optimizer applies. A remote update (async_ps, whose optimizer
 //          runs on the servers) shares nothing yet.
@@ -38,6 +39,12 @@ class UpdateRule {
   // The step's update at learning rate `lr` (a remote update ignores it: the servers run the
   // schedule). Adds its time to `times` and marks the trace.
   virtual UpdateOutcome run(int64_t step, double lr, StepTimes& times, TraceSpans& spans) = 0;
+  // Whether a step graph can record it (a remote update waits for the servers' reply: no).
+  virtual bool recordable() const = 0;
+  // The same stages recorded into `capture` (step_graph.h): the same device work, with the host's
+  // decisions (the clip's verdict, the optimizer's coefficients) read from its control block.
+  // Returns the sync's stats; the update is applied when the graph is launched.
+  virtual comm::SyncStats record(int64_t step, models::StepCapture& capture) = 0;
 };
 
 // `remote`: the method applies the update itself (its spec's applies_update, comm/sync/registry.h).

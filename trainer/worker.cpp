@@ -296,11 +296,12 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
   const int64_t switch_at = &world == &training ? switch_step(config, compressed_at) : -1;
   divergence_ = std::make_unique<DivergenceGuard>(config, switch_at, frame_.first_step, training, kept_reference_,
                                                   kept_reference_end_, kept_start_);
-  const auto refusal = remote_update_ ? std::optional<std::string>("")
-                                      : cuda_graph_refusal(config, *e_.backend, task_, e_.sync_on_device, training.size());
+  const auto refusal = update_->recordable()
+                           ? cuda_graph_refusal(config, *e_.backend, task_, e_.sync_on_device, training.size())
+                           : std::optional<std::string>("");
   if (!refusal)
-    graph_ = std::make_unique<StepGraph>(*e_.backend, task_, *e_.sync, *e_.optimizer, sync_buffers_, world.log(),
-                                         trainer_clip_norm(config), config.train.skip_nonfinite_steps > 0);
+    graph_ = std::make_unique<StepGraph>(*e_.backend, task_, *update_, *e_.optimizer, sync_buffers_, world.log(),
+                                         config.train.skip_nonfinite_steps > 0);
   else if (!refusal->empty())
     say(*refusal);
 }

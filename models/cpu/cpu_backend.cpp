@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -85,6 +86,10 @@ void shortcut_a_gradient(const Tensor& dy, const T* dys, int64_t stride, int64_t
 
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(const BackendSettings& settings) : settings_(settings) {
+    cpu::require_precision(settings.precision);
+  }
+  const BackendSettings& settings() const { return settings_; }
   std::string name() const override { return "cpu"; }
   bool is_host() const override { return true; }
 
@@ -98,12 +103,14 @@ class CpuBackend final : public Backend {
   void fill(int64_t n, float value, float* y) override { host_memory().fill(n, value, y); }
   void synchronize() override {}
 
-  std::unique_ptr<ConvOp> make_conv(const ConvGeometry& g) override { return cpu::make_dnnl_conv(g); }
+  std::unique_ptr<ConvOp> make_conv(const ConvGeometry& g) override { return cpu::make_dnnl_conv(g, settings_); }
   std::unique_ptr<BatchNormOp> make_batchnorm(const BatchNormGeometry& g) override {
     return cpu::make_dnnl_batchnorm(g);
   }
   std::unique_ptr<PoolOp> make_pool(const PoolGeometry& g) override { return cpu::make_dnnl_pool(g); }
-  std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g) override { return cpu::make_lstm(g); }
+  std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g) override {
+    return cpu::make_lstm(g, settings_.lstm_algorithm);
+  }
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
@@ -123,7 +130,7 @@ class CpuBackend final : public Backend {
 
   void layer_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
-    if (cpu::precision() == cpu::Precision::kBf16)
+    if (settings_.precision == Precision::kBf16)
       cpu::bf16_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     else
       gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -161,7 +168,9 @@ class CpuBackend final : public Backend {
     if (x != y) std::memcpy(y, x, sizeof(float) * n);
   }
 
-  Layout activation_layout(int64_t channels) const override { return cpu::dnnl_activation_layout(channels); }
+  Layout activation_layout(int64_t channels) const override {
+    return cpu::dnnl_activation_layout(channels, settings_.precision);
+  }
 
   void shortcut_a_forward(const Tensor& x, int64_t stride, int64_t pad, Tensor& y) override {
     require_same_dtype("shortcut_a_forward", x, y);
@@ -177,7 +186,7 @@ class CpuBackend final : public Backend {
 
   // The residual block's ops: fp32 tensors through the fp32 loops above (bit for bit what fp32 runs
   // always computed); bf16 widened, computed in fp32, rounded once.
-  bool bf16_activations() const override { return cpu::precision() == cpu::Precision::kBf16; }
+  bool bf16_activations() const override { return settings_.precision == Precision::kBf16; }
 
   void add_relu_tensors(const Tensor& a, const Tensor& b, Tensor& y) override {
     if (y.dtype == DType::kF32) return Backend::add_relu_tensors(a, b, y);
@@ -383,13 +392,23 @@ class CpuBackend final : public Backend {
                          float* out) override {
     cpu::dequantize_blocks(format, chunk, blocks, count, out);
   }
+
+ private:
+  const BackendSettings settings_;
 };
 
 }  // namespace
 
-Backend& cpu_backend() {
-  static CpuBackend backend;
-  return backend;
+Backend& cpu_backend(const BackendSettings& settings) {
+  // Never destroyed (as the CUDA one): ops, buffers and sync state made through a backend refer to
+  // it until the process ends, some from other statics.
+  static std::mutex mutex;
+  static auto* backends = new std::vector<std::unique_ptr<CpuBackend>>;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const auto& b : *backends)
+    if (b->settings() == settings) return *b;
+  backends->push_back(std::make_unique<CpuBackend>(settings));
+  return *backends->back();
 }
 
 }  // namespace trainer::models

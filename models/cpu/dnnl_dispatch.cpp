@@ -7,7 +7,6 @@
 #include <mutex>
 
 #include "models/cpu/dnnl_context.h"
-#include "models/cpu/dnnl_precision.h"
 
 namespace trainer::models::cpu {
 namespace {
@@ -23,9 +22,9 @@ std::vector<PrimitiveRecord> g_records;
 // layer of a CIFAR network (the shape does not matter much: the block is the ISA's vector width).
 // Under runtime.precision = bf16 the convolution asked is a bf16 one with an fp32 output (what
 // dnnl_ops.cpp makes): with AMX its fastest kernels want channels-last.
-Layout probe_blocked_layout() {
+Layout probe_blocked_layout(Precision precision) {
   const memory::dims src{32, 64, 16, 16}, w{64, 64, 3, 3}, one{1, 1};
-  const dt compute = precision() == Precision::kBf16 ? dt::bf16 : dt::f32;
+  const dt compute = precision == Precision::kBf16 ? dt::bf16 : dt::f32;
   const memory::desc any_src(src, compute, tag::any), any_w(w, compute, tag::any), any_dst(src, dt::f32, tag::any);
   dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
                                     any_src, any_w, memory::desc(), any_dst, one, one, one);
@@ -57,20 +56,26 @@ const char* dnnl_isa_name() {
 // TRAINER_ACTIVATION_LAYOUT=nhwc|nChw8c|nChw16c overrides the probe, for measuring the layouts
 // against each other (BENCHMARKS.md); a layout the CPU's kernels do not take falls to the
 // convolutions' other candidates or, for batch norm and pooling, to reference kernels (warned).
-Layout chosen_blocked_layout() {
+Layout chosen_blocked_layout(Precision precision) {
   if (const char* env = std::getenv("TRAINER_ACTIVATION_LAYOUT"))
     for (Layout layout : {Layout::kChannelsLast, Layout::kBlocked8, Layout::kBlocked16})
       if (std::string(env) == layout_name(layout)) return layout;
-  return probe_blocked_layout();
+  return probe_blocked_layout(precision);
 }
 
-Layout dnnl_blocked_layout() {
-  static const Layout layout = chosen_blocked_layout();
-  return layout;
+Layout dnnl_blocked_layout(Precision precision) {
+  // Asked once per precision, and only for one in use (a CPU below AVX-512 has no bf16
+  // convolution to ask): the answer depends only on the CPU and the environment.
+  if (precision == Precision::kBf16) {
+    static const Layout bf16 = chosen_blocked_layout(Precision::kBf16);
+    return bf16;
+  }
+  static const Layout fp32 = chosen_blocked_layout(Precision::kFp32);
+  return fp32;
 }
 
-Layout dnnl_activation_layout(int64_t channels) {
-  const Layout blocked = dnnl_blocked_layout();
+Layout dnnl_activation_layout(int64_t channels, Precision precision) {
+  const Layout blocked = dnnl_blocked_layout(precision);
   const int64_t block = channel_block(blocked);
   return block > 0 && channels % block == 0 ? blocked : Layout::kChannelsLast;
 }

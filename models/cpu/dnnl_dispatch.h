@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "models/backend_settings.h"
 #include "models/tensor.h"
 
 namespace trainer::models::cpu {
@@ -19,12 +20,12 @@ namespace trainer::models::cpu {
 // The ISA oneDNN dispatches for ("avx512_core_bf16", "avx2", ...; ONEDNN_MAX_CPU_ISA applies).
 const char* dnnl_isa_name();
 
-// The blocked layout oneDNN's convolutions choose on this CPU (asked once, with format `any`, on a
-// typical 3x3 convolution); kChannelsLast when they choose no blocking.
-Layout dnnl_blocked_layout();
+// The blocked layout oneDNN's convolutions in `precision` choose on this CPU (asked once, with
+// format `any`, on a typical 3x3 convolution); kChannelsLast when they choose no blocking.
+Layout dnnl_blocked_layout(Precision precision);
 // The layout an activation of `channels` channels is kept in: the blocked one where the channels
 // fill whole blocks, else channels-last.
-Layout dnnl_activation_layout(int64_t channels);
+Layout dnnl_activation_layout(int64_t channels, Precision precision);
 
 // One primitive the backend made: what it is ("conv fwd", "bnorm bwd", ...), its source shape and
 // layout, and oneDNN's implementation name ("brg:avx512_core", "jit:avx2", "ref:any", ...).

@@ -13,7 +13,6 @@
 #include "models/cpu/dnnl_context.h"
 #include "models/cpu/dnnl_staged.h"
 #include "models/cpu/dnnl_dispatch.h"
-#include "models/cpu/dnnl_precision.h"
 #include "models/tensor.h"
 
 namespace trainer::models::cpu {
@@ -31,8 +30,6 @@ dnnl::stream& stream() {
   static dnnl::stream s(engine());
   return s;
 }
-
-ConvAlgorithm g_conv_algorithm = ConvAlgorithm::kAuto;
 
 // Primitives are made with a user-managed scratchpad, and all of them share one process-wide
 // buffer: ops run one at a time, and the library's own per-execution scratchpad allocations were
@@ -101,7 +98,7 @@ struct ConvPrimitiveDescs {
 // reordered to channels-last (DeepSpeech's second convolution at batch 1 on AVX2). When none gets
 // such kernels, the first that exists is taken (and record_primitive warns about it).
 ConvPrimitiveDescs choose_conv_primitives(const ConvGeometry& g, const memory::desc& src_md,
-                                          const memory::desc& bias_md) {
+                                          const memory::desc& bias_md, ConvAlgorithm algorithm) {
   const memory::dims strides{g.stride_h, g.stride_w};
   const memory::dims pad_l{g.pad_h, g.pad_w};
   // Right padding so the output size is exactly what the geometry says (floor division).
@@ -115,7 +112,7 @@ ConvPrimitiveDescs choose_conv_primitives(const ConvGeometry& g, const memory::d
   const bool wide = g.in_channels >= 32 && g.out_channels >= 32;
   std::vector<dnnl::algorithm> algorithms{dnnl::algorithm::convolution_direct};
   if (winograd_shape &&
-      (g_conv_algorithm == ConvAlgorithm::kWinograd || (g_conv_algorithm == ConvAlgorithm::kAuto && wide)))
+      (algorithm == ConvAlgorithm::kWinograd || (algorithm == ConvAlgorithm::kAuto && wide)))
     algorithms.insert(algorithms.begin(), dnnl::algorithm::convolution_winograd);
 
   struct Candidate {
@@ -217,14 +214,15 @@ ConvPrimitiveDescs choose_bf16_conv_primitives(const ConvGeometry& g, const memo
 
 class DnnlConv final : public ConvOp {
  public:
-  explicit DnnlConv(const ConvGeometry& g) : g_(g) {
+  DnnlConv(const ConvGeometry& g, const BackendSettings& settings) : g_(g) {
+    const bool in_bf16 = settings.precision == Precision::kBf16;
     src_md_ = activation_md(g.batch, g.in_channels, g.in_h, g.in_w, g.src_layout, g.src_dtype);
-    if ((g.src_dtype == DType::kBf16 || g.dst_dtype == DType::kBf16) && precision() != Precision::kBf16)
+    if ((g.src_dtype == DType::kBf16 || g.dst_dtype == DType::kBf16) && !in_bf16)
       throw std::logic_error("convolution: bf16 activations need runtime.precision = bf16");
     user_w_md_ = memory::desc({g.out_channels, g.in_channels, g.kernel_h, g.kernel_w}, dt::f32, tag::oihw);
     bias_md_ = memory::desc({g.out_channels}, dt::f32, tag::x);
-    ConvPrimitiveDescs chosen = precision() == Precision::kBf16 ? choose_bf16_conv_primitives(g, src_md_, bias_md_)
-                                                                : choose_conv_primitives(g, src_md_, bias_md_);
+    ConvPrimitiveDescs chosen = in_bf16 ? choose_bf16_conv_primitives(g, src_md_, bias_md_)
+                                        : choose_conv_primitives(g, src_md_, bias_md_, settings.conv_algorithm);
     fwd_pd_ = chosen.fwd;
     bwd_data_pd_ = chosen.bwd_data;
     bwd_w_pd_ = chosen.bwd_w;
@@ -464,8 +462,6 @@ dnnl::memory::desc activation_md(int64_t n, int64_t c, int64_t h, int64_t w, Lay
   return memory::desc({n, c, h, w}, dtype == DType::kBf16 ? dt::bf16 : dt::f32, t);
 }
 
-void set_conv_algorithm(ConvAlgorithm algorithm) { g_conv_algorithm = algorithm; }
-
 void reorder_layout(const Tensor& x, Tensor& y) {
   if (x.shape != y.shape || x.dtype != y.dtype) throw std::logic_error("convert_layout: shapes or dtypes differ");
   memory src(activation_md(x.dim(0), x.dim(1), x.dim(2), x.dim(3), x.layout, x.dtype), engine(), x.data);
@@ -484,7 +480,9 @@ void reorder_nchw(const Tensor& t, float* nchw, bool to_nchw) {
   stream().wait();
 }
 
-std::unique_ptr<ConvOp> make_dnnl_conv(const ConvGeometry& g) { return std::make_unique<DnnlConv>(g); }
+std::unique_ptr<ConvOp> make_dnnl_conv(const ConvGeometry& g, const BackendSettings& settings) {
+  return std::make_unique<DnnlConv>(g, settings);
+}
 std::unique_ptr<BatchNormOp> make_dnnl_batchnorm(const BatchNormGeometry& g) {
   return std::make_unique<DnnlBatchNorm>(g);
 }

@@ -7,13 +7,8 @@
 
 namespace trainer::models::cpu {
 
-// Convolution algorithm: direct everywhere; Winograd F(4,3) wherever oneDNN has it (3x3, stride 1,
-// blocked layouts); or kAuto (default): Winograd where it measured faster (from 32 channels).
-// Set once per process before ops are made.
-enum class ConvAlgorithm { kDirect, kWinograd, kAuto };
-void set_conv_algorithm(ConvAlgorithm algorithm);
-
-std::unique_ptr<ConvOp> make_dnnl_conv(const ConvGeometry& g);
+// In the settings' precision, by their algorithm (backend_settings.h).
+std::unique_ptr<ConvOp> make_dnnl_conv(const ConvGeometry& g, const BackendSettings& settings);
 std::unique_ptr<BatchNormOp> make_dnnl_batchnorm(const BatchNormGeometry& g);
 std::unique_ptr<PoolOp> make_dnnl_pool(const PoolGeometry& g);
 

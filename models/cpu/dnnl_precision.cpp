@@ -8,9 +8,6 @@
 #include "models/cpu/dnnl_dispatch.h"
 
 namespace trainer::models::cpu {
-namespace {
-Precision g_precision = Precision::kFp32;
-}  // namespace
 
 bool dnnl_has_bf16() {
   // The ISAs are ordered by what they include; avx512_mic (Xeon Phi) lacks the AVX-512 subsets
@@ -27,18 +24,14 @@ bool dnnl_has_bf16() {
 }
 
 void require_precision(Precision precision) {
+  if (precision == Precision::kTf32)
+    throw std::invalid_argument("runtime.precision = \"tf32\": TF32 is a GPU tensor-core mode that CPUs do not have; "
+                                "use fp32 or bf16 on runtime.device = \"cpu\"");
   if (precision == Precision::kBf16 && !dnnl_has_bf16())
     throw std::invalid_argument(std::string("runtime.precision = \"bf16\": oneDNN 2.6 has no bf16 kernels at ISA ") +
                                 dnnl_isa_name() +
                                 " (it needs AVX-512: avx512_core emulates bf16, avx512_bf16 and AMX run it natively); "
                                 "use runtime.precision = \"fp32\" on this CPU");
 }
-
-void set_precision(Precision precision) {
-  require_precision(precision);
-  g_precision = precision;
-}
-
-Precision precision() { return g_precision; }
 
 }  // namespace trainer::models::cpu

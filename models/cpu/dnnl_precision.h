@@ -1,5 +1,5 @@
-// The precision the CPU backend computes convolutions and the layers' GEMMs in (runtime.precision;
-// architecture.md section 2, "Precision").
+// The precision the CPU backend computes convolutions and the layers' GEMMs in (runtime.precision,
+// BackendSettings::precision; architecture.md section 2, "Precision").
 //
 // kBf16 is mixed precision as PyTorch's CPU autocast defines it: parameters, activations in memory,
 // gradients, optimizer state and the gradient sync stay fp32; each convolution and layer GEMM
@@ -9,18 +9,15 @@
 // same results) on plain avx512_core; below that it has none, not even a reference one.
 #pragma once
 
+#include "models/backend_settings.h"
+
 namespace trainer::models::cpu {
 
-enum class Precision { kFp32, kBf16 };
-
-// Set once per process before ops are made (ops keep the precision they were made in; the GEMMs
-// read it at each call). Throws std::invalid_argument, one line naming runtime.precision and the
-// ISA, for kBf16 where oneDNN dispatches below AVX-512 (ONEDNN_MAX_CPU_ISA applies).
-void set_precision(Precision precision);
-Precision precision();
 // Whether oneDNN has bf16 kernels at the ISA it dispatches for.
 bool dnnl_has_bf16();
-// set_precision's check alone: throws its error where `precision` cannot run here.
+// Throws std::invalid_argument, one line naming runtime.precision (and the ISA), where the CPU
+// backend cannot compute in `precision`: kTf32 anywhere, kBf16 where oneDNN dispatches below
+// AVX-512 (ONEDNN_MAX_CPU_ISA applies). The CPU backend checks it when it is made.
 void require_precision(Precision precision);
 
 }  // namespace trainer::models::cpu

@@ -18,13 +18,9 @@
 
 namespace trainer::models::cpu {
 
-enum class LstmAlgorithm { kDnnl, kGemm };
-// Applies to ops made afterwards. The environment variable TRAINER_LSTM=dnnl|gemm overrides it.
-void set_lstm_algorithm(LstmAlgorithm algorithm);
-
 // The whole LSTM (backend.h's contract): the layer loop of lstm_stack.cpp over direction ops of
-// the algorithm chosen above.
-std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g);
+// `algorithm` (BackendSettings::lstm_algorithm, backend_settings.h).
+std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g, LstmAlgorithm algorithm);
 
 // One direction of one layer over full-length sequences from a zero initial state: what the stack
 // runs per (layer, direction), the reverse direction on time-reversed sequences.
@@ -45,8 +41,8 @@ class LstmDirectionOp {
                         float* dx, float* dw_ih, float* dw_hh, float* db_ih, float* db_hh) = 0;
 };
 
-// The implementation set_lstm_algorithm (or TRAINER_LSTM) chose.
-std::unique_ptr<LstmDirectionOp> make_lstm_direction(const LstmDirectionGeometry& g);
+// `algorithm`'s implementation; the environment variable TRAINER_LSTM=dnnl|gemm overrides it.
+std::unique_ptr<LstmDirectionOp> make_lstm_direction(const LstmDirectionGeometry& g, LstmAlgorithm algorithm);
 std::unique_ptr<LstmDirectionOp> make_dnnl_lstm(const LstmDirectionGeometry& g);
 std::unique_ptr<LstmDirectionOp> make_gemm_lstm(const LstmDirectionGeometry& g);
 

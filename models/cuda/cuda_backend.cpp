@@ -7,8 +7,10 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "models/cuda/cuda_check.h"
 #include "models/cuda/cuda_device.h"
@@ -18,9 +20,6 @@
 
 namespace trainer::models::cuda {
 namespace {
-
-bool g_tf32 = false;
-bool g_bf16 = false;
 
 // Pieces of one scratch allocation, each at a multiple of 256 bytes (cudaMalloc's alignment), for
 // ops that need several device arrays at once.
@@ -69,16 +68,19 @@ int to_int(int64_t v, const char* what) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int local_rank)
-      : memory_(cuda_device(local_rank)),
+  CudaBackend(int local_rank, const BackendSettings& settings)
+      : settings_(settings),
+        memory_(cuda_device(local_rank)),
         stream_(cuda_stream(local_rank)),
         description_(describe_cuda_device(local_rank)),
-        cudnn_(memory_, stream_) {
+        cudnn_(memory_, stream_, settings) {
     check(cublasCreate(&cublas_), "cublasCreate");
     check(cublasSetStream(cublas_, stream_), "cublasSetStream");
     // FP32: CUBLAS_DEFAULT_MATH never uses TF32 tensor cores for SGEMM (that takes
     // CUBLAS_TF32_TENSOR_OP_MATH, runtime.precision = "tf32", or NVIDIA_TF32_OVERRIDE).
-    check(cublasSetMathMode(cublas_, g_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    check(cublasSetMathMode(cublas_, settings.precision == Precision::kTf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                                             : CUBLAS_DEFAULT_MATH),
+          "cublasSetMathMode");
     // The handle's one workspace, ours, set before any capture (a step graph is recorded only after
     // eager steps, trainer/step_graph.h). Without it cuBLAS takes workspaces from its own pool: under
     // stream capture a new one for every capture, so each re-record grows memory (PyTorch #83461,
@@ -162,11 +164,11 @@ class CudaBackend final : public Backend {
           "cublasSgemm");
   }
 
-  // runtime.precision = bf16 (set_bf16): op(A) and op(B) rounded to packed bf16 copies, multiplied
+  // runtime.precision = bf16 (cuda_backend.h): op(A) and op(B) rounded to packed bf16 copies, multiplied
   // by cuBLAS with fp32 accumulation into the fp32 C.
   void layer_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
-    if (!g_bf16) {
+    if (settings_.precision != Precision::kBf16) {
       gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       return;
     }
@@ -553,6 +555,7 @@ class CudaBackend final : public Backend {
     return count;
   }
 
+  const BackendSettings settings_;
   DeviceMemory& memory_;
   cudaStream_t stream_;
   std::string description_;
@@ -570,16 +573,21 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-void set_tf32(bool allow) { g_tf32 = allow; }
-bool tf32_allowed() { return g_tf32; }
-void set_bf16(bool on) { g_bf16 = on; }
-bool bf16_enabled() { return g_bf16; }
-
-Backend& cuda_backend(int local_rank) {
+Backend& cuda_backend(int local_rank, const BackendSettings& settings) {
   // Never destroyed: at exit the device (another function's static) may already be gone, and the
   // handles and buffers go with the process anyway.
-  static CudaBackend* backend = new CudaBackend(local_rank);
-  return *backend;
+  struct Made {
+    int local_rank;
+    BackendSettings settings;
+    CudaBackend* backend;
+  };
+  static std::mutex mutex;
+  static auto* made = new std::vector<Made>;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const Made& m : *made)
+    if (m.local_rank == local_rank && m.settings == settings) return *m.backend;
+  made->push_back({local_rank, settings, new CudaBackend(local_rank, settings)});
+  return *made->back().backend;
 }
 
 }  // namespace trainer::models::cuda

@@ -11,7 +11,7 @@
 //
 // Algorithms are chosen once per op (one op per layer and shape): an FP32 one whose workspace fits
 // kMaxWorkspace (and, in bf16, a dot-product one).
-// - With runtime.deterministic (set_deterministic_algorithms): cuDNN's heuristics
+// - With runtime.deterministic (BackendSettings::deterministic): cuDNN's heuristics
 //   (cudnnGetConvolution*Algorithm_v7, which time nothing), the first deterministic algorithm in
 //   their order (choose() says which count as deterministic). The choice depends only on the descriptors, the GPU and
 //   the cuDNN version, so two processes (a repeat, a resume, eager against graph) choose the same
@@ -28,7 +28,7 @@
 //   heuristics list them as supported for its geometry and their workspace fits, so a run searches
 //   a bounded number of times instead of nearly every step.
 //
-// runtime.precision = bf16 (set_bf16): the descriptors are bf16 with fp32 compute (cuDNN's
+// runtime.precision = bf16 (BackendSettings): the descriptors are bf16 with fp32 compute (cuDNN's
 // BFLOAT16 configuration, tensor cores), so the op keeps bf16 copies: the input's (made in forward
 // and read again by backward_weights), the weights' (made in forward, read by backward_data), the
 // output gradient's (made by backward_weights, read by backward_data on the same dy), and bf16
@@ -51,8 +51,6 @@ namespace trainer::models::cuda {
 namespace {
 
 constexpr size_t kMaxWorkspace = size_t(1) << 30;
-
-bool deterministic_algorithms = false;  // runtime.deterministic, read when an op is made
 
 bool fp32_math(cudnnMathType_t m) { return m == CUDNN_DEFAULT_MATH || m == CUDNN_FMA_MATH; }
 
@@ -90,8 +88,8 @@ bool sums_with_atomics(cudnnConvolutionBwdFilterAlgo_t a) {
 // preference: one the result calls deterministic; one it does not call so but that is not among
 // the documented atomic ones; else any (the run then may differ in the last bits, as before).
 template <class Perf, class Fits>
-const Perf* choose(const Perf* results, int count, bool bf16, const Fits& fits) {
-  const int levels = deterministic_algorithms ? 3 : 1;
+const Perf* choose(const Perf* results, int count, bool bf16, bool deterministic, const Fits& fits) {
+  const int levels = deterministic ? 3 : 1;
   for (int level = 3 - levels; level < 3; ++level)
     for (int i = 0; i < count; ++i) {
       const Perf& p = results[i];
@@ -131,10 +129,10 @@ struct ConvAlgorithms {
 // A geometry's length class (length_class.h) and the modes that change the candidates: the key of
 // the searched choices. Ops are made on the training thread only.
 using ClassKey = std::array<int64_t, 13>;
-ClassKey class_key(const ConvGeometry& g, bool bf16) {
+ClassKey class_key(const ConvGeometry& g, bool bf16, bool tf32) {
   return {g.batch,         g.in_channels, length_class(g.in_h), length_class(g.in_w), g.out_channels,
           g.kernel_h,      g.kernel_w,    g.stride_h,           g.stride_w,           g.pad_h,
-          g.pad_w,         bf16 ? 1 : 0,  tf32_allowed() ? 1 : 0};
+          g.pad_w,         bf16 ? 1 : 0,  tf32 ? 1 : 0};
 }
 std::map<ClassKey, ConvAlgorithms>& searched_by_class() {
   static auto* searched = new std::map<ClassKey, ConvAlgorithms>;  // never destroyed, as the backend
@@ -144,7 +142,6 @@ int64_t searches = 0;  // cudnnFind* searches (three calls each) in this process
 
 }  // namespace
 
-void set_deterministic_algorithms(bool deterministic) { deterministic_algorithms = deterministic; }
 int64_t convolution_searches() { return searches; }
 
 namespace {
@@ -187,7 +184,7 @@ class CudnnConv final : public ConvOp {
     // the algorithms cudnnFind* then returns include them): runtime.precision = "tf32". bf16 data
     // runs on tensor cores under tensor-op math.
     check(cudnnSetConvolutionMathType(conv_, bf16_            ? CUDNN_TENSOR_OP_MATH
-                                             : tf32_allowed() ? CUDNN_DEFAULT_MATH
+                                             : ctx_.tf32()    ? CUDNN_DEFAULT_MATH
                                                               : CUDNN_FMA_MATH),
           "cudnnSetConvolutionMathType");
     int on = 0, oc = 0, oh = 0, ow = 0;
@@ -357,17 +354,18 @@ class CudnnConv final : public ConvOp {
   // See the header: timing-free under runtime.deterministic, else searched once per length class.
   ConvAlgorithms choose_algorithms() {
     auto fits_here = [this](auto algo) { return fits(algo); };
-    if (deterministic_algorithms) {
+    const bool deterministic = ctx_.settings().deterministic;
+    if (deterministic) {
       const Heuristics r = heuristics();
-      const auto* f = choose(r.fwd.data(), r.fwd_count, bf16_, fits_here);
+      const auto* f = choose(r.fwd.data(), r.fwd_count, bf16_, deterministic, fits_here);
       if (!f) no_algorithm("forward", g_, bf16_);
-      const auto* d = choose(r.bwd_data.data(), r.bwd_data_count, bf16_, fits_here);
+      const auto* d = choose(r.bwd_data.data(), r.bwd_data_count, bf16_, deterministic, fits_here);
       if (!d) no_algorithm("backward-data", g_, bf16_);
-      const auto* b = choose(r.bwd_filter.data(), r.bwd_filter_count, bf16_, fits_here);
+      const auto* b = choose(r.bwd_filter.data(), r.bwd_filter_count, bf16_, deterministic, fits_here);
       if (!b) no_algorithm("backward-filter", g_, bf16_);
       return {f->algo, d->algo, b->algo};
     }
-    const ClassKey key = class_key(g_, bf16_);
+    const ClassKey key = class_key(g_, bf16_, ctx_.tf32());
     auto& searched = searched_by_class();
     if (const auto it = searched.find(key); it != searched.end()) {
       // Searched for another extent of this class: reuse it where cuDNN supports it here (the
@@ -387,25 +385,26 @@ class CudnnConv final : public ConvOp {
   template <class Fits>
   ConvAlgorithms search(const Fits& fits_here) {
     ++searches;
+    const bool deterministic = ctx_.settings().deterministic;  // false: choose_algorithms searches only then
     cudnnHandle_t h = ctx_.handle();
     int returned = 0;
     std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
     check(cudnnFindConvolutionForwardAlgorithm(h, x_, w_, conv_, y_, static_cast<int>(fwd.size()), &returned,
                                                fwd.data()),
           "cudnnFindConvolutionForwardAlgorithm");
-    const auto* f = choose(fwd.data(), returned, bf16_, fits_here);
+    const auto* f = choose(fwd.data(), returned, bf16_, deterministic, fits_here);
     if (!f) no_algorithm("forward", g_, bf16_);
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bwd_data(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
     check(cudnnFindConvolutionBackwardDataAlgorithm(h, w_, y_, conv_, x_, static_cast<int>(bwd_data.size()),
                                                     &returned, bwd_data.data()),
           "cudnnFindConvolutionBackwardDataAlgorithm");
-    const auto* d = choose(bwd_data.data(), returned, bf16_, fits_here);
+    const auto* d = choose(bwd_data.data(), returned, bf16_, deterministic, fits_here);
     if (!d) no_algorithm("backward-data", g_, bf16_);
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bwd_filter(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
     check(cudnnFindConvolutionBackwardFilterAlgorithm(h, x_, y_, conv_, w_, static_cast<int>(bwd_filter.size()),
                                                       &returned, bwd_filter.data()),
           "cudnnFindConvolutionBackwardFilterAlgorithm");
-    const auto* b = choose(bwd_filter.data(), returned, bf16_, fits_here);
+    const auto* b = choose(bwd_filter.data(), returned, bf16_, deterministic, fits_here);
     if (!b) no_algorithm("backward-filter", g_, bf16_);
     return {f->algo, d->algo, b->algo};
   }
@@ -416,7 +415,7 @@ class CudnnConv final : public ConvOp {
 
   ConvGeometry g_;
   CudnnContext& ctx_;
-  const bool bf16_ = bf16_enabled();  // declared before the constructor body reads it
+  const bool bf16_ = ctx_.bf16();  // declared before the constructor body reads it
   const bool reorder_ = g_.kernel_h * g_.kernel_w > 1 && g_.in_channels > 1;
   float* w_nhwc_ = nullptr;   // the last forward's weights, {O, KH, KW, I}
   float* dw_nhwc_ = nullptr;  // backward_weights' result before its reorder
@@ -435,7 +434,8 @@ class CudnnConv final : public ConvOp {
 
 }  // namespace
 
-CudnnContext::CudnnContext(DeviceMemory& memory, cudaStream_t stream) : memory_(memory), stream_(stream) {
+CudnnContext::CudnnContext(DeviceMemory& memory, cudaStream_t stream, const BackendSettings& settings)
+    : memory_(memory), stream_(stream), settings_(settings) {
   check(cudnnCreate(&handle_), "cudnnCreate");
   check(cudnnSetStream(handle_, stream_), "cudnnSetStream");
 }

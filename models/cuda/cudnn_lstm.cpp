@@ -81,7 +81,7 @@ class CudnnLstm final : public LstmOp {
     check(cudnnSetRNNDescriptor_v8(rnn_, CUDNN_RNN_ALGO_STANDARD, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS,
                                    g.bidirectional ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT,
                                    CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT,
-                                   tf32_allowed() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH, to_int(g.input, "input"), H,
+                                   ctx_.tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH, to_int(g.input, "input"), H,
                                    H, L, dropout_, CUDNN_RNN_PADDED_IO_ENABLED),
           "cudnnSetRNNDescriptor_v8");
     check(cudnnCreateRNNDataDescriptor(&x_), "cudnnCreateRNNDataDescriptor");

@@ -13,13 +13,14 @@
 
 namespace trainer::models::cuda {
 
-// What the cuDNN ops share: the library handle, bound to the backend's stream, and one workspace
-// that grows to the largest any op's chosen algorithm asked for. Ops run one at a time, in order,
+// What the cuDNN ops share: the library handle, bound to the backend's stream, the backend's
+// settings (precision, determinism), and one workspace that grows to the largest any op's chosen
+// algorithm asked for. Ops run one at a time, in order,
 // on that stream, so one workspace serves them all (as the CPU backend's one scratchpad does);
 // growing happens while ops are made, never in a steady-state step.
 class CudnnContext {
  public:
-  CudnnContext(DeviceMemory& memory, cudaStream_t stream);
+  CudnnContext(DeviceMemory& memory, cudaStream_t stream, const BackendSettings& settings);
   ~CudnnContext();
   CudnnContext(const CudnnContext&) = delete;
   CudnnContext& operator=(const CudnnContext&) = delete;
@@ -27,6 +28,9 @@ class CudnnContext {
   cudnnHandle_t handle() const { return handle_; }
   DeviceMemory& memory() const { return memory_; }
   cudaStream_t stream() const { return stream_; }
+  const BackendSettings& settings() const { return settings_; }
+  bool bf16() const { return settings_.precision == Precision::kBf16; }
+  bool tf32() const { return settings_.precision == Precision::kTf32; }
   void reserve_workspace(size_t bytes);
   void* workspace() const { return workspace_; }
   size_t workspace_bytes() const { return workspace_bytes_; }
@@ -34,6 +38,7 @@ class CudnnContext {
  private:
   DeviceMemory& memory_;
   cudaStream_t stream_;
+  const BackendSettings settings_;
   cudnnHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;

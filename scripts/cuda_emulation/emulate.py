@@ -267,21 +267,15 @@ class EmulatedCudaBackend final : public Backend {
   DeviceMemory& memory_ = host_memory();
 };
 
-bool g_emulated_tf32 = false;
-bool g_emulated_bf16 = false;
-
 }  // namespace
 
-Backend& cuda_backend(int) {
+// One backend whatever the settings: they choose among cuDNN's and cuBLAS's modes (TF32, bf16,
+// deterministic algorithms), and the CPU's fp32 ops stand in for all of those here.
+Backend& cuda_backend(int, const BackendSettings&) {
   static EmulatedCudaBackend* backend = new EmulatedCudaBackend;
   return *backend;
 }
-void set_deterministic_algorithms(bool) {}
 int64_t convolution_searches() { return 0; }  // the CPU's convolutions stand in for cuDNN's: no search
-void set_tf32(bool allow) { g_emulated_tf32 = allow; }
-bool tf32_allowed() { return g_emulated_tf32; }
-void set_bf16(bool on) { g_emulated_bf16 = on; }
-bool bf16_enabled() { return g_emulated_bf16; }
 
 }  // namespace trainer::models::cuda
 """)
