@@ -41,11 +41,12 @@ inline const char* cudaGetErrorString(cudaError_t) { return "no error (emulated)
 using std::isfinite;
 using std::isnan;
 // The explicitly rounded float intrinsics (no contraction across them): each is one IEEE operation.
-inline float __fsub_rn(float a, float b) { return a - b; }
-inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
-// A product kept out of line, so that GCC (-ffp-contract=fast) cannot fuse it with an add of the
-// caller's, as nvcc never does with __fmul_rn.
+// Sums and products kept out of line, so that GCC (-ffp-contract=fast) cannot fuse one with an
+// operation of the caller's into an FMA, as nvcc never does with these.
+[[gnu::noinline]] inline float __fadd_rn(float a, float b) { return a + b; }
+[[gnu::noinline]] inline float __fsub_rn(float a, float b) { return a - b; }
 [[gnu::noinline]] inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 // To the nearest integer, ties to even (nearbyint in the default rounding mode).
 inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyint(x)); }
 
