@@ -9,9 +9,12 @@ usage: emulate.py SOURCE_DIR OUT_DIR
   the grid (their body reads gridDim.x or calls grid_stride()), so they run on a few blocks only.
 - OUT_DIR/emulated_backend.cpp defines cuda::cuda_backend(): the CUDA backend's own methods that
   launch our kernels, copied from models/cuda/cuda_backend.cpp (so its wiring is what runs), our
-  batch norm op (models/cuda/batch_norm.cu) for channels-last activations; it is a
-  ForwardingBackend over the CPU backend, so the CPU's ops do the rest (cuDNN's and cuBLAS's: convolution, pooling, the LSTM, GEMM, copies; batch norm
-  in the CPU's blocked layouts), over host memory that says it is not host memory (is_host() false).
+  batch norm op (models/cuda/batch_norm.cu) for channels-last activations. It is a
+  ForwardingBackend over the CPU backend, so the CPU's ops do the rest (cuDNN's and cuBLAS's:
+  convolution, pooling, the LSTM, GEMM, copies; batch norm in the CPU's blocked layouts), over host
+  memory that says it is not host memory (is_host() false). Each emulated method notes its calls
+  (written at exit under $CUDA_EMULATION_CALLS), and OUT_DIR/emulated_methods.txt lists them, for
+  check_coverage.py.
   The emulated methods are an explicit list (`emulated`); generation fails when a CudaBackend
   method calls a kernel without being listed, or a .cu file's kernels are reached from nothing
   emulated and not listed as run elsewhere (`not_emulated`).
