@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <limits>
 #include <random>
@@ -121,6 +122,11 @@ inline std::vector<float> host_grads(models::ParameterStore& store) {
   copy_to_host(store.memory(), store.grads(), store.size(), h.data());
   return h;
 }
+
+// The suite's run of these tests against the emulated kernels (CUDA_EMULATION_QUICK, set by
+// scripts/cuda_emulation/CMakeLists.txt): cases leave out their largest sizes, which are there for a
+// GPU's large-grid paths and take minutes emulated; run.sh and a GPU run every size.
+inline bool quick() { return std::getenv("CUDA_EMULATION_QUICK") != nullptr; }
 
 // The test binary's main: the GPU, or exit 77 (ctest's skip) where there is none.
 inline int run_cuda_tests(int argc, char** argv) {

@@ -19,6 +19,7 @@
 #include "comm/sync/registry.h"
 #include "comm/sync/sparse_passes.h"
 #include "tests/device_like_backend.h"
+#include "tests/device_like_communicator.h"
 
 using namespace trainer;
 
@@ -114,7 +115,8 @@ TEST_CASE("the sparse methods on device buffers give the host path's bits", "[sp
         auto host = comm::make_gradient_sync(o, comm::world(), kEntries, nullptr);
         models::DeviceLikeCpu device;
         o.backend = &device;
-        auto on_device = comm::make_gradient_sync(o, comm::world(), kEntries, nullptr);
+        auto device_comm = testing::device_like_communicator(device);
+        auto on_device = comm::make_gradient_sync(o, *device_comm, kEntries, nullptr);
         CHECK_THAT(on_device->describe(), !Catch::Contains("through host memory"));
 
         const Run a = train(*host, models::host_memory(), 0, kSteps);
@@ -153,7 +155,8 @@ TEST_CASE("sync.dgc and the sparsity warm-up on device buffers give the host pat
         models::DeviceLikeCpu device;
         comm::SyncOptions od = o;
         od.backend = &device;
-        auto on_device = comm::make_gradient_sync(od, comm::world(), kEntries, nullptr);
+        auto device_comm = testing::device_like_communicator(device);
+        auto on_device = comm::make_gradient_sync(od, *device_comm, kEntries, nullptr);
         CHECK_THAT(on_device->describe(), !Catch::Contains("through host memory"));
         check_same_steps(train(*host, models::host_memory(), 0, kSteps), train(*on_device, device, 0, kSteps));
         CHECK(saved(*host) == saved(*on_device));
@@ -176,8 +179,11 @@ TEST_CASE("a sparse method's checkpoint resumes across host and device", "[spars
         models::DeviceLikeCpu device;
         comm::SyncOptions od = o;
         od.backend = &device;
-        auto first = comm::make_gradient_sync(host_first ? o : od, comm::world(), kEntries, nullptr);
-        auto second = comm::make_gradient_sync(host_first ? od : o, comm::world(), kEntries, nullptr);
+        auto device_comm = testing::device_like_communicator(device);
+        auto first = comm::make_gradient_sync(host_first ? o : od, host_first ? comm::world() : *device_comm, kEntries,
+                                              nullptr);
+        auto second = comm::make_gradient_sync(host_first ? od : o, host_first ? *device_comm : comm::world(), kEntries,
+                                               nullptr);
         auto reference = comm::make_gradient_sync(o, comm::world(), kEntries, nullptr);
         models::DeviceMemory& first_memory = host_first ? models::host_memory() : static_cast<models::DeviceMemory&>(device);
         models::DeviceMemory& second_memory = host_first ? static_cast<models::DeviceMemory&>(device) : models::host_memory();
@@ -259,7 +265,8 @@ TEST_CASE("PowerSGD on device buffers gives the host path's bits", "[powersgd][d
       auto host = comm::make_gradient_sync(o, comm::world(), kEntries, &views);
       models::DeviceLikeCpu device;
       o.backend = &device;
-      auto on_device = comm::make_gradient_sync(o, comm::world(), kEntries, &views);
+      auto device_comm = testing::device_like_communicator(device);
+      auto on_device = comm::make_gradient_sync(o, *device_comm, kEntries, &views);
       CHECK_THAT(on_device->describe(), !Catch::Contains("through host memory"));
       constexpr int kSteps = 10;
       const Run a = train(*host, models::host_memory(), 0, kSteps, &views);

@@ -26,6 +26,7 @@
 #include "comm/sync/registry.h"
 #include "comm/sync/sparseloco.h"
 #include "tests/device_like_backend.h"
+#include "tests/device_like_communicator.h"
 #include "tests/tiny_views.h"
 
 using namespace trainer;
@@ -151,8 +152,9 @@ TEST_CASE("DiLoCo on device buffers gives the host path's bits", "[diloco][devic
   for (const Variant& v : kVariants) {
     SECTION(v.name) {
       models::DeviceLikeCpu device;
+      auto device_comm = testing::device_like_communicator(device);
       auto host = comm::make_gradient_sync(diloco_options(v, nullptr), comm::world(), n, &views);
-      auto on_device = comm::make_gradient_sync(diloco_options(v, &device), comm::world(), n, &views);
+      auto on_device = comm::make_gradient_sync(diloco_options(v, &device), *device_comm, n, &views);
       std::vector<float> host_params(n, 0.5f), host_state(6, 1.f), device_params = host_params,
                                                                      device_state = host_state;
       const Trace a = train(*host, models::host_memory(), views, 0, kSteps, host_params, host_state);
@@ -196,8 +198,9 @@ TEST_CASE("SparseLoCo on device buffers gives the host path's bits, copying only
         return o;
       };
       models::DeviceLikeCpu device;
+      auto device_comm = testing::device_like_communicator(device);
       auto host = comm::make_gradient_sync(options(nullptr), comm::world(), n, &views);
-      auto on_device = comm::make_gradient_sync(options(&device), comm::world(), n, &views);
+      auto on_device = comm::make_gradient_sync(options(&device), *device_comm, n, &views);
       std::vector<float> host_params(n, 0.5f), host_state(6, 1.f), device_params = host_params,
                                                                      device_state = host_state;
       const Trace a = train(*host, models::host_memory(), views, 0, kSteps, host_params, host_state);
@@ -245,11 +248,14 @@ TEST_CASE("a DiLoCo checkpoint with a fragment in flight resumes across host and
     std::vector<float> params(n, 0.5f), state(6, 1.f);
     const Trace whole = train(*straight, models::host_memory(), views, 0, 12, params, state);
 
-    auto first = comm::make_gradient_sync(diloco_options(v, first_backend), comm::world(), n, &views);
+    auto device_comm = testing::device_like_communicator(device);
+    comm::Communicator& first_comm = device_first ? *device_comm : comm::world();
+    comm::Communicator& second_comm = device_first ? comm::world() : *device_comm;
+    auto first = comm::make_gradient_sync(diloco_options(v, first_backend), first_comm, n, &views);
     std::vector<float> resumed_params(n, 0.5f), resumed_state(6, 1.f);
     train(*first, first_memory, views, 0, 6, resumed_params, resumed_state);
     const std::string checkpoint = saved(*first);
-    auto second = comm::make_gradient_sync(diloco_options(v, second_backend), comm::world(), n, &views);
+    auto second = comm::make_gradient_sync(diloco_options(v, second_backend), second_comm, n, &views);
     std::istringstream in(checkpoint);
     second->load(in);
     const Trace rest = train(*second, second_memory, views, 6, 12, resumed_params, resumed_state);

@@ -18,9 +18,12 @@ using trainer::testing::SpeechTestBatch;
 
 namespace {
 
+// Through a copy: the device model's gradients are device memory, which host code cannot read.
 std::vector<float> grads_of(SpeechModel& m) {
   ParameterStore& p = m.parameters();
-  return std::vector<float>(p.grads(), p.grads() + p.size());
+  std::vector<float> grads(static_cast<size_t>(p.size()));
+  copy_to_host(p.memory(), p.grads(), p.size(), grads.data());
+  return grads;
 }
 
 // Both models from one seed, a training step, an SGD step on each, an evaluation and the decodes.

@@ -41,11 +41,12 @@ inline const char* cudaGetErrorString(cudaError_t) { return "no error (emulated)
 using std::isfinite;
 using std::isnan;
 // The explicitly rounded float intrinsics (no contraction across them): each is one IEEE operation.
-inline float __fsub_rn(float a, float b) { return a - b; }
-inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
-// A product kept out of line, so that GCC (-ffp-contract=fast) cannot fuse it with an add of the
-// caller's, as nvcc never does with __fmul_rn.
+// Sums and products kept out of line, so that GCC (-ffp-contract=fast) cannot fuse one with an
+// operation of the caller's into an FMA, as nvcc never does with these.
+[[gnu::noinline]] inline float __fadd_rn(float a, float b) { return a + b; }
+[[gnu::noinline]] inline float __fsub_rn(float a, float b) { return a - b; }
 [[gnu::noinline]] inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 // To the nearest integer, ties to even (nearbyint in the default rounding mode).
 inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyint(x)); }
 
@@ -142,6 +143,12 @@ inline int __popc(unsigned x) { return __builtin_popcount(x); }
 
 namespace cuda_emulation {
 
+// getcontext out of line: GCC treats it as returning twice (like setjmp), so in the function that
+// calls it every local live across the call draws -Wclobbered. Here it returns once only (the
+// context it fills is makecontext's starting point, never resumed as saved), and this function has
+// nothing live after it.
+[[gnu::noinline]] inline void initialize_context(ucontext_t* context) { getcontext(context); }
+
 // A fiber's entry: makecontext passes ints only, so the kernel's call comes through a global.
 inline thread_local const std::function<void()>* body = nullptr;
 inline void fiber_main() {
@@ -161,7 +168,7 @@ inline void run_block(unsigned threads, dim3 shape, const std::function<void()>&
   body = &kernel_call;
   while (stacks.size() < threads) stacks.push_back(std::make_unique<char[]>(kStackBytes));
   for (unsigned t = 0; t < threads; ++t) {
-    getcontext(&b.context[t]);
+    initialize_context(&b.context[t]);
     b.context[t].uc_stack.ss_sp = stacks[t].get();
     b.context[t].uc_stack.ss_size = kStackBytes;
     b.context[t].uc_link = &b.scheduler;

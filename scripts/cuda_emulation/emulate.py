@@ -9,9 +9,12 @@ usage: emulate.py SOURCE_DIR OUT_DIR
   the grid (their body reads gridDim.x or calls grid_stride()), so they run on a few blocks only.
 - OUT_DIR/emulated_backend.cpp defines cuda::cuda_backend(): the CUDA backend's own methods that
   launch our kernels, copied from models/cuda/cuda_backend.cpp (so its wiring is what runs), our
-  batch norm op (models/cuda/batch_norm.cu) for channels-last activations, and the CPU backend's
-  ops for the rest (cuDNN's and cuBLAS's: convolution, pooling, the LSTM, GEMM, copies; batch norm
-  in the CPU's blocked layouts), over host memory that says it is not host memory (is_host() false).
+  batch norm op (models/cuda/batch_norm.cu) for channels-last activations. It is a
+  ForwardingBackend over the CPU backend, so the CPU's ops do the rest (cuDNN's and cuBLAS's:
+  convolution, pooling, the LSTM, GEMM, copies; batch norm in the CPU's blocked layouts), over host
+  memory that says it is not host memory (is_host() false). Each emulated method notes its calls
+  (written at exit under $CUDA_EMULATION_CALLS), and OUT_DIR/emulated_methods.txt lists them, for
+  check_coverage.py.
   The emulated methods are an explicit list (`emulated`); generation fails when a CudaBackend
   method calls a kernel without being listed, or a .cu file's kernels are reached from nothing
   emulated and not listed as run elsewhere (`not_emulated`).
@@ -127,12 +130,12 @@ emulated = {
     "batchnorm_update_running", "broadcast_rows", "ctc_loss", "dequantize_blocks", "embedding_backward",
     "embedding_forward", "from_half", "from_nchw", "gather_rows", "hardtanh_backward", "hardtanh_forward",
     "image_to_sequence", "lerp", "lookahead_backward", "lookahead_forward", "lstm_cell_backward",
-    "lstm_cell_forward", "magnitude_histogram", "mask_width", "orthonormalize_columns", "pack_sequences",
-    "quantize_blocks", "relu_backward", "relu_forward", "scale", "scatter_fill", "scatter_rows",
-    "select_at_least", "select_tokens", "sequence_gather", "sequence_to_image", "sgd_update",
-    "shortcut_a_backward", "shortcut_a_forward", "softmax_cross_entropy", "sparse_to_dense", "subtract",
-    "sum_of_squares", "sum_of_squares_into", "sum_quantized_blocks", "sum_rows", "swap_axes", "to_half",
-    "to_nchw", "transpose", "unpack_sequences",
+    "lstm_cell_forward", "magnitude_histogram", "mask_width", "momentum_correction",
+    "orthonormalize_columns", "pack_sequences", "quantize_blocks", "relu_backward", "relu_forward", "scale",
+    "scatter_fill", "scatter_rows", "select_at_least", "select_tokens", "sequence_gather",
+    "sequence_to_image", "sgd_update", "shortcut_a_backward", "shortcut_a_forward", "softmax_cross_entropy",
+    "sparse_to_dense", "subtract", "sum_of_squares", "sum_of_squares_into", "sum_quantized_blocks",
+    "sum_rows", "swap_axes", "to_half", "to_nchw", "transpose", "unpack_sequences",
 }
 # The launch_ functions no emulated method calls, and where they run instead.
 not_emulated = {
@@ -177,35 +180,40 @@ for path, text in texts.items():
                         % (launch, os.path.basename(path)))
 if problems:
     sys.exit("emulate.py:\n  " + "\n  ".join(problems))
-launching = [(name, body) for name, body in methods if name in emulated or name in own]
-launching_names = {name for name, _ in launching}
 
-backend_h = open(os.path.join(src, "models/backend.h")).read()
-interface = backend_h[backend_h.index("class Backend : public DeviceMemory"):]
-interface = interface[:interface.index("\n};")]
-forwarded = []
-for d in re.findall(r"virtual\s+([^;{]*?)\s*(?:=\s*0\s*;|\{)", interface, re.S):
-    d = " ".join(d.split())
-    m = re.match(r"(.*?)\b(\w+)\((.*)\)( const)?$", d)
-    ret, name, args, const = m.group(1).strip(), m.group(2), m.group(3), m.group(4) or ""
-    if name in launching_names or name in ("describe", "make_batchnorm"):
-        continue
-    names = [a.strip().split()[-1].lstrip("*&") for a in args.split(",")] if args.strip() else []
-    call = "cpu_.%s(%s)" % (name, ", ".join(names))
-    forwarded.append("  %s %s(%s)%s override { %s%s; }" % (ret, name, args, const, "" if ret == "void" else "return ",
-                                                          call))
+
+def noting(name, body):
+    """The method's body with a first statement that notes its call (the suite's coverage check)."""
+    m = re.search(r"\)\s*(?:const\s*)?override\s*\{", body)
+    if not m:
+        sys.exit("emulate.py: %s: no `override {` to put its call's note after" % name)
+    return body[:m.end()] + "\n    note_call(\"%s\");" % name + body[m.end():]
+
+
+launching = [(name, noting(name, body) if name in emulated else body)
+             for name, body in methods if name in emulated or name in own]
+# The list the coverage check (check_coverage.py) holds the noted calls against.
+with open(os.path.join(out, "emulated_methods.txt"), "w") as f:
+    f.write("".join(name + "\n" for name in sorted(emulated)))
 
 with open(os.path.join(out, "emulated_backend.cpp"), "w") as f:
-    f.write("""// Generated by scripts/cuda_emulation/emulate.py from models/cuda/cuda_backend.cpp and models/backend.h.
+    f.write("""// Generated by scripts/cuda_emulation/emulate.py from models/cuda/cuda_backend.cpp.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 
+#include <unistd.h>
+
 #include "models/backend.h"
 #include "models/cuda/cuda_backend.h"
+#include "models/forwarding_backend.h"
 #include "models/cuda/host_ints.h"
 #include "models/cuda/kernels.h"
 
@@ -215,9 +223,36 @@ namespace {
 void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw std::runtime_error(std::string("CUDA (emulated): ") + what);
 }
-""" + helpers + """
-class EmulatedCudaBackend final : public Backend {
+
+// Which emulated methods this process called, written at exit to $CUDA_EMULATION_CALLS/<pid> when
+// that is set: scripts/cuda_emulation/check_coverage.py checks that the tests call every one (a
+// listed method no test reaches is a kernel no test compares with the CPU).
+class CallNotes {
  public:
+  void note(const char* method) { called_.insert(method); }
+  ~CallNotes() {
+    const char* dir = std::getenv("CUDA_EMULATION_CALLS");
+    if (!dir) return;
+    std::filesystem::create_directories(dir);
+    std::ofstream out(std::filesystem::path(dir) / std::to_string(::getpid()));
+    for (const std::string& name : called_) out << name << "\\n";
+  }
+
+ private:
+  std::set<std::string> called_;
+};
+CallNotes& call_notes() {
+  static CallNotes notes;
+  return notes;
+}
+void note_call(const char* method) { call_notes().note(method); }
+""" + helpers + """
+// A ForwardingBackend over the CPU backend: what is not overridden here (cuDNN's and cuBLAS's ops,
+// the layout choice) is the CPU's, and whatever op families backend.h grows are forwarded without
+// this generator knowing them.
+class EmulatedCudaBackend final : public ForwardingBackend {
+ public:
+  EmulatedCudaBackend() : ForwardingBackend(cpu_backend()) {}
   std::string name() const override { return "cuda"; }
   std::string describe() const override { return "cuda (emulated on the host: scripts/cuda_emulation)"; }
   bool is_host() const override { return false; }
@@ -246,14 +281,11 @@ class EmulatedCudaBackend final : public Backend {
   // emulated_cuda_backend_test, so its model steps run our kernels too).
   std::unique_ptr<BatchNormOp> make_batchnorm(const BatchNormGeometry& g) override {
     if (g.layout == Layout::kChannelsLast) return make_batchnorm_op(g, memory_, stream_);
-    return cpu_.make_batchnorm(g);
+    return ForwardingBackend::make_batchnorm(g);
   }
-
-  // ---- The rest (cuDNN, cuBLAS, copies): the CPU backend's ops.
-""" + "\n".join(forwarded) + """
+  // ---- The rest (cuDNN, cuBLAS, the layout choice): the CPU backend's ops (ForwardingBackend).
 
  private:
-  Backend& cpu_ = cpu_backend();
   cudaStream_t stream_ = nullptr;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
