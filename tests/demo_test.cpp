@@ -17,6 +17,7 @@
 #include "comm/sync/chunk_dct.h"
 #include "comm/sync/demo.h"
 #include "comm/sync/gradient_sync.h"
+#include "tests/reference_fixture.h"
 
 using namespace trainer;
 using Catch::Matchers::Contains;
@@ -52,23 +53,10 @@ TEST_CASE("chunk DCT: orthonormal per tile and run, the inverse undoes it", "[dc
 
 namespace {
 
+// The NumPy reference (scripts/make_demo_fixtures.py), read once.
 struct Fixture {
-  nlohmann::json meta;
-  std::vector<float> values;
-  static const Fixture& get() {
-    static const Fixture f = [] {
-      Fixture x;
-      std::ifstream j(std::string(TRAINER_FIXTURES) + "/demo_reference.json");
-      REQUIRE(j);
-      x.meta = nlohmann::json::parse(j);
-      std::ifstream b(std::string(TRAINER_FIXTURES) + "/demo_reference.bin", std::ios::binary);
-      REQUIRE(b);
-      b.seekg(0, std::ios::end);
-      x.values.resize(static_cast<size_t>(b.tellg()) / 4);
-      b.seekg(0);
-      b.read(reinterpret_cast<char*>(x.values.data()), static_cast<std::streamsize>(x.values.size() * 4));
-      return x;
-    }();
+  static const testing::ReferenceFixture& get() {
+    static const testing::ReferenceFixture f = testing::load_reference_fixture("demo_reference");
     return f;
   }
 };
@@ -108,7 +96,7 @@ struct Rank {
 }  // namespace
 
 TEST_CASE("demo: DeMo's step in NumPy, the signs and the momenta", "[reference]") {
-  const Fixture& f = Fixture::get();
+  const auto& f = Fixture::get();
   REQUIRE(comm::world().size() == 2);
   for (const auto& c : f.meta["cases"]) {
     CAPTURE(c["bits"].get<int>());

@@ -22,6 +22,7 @@
 #include "comm/sync/gradient_sync.h"
 #include "comm/sync/sparseloco.h"
 #include "models/backend.h"
+#include "tests/reference_fixture.h"
 
 using namespace trainer;
 using Catch::Matchers::Contains;
@@ -167,23 +168,10 @@ TEST_CASE("chunk codec: a zero chunk decodes to zeros; bytes at 2% and 2 bits ar
 
 namespace {
 
+// The NumPy reference (scripts/make_sparseloco_fixtures.py), read once.
 struct Fixture {
-  nlohmann::json meta;
-  std::vector<float> values;
-  static const Fixture& get() {
-    static const Fixture f = [] {
-      Fixture x;
-      std::ifstream j(std::string(TRAINER_FIXTURES) + "/sparseloco_reference.json");
-      REQUIRE(j);
-      x.meta = nlohmann::json::parse(j);
-      std::ifstream b(std::string(TRAINER_FIXTURES) + "/sparseloco_reference.bin", std::ios::binary);
-      REQUIRE(b);
-      b.seekg(0, std::ios::end);
-      x.values.resize(static_cast<size_t>(b.tellg()) / 4);
-      b.seekg(0);
-      b.read(reinterpret_cast<char*>(x.values.data()), static_cast<std::streamsize>(x.values.size() * 4));
-      return x;
-    }();
+  static const testing::ReferenceFixture& get() {
+    static const testing::ReferenceFixture f = testing::load_reference_fixture("sparseloco_reference");
     return f;
   }
 };
@@ -241,7 +229,7 @@ struct Replica {
 }  // namespace
 
 TEST_CASE("sparseloco: the paper's equations in NumPy, bit for bit, plain and streaming with an overlapped delay", "[reference]") {
-  const Fixture& f = Fixture::get();
+  const auto& f = Fixture::get();
   auto& world = comm::world();
   int ran = 0;
   for (const auto& c : f.meta["cases"]) {
@@ -280,7 +268,7 @@ TEST_CASE("sparseloco: the paper's equations in NumPy, bit for bit, plain and st
 }
 
 TEST_CASE("sparseloco: the comm log records each fragment's payload, its true size, once per sync", "[log]") {
-  const Fixture& f = Fixture::get();
+  const auto& f = Fixture::get();
   auto& comm = comm::world();
   const auto& c = f.meta["cases"][0];
   comm::CommLogOptions log_options;
@@ -304,7 +292,7 @@ TEST_CASE("sparseloco: the comm log records each fragment's payload, its true si
 }
 
 TEST_CASE("sparseloco: a checkpoint with a fragment in flight resumes bit for bit", "[resume]") {
-  const Fixture& f = Fixture::get();
+  const auto& f = Fixture::get();
   auto& comm = comm::world();
   const auto& c = f.meta["cases"][0];
   Replica straight(c, options(4, 2, 1, c)), first(c, options(4, 2, 1, c));
@@ -352,7 +340,7 @@ TEST_CASE("sparseloco: a checkpoint with a fragment in flight resumes bit for bi
 }
 
 TEST_CASE("sparseloco: on another number of ranks each accumulator is the mean of the saved ones", "[reshard]") {
-  const Fixture& f = Fixture::get();
+  const auto& f = Fixture::get();
   auto& comm = comm::world();
   const auto& c = f.meta["cases"][0];
   Replica r(c, options(2, 1, 0, c));
