@@ -1,12 +1,14 @@
 """scripts/study end to end: a two-method study at 2 ranks on the unshaped network writes its report
 (each number the table gives for bytes recomputed here from the comm logs), does not rerun complete
 runs, resumes an interrupted one from its checkpoint, and refuses bad study files with one line.
+scripts/seed_table over the same runs: means, spreads and bytes after the warmup recomputed here.
 Run by ctest with TRAINER_BINARY set:
     TRAINER_BINARY=build/trainer /usr/bin/python3 tests/study_test.py
 """
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -14,6 +16,7 @@ import unittest
 
 SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STUDY = os.path.join(SOURCE, "scripts", "study")
+SEED_TABLE = os.path.join(SOURCE, "scripts", "seed_table")
 TRAINER = os.environ.get("TRAINER_BINARY", os.path.join(SOURCE, "build", "trainer"))
 
 TINY = """
@@ -54,6 +57,26 @@ def sent_per_rank(run):
     return total / len(files)
 
 
+def sent_after_warmup_per_step(run):
+    """Bytes each rank sent for gradient sync per step of the compressed phase (all steps when the
+    run has none), from the comm logs."""
+    files = glob.glob(os.path.join(run, "comm", "rank*.jsonl"))
+    records = []
+    for name in files:
+        with open(name) as f:
+            records += [json.loads(line) for line in f]
+    phase = "compressed" if any(r["phase"] == "compressed" for r in records) else "dense"
+    steps = {r["step"] for r in records if r.get("kind") == "compute" and r["phase"] == phase}
+    sent = sum(r["bytes"] for r in records if r["phase"] == phase and r.get("kind") != "compute" and
+               not r["op"].startswith(("ALLREDUCE_CHECK", "ALLREDUCE_EVAL", "CHECKPOINT_", "BARRIER_", "SUMMARY_")))
+    return sent / len(files) / len(steps)
+
+
+def final_accuracy(run):
+    with open(os.path.join(run, "summary.json")) as f:
+        return json.load(f)["final_accuracy"]
+
+
 def table_rows(markdown):
     lines = [l for l in markdown.splitlines() if l.startswith("| ")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
@@ -90,6 +113,8 @@ class StudyTest(unittest.TestCase):
             self.assertEqual(rows["dense"]["steps to target"], "4")
             self.assertIn("First to accuracy >= 0.01", report)
 
+            self.check_seed_table(tmp, os.path.join(out, "none"))
+
             again = study(path, out)
             self.assertEqual(again.returncode, 0, again.stdout)
             self.assertEqual(again.stdout.count("complete, not run again"), 2, again.stdout)
@@ -100,6 +125,33 @@ class StudyTest(unittest.TestCase):
             line = next(l for l in resumed.stdout.splitlines() if " dense:" in l)
             self.assertIn("--resume latest", line)
             self.assertTrue(os.path.isfile(os.path.join(out, "none", "dense", "summary.json")))
+
+    def check_seed_table(self, tmp, runs):
+        """A second seed of dense (a copy of the first, so the spread is 0) in another folder."""
+        seeds = os.path.join(tmp, "seeds")
+        shutil.copytree(os.path.join(runs, "dense"), os.path.join(seeds, "dense-s1"))
+        p = subprocess.run([sys.executable, SEED_TABLE, runs, seeds], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        self.assertEqual(p.returncode, 0, p.stdout)
+        rows = {r["method"]: r for r in table_rows(p.stdout)}
+        self.assertEqual(list(rows), ["dense", "diloco-int8"])  # the baseline first
+        dense, diloco = final_accuracy(os.path.join(runs, "dense")), final_accuracy(os.path.join(runs, "diloco-int8"))
+        self.assertEqual(rows["dense"]["seed 0"], rows["dense"]["seed 1"])
+        self.assertEqual(rows["dense"]["mean accuracy"], f"{100 * dense:.2f}%")
+        self.assertEqual(rows["dense"]["spread"], "0.0")
+        self.assertEqual(rows["diloco-int8"]["seed 1"], "")
+        self.assertEqual(rows["diloco-int8"]["against dense"], f"{100 * (diloco - dense):+.1f}")
+        sent = {}
+        for name in rows:
+            sent[name] = sent_after_warmup_per_step(os.path.join(runs, name))
+            self.assertAlmostEqual(human_bytes(rows[name]["sent per step after the warmup"]) / sent[name], 1.0,
+                                   delta=0.01, msg=name)
+        ratio = float(rows["diloco-int8"]["fewer than dense"].rstrip("x"))
+        self.assertAlmostEqual(ratio / (sent["dense"] / sent["diloco-int8"]), 1.0, delta=0.06)
+        bad = subprocess.run([sys.executable, SEED_TABLE, seeds, "--baseline", "nothing"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("no runs of the baseline 'nothing'", bad.stdout)
 
     def test_bad_study_files_are_one_line_naming_the_key(self):
         cases = {
