@@ -127,9 +127,14 @@ class StudyTest(unittest.TestCase):
             self.assertTrue(os.path.isfile(os.path.join(out, "none", "dense", "summary.json")))
 
     def check_seed_table(self, tmp, runs):
-        """A second seed of dense (a copy of the first, so the spread is 0) in another folder."""
+        """A second seed of dense (a copy of the first, so the spread is 0) in another folder, and a
+        third that has not finished (no summary; its comm log cut inside a record)."""
         seeds = os.path.join(tmp, "seeds")
         shutil.copytree(os.path.join(runs, "dense"), os.path.join(seeds, "dense-s1"))
+        shutil.copytree(os.path.join(runs, "dense"), os.path.join(seeds, "dense-s2"))
+        os.remove(os.path.join(seeds, "dense-s2", "summary.json"))
+        with open(os.path.join(seeds, "dense-s2", "comm", "rank0.jsonl"), "a") as f:
+            f.write('{"step": 9, "pha')
         p = subprocess.run([sys.executable, SEED_TABLE, runs, seeds], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
         self.assertEqual(p.returncode, 0, p.stdout)
@@ -137,6 +142,7 @@ class StudyTest(unittest.TestCase):
         self.assertEqual(list(rows), ["dense", "diloco-int8"])  # the baseline first
         dense, diloco = final_accuracy(os.path.join(runs, "dense")), final_accuracy(os.path.join(runs, "diloco-int8"))
         self.assertEqual(rows["dense"]["seed 0"], rows["dense"]["seed 1"])
+        self.assertEqual(rows["dense"]["seed 2"], "incomplete")  # and left out of the mean:
         self.assertEqual(rows["dense"]["mean accuracy"], f"{100 * dense:.2f}%")
         self.assertEqual(rows["dense"]["spread"], "0.0")
         self.assertEqual(rows["diloco-int8"]["seed 1"], "")
