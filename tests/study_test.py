@@ -42,17 +42,23 @@ def study(path, out, *extra):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+# The step's verdict, evaluation, checkpoint, barrier and summary calls: bookkeeping, not gradient sync.
+BOOKKEEPING = ("ALLREDUCE_CHECK", "ALLREDUCE_EVAL", "CHECKPOINT_", "BARRIER_", "SUMMARY_")
+
+
+def is_sync_message(rec):
+    return rec.get("kind") != "compute" and not rec["op"].startswith(BOOKKEEPING)
+
+
 def sent_per_rank(run):
-    """Bytes the comm logs record leaving each rank for gradient sync, mean over ranks (the step's
-    verdict, evaluation, checkpoint, barrier and summary calls are bookkeeping)."""
+    """Bytes the comm logs record leaving each rank for gradient sync, mean over ranks."""
     files = glob.glob(os.path.join(run, "comm", "rank*.jsonl"))
     total = 0
     for name in files:
         with open(name) as f:
             for line in f:
                 rec = json.loads(line)
-                if rec.get("kind") != "compute" and not rec["op"].startswith(
-                        ("ALLREDUCE_CHECK", "ALLREDUCE_EVAL", "CHECKPOINT_", "BARRIER_", "SUMMARY_")):
+                if is_sync_message(rec):
                     total += rec["bytes"]
     return total / len(files)
 
@@ -67,8 +73,7 @@ def sent_after_warmup_per_step(run):
             records += [json.loads(line) for line in f]
     phase = "compressed" if any(r["phase"] == "compressed" for r in records) else "dense"
     steps = {r["step"] for r in records if r.get("kind") == "compute" and r["phase"] == phase}
-    sent = sum(r["bytes"] for r in records if r["phase"] == phase and r.get("kind") != "compute" and
-               not r["op"].startswith(("ALLREDUCE_CHECK", "ALLREDUCE_EVAL", "CHECKPOINT_", "BARRIER_", "SUMMARY_")))
+    sent = sum(r["bytes"] for r in records if r["phase"] == phase and is_sync_message(r))
     return sent / len(files) / len(steps)
 
 
