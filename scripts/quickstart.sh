@@ -8,7 +8,7 @@
 #   scripts/quickstart.sh cifar        # the image quickstart instead: ResNet-20, synthetic CIFAR-10
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/build.sh
+scripts/build.sh --target trainer  # the program alone; scripts/test.sh builds the tests
 # The run folder: experiment.output_dir as resolved (a --set among the arguments is honoured).
 output_dir() {
   build/trainer --config "$@" --dry-run | sed -n 's/^output: //p'

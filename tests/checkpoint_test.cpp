@@ -22,6 +22,7 @@
 
 #include "comm/communicator.h"
 #include "tests/one_rank.h"
+#include "tests/skip.h"
 #include "models/backend.h"
 #include "models/safetensors.h"
 #include "optim/sgd.h"
@@ -199,10 +200,8 @@ TEST_CASE("model.safetensors holds every named tensor with its values", "[checkp
 }
 
 TEST_CASE("scripts/read_checkpoint.py reads the weights with NumPy and checks the manifest", "[checkpoint]") {
-  if (std::system("/usr/bin/python3 -c 'import numpy' 2>/dev/null") != 0) {
-    WARN("skipped: /usr/bin/python3 with numpy is not available");
-    return;
-  }
+  if (std::system("/usr/bin/python3 -c 'import numpy' 2>/dev/null") != 0)
+    trainer::testing::skip_test("/usr/bin/python3 with numpy is not available");
   TempDir t;
   Model m;
   m.fill(3);

@@ -35,4 +35,21 @@ inline std::map<std::string, int> messages_during_backward(const std::filesystem
   return during;
 }
 
+// Milliseconds `rank` spent in forward and backward (its FORWARD_BACKWARD records) and in its
+// messages (every other record, start to end: a collective's time includes waiting for the others).
+struct RankTimes {
+  double compute_ms = 0, messages_ms = 0;
+};
+inline RankTimes rank_times(const std::filesystem::path& run, int rank) {
+  RankTimes t;
+  std::ifstream log(run / "comm" / ("rank" + std::to_string(rank) + ".jsonl"));
+  for (std::string line; std::getline(log, line);) {
+    const auto rec = nlohmann::json::parse(line);
+    if (!rec.contains("t_start_us")) continue;
+    const double ms = (rec["t_end_us"].get<int64_t>() - rec["t_start_us"].get<int64_t>()) / 1000.0;
+    (rec["op"] == "FORWARD_BACKWARD" ? t.compute_ms : t.messages_ms) += ms;
+  }
+  return t;
+}
+
 }  // namespace trainer::testing

@@ -320,8 +320,9 @@ std::vector<std::vector<float>> async_ps_round(models::DeviceMemory& memory, int
 
 }  // namespace
 
-TEST_CASE("an async_ps worker on device buffers pulls what the host worker pulls", "[async_ps][device]") {
-  if (comm::world().size() < 2) return;  // a worker and a server at least
+TEST_CASE("an async_ps worker on device buffers pulls what the host worker pulls",
+          "[async_ps][device][some_world_sizes][P2][P3]") {
+  REQUIRE(comm::world().size() >= 2);  // a worker and a server at least
   const auto on_host = async_ps_round(models::host_memory(), 6);
   models::DeviceLikeCpu device;
   const auto on_device = async_ps_round(device, 6);

@@ -83,9 +83,10 @@ std::unique_ptr<MockedReplica> checkpoint_and_resume(const MockedReplica& from, 
 
 }  // namespace
 
-TEST_CASE("Streaming DiLoCo reproduces every value torchft's regression test recorded", "[diloco][mpi]") {
+TEST_CASE("Streaming DiLoCo reproduces every value torchft's regression test recorded",
+          "[diloco][mpi][some_world_sizes][P2]") {
   comm::Communicator& comm = comm::world();
-  if (comm.size() != 2) return;  // torchft recorded 2 replicas
+  REQUIRE(comm.size() == 2);  // torchft recorded 2 replicas
   const auto& fixture = torchft_fixture();
   int checked = 0;
   for (const auto& run : fixture.at("runs")) {
@@ -121,9 +122,10 @@ TEST_CASE("Streaming DiLoCo reproduces every value torchft's regression test rec
 // fragment in flight with delay 0), resumed into new objects, reproduces rows 3-15 from its step 9.
 // Replica 0 never saw the failure in its values (both replicas send the same pseudo-gradient, so the
 // average over one or two is the same): its 22 rows are a plain run.
-TEST_CASE("torchft's failure-recovery record: a fresh start, then the resumed job's state", "[diloco][mpi]") {
+TEST_CASE("torchft's failure-recovery record: a fresh start, then the resumed job's state",
+          "[diloco][mpi][some_world_sizes][P2]") {
   comm::Communicator& comm = comm::world();
-  if (comm.size() != 2) return;
+  REQUIRE(comm.size() == 2);  // torchft recorded 2 replicas
   const nlohmann::json* run = nullptr;
   for (const auto& r : torchft_fixture().at("runs"))
     if (r.at("name").get<std::string>().find("failure") != std::string::npos) run = &r;
@@ -158,7 +160,7 @@ TEST_CASE("DiLoCo with outer SGD at lr 1 and no momentum is local SGD, bit for b
   comm::Communicator& comm = comm::world();
   // With one rank local_sgd leaves the weights alone, while the outer step computes
   // theta - (theta - theta_local), which is not theta_local in floating point: the claim is for P > 1.
-  if (comm.size() < 2) return;
+  REQUIRE(comm.size() >= 2);
   comm::SyncOptions local;
   local.method = "local_sgd";
   local.set("sync.period", 3);

@@ -120,9 +120,10 @@ class FailingSplit final : public comm::Communicator {
 
 }  // namespace
 
-TEST_CASE("A delayed fragment's allreduce runs during the next steps, with the blocking values", "[diloco][mpi]") {
+TEST_CASE("A delayed fragment's allreduce runs during the next steps, with the blocking values",
+          "[diloco][mpi][some_world_sizes][P2]") {
   comm::Communicator& comm = comm::world();
-  if (comm.size() != 2) return;  // torchft's fixture: 2 replicas
+  REQUIRE(comm.size() == 2);  // torchft's fixture: 2 replicas
   REQUIRE(comm.concurrent_calls());
   // torchft's delay-1 run with mixing 0.5: H = 6, F = 2 (offsets 3 and 6): fragments go out after
   // inner steps 2, 5, 8, 11, 14 (our steps 1, 4, 7, 10, 13) and land one step later.

@@ -17,6 +17,7 @@
 #include "models/nets/deepspeech.h"
 #include "models/nets/las.h"
 #include "models/speech_model.h"
+#include "skip.h"
 
 using namespace trainer::models;
 
@@ -120,6 +121,9 @@ TEST_CASE("LAS: no reference primitive", "[dispatch]") {
 }
 
 TEST_CASE("Models in bf16: no reference primitive, every convolution and Linear in bf16", "[bf16]") {
+  // Run alone by ctest (dispatch_test_bf16_*): below AVX-512 there is no bf16 to dispatch.
+  if (!cpu::dnnl_has_bf16())
+    trainer::testing::skip_test(std::string("no bf16 at oneDNN's ISA ") + cpu::dnnl_isa_name());
   Backend& bf16 = cpu_backend({Precision::kBf16});
   std::printf("dispatch_test: bf16, oneDNN ISA %s, activation layout %s\n", cpu::dnnl_isa_name(),
               layout_name(cpu::dnnl_blocked_layout(Precision::kBf16)));

@@ -247,10 +247,17 @@ TEST_CASE("A job killed with SIGKILL resumes from latest bit-identically", "[mpi
 TEST_CASE("A checkpoint written at one ISA resumes at another (AVX2 and this machine's own)", "[mpi][resume]") {
   // The weights keep PyTorch's layout whatever layouts the kernels use (nChw16c on AVX-512, nChw8c
   // on AVX2), so a checkpoint moves between machines of either kind. ONEDNN_MAX_CPU_ISA=AVX2 plays
-  // the AVX2 machine (on an AVX2 machine both sides are AVX2 and the test still holds). Different
-  // kernels round differently, so a run resumed at the other ISA is compared with the same run
-  // continued at its first ISA: close, not bit-identical.
+  // the AVX2 machine. Different kernels round differently, so a run resumed at the other ISA is not
+  // bit-identical to the run continued at its first ISA; how far apart kernel rounding alone takes
+  // two runs is measured here, by the same 16 steps at each ISA from the start. The mixed run (8
+  // steps at one ISA, 8 at the other) shares its first 8 steps with the straight run at its first
+  // ISA, so it may differ from it by at most what 16 steps at the two ISAs differ by, with half
+  // again as margin (rounding differences grow with the steps they act on, so about the same or
+  // less is expected). A checkpoint read in the wrong layout would put the mixed run as far from
+  // both as training moves the weights. On an AVX2 machine both ISAs are one, the two straight
+  // runs are the same bits, and so must the mixed one be.
   const int P = 2;
+  const double margin = 1.5;
   const std::string avx2 = "env ONEDNN_MAX_CPU_ISA=AVX2 TRAINER_DNNL_VERBOSE=1 ";
   const std::string steps = "--set train.max_steps=16 --set train.checkpoint_every=8";
   auto weights = [](const fs::path& checkpoint) {
@@ -260,31 +267,38 @@ TEST_CASE("A checkpoint written at one ISA resumes at another (AVX2 and this mac
     return all;
   };
   auto distance = [](const std::vector<double>& a, const std::vector<double>& b) {
+    REQUIRE(a.size() == b.size());
     double d = 0;
     for (size_t i = 0; i < a.size(); ++i) d += (a[i] - b[i]) * (a[i] - b[i]);
     return std::sqrt(d);
   };
+  TempDir native_dir("isa_straight_native"), avx2_dir("isa_straight_avx2");
+  REQUIRE(run(trainer_command(P, native_dir.path, steps)).exit_code == 0);
+  const Outcome capped = run(avx2 + trainer_command(P, avx2_dir.path, steps));
+  INFO(capped.output);
+  REQUIRE(capped.exit_code == 0);
+  CHECK_THAT(capped.output, Contains("jit:avx2"));  // the cap took effect
+  const auto straight_native = weights(native_dir.path / "checkpoints/step_16"),
+             straight_avx2 = weights(avx2_dir.path / "checkpoints/step_16");
+  const double kernels_apart = distance(straight_native, straight_avx2);
   for (const bool first_capped : {false, true}) {
-    SECTION(first_capped ? "written at AVX2, resumed natively" : "written natively, resumed at AVX2") {
-      const std::string first_isa = first_capped ? avx2 : "", second_isa = first_capped ? "" : avx2;
-      TempDir ref(first_capped ? "isa_ref_avx2" : "isa_ref_native");
-      REQUIRE(run(first_isa + trainer_command(P, ref.path, steps)).exit_code == 0);
-      TempDir part(first_capped ? "isa_from_avx2" : "isa_to_avx2");
-      Outcome first = run(first_isa + trainer_command(P, part.path, steps + " --stop-after 8"));
-      INFO(first.output);
-      REQUIRE(first.exit_code == 0);
-      Outcome second = run(second_isa + trainer_command(P, part.path, steps + " --resume latest"));
-      INFO(second.output);
-      REQUIRE(second.exit_code == 0);
-      CHECK_THAT(second.output, Contains("resumed from"));
-      CHECK_THAT((first_capped ? first : second).output, Contains("jit:avx2"));  // the cap took effect
-      // Training went on from the checkpoint: the 8 steps after it moved the weights far more than
-      // the two ISAs' kernels made them differ.
-      const auto at8 = weights(part.path / "checkpoints/step_8"), mixed = weights(part.path / "checkpoints/step_16"),
-                 straight = weights(ref.path / "checkpoints/step_16");
-      REQUIRE(at8.size() == straight.size());
-      CHECK(distance(mixed, straight) < 0.05 * distance(at8, straight));
-    }
+    INFO((first_capped ? "written at AVX2, resumed natively" : "written natively, resumed at AVX2"));
+    const std::string first_isa = first_capped ? avx2 : "", second_isa = first_capped ? "" : avx2;
+    TempDir part(first_capped ? "isa_from_avx2" : "isa_to_avx2");
+    Outcome first = run(first_isa + trainer_command(P, part.path, steps + " --stop-after 8"));
+    INFO(first.output);
+    REQUIRE(first.exit_code == 0);
+    Outcome second = run(second_isa + trainer_command(P, part.path, steps + " --resume latest"));
+    INFO(second.output);
+    REQUIRE(second.exit_code == 0);
+    CHECK_THAT(second.output, Contains("resumed from"));
+    const auto& straight = first_capped ? straight_avx2 : straight_native;
+    const auto at8 = weights(part.path / "checkpoints/step_8"), mixed = weights(part.path / "checkpoints/step_16");
+    const double mixed_apart = distance(mixed, straight), trained = distance(at8, straight);
+    INFO("mixed run from the straight one " << mixed_apart << "; the straight runs at the two ISAs " << kernels_apart
+                                            << "; steps 8-16 moved the weights " << trained);
+    CHECK(trained > 0);  // the resumed run trained on
+    CHECK(mixed_apart <= margin * kernels_apart);
   }
 }
 

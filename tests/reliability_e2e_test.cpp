@@ -24,6 +24,7 @@
 
 #include "cifar_runs.h"
 #include "process.h"
+#include "skip.h"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
@@ -253,19 +254,17 @@ TEST_CASE("skip_nonfinite_steps: the step is skipped on every rank, leaving no t
 TEST_CASE("A full disk: failed checkpoints warn while training, the final one is an error, latest finds the last "
           "complete one and metrics stay whole",
           "[mpi][diskfull]") {
-  const int P = 2;
-  const std::string args = "--set train.max_steps=12 --set train.checkpoint_every=4 --set train.keep_checkpoints=1";
-  TempDir ref("disk_ref");
-  Outcome full = run_command(trainer_command(P, ref.path, args));
-  INFO(full.output);
-  REQUIRE(full.exit_code == 0);
-
   // The output folder on a 32 MB tmpfs (privileged), or else the job under a file size limit that
-  // rank state files (2.2 MB) exceed and everything else fits (ulimit -f, in KiB under bash).
+  // rank state files (2.2 MB) exceed and everything else fits (ulimit -f, in KiB under bash). With
+  // neither, the case is skipped before any run.
   TempDir dir("disk_full");
   const fs::path out = dir.path / "out";
   fs::create_directories(out);
   const bool tmpfs = mount("tmpfs", out.c_str(), "tmpfs", 0, "size=32m") == 0;
+  if (!tmpfs && std::system("bash -c 'ulimit -f 1500' > /dev/null 2>&1") != 0) {
+    fs::remove_all(dir.path);  // skip_test exits without unwinding
+    trainer::testing::skip_test("neither a tmpfs mount nor ulimit -f is available here");
+  }
   struct Unmount {
     fs::path at;
     bool mounted;
@@ -273,10 +272,12 @@ TEST_CASE("A full disk: failed checkpoints warn while training, the final one is
       if (mounted) umount2(at.c_str(), MNT_DETACH);
     }
   } unmount{out, tmpfs};
-  if (!tmpfs && std::system("bash -c 'ulimit -f 1500' > /dev/null 2>&1") != 0) {
-    WARN("skipped: neither a tmpfs mount nor ulimit -f is available here");
-    return;
-  }
+  const int P = 2;
+  const std::string args = "--set train.max_steps=12 --set train.checkpoint_every=4 --set train.keep_checkpoints=1";
+  TempDir ref("disk_ref");
+  Outcome full = run_command(trainer_command(P, ref.path, args));
+  INFO(full.output);
+  REQUIRE(full.exit_code == 0);
   Outcome first = run_command(trainer_command(P, out, args + " --stop-after 5"));
   INFO(first.output);
   REQUIRE(first.exit_code == 0);

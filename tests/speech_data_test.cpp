@@ -27,6 +27,7 @@
 #include "data/speech_loader.h"
 
 #include "process.h"
+#include "skip.h"
 
 namespace fs = std::filesystem;
 using namespace trainer::data;
@@ -772,10 +773,8 @@ TEST_CASE("prepare_an4 unpacks CMU's tarballs into the layout", "[speech][script
 }
 
 TEST_CASE("make_speech_corpus writes a deterministic AN4-layout corpus", "[speech][scripts]") {
-  if (run_shell("command -v espeak-ng > /dev/null && command -v sox > /dev/null && command -v python3 > /dev/null") != 0) {
-    WARN("espeak-ng, sox or python3 missing (scripts/install_deps.sh): corpus script not tested");
-    return;
-  }
+  if (run_shell("command -v espeak-ng > /dev/null && command -v sox > /dev/null && command -v python3 > /dev/null") != 0)
+    trainer::testing::skip_test("espeak-ng, sox or python3 missing (scripts/install_deps.sh)");
   TempDir dir;
   const std::string script = std::string(TRAINER_SOURCE_DIR) + "/scripts/make_speech_corpus";
   const std::string args = " --train 6 --test 3 --train-speakers 3 --test-speakers 2 --seed 5 --jobs 2";
@@ -809,10 +808,8 @@ TEST_CASE("make_speech_corpus writes a deterministic AN4-layout corpus", "[speec
 }
 
 TEST_CASE("make_speech_corpus --hard is deterministic, loads, and is not the default corpus", "[speech][scripts]") {
-  if (run_shell("command -v espeak-ng > /dev/null && command -v sox > /dev/null && command -v python3 > /dev/null") != 0) {
-    WARN("espeak-ng, sox or python3 missing (scripts/install_deps.sh): corpus script not tested");
-    return;
-  }
+  if (run_shell("command -v espeak-ng > /dev/null && command -v sox > /dev/null && command -v python3 > /dev/null") != 0)
+    trainer::testing::skip_test("espeak-ng, sox or python3 missing (scripts/install_deps.sh)");
   TempDir dir;
   const std::string script = std::string(TRAINER_SOURCE_DIR) + "/scripts/make_speech_corpus";
   const std::string args = " --train 8 --test 3 --train-speakers 4 --test-speakers 2 --seed 5";
