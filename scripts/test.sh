@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds trainer and runs the whole test suite (unit, gradient checks, PyTorch parity, multi-rank,
 # end to end), then every fuzz target for 30 s and every fuzz crash regression (scripts/fuzz; clang,
-# build-fuzz/). Ends with the slowest tests and their seconds.
+# build-fuzz/). Ends with the skipped tests and why, and the slowest tests and their seconds.
 #   scripts/test.sh                  everything (what CI runs)
 #   scripts/test.sh --fast           the everyday tier: unit and quick multi-rank tests, no end to end,
 #                                    nothing slow, no fuzzing (56 s on 2 nearly idle cores)
@@ -20,19 +20,28 @@ scripts/build.sh
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 junit=$PWD/build/Testing/ctest-junit.xml
 rm -f "$junit"
-# The slowest tests of this run, from ctest's JUnit file: printed last, whatever happened.
-slowest() {
+# From ctest's JUnit file, printed last whatever happened: the tests skipped and why (a test says
+# why on its output's "SKIPPED:" line, tests/skip.h, else on its last line), then the slowest.
+summary() {
   [[ -s $junit ]] || return 0
-  echo "=== the slowest tests of this run (seconds; the machine's load counts too) ==="
   /usr/bin/python3 - "$junit" <<'EOF' || true
 import sys, xml.etree.ElementTree as ET
-cases = [(float(c.get("time") or 0), c.get("status") or "", c.get("name")) for c in ET.parse(sys.argv[1]).iter("testcase")]
-for seconds, status, name in sorted(cases, reverse=True)[:15]:
+cases = list(ET.parse(sys.argv[1]).iter("testcase"))
+skipped = [c for c in cases if c.find("skipped") is not None]
+if skipped:
+    print("=== skipped: %d tests (a missing dependency or CPU feature; none of them passed) ===" % len(skipped))
+    for c in skipped:
+        lines = [l.strip() for l in (c.findtext("system-out") or "").splitlines() if l.strip()]
+        why = next((l[len("SKIPPED:"):].strip() for l in lines if l.startswith("SKIPPED:")), lines[-1] if lines else "")
+        print("  %s: %s" % (c.get("name"), why))
+print("=== the slowest tests of this run (seconds; the machine's load counts too) ===")
+timed = [(float(c.get("time") or 0), c.get("status") or "", c.get("name")) for c in cases]
+for seconds, status, name in sorted(timed, reverse=True)[:15]:
     print("%8.1f  %s%s" % (seconds, name, "" if status in ("run", "") else "  (" + status + ")"))
-print("%8.1f  in all, %d tests" % (sum(c[0] for c in cases), len(cases)))
+print("%8.1f  in all, %d tests" % (sum(t[0] for t in timed), len(timed)))
 EOF
 }
-trap slowest EXIT
+trap summary EXIT
 tier=()
 if ((fast)); then
   tier=(-LE 'e2e|slow')

@@ -123,10 +123,12 @@ TEST_CASE("chunk codec: top-k per chunk, 2/4/8-bit levels within half a step, th
       CHECK(out[99] == level(2, 2, s0));  // 1.5 -> 5/3
       CHECK(out[100] == level(2, 2, s1)); // 1 -> 1 (3 / 3)
     }
-    // decode_add with -1 and an origin: what error feedback subtracts, into a buffer of its own.
-    std::vector<float> shifted(100, 0.f);
-    codec.decode_add(payload.data(), -1.f, shifted.data() - 0, 0);
-    CHECK(shifted[7] == 5.f);
+    // decode_add with -1 and an origin: what error feedback subtracts. out[0] stands for entry 50,
+    // so out = shifted + 50 puts entry e at shifted[e]. (This case once decoded all 200 entries into
+    // a buffer of 100, a heap overrun that only a changed allocation pattern made crash.)
+    std::vector<float> shifted(200, 0.f);
+    codec.decode_add(payload.data(), -1.f, shifted.data() + 50, 50);
+    for (int i = 0; i < 200; ++i) CHECK(shifted[static_cast<size_t>(i)] == -out[static_cast<size_t>(i)]);
   }
   CHECK_THROWS_WITH(comm::ChunkCodec({}, 3), Contains("sync.value_bits = 3"));
   // 32 bits: the values themselves, no scale.
