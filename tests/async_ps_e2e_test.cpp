@@ -25,12 +25,16 @@
 #include "cifar_runs.h"
 #include "models/safetensors.h"
 #include "process.h"
+#include "resume_runs.h"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
 using trainer::testing::Outcome;
+using trainer::testing::require_identical_states;
+using trainer::testing::ResumedRun;
 using trainer::testing::run_command;
 using trainer::testing::small_cifar_command;
+using trainer::testing::small_cifar_on;
 using trainer::testing::TempDir;
 
 namespace {
@@ -136,20 +140,13 @@ TEST_CASE("async_ps deterministic: staleness follows the round-robin order and r
   CHECK(pulls == std::map<int, int>{{0, 16}, {1, 16}});
 
   for (int stop : {7, 10}) {  // between checkpoints 5 and 10, and on one
-    TempDir part("det_part" + std::to_string(stop));
-    Outcome first = run_command(small_cifar_command(3, part.path, sync + " --stop-after " + std::to_string(stop)));
-    INFO(first.output);
-    REQUIRE(first.exit_code == 0);
     // A --stop-after at or before the resumed step never comes, for the servers as for the workers:
     // the run goes to its end (the servers once stopped at once and the workers waited for good).
     const std::string past_stop = stop == 10 ? " --stop-after 4" : "";
-    Outcome second = run_command(small_cifar_command(3, part.path, sync + " --resume latest" + past_stop));
-    INFO(second.output);
-    REQUIRE(second.exit_code == 0);
-    CHECK_THAT(second.output, Contains("resumed from"));
+    const ResumedRun part(small_cifar_on(3, sync), stop, small_cifar_on(3, sync + past_stop));
     // Workers' parameters, BN statistics and pulled versions; the server's shard, optimizer state,
     // version and push count.
-    trainer::testing::require_identical_states(ref.path / "checkpoints/step_16", part.path / "checkpoints/step_16", 3);
+    require_identical_states(ref.path / "checkpoints/step_16", part.dir.path / "checkpoints/step_16", 3);
   }
 }
 
@@ -236,7 +233,7 @@ TEST_CASE("async_ps: gap-aware damping changes the updates and resumes bit for b
   // from step 4 ends with the same bits as one run through.
   const std::string base =
       kAsync + " --set sync.deterministic=true --set train.max_steps=8 --set train.checkpoint_every=4";
-  TempDir ref("gap_ref"), part("gap_part"), none("gap_none");
+  TempDir ref("gap_ref"), none("gap_none");
   Outcome r = run_command(small_cifar_command(3, ref.path, base + " --set sync.staleness_lr=gap"));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
@@ -244,14 +241,8 @@ TEST_CASE("async_ps: gap-aware damping changes the updates and resumes bit for b
   INFO(n.output);
   REQUIRE(n.exit_code == 0);
   CHECK(max_parameter_difference(ref.path / "checkpoints/step_8", none.path / "checkpoints/step_8") > 0.0);
-  Outcome first = run_command(small_cifar_command(3, part.path, base + " --set sync.staleness_lr=gap --stop-after 4"));
-  INFO(first.output);
-  REQUIRE(first.exit_code == 0);
-  Outcome second =
-      run_command(small_cifar_command(3, part.path, base + " --set sync.staleness_lr=gap --resume latest"));
-  INFO(second.output);
-  REQUIRE(second.exit_code == 0);
-  trainer::testing::require_identical_states(ref.path / "checkpoints/step_8", part.path / "checkpoints/step_8", 3);
+  const ResumedRun part(small_cifar_on(3, base + " --set sync.staleness_lr=gap"), 4);
+  require_identical_states(ref.path / "checkpoints/step_8", part.dir.path / "checkpoints/step_8", 3);
 }
 
 namespace {

@@ -37,6 +37,13 @@ inline std::string small_cifar_command(int ranks, const std::filesystem::path& o
          extra;
 }
 
+// small_cifar_command on `ranks` with `args`, as a RunCommand of tests/resume_runs.h.
+inline auto small_cifar_on(int ranks, const std::string& args) {
+  return [ranks, args](const std::filesystem::path& out, const std::string& extra) {
+    return small_cifar_command(ranks, out, args + extra);
+  };
+}
+
 // Every tensor of every rank's state in a checkpoint folder, by "rank<R>.state/<tensor>".
 inline std::map<std::string, std::vector<uint8_t>> rank_states(const std::filesystem::path& checkpoint, int ranks) {
   std::map<std::string, std::vector<uint8_t>> all;

@@ -16,10 +16,13 @@
 #include "trainer/task.h"
 #include "cifar_runs.h"
 #include "process.h"
+#include "resume_runs.h"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
 using trainer::testing::Outcome;
+using trainer::testing::require_identical_states;
+using trainer::testing::ResumedRun;
 using trainer::testing::run_command;
 using trainer::testing::TempDir;
 
@@ -40,16 +43,8 @@ TEST_CASE("Streaming DiLoCo in the trainer resumes bit-identically inside a dela
   CHECK_THAT(full.output, Contains("ALLREDUCE_OUTER"));
 
   for (int stop : {7, 10}) {  // resumes from the checkpoints after steps 5 (in flight) and 10
-    TempDir part("diloco_part" + std::to_string(stop));
-    Outcome first = run_command(trainer::testing::small_cifar_command(P, part.path, args + " --stop-after " +
-                                                                                         std::to_string(stop)));
-    INFO(first.output);
-    REQUIRE(first.exit_code == 0);
-    Outcome second = run_command(trainer::testing::small_cifar_command(P, part.path, args + " --resume latest"));
-    INFO(second.output);
-    REQUIRE(second.exit_code == 0);
-    CHECK_THAT(second.output, Contains("resumed from"));
-    trainer::testing::require_identical_states(ref.path / "checkpoints/step_14", part.path / "checkpoints/step_14", P);
+    const ResumedRun part(trainer::testing::small_cifar_on(P, args), stop);
+    require_identical_states(ref.path / "checkpoints/step_14", part.dir.path / "checkpoints/step_14", P);
   }
 
   trainer::Config config;

@@ -28,13 +28,16 @@
 #include "trainer/task.h"
 #include "cifar_runs.h"
 #include "process.h"
+#include "resume_runs.h"
 
 namespace fs = std::filesystem;
 namespace comm = trainer::comm;
 using Catch::Matchers::Contains;
 using trainer::testing::OneRank;
 using trainer::testing::Outcome;
+using trainer::testing::ResumedRun;
 using trainer::testing::run_command;
+using trainer::testing::small_cifar_on;
 using trainer::testing::TempDir;
 
 namespace {
@@ -253,15 +256,9 @@ TEST_CASE("Elastic resume with sync.dgc: P = 4 -> 2, the velocity the saved rank
   const std::string sync = "--set sync.method=topka --set sync.density=0.02 --set sync.dense_warmup_steps=2"
                            " --set sync.dgc=true --set sync.density_warmup_steps=8 --set optim.grad_clip_norm=1"
                            " --set train.max_steps=12 --set train.checkpoint_every=6 --set train.log_every_steps=2";
-  TempDir run("elastic_dgc");
-  Outcome first = run_command(trainer::testing::small_cifar_command(4, run.path, sync + " --stop-after 6"));
-  INFO(first.output);
-  REQUIRE(first.exit_code == 0);
-  Outcome second = run_command(trainer::testing::small_cifar_command(2, run.path, sync + " --resume latest"));
-  INFO(second.output);
-  REQUIRE(second.exit_code == 0);
-  CHECK_THAT(second.output, Contains("residual and DGC velocity: the mean of the 4 saved ranks'"));
-  const auto l = losses(run.path);
+  const ResumedRun run(small_cifar_on(4, sync), 6, small_cifar_on(2, sync));
+  CHECK_THAT(run.second.output, Contains("residual and DGC velocity: the mean of the 4 saved ranks'"));
+  const auto l = losses(run.dir.path);
   for (const auto& [step, loss] : l) CHECK(std::isfinite(loss));
   CHECK(std::fabs(mean_loss(l, 6, 12) - mean_loss(l, 0, 6)) < 0.5);
 }
@@ -437,17 +434,13 @@ TEST_CASE("async_ps with a straggler: after a resume on more workers every worke
   const std::string sync = " --set sync.method=async_ps --set sync.servers=1 --set train.max_steps=6" +
                            std::string(" --set train.checkpoint_every=4 --set runtime.slowdown.rank=0") +
                            " --set runtime.slowdown.factor=4";
-  TempDir run("ps_straggler"), samples("ps_straggler_samples");
-  Outcome first = run_command(trainer::testing::small_cifar_command(3, run.path, sync + " --stop-after 4"));
-  INFO(first.output);
-  REQUIRE(first.exit_code == 0);
-  Outcome second =
-      run_command(sample_logged(samples.path, trainer::testing::small_cifar_command(4, run.path, sync + " --resume latest")));
-  INFO(second.output);
-  REQUIRE(second.exit_code == 0);
-  CHECK_THAT(second.output, Contains("re-sharded from 3 to 4 processes (2 workers and 1 to 3 and 1 server): global batch "
-                                     "16 kept (5 or 6 per worker, gradients weighted by share)") &&
-                                Contains("restarted at the global step 4"));
+  TempDir samples("ps_straggler_samples");
+  const ResumedRun run(small_cifar_on(3, sync), 4, [&](const fs::path& out, const std::string& extra) {
+    return sample_logged(samples.path, trainer::testing::small_cifar_command(4, out, sync + extra));
+  });
+  CHECK_THAT(run.second.output, Contains("re-sharded from 3 to 4 processes (2 workers and 1 to 3 and 1 server): "
+                                         "global batch 16 kept (5 or 6 per worker, gradients weighted by share)") &&
+                                    Contains("restarted at the global step 4"));
   for (const auto& f : fs::directory_iterator(samples.path)) {
     std::ifstream in(f.path());
     int64_t epoch = -1, batch = -1;

@@ -25,6 +25,7 @@
 #include "trainer/task.h"
 #include "cifar_runs.h"
 #include "process.h"
+#include "resume_runs.h"
 
 namespace fs = std::filesystem;
 namespace comm = trainer::comm;
@@ -44,6 +45,8 @@ std::string trainer_command(int ranks, const fs::path& out, const std::string& e
 }
 using trainer::testing::rank_states;
 using trainer::testing::require_identical_states;
+using trainer::testing::ResumedRun;
+using trainer::testing::small_cifar_on;
 
 }  // namespace
 
@@ -58,15 +61,8 @@ TEST_CASE("Resume is bit-identical: between checkpoints, on a checkpoint, every 
       TempDir ref("ref_" + method);
       REQUIRE(run(trainer_command(P, ref.path, sync)).exit_code == 0);
       for (int stop : {7, 10}) {  // 7: between checkpoints 5 and 10; 10: on one
-        TempDir part("part_" + method + std::to_string(stop));
-        Outcome first = run(trainer_command(P, part.path, sync + " --stop-after " + std::to_string(stop)));
-        INFO(first.output);
-        REQUIRE(first.exit_code == 0);
-        Outcome second = run(trainer_command(P, part.path, sync + " --resume latest"));
-        INFO(second.output);
-        REQUIRE(second.exit_code == 0);
-        CHECK_THAT(second.output, Contains("resumed from"));
-        require_identical_states(ref.path / "checkpoints/step_16", part.path / "checkpoints/step_16", P);
+        const ResumedRun part(small_cifar_on(P, sync), stop);
+        require_identical_states(ref.path / "checkpoints/step_16", part.dir.path / "checkpoints/step_16", P);
       }
     }
   }
@@ -105,15 +101,8 @@ TEST_CASE("Resume is bit-identical across a switch of sync.adaptive", "[mpi][res
       CHECK(low[9] == 1.0);   // the record of step 8 (records count the steps done)
       CHECK(low[10] == 0.0);  // step 9
       for (int stop : {7, 10}) {
-        TempDir part("part_adaptive_" + method + std::to_string(stop));
-        Outcome first = run(trainer_command(P, part.path, sync + " --stop-after " + std::to_string(stop)));
-        INFO(first.output);
-        REQUIRE(first.exit_code == 0);
-        Outcome second = run(trainer_command(P, part.path, sync + " --resume latest"));
-        INFO(second.output);
-        REQUIRE(second.exit_code == 0);
-        CHECK_THAT(second.output, Contains("resumed from"));
-        require_identical_states(ref.path / "checkpoints/step_16", part.path / "checkpoints/step_16", P);
+        const ResumedRun part(small_cifar_on(P, sync), stop);
+        require_identical_states(ref.path / "checkpoints/step_16", part.dir.path / "checkpoints/step_16", P);
       }
     }
   }
@@ -147,17 +136,10 @@ TEST_CASE("Resume is bit-identical with sync.dgc and the sparsity warm-up", "[mp
       CHECK(target[12] == Approx(0.2 * std::pow(0.1, 2.0 / 3)));
       CHECK(target[13] == Approx(0.02));
       for (int stop : {7, 10}) {
-        TempDir part("part_dgc_" + method + std::to_string(stop));
-        Outcome first = run(trainer_command(P, part.path, sync + " --stop-after " + std::to_string(stop)));
-        INFO(first.output);
-        REQUIRE(first.exit_code == 0);
-        Outcome second = run(trainer_command(P, part.path, sync + " --resume latest"));
-        INFO(second.output);
-        REQUIRE(second.exit_code == 0);
-        CHECK_THAT(second.output, Contains("resumed from"));
-        require_identical_states(ref.path / "checkpoints/step_16", part.path / "checkpoints/step_16", P);
+        const ResumedRun part(small_cifar_on(P, sync), stop);
+        require_identical_states(ref.path / "checkpoints/step_16", part.dir.path / "checkpoints/step_16", P);
         if (stop == 10) {
-          Outcome plain = run(trainer_command(P, part.path, sync + " --set sync.dgc=false --resume latest"));
+          Outcome plain = run(trainer_command(P, part.dir.path, sync + " --set sync.dgc=false --resume latest"));
           // The optimizer's state is read first: with sync.dgc it kept no momentum buffer.
           CHECK(plain.exit_code != 0);
           CHECK_THAT(plain.output, Contains("momentum buffer of 0 elements"));
@@ -186,18 +168,11 @@ TEST_CASE("Resume is bit-identical with adam and adamw, and another optimizer's 
       REQUIRE(blob.size() > 40);
       CHECK(std::string(blob.begin(), blob.begin() + 4) == "TADM");
 
-      TempDir part("part_" + optimizer);
-      Outcome first = run(trainer_command(P, part.path, args + " --stop-after 7"));
-      INFO(first.output);
-      REQUIRE(first.exit_code == 0);
-      Outcome second = run(trainer_command(P, part.path, args + " --resume latest"));
-      INFO(second.output);
-      REQUIRE(second.exit_code == 0);
-      CHECK_THAT(second.output, Contains("resumed from"));
-      require_identical_states(ref.path / "checkpoints/step_12", part.path / "checkpoints/step_12", P);
+      const ResumedRun part(small_cifar_on(P, args), 7);
+      require_identical_states(ref.path / "checkpoints/step_12", part.dir.path / "checkpoints/step_12", P);
 
       if (optimizer == "adam") {
-        Outcome other = run(trainer_command(P, part.path, args + " --set optim.name=sgd --resume latest"));
+        Outcome other = run(trainer_command(P, part.dir.path, args + " --set optim.name=sgd --resume latest"));
         CHECK(other.exit_code != 0);
         CHECK_THAT(other.output, Contains("Adam optimizer state") && Contains("optim.name"));
       }
@@ -284,16 +259,15 @@ TEST_CASE("A checkpoint written at one ISA resumes at another (AVX2 and this mac
   for (const bool first_capped : {false, true}) {
     INFO((first_capped ? "written at AVX2, resumed natively" : "written natively, resumed at AVX2"));
     const std::string first_isa = first_capped ? avx2 : "", second_isa = first_capped ? "" : avx2;
-    TempDir part(first_capped ? "isa_from_avx2" : "isa_to_avx2");
-    Outcome first = run(first_isa + trainer_command(P, part.path, steps + " --stop-after 8"));
-    INFO(first.output);
-    REQUIRE(first.exit_code == 0);
-    Outcome second = run(second_isa + trainer_command(P, part.path, steps + " --resume latest"));
-    INFO(second.output);
-    REQUIRE(second.exit_code == 0);
-    CHECK_THAT(second.output, Contains("resumed from"));
+    const auto at_isa = [&](const std::string& isa) {
+      return [&, isa](const fs::path& out, const std::string& extra) {
+        return isa + trainer_command(P, out, steps + extra);
+      };
+    };
+    const ResumedRun part(at_isa(first_isa), 8, at_isa(second_isa));
     const auto& straight = first_capped ? straight_avx2 : straight_native;
-    const auto at8 = weights(part.path / "checkpoints/step_8"), mixed = weights(part.path / "checkpoints/step_16");
+    const auto at8 = weights(part.dir.path / "checkpoints/step_8"),
+               mixed = weights(part.dir.path / "checkpoints/step_16");
     const double mixed_apart = distance(mixed, straight), trained = distance(at8, straight);
     INFO("mixed run from the straight one " << mixed_apart << "; the straight runs at the two ISAs " << kernels_apart
                                             << "; steps 8-16 moved the weights " << trained);

@@ -18,11 +18,15 @@
 #include "trainer/task.h"
 #include "cifar_runs.h"
 #include "process.h"
+#include "resume_runs.h"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
 using trainer::testing::Outcome;
+using trainer::testing::require_identical_states;
+using trainer::testing::ResumedRun;
 using trainer::testing::run_command;
+using trainer::testing::small_cifar_on;
 using trainer::testing::TempDir;
 
 TEST_CASE("Streaming SparseLoCo in the trainer resumes bit-identically in flight, logs its payloads, reshards",
@@ -40,15 +44,8 @@ TEST_CASE("Streaming SparseLoCo in the trainer resumes bit-identically in flight
   REQUIRE(full.exit_code == 0);
   CHECK_THAT(full.output, Contains("ALLGATHER_SPARSELOCO"));
 
-  TempDir part("sparseloco_part");
-  Outcome first = run_command(trainer::testing::small_cifar_command(P, part.path, args + " --stop-after 7"));
-  INFO(first.output);
-  REQUIRE(first.exit_code == 0);
-  Outcome second = run_command(trainer::testing::small_cifar_command(P, part.path, args + " --resume latest"));
-  INFO(second.output);
-  REQUIRE(second.exit_code == 0);
-  CHECK_THAT(second.output, Contains("resumed from"));
-  trainer::testing::require_identical_states(ref.path / "checkpoints/step_14", part.path / "checkpoints/step_14", P);
+  const ResumedRun part(small_cifar_on(P, args), 7);
+  require_identical_states(ref.path / "checkpoints/step_14", part.dir.path / "checkpoints/step_14", P);
 
   trainer::Config config;
   std::vector<trainer::models::ParamView> views;
@@ -77,12 +74,6 @@ TEST_CASE("Streaming SparseLoCo in the trainer resumes bit-identically in flight
   }
 
   // Elastic: the 2-rank checkpoint after step 10 resumed on 3 ranks.
-  TempDir elastic("sparseloco_elastic");
-  Outcome part10 = run_command(trainer::testing::small_cifar_command(P, elastic.path, args + " --stop-after 10"));
-  INFO(part10.output);
-  REQUIRE(part10.exit_code == 0);
-  Outcome wider = run_command(trainer::testing::small_cifar_command(3, elastic.path, args + " --resume latest"));
-  INFO(wider.output);
-  REQUIRE(wider.exit_code == 0);
-  CHECK_THAT(wider.output, Contains("error-feedback accumulator the mean of the 2 saved ranks'"));
+  const ResumedRun wider(small_cifar_on(P, args), 10, small_cifar_on(3, args));
+  CHECK_THAT(wider.second.output, Contains("error-feedback accumulator the mean of the 2 saved ranks'"));
 }

@@ -15,10 +15,12 @@
 #include "models/safetensors.h"
 #include "comm_log_reading.h"
 #include "process.h"
+#include "resume_runs.h"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
 using trainer::testing::Outcome;
+using trainer::testing::ResumedRun;
 using trainer::testing::run_command;
 using trainer::testing::TempDir;
 
@@ -89,23 +91,18 @@ TEST_CASE("LAS with Ok-Top-k and sampled teacher forcing resumes bit for bit", "
                            " --set model.teacher_forcing=0.7 --set data.batch_size=4 --set train.max_steps=12"
                            " --set train.checkpoint_every=5 --set train.eval_every_steps=1000"
                            " --set sync.dense_warmup_steps=3 --set runtime.threads=1";
-  TempDir ref("las_ref"), part("las_part");
-  const Outcome full = run_command(trainer_command(2, "quickstart_an4.toml", args + " --set experiment.output_dir=" +
-                                                                                ref.path.string()));
+  const auto las = [&](const fs::path& out, const std::string& extra) {
+    return trainer_command(2, "quickstart_an4.toml", args + " --set experiment.output_dir=" + out.string() + extra);
+  };
+  TempDir ref("las_ref");
+  const Outcome full = run_command(las(ref.path, ""));
   INFO(full.output);
   REQUIRE(full.exit_code == 0);
-  const std::string part_args = args + " --set experiment.output_dir=" + part.path.string();
-  const Outcome first = run_command(trainer_command(2, "quickstart_an4.toml", part_args + " --stop-after 7"));
-  INFO(first.output);
-  REQUIRE(first.exit_code == 0);
-  const Outcome second = run_command(trainer_command(2, "quickstart_an4.toml", part_args + " --resume latest"));
-  INFO(second.output);
-  REQUIRE(second.exit_code == 0);
-  CHECK_THAT(second.output, Contains("resumed from"));
+  const ResumedRun part(las, 7);
   for (const char* file : {"model.safetensors", "rank0.state", "rank1.state"}) {
     INFO(file);
     const auto a = trainer::models::read_safetensors((ref.path / "checkpoints/step_12" / file).string());
-    const auto b = trainer::models::read_safetensors((part.path / "checkpoints/step_12" / file).string());
+    const auto b = trainer::models::read_safetensors((part.dir.path / "checkpoints/step_12" / file).string());
     REQUIRE(a.tensors.size() == b.tensors.size());
     for (size_t i = 0; i < a.tensors.size(); ++i) {
       INFO(a.tensors[i].name);
