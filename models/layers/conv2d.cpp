@@ -44,9 +44,10 @@ const Tensor& Conv2d::forward(const Tensor& x, Mode) {
 
 const Tensor& Conv2d::backward(const Tensor& dy) {
   if (dy.dtype != y_.view().dtype) throw std::logic_error("Conv2d: the output gradient's dtype differs from the output's");
-  Tensor& dx = dx_.resize(x_.shape, x_.layout, x_.dtype);
   op_->backward_weights(x_.data, dy.data, ctx_.params.grad(weight_).data,
                         bias_ >= 0 ? ctx_.params.grad(bias_).data : nullptr);
+  if (!opt_.input_gradient) return no_gradient_;
+  Tensor& dx = dx_.resize(x_.shape, x_.layout, x_.dtype);
   op_->backward_data(dy.data, ctx_.params.value(weight_).data, dx.data);
   return dx;
 }

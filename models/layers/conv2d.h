@@ -12,6 +12,10 @@ struct Conv2dOptions {
   // (Backend::bf16_activations; the image networks set it). A convolution whose input is bf16
   // always writes bf16, so the rest of such a network follows.
   bool start_bf16 = false;
+  // Whether backward computes the input's gradient: not for a network's first convolution, whose
+  // input is data (DeepSpeech's spectrogram: there backward_data of the 1-channel input took a
+  // third of a small model's step). Without it backward returns an empty tensor.
+  bool input_gradient = true;
 };
 
 // 2-D convolution over channels-last input {N, C, H, W}; weight {O, I, KH, KW} (+ bias {O}).
@@ -33,6 +37,7 @@ class Conv2d final : public Layer {
   ConvOp* op_ = nullptr;
   Tensor x_;  // a copy of the input view: callers may pass temporaries
   OwnedTensor y_{ctx_.backend}, dx_{ctx_.backend};
+  Tensor no_gradient_;  // what backward returns without input_gradient
 };
 
 }  // namespace trainer::models

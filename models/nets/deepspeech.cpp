@@ -18,7 +18,9 @@ DeepSpeech::DeepSpeech(Backend& backend, const DeepSpeechOptions& options, uint6
   LayerContext ctx{backend_, params_, buffers_};
   const int64_t C = opt_.conv_channels, H = opt_.hidden;
   // Declared in deepspeech.pytorch's module order, so the flat buffers follow its parameters().
-  conv1_ = std::make_unique<Conv2d>(ctx, "conv.seq_module.0", Conv2dOptions{1, C, 41, 11, 2, 2, 20, 5, true});
+  Conv2dOptions first{1, C, 41, 11, 2, 2, 20, 5, true};
+  first.input_gradient = false;  // the spectrogram's gradient is not needed
+  conv1_ = std::make_unique<Conv2d>(ctx, "conv.seq_module.0", first);
   bn1_ = std::make_unique<BatchNorm2d>(ctx, "conv.seq_module.1", BatchNormOptions{C});
   clip1_ = std::make_unique<Hardtanh>(ctx, 0.f, 20.f);
   conv2_ = std::make_unique<Conv2d>(ctx, "conv.seq_module.3", Conv2dOptions{C, C, 21, 11, 2, 1, 10, 5, true});
@@ -157,7 +159,7 @@ void DeepSpeech::backward() {
   g = &bn1_->backward(clip1_->backward(*g));
   gradients_final_from("conv.seq_module.1");
   backend_.mask_width(*g, frames_.data());
-  conv1_->backward(*g);  // the spectrogram's gradient is not needed
+  conv1_->backward(*g);  // weights only: conv1_ computes no spectrogram gradient
   gradients_final_from("conv.seq_module.0");
 }
 
