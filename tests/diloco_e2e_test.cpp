@@ -35,22 +35,32 @@ TEST_CASE("Streaming DiLoCo in the trainer resumes bit-identically inside a dela
   // (k = 3) holds fragment 1 in flight; the one after 10 steps (k = 8) holds none.
   const std::string args =
       "--set sync.method=diloco --set sync.dense_warmup_steps=2 --set sync.period=4 --set sync.fragments=2"
-      " --set sync.sync_delay=1 --set sync.mixing=0.5 --set train.max_steps=14 --set train.checkpoint_every=5";
+      " --set sync.sync_delay=1 --set sync.mixing=0.5 --set train.max_steps=14 --set train.checkpoint_every=5"
+      " --set train.keep_checkpoints=10";
   TempDir ref("diloco_ref");
   Outcome full = run_command(trainer::testing::small_cifar_command(P, ref.path, args));
   INFO(full.output);
   REQUIRE(full.exit_code == 0);
   CHECK_THAT(full.output, Contains("ALLREDUCE_OUTER"));
 
+  trainer::Config config;
+  std::vector<trainer::models::ParamView> views;
+  const int64_t n = trainer::app::model_parameter_count(config, &views);  // resnet20
+  const auto fragments = trainer::comm::plan_fragments(n, &views, 2);
+  // The premise: the checkpoint after step 5 holds fragment 1's pseudo-gradient in flight and the
+  // one after step 10 none, so its sync state is at least that many floats longer.
+  const auto sync_state_bytes = [&](int step) {
+    return trainer::testing::rank_states(ref.path / ("checkpoints/step_" + std::to_string(step)), P)
+        .at("rank0.state/sync_state")
+        .size();
+  };
+  CHECK(sync_state_bytes(5) >= sync_state_bytes(10) + 4 * static_cast<size_t>(fragments[1].size()));
+
   for (int stop : {7, 10}) {  // resumes from the checkpoints after steps 5 (in flight) and 10
     const ResumedRun part(trainer::testing::small_cifar_on(P, args), stop);
     require_identical_states(ref.path / "checkpoints/step_14", part.dir.path / "checkpoints/step_14", P);
   }
 
-  trainer::Config config;
-  std::vector<trainer::models::ParamView> views;
-  const int64_t n = trainer::app::model_parameter_count(config, &views);  // resnet20
-  const auto fragments = trainer::comm::plan_fragments(n, &views, 2);
   for (int r = 0; r < P; ++r) {
     std::ifstream log(ref.path / ("comm/rank" + std::to_string(r) + ".jsonl"));
     REQUIRE(log);

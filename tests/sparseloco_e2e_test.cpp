@@ -37,7 +37,7 @@ TEST_CASE("Streaming SparseLoCo in the trainer resumes bit-identically in flight
   const std::string args =
       "--set sync.method=sparseloco --set sync.dense_warmup_steps=2 --set sync.period=4 --set sync.fragments=2"
       " --set sync.sync_delay=1 --set sync.density=0.02 --set sync.value_bits=2 --set train.max_steps=14"
-      " --set train.checkpoint_every=5";
+      " --set train.checkpoint_every=5 --set train.keep_checkpoints=10";
   TempDir ref("sparseloco_ref");
   Outcome full = run_command(trainer::testing::small_cifar_command(P, ref.path, args));
   INFO(full.output);
@@ -55,6 +55,14 @@ TEST_CASE("Streaming SparseLoCo in the trainer resumes bit-identically in flight
     return trainer::comm::ChunkCodec(trainer::comm::plan_chunks(fragments[static_cast<size_t>(f)], &views, 0.02), 2)
         .payload_bytes();
   };
+  // The premise: the checkpoint after step 5 holds fragment 1 in flight (the payloads gathered so
+  // far) and the one after step 10 none, so its sync state is longer by a payload at least.
+  const auto sync_state_bytes = [&](int step) {
+    return trainer::testing::rank_states(ref.path / ("checkpoints/step_" + std::to_string(step)), P)
+        .at("rank0.state/sync_state")
+        .size();
+  };
+  CHECK(sync_state_bytes(5) >= sync_state_bytes(10) + static_cast<size_t>(payload(1)));
   for (int r = 0; r < P; ++r) {
     std::ifstream log(ref.path / ("comm/rank" + std::to_string(r) + ".jsonl"));
     REQUIRE(log);

@@ -19,6 +19,7 @@
 #include "comm/device_communicator.h"
 #include "comm/staged_communicator.h"
 #include "tests/counting_memory.h"
+#include "tests/skip.h"
 #ifdef TRAINER_HAS_CUDA
 #include <cuda_runtime.h>
 
@@ -268,21 +269,32 @@ TEST_CASE("the sync communicator: MPI itself for host memory, staged MPI for dev
 }
 
 #ifdef TRAINER_HAS_CUDA
-// The same contract over real GPU memory, pinned staging and the CUDA device's stream: what the
-// lent one-GPU machines run with several ranks on their one GPU (skips without a GPU).
-TEST_CASE("staged over CUDA memory: results and records equal MPI's on host copies", "[cuda]") {
-  Communicator& w = world();
-  const int p = w.size(), me = w.rank();
+// The [cuda] cases are hidden from the world-size runs and run on their own (ctest's
+// staged_comm_test_cuda_P2, scripts/gpu_check.sh): without a usable GPU on some rank, every rank
+// ends the run as skipped together (exit 77; MPI is finalized by the world's destructor).
+namespace {
+models::DeviceMemory* this_ranks_gpu_or_skip(Communicator& w) {
   models::DeviceMemory* gpu = nullptr;
   int32_t have = 1;
+  std::string why;
   try {
     gpu = &models::cuda::cuda_device(w.local_rank());
   } catch (const std::runtime_error& e) {
     have = 0;
-    WARN(e.what());
+    why = e.what();
   }
   w.allreduce(&have, 1, DType::kI32, ReduceOp::kMin, "TEST");  // every rank skips, or none
-  if (!have) return;
+  if (!have) trainer::testing::skip_test(why.empty() ? "another rank has no usable GPU" : why);
+  return gpu;
+}
+}  // namespace
+
+// The same contract over real GPU memory, pinned staging and the CUDA device's stream: what the
+// lent one-GPU machines run with several ranks on their one GPU (skips without a GPU).
+TEST_CASE("staged over CUDA memory: results and records equal MPI's on host copies", "[.][cuda]") {
+  Communicator& w = world();
+  const int p = w.size(), me = w.rank();
+  models::DeviceMemory* gpu = this_ranks_gpu_or_skip(w);
   StagedCommunicator staged(w, *gpu, pinned_host_allocator());
   // Runs `call` on host vectors with `c`; for the staged communicator, through device copies of them.
   struct Buffers {
@@ -343,17 +355,9 @@ TEST_CASE("staged over CUDA memory: results and records equal MPI's on host copi
 // so (and auto must pick the staged path); with one rank, NCCL's calls are the identity and are
 // logged as MPI logs them. Skips without a GPU, and the one-rank part while the CUDA device has no
 // stream for NCCL (DeviceMemory::stream_handle).
-TEST_CASE("NCCL: ranks sharing a GPU are refused; one rank's calls are logged like MPI's", "[cuda]") {
+TEST_CASE("NCCL: ranks sharing a GPU are refused; one rank's calls are logged like MPI's", "[.][cuda]") {
   Communicator& w = world();
-  models::DeviceMemory* gpu = nullptr;
-  int32_t have = 1;
-  try {
-    gpu = &models::cuda::cuda_device(w.local_rank());
-  } catch (const std::runtime_error&) {
-    have = 0;
-  }
-  w.allreduce(&have, 1, DType::kI32, ReduceOp::kMin, "TEST");
-  if (!have) return;
+  models::DeviceMemory* gpu = this_ranks_gpu_or_skip(w);
   const std::string reason = nccl_unavailable_reason(w, *gpu);
   INFO(reason);
   if (w.size() > 1 && w.local_size() == w.size()) {
