@@ -74,7 +74,8 @@ void run_speech_model(SpeechModel& model, int64_t feature_dim, int64_t batch, in
 bool cap_repeats_native() {
   if (!std::getenv("ONEDNN_MAX_CPU_ISA")) return false;
   const std::string isa = cpu::dnnl_isa_name();
-  if (isa == "avx2" || isa == "avx2_vnni") return !__builtin_cpu_supports("avx512f");
+  if (isa == "avx2") return !__builtin_cpu_supports("avx512f") && !__builtin_cpu_supports("avxvnni");
+  if (isa == "avx2_vnni") return !__builtin_cpu_supports("avx512f");
   if (isa == "avx512_core" || isa == "avx512_core_vnni")
     return !__builtin_cpu_supports("avx512bf16") && !__builtin_cpu_supports("amx-tile") &&
            (isa == "avx512_core_vnni" || !__builtin_cpu_supports("avx512vnni"));

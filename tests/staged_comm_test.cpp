@@ -275,16 +275,20 @@ TEST_CASE("the sync communicator: MPI itself for host memory, staged MPI for dev
 namespace {
 models::DeviceMemory* this_ranks_gpu_or_skip(Communicator& w) {
   models::DeviceMemory* gpu = nullptr;
-  int32_t have = 1;
+  int32_t state[2] = {1, 0};  // {every rank has a GPU (min), some rank failed otherwise (max)}
   std::string why;
   try {
     gpu = &models::cuda::cuda_device(w.local_rank());
   } catch (const std::runtime_error& e) {
-    have = 0;
     why = e.what();
+    state[0] = 0;
+    state[1] = why.find("no usable GPU") == std::string::npos;
   }
-  w.allreduce(&have, 1, DType::kI32, ReduceOp::kMin, "TEST");  // every rank skips, or none
-  if (!have) trainer::testing::skip_test(why.empty() ? "another rank has no usable GPU" : why);
+  w.allreduce(&state[0], 1, DType::kI32, ReduceOp::kMin, "TEST");  // every rank skips, or none
+  w.allreduce(&state[1], 1, DType::kI32, ReduceOp::kMax, "TEST");
+  // An error other than a missing GPU fails on every rank (a skip would hide it).
+  if (state[1]) FAIL("a rank could not open its GPU: " << (why.empty() ? "(another rank)" : why));
+  if (!state[0]) trainer::testing::skip_test(why.empty() ? "another rank has no usable GPU" : why);
   return gpu;
 }
 }  // namespace

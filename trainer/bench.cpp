@@ -286,7 +286,9 @@ int run_bench(const BenchOptions& o) {
   // CPU seconds per wall second while timing: about the thread count on an idle machine.
   const double cpu_per_wall = (process_cpu_seconds() - cpu0) / (ms_since(wall0) / 1e3);
   const double ms = median(total);
-  const double step_gflop = 3 * w.forward_flops() / 1e9;  // forward + backward data + weights
+  // Forward + backward data + weights (a little high for DeepSpeech, whose first convolution
+  // computes no input gradient: about a tenth of its convolutions' FLOPs).
+  const double step_gflop = 3 * w.forward_flops() / 1e9;
   std::printf("bench: %s training step, %s, %d threads\n", o.model.c_str(), w.description.c_str(), threads);
   const double limit = o.device == "cpu" ? sgemm_gflops() : 0;
   if (o.device == "cpu") {
