@@ -4,7 +4,8 @@
 # build-fuzz/). Ends with the skipped tests and why, and the slowest tests and their seconds.
 #   scripts/test.sh                  everything (what CI runs)
 #   scripts/test.sh --fast           the everyday tier: unit and quick multi-rank tests, no end to end,
-#                                    nothing slow, no fuzzing (56 s on 2 nearly idle cores)
+#                                    nothing slow, no fuzzing (67 s on 2 idle AVX2 cores; the
+#                                    full ctest run 22 minutes there: docs/testing.md)
 #   scripts/test.sh [--fast] [ctest args...]   e.g. -R parity, -L mpi (ctest args skip the fuzzing)
 #   TRAINER_SKIP_FUZZ=1 scripts/test.sh        ctest only
 # The tiers are ctest labels (tests/CMakeLists.txt): unit, mpi, e2e, slow.
