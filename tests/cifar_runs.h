@@ -55,6 +55,11 @@ inline std::map<std::string, std::vector<uint8_t>> rank_states(const std::filesy
   return all;
 }
 
+// The bytes of rank 0's sync-method state in a checkpoint folder (a fragment in flight makes it longer).
+inline size_t sync_state_bytes(const std::filesystem::path& checkpoint) {
+  return rank_states(checkpoint, 1).at("rank0.state/sync_state").size();
+}
+
 inline void require_identical_states(const std::filesystem::path& a, const std::filesystem::path& b, int ranks) {
   const auto x = rank_states(a, ranks), y = rank_states(b, ranks);
   REQUIRE(x.size() == y.size());

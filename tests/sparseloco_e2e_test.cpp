@@ -58,9 +58,7 @@ TEST_CASE("Streaming SparseLoCo in the trainer resumes bit-identically in flight
   // The premise: the checkpoint after step 5 holds fragment 1 in flight (the payloads gathered so
   // far) and the one after step 10 none, so its sync state is longer by a payload at least.
   const auto sync_state_bytes = [&](int step) {
-    return trainer::testing::rank_states(ref.path / ("checkpoints/step_" + std::to_string(step)), P)
-        .at("rank0.state/sync_state")
-        .size();
+    return trainer::testing::sync_state_bytes(ref.path / ("checkpoints/step_" + std::to_string(step)));
   };
   CHECK(sync_state_bytes(5) >= sync_state_bytes(10) + static_cast<size_t>(payload(1)));
   for (int r = 0; r < P; ++r) {
