@@ -242,9 +242,9 @@ void check_bf16_step(const std::string& arch, int64_t batch, double min_cosine) 
   check_bf16_step_close(std::string("ISA ") + cpu::dnnl_isa_name(), loss16, loss32, g16, g32, min_cosine);
 }
 
-// The same for a speech model on a small ragged batch: under bf16 DeepSpeech's convolutions and
-// Linear and LAS's Linear products (the listener's key projection, the speller's cells, query and
-// output) read bf16 copies; their LSTMs and activations stay fp32.
+// The same for a speech model on a small ragged batch: under bf16 DeepSpeech's convolutions,
+// LSTMs and Linear and LAS's listener LSTMs and Linear products (the listener's key projection,
+// the speller's cells, query and output) read bf16 copies; their activations stay fp32.
 double speech_step(const std::string& arch, Precision p, std::vector<float>& grads) {
   const bool las = arch == "las";
   auto model = las ? make_las(cpu_in(p), LasOptions{}, 5) : make_speech_model(arch, cpu_in(p), 5);
@@ -302,7 +302,7 @@ TEST_CASE("Precisions a device cannot run are refused with one line naming the k
   CHECK_THAT(trainer::app::precision_plan(config), Catch::StartsWith("bf16 (cuDNN"));
   config.runtime.device = "cpu";
 
-  // ctest runs this case capped at AVX2 too, where oneDNN 2.6 has no bf16 kernel at all.
+  // ctest runs this case capped at AVX2 too, where oneDNN has no bf16 kernel at all.
   const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
   if (cap && std::string(cap) == "AVX2") REQUIRE_FALSE(cpu::dnnl_has_bf16());
   INFO("ISA " << cpu::dnnl_isa_name());

@@ -109,7 +109,7 @@ class CpuBackend final : public Backend {
   }
   std::unique_ptr<PoolOp> make_pool(const PoolGeometry& g) override { return cpu::make_dnnl_pool(g); }
   std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g) override {
-    return cpu::make_lstm(g, settings_.lstm_algorithm);
+    return cpu::make_lstm(g, settings_);
   }
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,

@@ -26,9 +26,9 @@ Layout probe_blocked_layout(Precision precision) {
   const memory::dims src{32, 64, 16, 16}, w{64, 64, 3, 3}, one{1, 1};
   const dt compute = precision == Precision::kBf16 ? dt::bf16 : dt::f32;
   const memory::desc any_src(src, compute, tag::any), any_w(w, compute, tag::any), any_dst(src, dt::f32, tag::any);
-  dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                                    any_src, any_w, memory::desc(), any_dst, one, one, one);
-  const dnnl::convolution_forward::primitive_desc pd(d, dnnl_engine());
+  const dnnl::convolution_forward::primitive_desc pd(dnnl_engine(), dnnl::prop_kind::forward_training,
+                                                     dnnl::algorithm::convolution_direct, any_src, any_w, any_dst,
+                                                     one, one, one);
   for (Layout layout : {Layout::kBlocked16, Layout::kBlocked8})
     if (pd.src_desc() == memory::desc(src, compute, layout == Layout::kBlocked16 ? tag::nChw16c : tag::nChw8c))
       return layout;
@@ -43,12 +43,13 @@ const char* dnnl_isa_name() {
     case dnnl::cpu_isa::avx: return "avx";
     case dnnl::cpu_isa::avx2: return "avx2";
     case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
-    case dnnl::cpu_isa::avx512_mic: return "avx512_mic";
-    case dnnl::cpu_isa::avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl::cpu_isa::avx2_vnni_2: return "avx2_vnni_2";
     case dnnl::cpu_isa::avx512_core: return "avx512_core";
     case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
     case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_fp16: return "avx512_core_fp16";
     case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    case dnnl::cpu_isa::avx512_core_amx_fp16: return "avx512_core_amx_fp16";
     default: return "no SIMD";
   }
 }

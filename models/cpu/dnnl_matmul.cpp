@@ -30,18 +30,16 @@ class Bf16Gemm {
  public:
   Bf16Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, int64_t lda, int64_t ldb,
            float beta, int64_t ldc) {
-    // alpha scales the product (output scales), beta adds the old C (a sum post-op): both in fp32.
+    // Post-ops in fp32, in this order: alpha scales the product (a linear eltwise), then beta adds
+    // the old C (a sum). (The layers all pass alpha = 1.)
     dnnl::primitive_attr attr = dnnl_scratchpad_attr();
-    if (alpha != 1.f) attr.set_output_scales(0, {alpha});
-    if (beta != 0.f) {
-      dnnl::post_ops ops;
-      ops.append_sum(beta);
-      attr.set_post_ops(ops);
-    }
+    dnnl::post_ops ops;
+    if (alpha != 1.f) ops.append_eltwise(dnnl::algorithm::eltwise_linear, alpha, 0.f);
+    if (beta != 0.f) ops.append_sum(beta);
+    attr.set_post_ops(ops);
     c_md_ = f32_matrix(m, n, ldc, false);
-    const dnnl::matmul::desc d(memory::desc({m, k}, dt::bf16, tag::any), memory::desc({k, n}, dt::bf16, tag::any),
-                               c_md_);
-    pd_ = dnnl::matmul::primitive_desc(d, attr, dnnl_engine());
+    pd_ = dnnl::matmul::primitive_desc(dnnl_engine(), memory::desc({m, k}, dt::bf16, tag::any),
+                                       memory::desc({k, n}, dt::bf16, tag::any), c_md_, attr);
     matmul_ = dnnl::matmul(pd_);
     a_.prepare(f32_matrix(m, k, lda, trans_a), pd_.src_desc());
     b_.prepare(f32_matrix(k, n, ldb, trans_b), pd_.weights_desc());

@@ -49,15 +49,16 @@ memory scratchpad(const memory::desc& md) {
 // shape or layout that falls off the JIT kernels onto a reference loop.
 template <class PrimitiveDesc>
 void report(const char* what, const PrimitiveDesc& pd, const memory::desc& src, Layout layout) {
-  const auto d = src.dims();
+  const auto d = src.get_dims();
   std::string shape = "src";
   for (size_t i = 0; i < d.size(); ++i) shape += (i ? "x" : " ") + std::to_string(d[i]);
   record_primitive(what, shape + " " + layout_name(layout), pd.impl_info_str());
 }
 
+// oneDNN 3.x refuses an execution argument its primitive does not count as one of its inputs.
 template <class PrimitiveDesc>
 void execute(const dnnl::primitive& p, const PrimitiveDesc& pd, std::unordered_map<int, memory> args) {
-  args.insert({DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())});
+  if (!pd.scratchpad_desc().is_zero()) args.insert({DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())});
   p.execute(stream(), args);
   stream().wait();
 }
@@ -86,8 +87,9 @@ struct ConvPrimitiveDescs {
 // Chooses the algorithm and the layouts the primitives see (src: the input in g.src_layout).
 //
 // Winograd F(4,3) where it pays: measured on AVX-512 (BENCHMARKS.md) 1.5-2x faster than direct
-// from 32 channels up and no faster at 16, so kAuto asks for it from 32 channels. oneDNN 2.6 has an
-// f32 Winograd kernel only for AVX-512 (nChw16c); elsewhere none is created and direct is taken.
+// from 32 channels up and no faster at 16, so kAuto asks for it from 32 channels. oneDNN 2.6 had an
+// f32 Winograd kernel for AVX-512 (nChw16c) only; 3.2 has none, so it is asked, refused and direct is
+// taken (as everywhere the engine has no Winograd kernel).
 //
 // The layouts, in order of preference, until forward and both backward passes get non-reference
 // kernels: the tensors' own; the input in whatever layout oneDNN prefers (a 3-channel
@@ -120,7 +122,8 @@ ConvPrimitiveDescs choose_conv_primitives(const ConvGeometry& g, const memory::d
     Layout dst_layout;  // the output tensor's layout
   };
   auto dst_in = [&](Layout layout) { return activation_md(g.batch, g.out_channels, g.out_h(), g.out_w(), layout); };
-  const memory::desc any_src(src_md.dims(), dt::f32, tag::any), any_dst(dst_in(g.dst_layout).dims(), dt::f32, tag::any);
+  const memory::desc any_src(src_md.get_dims(), dt::f32, tag::any),
+      any_dst(dst_in(g.dst_layout).get_dims(), dt::f32, tag::any);
   const memory::desc nhwc_src = activation_md(g.batch, g.in_channels, g.in_h, g.in_w, Layout::kChannelsLast);
   const std::vector<Candidate> candidates{{src_md, dst_in(g.dst_layout), g.dst_layout},
                                           {any_src, dst_in(g.dst_layout), g.dst_layout},
@@ -131,17 +134,17 @@ ConvPrimitiveDescs choose_conv_primitives(const ConvGeometry& g, const memory::d
   for (dnnl::algorithm algo : algorithms)
     for (const auto& [src, dst, dst_layout] : candidates) {
       try {
-        dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, algo, src, any_w, bias, dst, strides,
-                                           pad_l, pad_r);
-        ConvPrimitiveDescs d{dnnl::convolution_forward::primitive_desc(fd, scratchpad_attr(), engine()), {}, {},
-                             dst_layout};
+        ConvPrimitiveDescs d{dnnl::convolution_forward::primitive_desc(
+                                 engine(), dnnl::prop_kind::forward_training, algo, src, any_w, bias, dst, strides,
+                                 pad_l, pad_r, scratchpad_attr()),
+                             {}, {}, dst_layout};
         if (algo == dnnl::algorithm::convolution_winograd &&
             std::string(d.fwd.impl_info_str()).find("wino") == std::string::npos)
           continue;
-        dnnl::convolution_backward_data::desc bd(algo, src, any_w, dst, strides, pad_l, pad_r);
-        d.bwd_data = dnnl::convolution_backward_data::primitive_desc(bd, scratchpad_attr(), engine(), d.fwd);
-        dnnl::convolution_backward_weights::desc bw(algo, src, any_w, bias, dst, strides, pad_l, pad_r);
-        d.bwd_w = dnnl::convolution_backward_weights::primitive_desc(bw, scratchpad_attr(), engine(), d.fwd);
+        d.bwd_data = dnnl::convolution_backward_data::primitive_desc(engine(), algo, src, any_w, dst, strides, pad_l,
+                                                                     pad_r, d.fwd, scratchpad_attr());
+        d.bwd_w = dnnl::convolution_backward_weights::primitive_desc(engine(), algo, src, any_w, bias, dst, strides,
+                                                                     pad_l, pad_r, d.fwd, scratchpad_attr());
         if (broken_1x1_backward_weights(g, d.bwd_w)) continue;
         if (!is_reference_impl(d.fwd.impl_info_str()) && !is_reference_impl(d.bwd_data.impl_info_str()) &&
             !is_reference_impl(d.bwd_w.impl_info_str()))
@@ -159,8 +162,8 @@ ConvPrimitiveDescs choose_conv_primitives(const ConvGeometry& g, const memory::d
 // formats (fp32, or bf16 where the model keeps bf16 activations: then the copies of the input and
 // the gradient are the tensors themselves) and fp32 weight gradients (oneDNN accumulates in fp32). The bf16 copies are made by the reorders that also change
 // the layout, so the source layout is always oneDNN's choice (`any`) and costs nothing extra; the
-// output is written in the tensor's layout, else channels-last, else oneDNN's choice. Direct only:
-// oneDNN 2.6's Winograd kernels are f32. Asked of oneDNN 2.6 on Sapphire Rapids: its AMX forward
+// output is written in the tensor's layout, else channels-last, else oneDNN's choice. Direct only
+// (oneDNN has no bf16 Winograd). Asked of oneDNN 2.6 on Sapphire Rapids: its AMX forward
 // kernels take channels-last only (a blocked output gets the avx512_bf16 kernel), which is why the
 // activation layout is probed with a bf16 convolution in this mode (dnnl_dispatch.cpp).
 ConvPrimitiveDescs choose_bf16_conv_primitives(const ConvGeometry& g, const memory::desc& src_md,
@@ -173,13 +176,13 @@ ConvPrimitiveDescs choose_bf16_conv_primitives(const ConvGeometry& g, const memo
   const memory::desc bf16_w(w_dims, dt::bf16, tag::any), f32_w(w_dims, dt::f32, tag::any);
   const memory::desc bias = g.bias ? bias_md : memory::desc();
   // The input gradient and the output in the tensors' own formats (fp32, or bf16 activations).
-  const dt src_dt = src_md.data_type(), dst_dt = g.dst_dtype == DType::kBf16 ? dt::bf16 : dt::f32;
-  const memory::desc bf16_src(src_md.dims(), dt::bf16, tag::any), any_src(src_md.dims(), src_dt, tag::any);
+  const dt src_dt = src_md.get_data_type(), dst_dt = g.dst_dtype == DType::kBf16 ? dt::bf16 : dt::f32;
+  const memory::desc bf16_src(src_md.get_dims(), dt::bf16, tag::any), any_src(src_md.get_dims(), src_dt, tag::any);
   auto dst_in = [&](Layout layout) {
     return activation_md(g.batch, g.out_channels, g.out_h(), g.out_w(), layout, g.dst_dtype);
   };
-  const memory::desc bf16_dst(dst_in(g.dst_layout).dims(), dt::bf16, tag::any);
-  const memory::desc any_dst(dst_in(g.dst_layout).dims(), dst_dt, tag::any);
+  const memory::desc bf16_dst(dst_in(g.dst_layout).get_dims(), dt::bf16, tag::any);
+  const memory::desc any_dst(dst_in(g.dst_layout).get_dims(), dst_dt, tag::any);
   const auto direct = dnnl::algorithm::convolution_direct;
 
   struct Candidate {
@@ -193,14 +196,14 @@ ConvPrimitiveDescs choose_bf16_conv_primitives(const ConvGeometry& g, const memo
   for (const auto& [dst, dst_layout] : candidates)
     for (const memory::desc& diff_src : {src_md, any_src}) {  // the input gradient in the tensor's layout first
       try {
-        dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, direct, bf16_src, bf16_w, bias, dst,
-                                           strides, pad_l, pad_r);
-        ConvPrimitiveDescs d{dnnl::convolution_forward::primitive_desc(fd, scratchpad_attr(), engine()), {}, {},
-                             dst_layout};
-        dnnl::convolution_backward_data::desc bd(direct, diff_src, bf16_w, bf16_dst, strides, pad_l, pad_r);
-        d.bwd_data = dnnl::convolution_backward_data::primitive_desc(bd, scratchpad_attr(), engine(), d.fwd);
-        dnnl::convolution_backward_weights::desc bw(direct, bf16_src, f32_w, bias, bf16_dst, strides, pad_l, pad_r);
-        d.bwd_w = dnnl::convolution_backward_weights::primitive_desc(bw, scratchpad_attr(), engine(), d.fwd);
+        ConvPrimitiveDescs d{dnnl::convolution_forward::primitive_desc(
+                                 engine(), dnnl::prop_kind::forward_training, direct, bf16_src, bf16_w, bias, dst,
+                                 strides, pad_l, pad_r, scratchpad_attr()),
+                             {}, {}, dst_layout};
+        d.bwd_data = dnnl::convolution_backward_data::primitive_desc(engine(), direct, diff_src, bf16_w, bf16_dst,
+                                                                     strides, pad_l, pad_r, d.fwd, scratchpad_attr());
+        d.bwd_w = dnnl::convolution_backward_weights::primitive_desc(engine(), direct, bf16_src, f32_w, bias, bf16_dst,
+                                                                     strides, pad_l, pad_r, d.fwd, scratchpad_attr());
         if (!is_reference_impl(d.fwd.impl_info_str()) && !is_reference_impl(d.bwd_data.impl_info_str()) &&
             !is_reference_impl(d.bwd_w.impl_info_str()))
           return d;
@@ -234,7 +237,7 @@ class DnnlConv final : public ConvOp {
     bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
 
     // The kind names the precision the primitives got ("conv fwd bf16"), for the dispatch test.
-    bf16_ = fwd_pd_.weights_desc().data_type() == dt::bf16;
+    bf16_ = fwd_pd_.weights_desc().get_data_type() == dt::bf16;
     const std::string bf16 = bf16_ ? " bf16" : "";
     report(("conv fwd" + bf16).c_str(), fwd_pd_, src_md_, g.src_layout);
     report(("conv bwd_d" + bf16).c_str(), bwd_data_pd_, src_md_, g.src_layout);
@@ -323,18 +326,18 @@ class DnnlBatchNorm final : public BatchNormOp {
     // Frozen statistics: training normalizes with the given (running) mean and variance, which are
     // inputs, and backward treats them as constants.
     if (g.frozen_stats) f = f | flags::use_global_stats;
-    dnnl::batch_normalization_forward::desc train_d(dnnl::prop_kind::forward_training, md_, g.eps, f);
-    train_pd_ = dnnl::batch_normalization_forward::primitive_desc(train_d, scratchpad_attr(), engine());
+    train_pd_ = dnnl::batch_normalization_forward::primitive_desc(engine(), dnnl::prop_kind::forward_training, md_,
+                                                                  md_, g.eps, f, scratchpad_attr());
     train_ = dnnl::batch_normalization_forward(train_pd_);
 
-    dnnl::batch_normalization_forward::desc infer_d(dnnl::prop_kind::forward_inference, md_, g.eps,
-                                                    f | flags::use_global_stats);
     // (with frozen_stats, f already holds use_global_stats)
-    infer_pd_ = dnnl::batch_normalization_forward::primitive_desc(infer_d, scratchpad_attr(), engine());
+    infer_pd_ = dnnl::batch_normalization_forward::primitive_desc(engine(), dnnl::prop_kind::forward_inference, md_,
+                                                                  md_, g.eps, f | flags::use_global_stats,
+                                                                  scratchpad_attr());
     infer_ = dnnl::batch_normalization_forward(infer_pd_);
 
-    dnnl::batch_normalization_backward::desc bwd_d(dnnl::prop_kind::backward, md_, md_, g.eps, f);
-    bwd_pd_ = dnnl::batch_normalization_backward::primitive_desc(bwd_d, scratchpad_attr(), engine(), train_pd_);
+    bwd_pd_ = dnnl::batch_normalization_backward::primitive_desc(engine(), dnnl::prop_kind::backward, md_, md_, md_,
+                                                                 g.eps, f, train_pd_, scratchpad_attr());
     bwd_ = dnnl::batch_normalization_backward(bwd_pd_);
     report("bnorm fwd", train_pd_, md_, g.layout);
     report("bnorm fwd_i", infer_pd_, md_, g.layout);
@@ -363,13 +366,14 @@ class DnnlBatchNorm final : public BatchNormOp {
              {DNNL_ARG_VARIANCE, mem(stat_md_, var)}});
   }
 
-  void backward(const float* x, const float* dy, const float* gamma, const float* beta, const float* mean,
+  void backward(const float* x, const float* dy, const float* gamma, const float* /*beta*/, const float* mean,
                 const float* var, float* dx, float* dgamma, float* dbeta) override {
-    // oneDNN's channels-last backward also reads beta (it recomputes the fused ReLU's input).
+    // No shift: oneDNN 3.2's backward reads none (a fused ReLU's mask is in the workspace) and
+    // refuses one (its input count leaves it out, though its argument table lists it).
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, mem(md_, x)},           {DNNL_ARG_DIFF_DST, mem(md_, dy)},
         {DNNL_ARG_MEAN, mem(stat_md_, mean)},   {DNNL_ARG_VARIANCE, mem(stat_md_, var)},
-        {DNNL_ARG_SCALE, mem(stat_md_, gamma)}, {DNNL_ARG_SHIFT, mem(stat_md_, beta)},
+        {DNNL_ARG_SCALE, mem(stat_md_, gamma)},
         {DNNL_ARG_DIFF_SRC, mem(md_, dx)},
         {DNNL_ARG_DIFF_SCALE, mem(stat_md_, dgamma)}, {DNNL_ARG_DIFF_SHIFT, mem(stat_md_, dbeta)}};
     if (g_.fuse_relu) args.insert({DNNL_ARG_WORKSPACE, workspace_});
@@ -398,19 +402,19 @@ class DnnlPool final : public PoolOp {
     const auto algo = g.kind == PoolKind::kMax ? dnnl::algorithm::pooling_max
                                                : dnnl::algorithm::pooling_avg_exclude_padding;
     const memory::dims strides{g.stride_h, g.stride_w}, kernel{g.kernel_h, g.kernel_w};
-    const memory::dims pad_l{g.pad_h, g.pad_w};
+    const memory::dims pad_l{g.pad_h, g.pad_w}, no_dilation{0, 0};
     const memory::dims pad_r{(g.out_h() - 1) * g.stride_h + g.kernel_h - g.in_h - g.pad_h,
                              (g.out_w() - 1) * g.stride_w + g.kernel_w - g.in_w - g.pad_w};
-    dnnl::pooling_forward::desc fd(dnnl::prop_kind::forward_training, algo, src_md_, dst_md_, strides,
-                                   kernel, pad_l, pad_r);
-    fwd_pd_ = dnnl::pooling_forward::primitive_desc(fd, scratchpad_attr(), engine());
+    fwd_pd_ = dnnl::pooling_forward::primitive_desc(engine(), dnnl::prop_kind::forward_training, algo, src_md_,
+                                                    dst_md_, strides, kernel, no_dilation, pad_l, pad_r,
+                                                    scratchpad_attr());
     fwd_ = dnnl::pooling_forward(fwd_pd_);
-    dnnl::pooling_forward::desc id(dnnl::prop_kind::forward_inference, algo, src_md_, dst_md_, strides,
-                                   kernel, pad_l, pad_r);
-    infer_pd_ = dnnl::pooling_forward::primitive_desc(id, scratchpad_attr(), engine());
+    infer_pd_ = dnnl::pooling_forward::primitive_desc(engine(), dnnl::prop_kind::forward_inference, algo, src_md_,
+                                                      dst_md_, strides, kernel, no_dilation, pad_l, pad_r,
+                                                      scratchpad_attr());
     infer_ = dnnl::pooling_forward(infer_pd_);
-    dnnl::pooling_backward::desc bd(algo, src_md_, dst_md_, strides, kernel, pad_l, pad_r);
-    bwd_pd_ = dnnl::pooling_backward::primitive_desc(bd, scratchpad_attr(), engine(), fwd_pd_);
+    bwd_pd_ = dnnl::pooling_backward::primitive_desc(engine(), algo, src_md_, dst_md_, strides, kernel, no_dilation,
+                                                     pad_l, pad_r, fwd_pd_, scratchpad_attr());
     bwd_ = dnnl::pooling_backward(bwd_pd_);
     report("pool fwd", fwd_pd_, src_md_, g.layout);
     report("pool fwd_i", infer_pd_, src_md_, g.layout);

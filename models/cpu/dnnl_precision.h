@@ -1,11 +1,11 @@
-// The precision the CPU backend computes convolutions and the layers' GEMMs in (runtime.precision,
+// The precision the CPU backend computes convolutions, LSTMs and the layers' GEMMs in (runtime.precision,
 // BackendSettings::precision; architecture.md section 2, "Precision").
 //
 // kBf16 is mixed precision as PyTorch's CPU autocast defines it: parameters, activations in memory,
-// gradients, optimizer state and the gradient sync stay fp32; each convolution and layer GEMM
+// gradients, optimizer state and the gradient sync stay fp32; each convolution, LSTM and layer GEMM
 // rounds its operands (weights, activations, incoming gradients) to bf16 copies and accumulates in
 // fp32 into an fp32 result. Batch norm, pooling, softmax, the losses and every reduction stay fp32.
-// oneDNN 2.6 has bf16 kernels from AVX-512 on: native with avx512_bf16 or AMX, emulated (slower,
+// oneDNN has bf16 kernels from AVX-512 on: native with avx512_bf16 or AMX, emulated (slower,
 // same results) on plain avx512_core; below that it has none, not even a reference one.
 #pragma once
 

@@ -19,13 +19,16 @@
 namespace trainer::models::cpu {
 
 // The whole LSTM (backend.h's contract): the layer loop of lstm_stack.cpp over direction ops of
-// `algorithm` (BackendSettings::lstm_algorithm, backend_settings.h).
-std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g, LstmAlgorithm algorithm);
+// the settings' lstm_algorithm, in their precision (backend_settings.h).
+std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g, const BackendSettings& settings);
 
 // One direction of one layer over full-length sequences from a zero initial state: what the stack
 // runs per (layer, direction), the reverse direction on time-reversed sequences.
 struct LstmDirectionGeometry {
   int64_t seq_len = 0, batch = 0, input = 0, hidden = 0;
+  // runtime.precision = bf16: the oneDNN op computes from bf16 copies (lstm_dnnl.cpp); the GEMM op
+  // has no bf16 and computes in fp32.
+  bool bf16 = false;
 };
 
 class LstmDirectionOp {

@@ -28,8 +28,9 @@ namespace {
 // The stack for one shape (T, N).
 class ShapedStack {
  public:
-  ShapedStack(const LstmGeometry& g, LstmAlgorithm algorithm, int64_t steps, int64_t batch)
+  ShapedStack(const LstmGeometry& g, const BackendSettings& settings, int64_t steps, int64_t batch)
       : g_(g), T_(steps), N_(batch) {
+    const bool bf16 = settings.precision == Precision::kBf16;
     const int64_t T = steps, N = batch, H = g.hidden, D = g.directions();
     dirs_.resize(g.layers * D);
     for (int64_t k = 0; k < g.layers; ++k) {
@@ -37,7 +38,7 @@ class ShapedStack {
       for (int64_t d = 0; d < D; ++d) {
         Direction& dir = dirs_[k * D + d];
         dir.reverse = d == 1;
-        dir.op = make_lstm_direction({T, N, I, H}, algorithm);
+        dir.op = make_lstm_direction({T, N, I, H, bf16}, settings.lstm_algorithm);
         dir.y.resize(T * N * H);
         dir.dy.resize(T * N * H);
         if (dir.reverse) {
@@ -127,7 +128,7 @@ class ShapedStack {
 
 class LstmStack final : public LstmOp {
  public:
-  LstmStack(const LstmGeometry& g, LstmAlgorithm algorithm) : g_(g), algorithm_(algorithm) {
+  LstmStack(const LstmGeometry& g, const BackendSettings& settings) : g_(g), settings_(settings) {
     if (g.input <= 0 || g.hidden <= 0 || g.layers <= 0)
       throw std::invalid_argument("CPU LSTM: sizes and layer count must be positive");
   }
@@ -153,7 +154,7 @@ class LstmStack final : public LstmOp {
     for (const auto& s : stacks_)
       if (s->fits(steps, batch)) return *s;
     if (stacks_.size() == kMaxShapes) stacks_.erase(stacks_.begin());
-    stacks_.push_back(std::make_unique<ShapedStack>(g_, algorithm_, steps, batch));
+    stacks_.push_back(std::make_unique<ShapedStack>(g_, settings_, steps, batch));
     return *stacks_.back();
   }
 
@@ -166,14 +167,14 @@ class LstmStack final : public LstmOp {
 
   static constexpr size_t kMaxShapes = 4;
   LstmGeometry g_;
-  LstmAlgorithm algorithm_;
+  BackendSettings settings_;
   std::vector<std::unique_ptr<ShapedStack>> stacks_;
 };
 
 }  // namespace
 
-std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g, LstmAlgorithm algorithm) {
-  return std::make_unique<LstmStack>(g, algorithm);
+std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g, const BackendSettings& settings) {
+  return std::make_unique<LstmStack>(g, settings);
 }
 
 }  // namespace trainer::models::cpu
