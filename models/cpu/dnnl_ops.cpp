@@ -55,7 +55,8 @@ void report(const char* what, const PrimitiveDesc& pd, const memory::desc& src, 
   record_primitive(what, shape + " " + layout_name(layout), pd.impl_info_str());
 }
 
-// oneDNN 3.x refuses an execution argument its primitive does not count as one of its inputs.
+// A primitive that needs no scratchpad is given none (oneDNN 3.x flags an argument its primitive
+// does not take, and refuses one it counts among neither its inputs nor its outputs).
 template <class PrimitiveDesc>
 void execute(const dnnl::primitive& p, const PrimitiveDesc& pd, std::unordered_map<int, memory> args) {
   if (!pd.scratchpad_desc().is_zero()) args.insert({DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())});
