@@ -218,6 +218,16 @@ class NnOps {
                           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
     gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
+  // layer_gemm where B is one of the model's weights and many calls read it unchanged (LAS's
+  // speller: every weight once per time step, forward and backward). The model calls
+  // weights_changed() whenever its weights may have new values (at the start of every forward and
+  // decode); until then the CPU backend under bf16 keeps B's bf16 copy instead of rounding B again.
+  virtual void layer_gemm_weight(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                                 const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                                 int64_t ldc) {
+    layer_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  virtual void weights_changed() {}
   // y[i, :] = bias (broadcast over `rows` rows of `cols`): used before a GEMM accumulates into y.
   virtual void broadcast_rows(int64_t rows, int64_t cols, const float* bias, float* y) = 0;
   // db[j] = sum_i dy[i, j].

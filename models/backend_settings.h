@@ -14,8 +14,9 @@ enum class Precision { kFp32, kTf32, kBf16 };
 // stride 1, blocked layouts); or kAuto: Winograd where it measured faster (from 32 channels).
 enum class ConvAlgorithm { kAuto, kDirect, kWinograd };
 
-// The CPU's LSTM implementation (models/cpu/lstm_ops.h): oneDNN's primitive or our OpenBLAS one.
-enum class LstmAlgorithm { kDnnl, kGemm };
+// The CPU's LSTM implementation (models/cpu/lstm_ops.h): oneDNN's primitive, our GEMM one, or kAuto:
+// oneDNN's in fp32 and ours under bf16, the faster of the two in each (lstm_ops.h).
+enum class LstmAlgorithm { kAuto, kDnnl, kGemm };
 
 struct BackendSettings {
   Precision precision = Precision::kFp32;
@@ -24,7 +25,7 @@ struct BackendSettings {
   // convolutions to kDirect as well (trainer/experiment.cpp).
   bool deterministic = false;
   ConvAlgorithm conv_algorithm = ConvAlgorithm::kAuto;  // CPU only
-  LstmAlgorithm lstm_algorithm = LstmAlgorithm::kDnnl;  // CPU only; TRAINER_LSTM=dnnl|gemm overrides it
+  LstmAlgorithm lstm_algorithm = LstmAlgorithm::kAuto;  // CPU only; TRAINER_LSTM=dnnl|gemm overrides it
   bool operator==(const BackendSettings& o) const {
     return precision == o.precision && deterministic == o.deterministic && conv_algorithm == o.conv_algorithm &&
            lstm_algorithm == o.lstm_algorithm;

@@ -47,6 +47,11 @@ class ForwardingBackend : public Backend {
                   const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
     forward()->layer_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
+  void layer_gemm_weight(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                         int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
+    forward()->layer_gemm_weight(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  void weights_changed() override { forward()->weights_changed(); }
   void broadcast_rows(int64_t rows, int64_t cols, const float* bias, float* y) override {
     forward()->broadcast_rows(rows, cols, bias, y);
   }

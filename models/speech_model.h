@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "models/layers/layer.h"
+#include "models/streamed_weights.h"
 
 namespace trainer::models {
 
@@ -45,6 +46,9 @@ class SpeechModel {
   virtual std::vector<std::vector<int32_t>> decode(const SpeechInput& input) = 0;
   // Multiply-add FLOPs of the last forward (2 per multiply-add).
   virtual double forward_flops() const { return 0; }
+  // The weights the last training step's time-step-at-a-time products read (streamed_weights.h):
+  // what bounds the recurrent part of the step at small batches.
+  virtual std::vector<StreamedWeights> streamed_weights() const { return {}; }
   // For overlap with backward (sync.overlap): during backward(), `ready(from)` is called whenever
   // the gradient entries [from, n) are final, as ImageClassifier does (models/model.h).
   void set_gradient_ready(std::function<void(int64_t)> ready) { gradient_ready_ = std::move(ready); }

@@ -6,6 +6,7 @@
 // The bound tested is bf16_bound.h's.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <random>
@@ -206,6 +207,34 @@ TEST_CASE("bf16 layer GEMMs are within bf16's error bound of exact products", "[
     bf16.layer_gemm(t.ta, t.tb, t.m, t.n, t.k, t.alpha, a.data(), t.lda(), b.data(), t.ldb(), t.beta, got.data(),
                     t.n);
     check_within_bf16_bound("layer_gemm", got, exact_gemm(t, a, b, c0));
+  }
+}
+
+TEST_CASE("A bf16 weight GEMM keeps its copy of the weight until the weights change", "[precision]") {
+  skip_without_bf16();
+  Backend& bf16 = cpu_in(Precision::kBf16);
+  for (const GemmCase& t : gemm_cases()) {
+    INFO("trans_a " << t.ta << " trans_b " << t.tb << " m " << t.m << " n " << t.n << " k " << t.k);
+    const auto a = random_vector(t.m * t.k, 5), c0 = random_vector(t.m * t.n, 7);
+    const auto old_b = random_vector(t.k * t.n, 6), new_b = random_vector(t.k * t.n, 16);
+    auto product = [&](const std::vector<float>& b, bool weight) {
+      std::vector<float> c = c0;
+      if (weight)
+        bf16.layer_gemm_weight(t.ta, t.tb, t.m, t.n, t.k, t.alpha, a.data(), t.lda(), b.data(), t.ldb(), t.beta,
+                               c.data(), t.n);
+      else
+        bf16.layer_gemm(t.ta, t.tb, t.m, t.n, t.k, t.alpha, a.data(), t.lda(), b.data(), t.ldb(), t.beta, c.data(),
+                        t.n);
+      return c;
+    };
+    std::vector<float> b = old_b;
+    bf16.weights_changed();
+    const auto first = product(b, true);
+    CHECK(first == product(old_b, false));  // the same rounding as the plain product's
+    std::copy(new_b.begin(), new_b.end(), b.begin());  // changed in place, unannounced: the copy is old
+    CHECK(product(b, true) == first);
+    bf16.weights_changed();
+    CHECK(product(b, true) == product(new_b, false));
   }
 }
 

@@ -14,7 +14,6 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
-#include <oneapi/dnnl/dnnl.h>
 
 #include "comm/sync/select.h"
 #include "models/cpu/dnnl_dispatch.h"
@@ -23,6 +22,7 @@
 #include "models/nets/las.h"
 #include "models/speech_model.h"
 #include "optim/sgd.h"
+#include "trainer/bench_bound.h"
 #include "trainer/device_batch.h"
 #include "trainer/experiment.h"
 
@@ -53,6 +53,7 @@ struct Workload {
   models::ParameterStore* params = nullptr;
   std::function<void()> forward, backward;
   std::function<double()> forward_flops;
+  std::function<std::vector<models::StreamedWeights>()> streamed_weights;  // speech models: what bounds them
   std::string torch_script;  // under scripts/
   struct TorchRun {
     std::string label, key, args;  // output label, JSON key, arguments after the script
@@ -168,6 +169,7 @@ Workload speech_workload(const BenchOptions& o, models::Backend& backend) {
   w.forward = [s] { s->model->forward(s->input, models::Mode::kTrain); };
   w.backward = [s] { s->model->backward(); };
   w.forward_flops = [s] { return s->model->forward_flops(); };
+  w.streamed_weights = [s] { return s->model->streamed_weights(); };
   w.torch_script = "bench_torch_speech.py";
   // Every utterance is unpadded, so the LSTMs can run on the plain batch (the fastest PyTorch) or
   // on packed sequences as deepspeech.pytorch and most LAS code run them (a much slower backward on
@@ -199,20 +201,6 @@ nlohmann::json run_torch(const BenchOptions& o, const std::string& script, const
   const auto pos = out.rfind('{');
   if (pos == std::string::npos) return nullptr;
   return nlohmann::json::parse(out.substr(pos), nullptr, false);
-}
-
-// The FLOP rate oneDNN's sgemm reaches on this machine, ISA and thread count: a 1024^3 product,
-// best of 5 (the practical ceiling of the convolution and LSTM kernels, which are GEMM-like).
-double sgemm_gflops() {
-  const int64_t n = 1024;
-  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
-  double best = 1e30;
-  for (int i = 0; i < 6; ++i) {
-    const auto t0 = Clock::now();
-    dnnl_sgemm('N', 'N', n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
-    if (i > 0) best = std::min(best, ms_since(t0));  // the first call warms up
-  }
-  return 2.0 * n * n * n / (best / 1e3) / 1e9;
 }
 
 void print_torch_line(const std::string& label, double tms, int64_t batch, double step_gflop, double trainer_ms) {
@@ -290,7 +278,7 @@ int run_bench(const BenchOptions& o) {
   // computes no input gradient: about a tenth of its convolutions' FLOPs).
   const double step_gflop = 3 * w.forward_flops() / 1e9;
   std::printf("bench: %s training step, %s, %d threads\n", o.model.c_str(), w.description.c_str(), threads);
-  const double limit = o.device == "cpu" ? sgemm_gflops() : 0;
+  const double limit = o.device == "cpu" ? gemm_gflops(false) : 0;
   if (o.device == "cpu") {
     const models::Layout layout = models::cpu::dnnl_blocked_layout(backend_settings(runtime).precision);
     std::printf("  ISA: oneDNN %s (activations %s), selection %s; oneDNN sgemm 1024^3 here: %.1f GFLOP/s\n",
@@ -300,6 +288,18 @@ int run_bench(const BenchOptions& o) {
               w.batch * 1e3 / ms, step_gflop / (ms / 1e3), step_gflop);
   std::printf("  %-26s forward %.1f, backward %.1f, sgd %.1f ms; %.2f cpu/wall\n", "", median(forward),
               median(backward), median(update), cpu_per_wall);
+  StepBound bound;
+  if (o.device == "cpu" && w.streamed_weights) {
+    // The speech step's memory-traffic bound (models/streamed_weights.h): the weights read one time
+    // step at a time at the bandwidth of their working sets, the rest at the GEMM peak.
+    const bool bf16 = o.precision == "bf16";
+    const double peak = bf16 ? gemm_gflops(true) : limit;
+    bound = step_bound(w.streamed_weights(), bf16 ? 2 : 4, step_gflop, peak);
+    std::printf("  %-26s %9.1f ms/step: %.2f GB of weights streamed one time step at a time at %.1f GB/s (%.1f ms)"
+                " + %.1f GFLOP at %.1f GFLOP/s (%s, %.1f ms); trainer at %.2fx the bound\n",
+                "memory-traffic bound", bound.ms, bound.streamed_bytes / 1e9, bound.read_gbps, bound.streamed_ms,
+                bound.rest_gflop, peak, bf16 ? "bf16 matmul 1024^3" : "sgemm 1024^3", bound.rest_ms, ms / bound.ms);
+  }
   nlohmann::json report{{"model", o.model},
                         {"batch", w.batch},
                         {"threads", threads},
@@ -316,6 +316,9 @@ int run_bench(const BenchOptions& o) {
   }
   if (speech)
     report["frames"] = o.frames, report["label_length"] = o.label_length;
+  if (bound.ms > 0)
+    report["bound_ms"] = bound.ms, report["bound_streamed_bytes"] = bound.streamed_bytes,
+    report["bound_read_gbps"] = bound.read_gbps, report["bound_rest_gflop"] = bound.rest_gflop;
   else
     report["conv_algorithm"] = o.conv_algorithm;
   if (o.torch) {

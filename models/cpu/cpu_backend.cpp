@@ -135,6 +135,16 @@ class CpuBackend final : public Backend {
     else
       gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
+  void layer_gemm_weight(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                         int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
+    if (settings_.precision == Precision::kBf16)
+      cpu::bf16_gemm_weight(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    else
+      gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  void weights_changed() override {
+    if (settings_.precision == Precision::kBf16) cpu::bf16_weights_changed();
+  }
 
   void broadcast_rows(int64_t rows, int64_t cols, const float* bias, float* y) override {
 #pragma omp parallel for schedule(static)

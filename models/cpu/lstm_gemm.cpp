@@ -7,6 +7,10 @@
 // Backward: per step, from dh = dy_t + dG_{t+1} W_hh and the carried dc, the gate gradients dG_t;
 // then dW_ih = dG^T x, dW_hh = dG_{1..T-1}^T h_{0..T-2}, db = column sums of dG and dx = dG W_ih,
 // each one GEMM over all steps.
+// Under runtime.precision = bf16 every product reads bf16 copies of its operands and accumulates in
+// fp32 (dnnl_matmul.h); the per-step products keep one copy of W_hh per forward (for the forward's
+// product and for backward's), so that each time step streams 2 bytes per weight instead of 4. The
+// gates, cell states and every gradient stay fp32.
 #include <cblas.h>
 
 #include <algorithm>
@@ -15,6 +19,7 @@
 #include <cstring>
 #include <vector>
 
+#include "models/cpu/dnnl_matmul.h"
 #include "models/cpu/lstm_ops.h"
 
 namespace trainer::models::cpu {
@@ -67,15 +72,16 @@ class GemmLstm final : public LstmDirectionOp {
   void forward(const float* x, const float* w_ih, const float* w_hh, const float* b_ih, const float* b_hh,
                float* y, bool) override {
     const int64_t T = g_.seq_len, N = g_.batch, I = g_.input, H = g_.hidden, G = 4 * H;
+    if (g_.bf16) bf16_weights_changed();  // W_hh's copies are made again at this forward's first step
     float* gates = gates_.data();
     std::vector<float> bias(G);
     for (int64_t j = 0; j < G; ++j) bias[j] = b_ih[j] + b_hh[j];
 #pragma omp parallel for schedule(static) if(T * N * G >= kParallelMin)
     for (int64_t r = 0; r < T * N; ++r) std::memcpy(gates + r * G, bias.data(), sizeof(float) * G);
-    sgemm(false, true, T * N, G, I, x, I, w_ih, I, 1.f, gates, G);
+    product(false, true, T * N, G, I, x, I, w_ih, I, 1.f, gates, G);
     for (int64_t t = 0; t < T; ++t) {
       float* gt = gates + t * N * G;
-      if (t > 0) sgemm(false, true, N, G, H, y + (t - 1) * N * H, H, w_hh, H, 1.f, gt, G);
+      if (t > 0) recurrent_product(false, true, N, G, H, y + (t - 1) * N * H, H, w_hh, H, 1.f, gt, G);
       const float* c_prev = t > 0 ? cells_.data() + (t - 1) * N * H : nullptr;
       float* c = cells_.data() + t * N * H;
       float* h = y + t * N * H;
@@ -130,12 +136,12 @@ class GemmLstm final : public LstmDirectionOp {
           dc[k] = dct * f;
         }
       }
-      if (t > 0) sgemm(false, false, N, H, G, dgt, G, w_hh, H, 0.f, dh, H);
+      if (t > 0) recurrent_product(false, false, N, H, G, dgt, G, w_hh, H, 0.f, dh, H);
     }
-    sgemm(true, false, G, I, T * N, dgates, G, x, I, 0.f, dw_ih, I);
-    if (T > 1) sgemm(true, false, G, H, (T - 1) * N, dgates + N * G, G, y, H, 0.f, dw_hh, H);
+    product(true, false, G, I, T * N, dgates, G, x, I, 0.f, dw_ih, I);
+    if (T > 1) product(true, false, G, H, (T - 1) * N, dgates + N * G, G, y, H, 0.f, dw_hh, H);
     else std::fill(dw_hh, dw_hh + G * H, 0.f);
-    sgemm(false, false, T * N, I, G, dgates, G, w_ih, I, 0.f, dx, I);
+    product(false, false, T * N, I, G, dgates, G, w_ih, I, 0.f, dx, I);
     // Bias gradient: column sums in double (so they do not depend on the batch's rounding), in
     // blocks of columns so the rows are read contiguously.
     constexpr int64_t kBlock = 64;
@@ -150,6 +156,23 @@ class GemmLstm final : public LstmDirectionOp {
   }
 
  private:
+  // C = op(A) op(B) + beta C over all time steps at once.
+  void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+               int64_t ldb, float beta, float* c, int64_t ldc) const {
+    if (g_.bf16)
+      bf16_gemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc);
+    else
+      sgemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+  }
+  // The same for one time step's product with W_hh (under bf16 its copy is kept between steps).
+  void recurrent_product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                         const float* b, int64_t ldb, float beta, float* c, int64_t ldc) const {
+    if (g_.bf16)
+      bf16_gemm_weight(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc);
+    else
+      sgemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+  }
+
   LstmDirectionGeometry g_;
   HostBuffer gates_, cells_, dgates_, dh_, dc_;
 };

@@ -3,13 +3,18 @@
 // implementations:
 //  - kDnnl: oneDNN's vanilla_lstm primitive (forward_training + backward), weights reordered from
 //    PyTorch's layout into the primitive's packed layouts once per step;
-//  - kGemm: OpenBLAS GEMMs: the input projection of all time steps in one GEMM, then per step one
-//    recurrent GEMM and a fused loop over the gate nonlinearities; backward mirrors it and gets the
-//    weight gradients from one GEMM each over all time steps.
-// Both compute the same function. The default is oneDNN, the faster at DeepSpeech's shapes (T 150,
-// N 8, hidden 800, one thread, forward + backward): 375 ms against 550 ms from input 800, 512 against
-// 680 ms from input 1312 (torch.nn.LSTM: 880 and 1000 ms). OpenBLAS repacks W_hh for each small
-// per-step GEMM, where oneDNN keeps it packed.
+//  - kGemm: OpenBLAS GEMMs (under bf16 oneDNN's bf16 matmuls): the input projection of all time
+//    steps in one GEMM, then per step one recurrent GEMM and a fused loop over the gate
+//    nonlinearities; backward mirrors it and gets the weight gradients from one GEMM each over all
+//    time steps.
+// Both compute the same function. In fp32 the default is oneDNN, the faster at DeepSpeech's shapes
+// (T 150, N 8, hidden 800, one thread, forward + backward): 375 ms against 550 ms from input 800, 512
+// against 680 ms from input 1312 (torch.nn.LSTM: 880 and 1000 ms). OpenBLAS repacks W_hh for each
+// small per-step GEMM, where oneDNN keeps it packed. Under bf16 the default is the GEMM op, whose
+// products are oneDNN bf16 matmuls on a W_hh copy kept for the whole step: oneDNN 3.2's bf16 RNN
+// backward (brgemm, avx512_core_bf16) ran at half its fp32 backward's speed, 2.7 s against 0.84 s for
+// the GEMM op's in a DeepSpeech step at batch 8 x 300 frames (docs/benchmarks-journal.md, "bf16
+// LSTMs on our GEMMs").
 #pragma once
 
 #include <memory>
@@ -26,8 +31,8 @@ std::unique_ptr<LstmOp> make_lstm(const LstmGeometry& g, const BackendSettings& 
 // runs per (layer, direction), the reverse direction on time-reversed sequences.
 struct LstmDirectionGeometry {
   int64_t seq_len = 0, batch = 0, input = 0, hidden = 0;
-  // runtime.precision = bf16: the oneDNN op computes from bf16 copies (lstm_dnnl.cpp); the GEMM op
-  // has no bf16 and computes in fp32.
+  // runtime.precision = bf16: both ops compute their products from bf16 copies (lstm_dnnl.cpp,
+  // lstm_gemm.cpp).
   bool bf16 = false;
 };
 
@@ -44,7 +49,7 @@ class LstmDirectionOp {
                         float* dx, float* dw_ih, float* dw_hh, float* db_ih, float* db_hh) = 0;
 };
 
-// `algorithm`'s implementation; the environment variable TRAINER_LSTM=dnnl|gemm overrides it.
+// `algorithm`'s implementation (kAuto: by precision, above); TRAINER_LSTM=dnnl|gemm overrides it.
 std::unique_ptr<LstmDirectionOp> make_lstm_direction(const LstmDirectionGeometry& g, LstmAlgorithm algorithm);
 std::unique_ptr<LstmDirectionOp> make_dnnl_lstm(const LstmDirectionGeometry& g);
 std::unique_ptr<LstmDirectionOp> make_gemm_lstm(const LstmDirectionGeometry& g);

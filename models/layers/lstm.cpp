@@ -71,9 +71,16 @@ const Tensor& Lstm::forward(const Tensor& x, Mode mode) {
   Tensor& y = y_.resize({T, N, D * H});
   op_->forward(T, N, x.data, lengths_, weights(), y.data, mode == Mode::kTrain);
   flops_ = 0;
+  steps_ = T, batch_ = N;
   for (int64_t k = 0; k < opt_.num_layers; ++k)
     for (int64_t d = 0; d < D; ++d) flops_ += 2.0 * T * N * 4 * H * (g.layer_input(k) + H);
   return y;
+}
+
+std::vector<StreamedWeights> Lstm::streamed_weights() const {
+  const int64_t H = opt_.hidden_size;
+  const StreamedWeights w_hh{4 * H * H, 2.0 * steps_ * 4 * H * H, batch_};
+  return std::vector<StreamedWeights>(opt_.num_layers * directions(), w_hh);
 }
 
 const Tensor& Lstm::backward(const Tensor& dy) {

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "models/layers/sequence.h"
+#include "models/streamed_weights.h"
 
 namespace trainer::models {
 
@@ -28,6 +29,10 @@ class Lstm final : public SequenceLayer {
   const Tensor& backward(const Tensor& dy) override;
   void init(Rng& rng) override;
   double forward_flops() const override { return flops_; }
+  // Each layer and direction of the last forward: its recurrent weights W_hh, read at every time
+  // step by forward (h_{t-1} W_hh^T) and by backward (dgates_t W_hh); the input products run over
+  // all steps at once and are not streamed.
+  std::vector<StreamedWeights> streamed_weights() const;
 
  private:
   // The parameter ids of one (layer, direction).
@@ -42,6 +47,7 @@ class Lstm final : public SequenceLayer {
   LayerContext ctx_;
   LstmOptions opt_;
   double flops_ = 0;
+  int64_t steps_ = 0, batch_ = 0;  // of the last forward
   std::vector<Direction> dirs_;  // layer-major: dirs_[layer * directions() + d]
   std::unique_ptr<LstmOp> op_;  // made at the first forward
   LstmWeights weights_;

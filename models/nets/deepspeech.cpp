@@ -173,6 +173,13 @@ std::vector<std::vector<int32_t>> DeepSpeech::decode(const SpeechInput& input) {
   return ctc_greedy_decode(Tensor{host_logits_.data(), logits_.shape}, frames_.data());
 }
 
+std::vector<StreamedWeights> DeepSpeech::streamed_weights() const {
+  std::vector<StreamedWeights> all;
+  for (const auto& rnn : rnn_)
+    for (const StreamedWeights& w : rnn->streamed_weights()) all.push_back(w);
+  return all;
+}
+
 double DeepSpeech::forward_flops() const {
   double flops = conv1_->forward_flops() + conv2_->forward_flops() + lookahead_->forward_flops() + fc_->forward_flops();
   for (const auto& rnn : rnn_) flops += rnn->forward_flops();

@@ -45,6 +45,7 @@ class DeepSpeech final : public SpeechModel {
   void backward() override;
   std::vector<std::vector<int32_t>> decode(const SpeechInput& input) override;
   double forward_flops() const override;
+  std::vector<StreamedWeights> streamed_weights() const override;  // the five LSTMs' recurrences
 
   // Frames after the convolutions for `frames` input frames: floor((T + 2*5 - 11) / 2) + 1.
   static int64_t output_frames(int64_t frames) { return (frames + 2 * 5 - 11) / 2 + 1; }

@@ -86,6 +86,9 @@ void Las::listen(const SpeechInput& in, Mode mode) {
   const int64_t N = in.batch, T = in.max_frames, F = in.feature_dim, P = opt_.pyramid_layers;
   const int64_t C = 2 * opt_.listener_hidden;
   Workspace& w = *ws_;
+  // The speller's per-step products read the weights through layer_gemm_weight, which may keep
+  // copies of them: from here on they are those of this pass.
+  backend_.weights_changed();
   lengths_.assign(P + 1, std::vector<int32_t>(N));
   for (int64_t n = 0; n < N; ++n) {
     const int32_t frames = in.frames[n];
@@ -181,10 +184,10 @@ void Las::speller_step(const Step& s, int64_t rows, const int32_t* row_utterance
   for (size_t j = 0; j < cells_.size(); ++j) {
     const Cell& cell = cells_[j];
     backend_.broadcast_rows(rows, 4 * Hs, w.bias_sum.view().data + j * 4 * Hs, s.gates[j]);
-    backend_.layer_gemm(false, true, rows, 4 * Hs, cell.input, 1.f, x, cell.input, params_.value(cell.w_ih).data,
-                        cell.input, 1.f, s.gates[j], 4 * Hs);
-    backend_.layer_gemm(false, true, rows, 4 * Hs, Hs, 1.f, s.h_prev[j], Hs, params_.value(cell.w_hh).data, Hs, 1.f,
-                        s.gates[j], 4 * Hs);
+    backend_.layer_gemm_weight(false, true, rows, 4 * Hs, cell.input, 1.f, x, cell.input,
+                               params_.value(cell.w_ih).data, cell.input, 1.f, s.gates[j], 4 * Hs);
+    backend_.layer_gemm_weight(false, true, rows, 4 * Hs, Hs, 1.f, s.h_prev[j], Hs, params_.value(cell.w_hh).data, Hs,
+                               1.f, s.gates[j], 4 * Hs);
     backend_.lstm_cell_forward(rows, Hs, s.gates[j], s.c_prev[j], s.c[j], s.h[j], s.tanh_c[j]);
     x = s.h[j];
     flops_ += 2.0 * rows * 4 * Hs * (cell.input + Hs);
@@ -193,16 +196,29 @@ void Las::speller_step(const Step& s, int64_t rows, const int32_t* row_utterance
   const int64_t SC = Hs + C, Tl = ws_->values.view().dim(1);
   backend_.copy_2d(rows, Hs, x, Hs, s.state_context, SC);
   backend_.broadcast_rows(rows, A, params_.value(query_.bias).data, s.query);
-  backend_.layer_gemm(false, true, rows, A, Hs, 1.f, x, Hs, params_.value(query_.weight).data, Hs, 1.f, s.query, A);
+  backend_.layer_gemm_weight(false, true, rows, A, Hs, 1.f, x, Hs, params_.value(query_.weight).data, Hs, 1.f, s.query,
+                             A);
   backend_.relu_forward(rows * A, s.query, s.query);
   const std::vector<int32_t>& lengths = lengths_.back();
   backend_.attention_forward(rows, Tl, A, C, lengths.data(), row_utterance, s.query, w.keys.view().data,
                              w.values.view().data, s.alpha, s.state_context + Hs, SC);
   for (int64_t r = 0; r < rows; ++r) flops_ += 2.0 * lengths[row_utterance ? row_utterance[r] : r] * (A + C);
   backend_.broadcast_rows(rows, V, params_.value(output_.bias).data, s.logits);
-  backend_.layer_gemm(false, true, rows, V, SC, 1.f, s.state_context, SC, params_.value(output_.weight).data, SC,
-                      1.f, s.logits, V);
+  backend_.layer_gemm_weight(false, true, rows, V, SC, 1.f, s.state_context, SC, params_.value(output_.weight).data,
+                             SC, 1.f, s.logits, V);
   flops_ += 2.0 * rows * (Hs * A + SC * V);
+}
+
+std::vector<StreamedWeights> Las::streamed_weights() const {
+  std::vector<StreamedWeights> all = blstm_->streamed_weights();
+  for (const auto& p : pblstm_)
+    for (const StreamedWeights& w : p->streamed_weights()) all.push_back(w);
+  const int64_t Hs = opt_.speller_hidden, A = opt_.attention_dim, SC = Hs + 2 * opt_.listener_hidden;
+  int64_t cells = 0;
+  for (const Cell& cell : cells_) cells += 4 * Hs * (cell.input + Hs);
+  const int64_t output = opt_.classes * SC, N = lengths_.empty() ? 0 : int64_t(lengths_[0].size());
+  all.push_back({cells + A * Hs + output, double(ws_->steps) * (2 * (cells + A * Hs) + output), N});
+  return all;
 }
 
 Tensor Las::logits() const {
@@ -365,7 +381,8 @@ void Las::backward() {
     backend_.relu_backward(N * A, query + t * N * A, dq, dq);
     // s_t: the output layer's gradient plus the query's.
     backend_.copy_2d(N, Hs, dsc + t * N * SC, SC, dstate, Hs);
-    backend_.layer_gemm(false, false, N, Hs, A, 1.f, dq, A, params_.value(query_.weight).data, Hs, 1.f, dstate, Hs);
+    backend_.layer_gemm_weight(false, false, N, Hs, A, 1.f, dq, A, params_.value(query_.weight).data, Hs, 1.f, dstate,
+                               Hs);
     // The cells, top down: the gradient from above plus the one carried from step t + 1.
     const float* from_above = dstate;
     for (size_t jj = L; jj-- > 0;) {
@@ -376,11 +393,11 @@ void Las::backward() {
       backend_.lstm_cell_backward(N, Hs, w.gates[jj].view().data + t * N * 4 * Hs, w.c[jj].view().data + t * N * Hs,
                                   w.tanh_c[jj].view().data + t * N * Hs, dh_j, dc + jj * N * Hs, dg);
       // dh for step t - 1 (this cell's recurrence), and the gradient of this cell's input.
-      backend_.layer_gemm(false, false, N, Hs, 4 * Hs, 1.f, dg, 4 * Hs, params_.value(cell.w_hh).data, Hs, 0.f,
-                          dh_j, Hs);
+      backend_.layer_gemm_weight(false, false, N, Hs, 4 * Hs, 1.f, dg, 4 * Hs, params_.value(cell.w_hh).data, Hs,
+                                 0.f, dh_j, Hs);
       float* dx = jj > 0 ? dstate : dinput;  // dstate is free once the top cell has read it
-      backend_.layer_gemm(false, false, N, cell.input, 4 * Hs, 1.f, dg, 4 * Hs, params_.value(cell.w_ih).data,
-                          cell.input, 0.f, dx, cell.input);
+      backend_.layer_gemm_weight(false, false, N, cell.input, 4 * Hs, 1.f, dg, 4 * Hs,
+                                 params_.value(cell.w_ih).data, cell.input, 0.f, dx, cell.input);
       from_above = dx;
     }
     // The input [embedding ; previous context]: the embedding's rows, and the context's gradient

@@ -69,6 +69,10 @@ class Las final : public SpeechModel {
   void backward() override;
   std::vector<std::vector<int32_t>> decode(const SpeechInput& input) override;
   double forward_flops() const override { return flops_; }
+  // The listener's recurrences, and the speller's cells, query and output, whose weights every
+  // speller step reads (backward reads the cells' and the query's again; the output's gradient
+  // products run over all steps at once).
+  std::vector<StreamedWeights> streamed_weights() const override;
 
   // Greedy decoding and beam search of a given width (width 1 gives the greedy result).
   std::vector<std::vector<int32_t>> decode_greedy(const SpeechInput& input);
