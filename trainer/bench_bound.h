@@ -17,7 +17,8 @@ namespace trainer::app {
 double gemm_gflops(bool bf16);
 
 // GB/s at which the OpenMP threads read a buffer of `bytes` again and again (best of 5 rounds of at
-// least 256 MB read; each thread its own static share, as a GEMM's threads split a weight matrix).
+// least 256 MB read, each round one parallel region; each thread reads its own static share, as a
+// GEMM's threads split a weight matrix).
 double read_gbps(int64_t bytes);
 
 struct StepBound {
