@@ -107,3 +107,25 @@ TEST_CASE("las memorizes 4 utterances: greedy and beam decoding return the trans
   CHECK(model.decode_greedy(b.input()) == targets);
   CHECK(model.decode_beam(b.input(), 3) == targets);
 }
+
+TEST_CASE("las: the weights streamed per time step are the listener's recurrences and the speller's", "[las]") {
+  const LasOptions o = tiny_las_options();
+  Las model(cpu_backend(), o, 3);
+  SpeechTestBatch b(6, {17, 12, 9}, {{2, 5, 28}, {7}, {1, 9}}, 4);
+  model.forward(b.input(), Mode::kTrain);
+  const auto streamed = model.streamed_weights();
+  // Both directions of the BLSTM and of each pyramid layer, then the speller's products.
+  REQUIRE(streamed.size() == size_t(2 * (1 + o.pyramid_layers) + 1));
+  for (size_t i = 0; i + 1 < streamed.size(); ++i) CHECK(streamed[i].working_set == 4 * o.listener_hidden * o.listener_hidden);
+  const auto& speller = streamed.back();
+  CHECK(speller.rows == 3);
+  // Forward reads the speller's working set once per step (4 steps: the longest transcript + <eos>)
+  // and backward all of it but the output layer once more.
+  CHECK(speller.reads > 4.0 * speller.working_set);
+  CHECK(speller.reads < 8.0 * speller.working_set);
+  // Their FLOPs are a part of the step's (3 x forward: forward, and backward's two products).
+  double flops = 0;
+  for (const auto& w : streamed) flops += 2.0 * w.rows * w.reads;
+  CHECK(flops > 0);
+  CHECK(flops <= 3 * model.forward_flops());
+}
