@@ -4,7 +4,7 @@
 // fp32 byte, far below what the cores compute per byte the memory (or the cache holding the weights)
 // delivers. Its time is then the weights it reads divided by that bandwidth, and the step's lower
 // bound is those reads plus the rest of its FLOPs at the GEMM peak (`trainer bench` prints it for
-// the speech models; docs/benchmarks-journal.md, "The memory-traffic bound of the LSTM steps").
+// the speech models; docs/benchmarks-journal.md, "The memory-traffic bound of the speech steps").
 #pragma once
 
 #include <cstdint>

@@ -12,9 +12,9 @@
 // against 680 ms from input 1312 (torch.nn.LSTM: 880 and 1000 ms). OpenBLAS repacks W_hh for each
 // small per-step GEMM, where oneDNN keeps it packed. Under bf16 the default is the GEMM op, whose
 // products are oneDNN bf16 matmuls on a W_hh copy kept for the whole step: oneDNN 3.2's bf16 RNN
-// backward (brgemm, avx512_core_bf16) ran at half its fp32 backward's speed, 2.7 s against 0.84 s for
-// the GEMM op's in a DeepSpeech step at batch 8 x 300 frames (docs/benchmarks-journal.md, "bf16
-// LSTMs on our GEMMs").
+// backward (brgemm, avx512_core_bf16) is slower than its fp32 one, 2,730 ms of a DeepSpeech step at
+// batch 8 x 300 frames against the GEMM op's 640 (fp32: 1,039; docs/benchmarks-journal.md, "bf16
+// LSTMs on our GEMMs, and the engine on oneDNN 3.2 at AVX-512 (issue 52, 2026-12-02, later)").
 #pragma once
 
 #include <memory>
