@@ -130,17 +130,11 @@ class CpuBackend final : public Backend {
 
   void layer_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
-    if (settings_.precision == Precision::kBf16)
-      cpu::bf16_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    else
-      gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    layer_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, false);
   }
   void layer_gemm_weight(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
-    if (settings_.precision == Precision::kBf16)
-      cpu::bf16_gemm_weight(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    else
-      gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    layer_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, true);
   }
   void weights_changed() override {
     if (settings_.precision == Precision::kBf16) cpu::bf16_weights_changed();
@@ -404,6 +398,15 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // layer_gemm's product: under bf16 from bf16 copies (B's kept when keep_b), else fp32.
+  void layer_product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool keep_b) {
+    if (settings_.precision == Precision::kBf16)
+      cpu::bf16_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, keep_b);
+    else
+      gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+
   const BackendSettings settings_;
 };
 

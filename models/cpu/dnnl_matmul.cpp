@@ -100,8 +100,10 @@ class Bf16Gemm {
   uint64_t b_values_ = 0;  // the weight_values b_mem_ was copied at (0: not kept)
 };
 
-void cached_bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool keep_b) {
+}  // namespace
+
+void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool keep_b) {
   using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, float, int64_t, int64_t, float, int64_t, const float*>;
   static std::map<Key, std::unique_ptr<Bf16Gemm>> cache;
   static std::mutex mutex;  // ops run one at a time; the lock only guards the cache
@@ -119,18 +121,6 @@ void cached_bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
     gemm = slot.get();
   }
   gemm->run(a, b, c, keep_b);
-}
-
-}  // namespace
-
-void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cached_bf16_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, false);
-}
-
-void bf16_gemm_weight(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cached_bf16_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, true);
 }
 
 void bf16_weights_changed() { ++weight_values; }

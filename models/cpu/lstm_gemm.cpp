@@ -81,7 +81,7 @@ class GemmLstm final : public LstmDirectionOp {
     product(false, true, T * N, G, I, x, I, w_ih, I, 1.f, gates, G);
     for (int64_t t = 0; t < T; ++t) {
       float* gt = gates + t * N * G;
-      if (t > 0) recurrent_product(false, true, N, G, H, y + (t - 1) * N * H, H, w_hh, H, 1.f, gt, G);
+      if (t > 0) product(false, true, N, G, H, y + (t - 1) * N * H, H, w_hh, H, 1.f, gt, G, true);
       const float* c_prev = t > 0 ? cells_.data() + (t - 1) * N * H : nullptr;
       float* c = cells_.data() + t * N * H;
       float* h = y + t * N * H;
@@ -136,7 +136,7 @@ class GemmLstm final : public LstmDirectionOp {
           dc[k] = dct * f;
         }
       }
-      if (t > 0) recurrent_product(false, false, N, H, G, dgt, G, w_hh, H, 0.f, dh, H);
+      if (t > 0) product(false, false, N, H, G, dgt, G, w_hh, H, 0.f, dh, H, true);
     }
     product(true, false, G, I, T * N, dgates, G, x, I, 0.f, dw_ih, I);
     if (T > 1) product(true, false, G, H, (T - 1) * N, dgates + N * G, G, y, H, 0.f, dw_hh, H);
@@ -156,19 +156,12 @@ class GemmLstm final : public LstmDirectionOp {
   }
 
  private:
-  // C = op(A) op(B) + beta C over all time steps at once.
+  // C = op(A) op(B) + beta C: over all time steps at once, or one time step's product with W_hh
+  // (`recurrent`: under bf16 its copy is kept between steps).
   void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-               int64_t ldb, float beta, float* c, int64_t ldc) const {
+               int64_t ldb, float beta, float* c, int64_t ldc, bool recurrent = false) const {
     if (g_.bf16)
-      bf16_gemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc);
-    else
-      sgemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
-  }
-  // The same for one time step's product with W_hh (under bf16 its copy is kept between steps).
-  void recurrent_product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                         const float* b, int64_t ldb, float beta, float* c, int64_t ldc) const {
-    if (g_.bf16)
-      bf16_gemm_weight(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc);
+      bf16_gemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc, recurrent);
     else
       sgemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
   }
