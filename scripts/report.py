@@ -183,7 +183,7 @@ def section_schedule(run, ops):
     phases = {r["phase"]: r["steps"] for r in ra.phase_table(run)}
     calls = {r["op"]: r["calls"] for r in ops}
     expect = seed.schedule_counts(run.world, phases["dense"], phases["compressed"], run.info["dense_buckets"],
-                                  run.cfg("sync", "region_every", 64))
+                                  run.method_cfg("region_every", 64))
     rows = []
     for op, want in expect.items():
         got = calls.get(op, 0)
@@ -193,7 +193,7 @@ def section_schedule(run, ops):
             rows.append([op, want, got, "yes" if got == want else "NO"])
     return ("\n### Counts the schedule fixes\n\n"
             f"P = {run.world}, {phases['dense']} dense steps of {run.info['dense_buckets']} bucket(s), "
-            f"{phases['compressed']} compressed steps, regions every {run.cfg('sync', 'region_every', 64)} steps; calls "
+            f"{phases['compressed']} compressed steps, regions every {run.method_cfg('region_every', 64)} steps; calls "
             "summed over ranks:\n\n" + table(["op", "expected", "recorded", "match"], rows))
 
 
@@ -291,10 +291,10 @@ def section_adaptive(run):
         return ""
     md = ["## Adaptive compression\n\n"]
     setting = ("rank", "adaptive_rank") if run.method == "powersgd" else ("density", "adaptive_density")
-    md.append(f"sync.adaptive: {setting[0]} {run.cfg('sync', setting[1])} in critical regimes, "
-              f"{run.cfg('sync', setting[0])} elsewhere; threshold {run.cfg('sync', 'adaptive_threshold')}, "
-              f"interval {run.cfg('sync', 'adaptive_interval') or 'an epoch'}"
-              + (" steps" if run.cfg('sync', 'adaptive_interval') else "") + ".\n\n")
+    md.append(f"sync.adaptive: {setting[0]} {run.method_cfg(setting[1])} in critical regimes, "
+              f"{run.method_cfg(setting[0])} elsewhere; threshold {run.method_cfg('adaptive_threshold')}, "
+              f"interval {run.method_cfg('adaptive_interval') or 'an epoch'}"
+              + (" steps" if run.method_cfg('adaptive_interval') else "") + ".\n\n")
     if low:
         mean = sum(v for _, v in low) / len(low)
         md.append(f"Share of the compressed entries sent at low compression, mean over the {len(low)} metrics "
@@ -473,7 +473,7 @@ def section_seed(run, ops):
         phases = {r["phase"]: r["steps"] for r in ra.phase_table(run)}
         calls = {r["op"]: r["calls"] for r in ops}
         rows = seed.check_table(run.world, phases["dense"], phases["compressed"], run.info["dense_buckets"],
-                                run.cfg("sync", "region_every", 64), calls)
+                                run.method_cfg("region_every", 64), calls)
         md.append(f"\nThe same schedule, counted: published; expected with their {seed.PUBLISHED['compressed_steps_stated']} "
                   f"compressed steps; expected for this run (P = {run.world}, {phases['dense']} dense steps of "
                   f"{run.info['dense_buckets']} bucket(s), {phases['compressed']} compressed); recorded in this run. "

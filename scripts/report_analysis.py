@@ -176,6 +176,13 @@ class Run:
     def cfg(self, section, key, default=None):
         return self.config.get(section, {}).get(key, default)
 
+    def method_cfg(self, key, default=None):
+        """A key of sync.method's own table ([sync.<method>] in config.toml; older runs wrote it flat
+        under [sync])."""
+        sync = self.config.get("sync", {})
+        own = sync.get(self.method, {})
+        return own.get(key, sync.get(key, default)) if isinstance(own, dict) else sync.get(key, default)
+
     @property
     def method(self):
         return self.info["method"] if self.info else self.cfg("sync", "method", "dense")
@@ -231,7 +238,7 @@ def theoretical_words(run, phase):
     if phase == "dense" or method in ("dense", "local_sgd"):
         return 2 * n * (p - 1) / p, "2n(P-1)/P"
     if method == "diloco":  # one fragment of about n/F every H/F steps: n/H per step on average
-        h = run.cfg("sync", "period", 1)
+        h = run.method_cfg("period", 1)
         return 2 * n * (p - 1) / p / h, "2n(P-1)/P / H (pseudo-gradients, on average per step)"
     if method == "oktopk":
         return 6 * k * (p - 1) / p, "<= 6k(P-1)/P"
@@ -243,7 +250,7 @@ def theoretical_words(run, phase):
             shape = v["shape"]
             rows_ = shape[0]
             cols = math.prod(shape[1:]) if len(shape) > 1 else 1
-            r = run.cfg("sync", "rank", 1)
+            r = run.method_cfg("rank", 1)
             total += (rows_ + cols) * r if len(shape) > 1 else rows_
         return 2 * total * (p - 1) / p, "sum (n+m)r, ring allreduce 2(P-1)/P"
     if method == "gaussiank":

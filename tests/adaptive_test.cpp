@@ -13,6 +13,7 @@
 #include "comm/sync/gradient_sync.h"
 #include "comm/sync/powersgd.h"
 #include "tests/conservation.h"
+#include "tests/method_keys.h"
 
 using namespace trainer;
 using comm::Accordion;
@@ -78,22 +79,22 @@ std::vector<float> noisy(int64_t n, int64_t step, int rank) {
 comm::SyncOptions adaptive(const std::string& method, int64_t interval) {
   comm::SyncOptions o;
   o.method = method;
-  o.set("sync.adaptive", true);
-  o.set("sync.adaptive_interval", interval);
-  o.set("sync.rank", 1);
-  o.set("sync.adaptive_rank", 4);
-  o.set("sync.density", 0.01);
-  o.set("sync.adaptive_density", 0.1);
-  o.set("sync.min_compression_rate", 1);  // every weight matrix pays at rank 4 too, so both settings compress the same ones
+  testing::set_if_own(o, "adaptive", true);
+  testing::set_if_own(o, "adaptive_interval", interval);
+  testing::set_if_own(o, "rank", 1);
+  testing::set_if_own(o, "adaptive_rank", 4);
+  testing::set_if_own(o, "density", 0.01);
+  testing::set_if_own(o, "adaptive_density", 0.1);
+  testing::set_if_own(o, "min_compression_rate", 1);  // every weight matrix pays at rank 4 too, so both settings compress the same ones
   return o;
 }
 
 // The fixed method at one of the settings.
 comm::SyncOptions fixed_at(const std::string& method, bool low) {
   comm::SyncOptions o = adaptive(method, 1);
-  o.set("sync.adaptive", false);
-  o.set("sync.rank", low ? 4 : 1);
-  o.set("sync.density", low ? 0.1 : 0.01);
+  testing::set_if_own(o, "adaptive", false);
+  testing::set_if_own(o, "rank", low ? 4 : 1);
+  testing::set_if_own(o, "density", low ? 0.1 : 0.01);
   return o;
 }
 
@@ -172,7 +173,7 @@ TEST_CASE("The detector on constructed norm sequences", "[adaptive]") {
 
   Accordion other(4, {{0, 2}, {2, 2}}, every(4));
   std::stringstream again(a.str());
-  CHECK_THROWS_WITH(other.load(again), Catch::Matchers::Contains("sync.adaptive_interval"));
+  CHECK_THROWS_WITH(other.load(again), Catch::Matchers::Contains("adaptive_interval"));
 }
 
 TEST_CASE("PowerSGD and the sparse methods switch at the expected steps, alike on every rank", "[adaptive][mpi]") {
@@ -214,7 +215,7 @@ TEST_CASE("After a switch PowerSGD restarts each tensor from its seeded Q at the
   // Without error feedback acc is the gradient, so the first step after a switch (6: to rank 1; 9:
   // back to rank 4) is the first step of a fresh fixed run at that rank, bit for bit.
   comm::SyncOptions o = adaptive("powersgd", 3);
-  o.set("sync.error_feedback", false);
+  o.set("error_feedback", false);
   auto sync = comm::make_gradient_sync(o, comm, n, &views);
   for (int64_t s = 0; s < 10; ++s) {
     auto g = lossless(views, false, s, comm.rank(), 6);
@@ -224,7 +225,7 @@ TEST_CASE("After a switch PowerSGD restarts each tensor from its seeded Q at the
     if (s != 6 && s != 9) continue;
     INFO("step " << s);
     comm::SyncOptions f = fixed_at("powersgd", s == 9);
-    f.set("sync.error_feedback", false);
+    f.set("error_feedback", false);
     auto fresh = comm::make_gradient_sync(f, comm, n, &views);
     auto h = input;
     comm::SyncBuffers hb{nullptr, h.data(), n, nullptr, 0, &views};
@@ -306,7 +307,7 @@ TEST_CASE("A saved state says whether it adapted", "[adaptive][mpi]") {
   for (const char* method : {"powersgd", "oktopk"}) {
     INFO(method);
     comm::SyncOptions on = adaptive(method, 3), off = on;
-    off.set("sync.adaptive", false);
+    off.set("adaptive", false);
     auto g = noisy(n, 0, comm.rank());
     comm::SyncBuffers b{nullptr, g.data(), n, nullptr, 0, &views};
     auto adapting = comm::make_gradient_sync(on, comm, n, &views);
@@ -314,15 +315,15 @@ TEST_CASE("A saved state says whether it adapted", "[adaptive][mpi]") {
     std::stringstream with;
     adapting->save(with);
     auto plain = comm::make_gradient_sync(off, comm, n, &views);
-    CHECK_THROWS_WITH(plain->load(with), Catch::Matchers::Contains("saved with sync.adaptive = true"));
+    CHECK_THROWS_WITH(plain->load(with), Catch::Matchers::Contains("saved with adaptive = true"));
     std::stringstream without;
     plain->save(without);
     auto again = comm::make_gradient_sync(on, comm, n, &views);
-    CHECK_THROWS_WITH(again->load(without), Catch::Matchers::Contains("saved with sync.adaptive = false"));
+    CHECK_THROWS_WITH(again->load(without), Catch::Matchers::Contains("saved with adaptive = false"));
     // Another pair of settings.
     comm::SyncOptions other = on;
-    other.set("sync.adaptive_rank", 8);
-    other.set("sync.adaptive_density", 0.2);
+    testing::set_if_own(other, "adaptive_rank", 8);
+    testing::set_if_own(other, "adaptive_density", 0.2);
     std::stringstream again_with(with.str());
     CHECK_THROWS_WITH(comm::make_gradient_sync(other, comm, n, &views)->load(again_with),
                       Catch::Matchers::Contains("adapts between"));
@@ -334,15 +335,15 @@ TEST_CASE("A saved state says whether it adapted", "[adaptive][mpi]") {
   }
   // A method that does not compress refuses the key.
   comm::SyncOptions dense;
-  dense.set("sync.adaptive", true);
-  CHECK_THROWS_WITH(comm::make_gradient_sync(dense, comm, n, &views), Catch::Matchers::Contains("sync.adaptive"));
+  dense.set("adaptive", true);
+  CHECK_THROWS_WITH(comm::make_gradient_sync(dense, comm, n, &views), Catch::Matchers::Contains("adaptive"));
   // An epoch interval needs the epoch's length to run (--dry-run builds the method without it).
   comm::SyncOptions epoch = adaptive("topka", 0);
   auto unknown = comm::make_gradient_sync(epoch, comm, n, &views);
   CHECK_THAT(unknown->describe(), Catch::Matchers::Contains("intervals of an epoch"));
   auto g = noisy(n, 0, comm.rank());
   comm::SyncBuffers b{nullptr, g.data(), n, nullptr, 0, &views};
-  CHECK_THROWS_WITH(unknown->reduce(b, 0), Catch::Matchers::Contains("sync.adaptive_interval"));
+  CHECK_THROWS_WITH(unknown->reduce(b, 0), Catch::Matchers::Contains("adaptive_interval"));
   epoch.steps_per_epoch = 10;
   CHECK_THAT(comm::make_gradient_sync(epoch, comm, n, &views)->describe(),
              Catch::Matchers::Contains("intervals of 10 steps"));

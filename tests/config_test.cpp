@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "comm/sync/registry.h"
 #include "trainer/config.h"
 #include "trainer/config_schema.h"
 #include "trainer/config_sync.h"
@@ -48,36 +49,110 @@ TEST_CASE("keys the file does not set keep their defaults", "[config]") {
 }
 
 TEST_CASE("method-dependent defaults apply where the config is silent, and say so", "[config]") {
-  // diloco over the default optimizer (sgd, momentum 0.9): H = 8, outer momentum 0.5.
+  // diloco over the default optimizer (sgd, momentum 0.9): outer momentum 0.5; H = 8 is its key's own.
   Config c = parse("[sync]\nmethod = \"diloco\"\n");
-  CHECK(c.sync.get<int64_t>("sync.period") == 8);
-  CHECK(c.sync.get<double>("sync.outer_momentum") == 0.5);
+  CHECK(c.sync.get<int64_t>("period") == 8);
+  CHECK(c.sync.get<double>("outer_momentum") == 0.5);
   const auto lines = method_default_lines(c);
-  REQUIRE(lines.size() == 2);
-  CHECK_THAT(lines[0], Catch::StartsWith("sync.period = 8: diloco's H"));
-  CHECK_THAT(lines[1], Catch::StartsWith("sync.outer_momentum = 0.5: "));
+  REQUIRE(lines.size() == 1);
+  CHECK_THAT(lines[0], Catch::StartsWith("sync.diloco.outer_momentum = 0.5: "));
   // The paper's 0.9 over AdamW; a value the file or a --set gives always wins.
-  CHECK(parse("[optim]\nname = \"adamw\"\n[sync]\nmethod = \"diloco\"\n").sync.get<double>("sync.outer_momentum") == 0.9);
-  c = parse("[sync]\nmethod = \"diloco\"\nperiod = 2\n", {"sync.outer_momentum=0.7"});
-  CHECK(c.sync.get<int64_t>("sync.period") == 2);
-  CHECK(c.sync.get<double>("sync.outer_momentum") == 0.7);
-  CHECK(method_default_lines(c).empty());  // neither is the default's value
-  CHECK(parse("", {"sync.method=local_sgd"}).sync.get<int64_t>("sync.period") == 4);
-  // Methods without such defaults keep the schema's values.
-  CHECK(parse("", {"sync.method=dense"}).sync.get<int64_t>("sync.period") == Config{}.sync.get<int64_t>("sync.period"));
+  CHECK(parse("[optim]\nname = \"adamw\"\n[sync]\nmethod = \"diloco\"\n").sync.get<double>("outer_momentum") == 0.9);
+  c = parse("[sync]\nmethod = \"diloco\"\n[sync.diloco]\nperiod = 2\n", {"sync.diloco.outer_momentum=0.7"});
+  CHECK(c.sync.get<int64_t>("period") == 2);
+  CHECK(c.sync.get<double>("outer_momentum") == 0.7);
+  CHECK(method_default_lines(c).empty());  // not the default's value
   CHECK(method_default_lines(parse("")).empty());
-  // powersgd under sync.adaptive: the measured pair, rank 1 below adaptive_rank 4.
-  c = parse("", {"sync.method=powersgd", "sync.adaptive=true"});
-  CHECK(c.sync.get<int64_t>("sync.rank") == 1);
-  CHECK(c.sync.get<int64_t>("sync.adaptive_rank") == 4);
-  // The sparse methods under sync.adaptive: 0.01 below adaptive_density's 0.1; without it the
-  // measured 0.1 (the schema's), and powersgd's measured rank 8.
-  CHECK(parse("", {"sync.method=oktopk", "sync.adaptive=true"}).sync.get<double>("sync.density") == 0.01);
-  CHECK(parse("", {"sync.method=oktopk"}).sync.get<double>("sync.density") == 0.1);
-  CHECK(parse("", {"sync.method=powersgd"}).sync.get<int64_t>("sync.rank") == 8);
+  // powersgd under adaptive: the measured pair, rank 1 below adaptive_rank 4.
+  c = parse("", {"sync.method=powersgd", "sync.powersgd.adaptive=true"});
+  CHECK(c.sync.get<int64_t>("rank") == 1);
+  CHECK(c.sync.get<int64_t>("adaptive_rank") == 4);
+  // The sparse methods under adaptive: 0.01 below adaptive_density's 0.1; without it the
+  // measured 0.1 (the key's), and powersgd's measured rank 8.
+  CHECK(parse("", {"sync.method=oktopk", "sync.oktopk.adaptive=true"}).sync.get<double>("density") == 0.01);
+  CHECK(parse("", {"sync.method=oktopk"}).sync.get<double>("density") == 0.1);
+  CHECK(parse("", {"sync.method=powersgd"}).sync.get<int64_t>("rank") == 8);
   // The written config holds the chosen values, and reads back to the same config.
   c = parse("[sync]\nmethod = \"diloco\"\n");
   CHECK(parse_config(to_toml(c), "config.toml") == c);
+}
+
+TEST_CASE("each method's keys are its own table, with its own defaults", "[config]") {
+  // One key name, three tables, three defaults: none constrains another.
+  CHECK(parse("", {"sync.method=oktopk"}).sync.get<double>("density") == 0.1);
+  CHECK(parse("", {"sync.method=sparseloco"}).sync.get<double>("density") == 0.02);
+  CHECK(parse("", {"sync.method=demo"}).sync.get<double>("density") == 1.0 / 128);
+  CHECK(parse("", {"sync.method=demo"}).sync.get<int64_t>("value_bits") == 32);
+  CHECK(parse("", {"sync.method=sparseloco"}).sync.get<int64_t>("value_bits") == 2);
+  CHECK(parse("", {"sync.method=local_sgd"}).sync.get<int64_t>("period") == 4);
+  // The key table documents each method's key under its own path and default.
+  REQUIRE(config_schema::find_key("sync.sparseloco.density"));
+  CHECK(config_schema::find_key("sync.sparseloco.density")->default_value == comm::Value(0.02));
+  CHECK(config_schema::find_key("sync.oktopk.density")->default_value == comm::Value(0.1));
+  CHECK(config_schema::find_key("sync.oktopk.density")->section == "sync.oktopk");
+  CHECK_FALSE(config_schema::find_key("sync.density"));
+  CHECK_FALSE(config_schema::find_key("sync.dense.density"));
+  // A table sets the key; a --set of the full path beats the file.
+  Config c = parse("[sync]\nmethod = \"oktopk\"\n[sync.oktopk]\ndensity = 0.01\ndgc = true\n");
+  CHECK(c.sync.get<double>("density") == 0.01);
+  CHECK(c.sync.get<bool>("dgc"));
+  CHECK(c.notes.empty());
+  CHECK(parse("[sync]\nmethod = \"oktopk\"\n[sync.oktopk]\ndensity = 0.01\n", {"sync.oktopk.density=0.05"})
+            .sync.get<double>("density") == 0.05);
+  // config.toml holds sync.method's table only, and reads back to the same config.
+  const std::string written = to_toml(c);
+  CHECK(written.find("[sync.oktopk]") != std::string::npos);
+  CHECK(written.find("[sync.powersgd]") == std::string::npos);
+  CHECK(parse_config(written, "config.toml") == c);
+  // Another method's table is read and checked, then ignored with a note.
+  c = parse("[sync]\nmethod = \"oktopk\"\n[sync.powersgd]\nrank = 2\n");
+  REQUIRE(c.notes.size() == 1);
+  CHECK(c.notes[0] == "note: [sync.powersgd] is ignored: sync.method = \"oktopk\" reads [sync.oktopk]");
+  CHECK(to_toml(c) == to_toml(parse("[sync]\nmethod = \"oktopk\"\n")));
+  CHECK(c == parse("[sync]\nmethod = \"oktopk\"\n"));
+  CHECK_THAT(error_of("[sync.powersgd]\nrank = 0\n"), Catch::Matchers::Contains("sync.powersgd.rank = 0 is out of range"));
+  // A table that is no method's, and a key a table does not have, name what there is.
+  CHECK_THAT(error_of("[sync.oktopkk]\ndensity = 0.1\n"),
+             Catch::Matchers::StartsWith("configs/x.toml: unknown table [sync.oktopkk]: the methods' tables are") &&
+                 Catch::Matchers::Contains("(did you mean [sync.oktopk]?)"));
+  CHECK(error_of("[sync.oktopk]\ndensty = 0.1\n") ==
+        "configs/x.toml: unknown key 'sync.oktopk.densty' (did you mean 'sync.oktopk.density'?)");
+  CHECK_THAT(error_of("", {"sync.dense.density=0.1"}), Catch::Matchers::Contains("unknown key 'sync.dense.density'"));
+  // A rule between a method's keys names them in its table and blames the one set last.
+  CHECK_THAT(error_of("[sync]\nmethod = \"diloco\"\n[sync.diloco]\nperiod = 4\nfragments = 2\n", {"sync.diloco.sync_delay=2"}),
+             Catch::Matchers::StartsWith(
+                 "--set sync.diloco.sync_delay=2: [sync.diloco] sync_delay = 2 must be below period / fragments = 2"));
+}
+
+TEST_CASE("older configs' flat spelling reads as sync.method's key, with a note", "[config]") {
+  const Config c = parse("[sync]\nmethod = \"oktopk\"\ndensity = 0.01\n", {"sync.dgc=true"});
+  CHECK(c.sync.get<double>("density") == 0.01);
+  CHECK(c.sync.get<bool>("dgc"));
+  CHECK(c == parse("[sync]\nmethod = \"oktopk\"\n[sync.oktopk]\ndensity = 0.01\ndgc = true\n"));
+  REQUIRE(c.notes.size() == 2);
+  CHECK_THAT(c.notes, Catch::Matchers::VectorContains(std::string(
+                          "note: configs/x.toml: sync.density is read as sync.oktopk.density, the key of [sync.oktopk]; "
+                          "the flat spelling goes in the next release")));
+  // The method set after the key (a --set) decides whose key it is.
+  CHECK(parse("[sync]\nperiod = 2\n", {"sync.method=local_sgd"}).sync.get<int64_t>("period") == 2);
+  // The later of the two spellings wins; both in the file is an error naming both.
+  CHECK(parse("[sync]\nmethod = \"oktopk\"\n[sync.oktopk]\ndensity = 0.01\n", {"sync.density=0.05"})
+            .sync.get<double>("density") == 0.05);
+  CHECK(error_of("[sync]\nmethod = \"oktopk\"\ndensity = 0.02\n[sync.oktopk]\ndensity = 0.01\n") ==
+        "configs/x.toml: sync.density and sync.oktopk.density both set: give it once, as sync.oktopk.density");
+  // Under a method without the key it is ignored with a note, as it was ignored before ...
+  const Config dense = parse("[sync]\ndensity = 0.01\n");
+  CHECK(dense == parse(""));
+  REQUIRE(dense.notes.size() == 1);
+  CHECK_THAT(dense.notes[0], Catch::Matchers::Contains("density is ignored: sync.method = \"dense\" has no key density"));
+  // ... except a key that would silently do nothing, which stays an error.
+  CHECK(error_of("[sync]\nadaptive = true\n") ==
+        "configs/x.toml: sync.adaptive = true applies to oktopk, topka, gaussiank, gtopk and powersgd, not to "
+        "sync.method = \"dense\"");
+  CHECK(error_of("[sync]\nadaptive = false\n").empty());
+  // Its value is checked as the method's key.
+  CHECK_THAT(error_of("[sync]\nmethod = \"oktopk\"\ndensity = 2.0\n"),
+             Catch::Matchers::Contains("sync.oktopk.density = 2.0 is out of range (0, 1]"));
 }
 
 TEST_CASE("unknown keys name the key and suggest the nearest one", "[config]") {
@@ -313,8 +388,12 @@ TEST_CASE("to_toml round-trips every value", "[config]") {
   CHECK(config_hash(back) == config_hash(c));
   CHECK(config_hash(c) != config_hash(Config{}));
   CHECK(c != Config{});
-  // Every key appears, with its documentation above it.
+  // Every key that applies appears (sync.method's table, not the others'), with its documentation above it.
   for (const auto& k : config_schema::keys()) {
+    if (!config_schema::method_section_applies(k.section, c.sync.method)) {
+      CHECK(text.find("[" + k.section + "]") == std::string::npos);
+      continue;
+    }
     const std::string name = k.path.substr(k.section.size() + 1);
     CHECK(text.find("\n" + name + " = ") != std::string::npos);
   }
@@ -327,7 +406,13 @@ TEST_CASE("the key table is consistent", "[config]") {
   CHECK(keys.size() > 30);
   std::vector<std::string> names;
   for (const auto& section : config_schema::sections()) names.push_back(section.name);
-  CHECK(names == std::vector<std::string>{"experiment", "model", "data", "optim", "train", "runtime", "sync", "comm"});
+  // The sections, with each method that has keys as its table after [sync], in the method table's order.
+  std::vector<std::string> expected{"experiment", "model", "data", "optim", "train", "runtime", "sync"};
+  for (const comm::SyncMethod& m : comm::sync_methods())
+    if (!m.keys.empty()) expected.push_back("sync." + m.name);
+  expected.push_back("comm");
+  CHECK(names == expected);
+  CHECK(names.size() == 18);  // ten of the eleven built-in methods have keys (dense has none)
   CHECK(config_schema::find_key("optim.lr") != nullptr);
   CHECK(config_schema::find_key("optim.lr")->type == config_schema::Type::kFloat);
   CHECK(config_schema::find_key("optim") == nullptr);
@@ -350,13 +435,13 @@ TEST_CASE("docs/config.md is generated from the key list", "[config]") {
 TEST_CASE("sync.adaptive's rules name their keys", "[config]") {
   // Only the compressing methods adapt.
   const std::string dense = error_of("[sync]\nadaptive = true\n");
-  CHECK_THAT(dense, Catch::Matchers::Contains("sync.adaptive") && Catch::Matchers::Contains("\"dense\""));
+  CHECK_THAT(dense, Catch::Matchers::Contains("adaptive") && Catch::Matchers::Contains("\"dense\""));
   // The low-compression setting must send more than the high one.
   const std::string rank = error_of("[sync]\nmethod = \"powersgd\"\nadaptive = true\nrank = 4\nadaptive_rank = 4\n");
-  CHECK_THAT(rank, Catch::Matchers::Contains("sync.adaptive_rank = 4 must be above sync.rank = 4"));
+  CHECK_THAT(rank, Catch::Matchers::Contains("[sync.powersgd] adaptive_rank = 4 must be above rank = 4"));
   const std::string density =
       error_of("[sync]\nmethod = \"oktopk\"\nadaptive = true\ndensity = 0.2\nadaptive_density = 0.1\n");
-  CHECK_THAT(density, Catch::Matchers::Contains("sync.adaptive_density = 0.1 must be above sync.density = 0.2"));
+  CHECK_THAT(density, Catch::Matchers::Contains("[sync.oktopk] adaptive_density = 0.1 must be above density = 0.2"));
   CHECK(error_of("[sync]\nmethod = \"topka\"\nadaptive = true\ndensity = 0.2\nadaptive_density = 0.1\n", {})
             .find("configs/x.toml") == 0);
   // Off, the adaptive keys are not judged; on with sensible settings, no error.
@@ -364,5 +449,5 @@ TEST_CASE("sync.adaptive's rules name their keys", "[config]") {
   CHECK(error_of("[sync]\nmethod = \"powersgd\"\nadaptive = true\nrank = 1\nadaptive_rank = 2\n").empty());
   CHECK(error_of("[sync]\nmethod = \"gtopk\"\nadaptive = true\nadaptive_interval = 50\n").empty());
   CHECK_THAT(error_of("[sync]\nmethod = \"powersgd\"\nadaptive_threshold = 0\n"),
-             Catch::Matchers::Contains("sync.adaptive_threshold"));
+             Catch::Matchers::Contains("sync.powersgd.adaptive_threshold"));
 }

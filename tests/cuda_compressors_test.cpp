@@ -22,6 +22,7 @@
 #include "comm/quantized_allreduce.h"
 #include "comm/sync/registry.h"
 #include "tests/cuda_parity.h"
+#include "tests/method_keys.h"
 
 using namespace trainer;
 using namespace trainer::cuda_testing;
@@ -223,18 +224,18 @@ TEST_CASE("every sparse method on the GPU gives the CPU's outputs and state, bit
     SECTION(std::string(name) + (dgc ? ", sync.dgc and a sparsity warm-up" : "")) {
       comm::SyncOptions o;
       o.method = name;
-      o.set("sync.density", 0.02);
+      testing::set_if_own(o, "density", 0.02);
       o.dense_warmup_steps = 2;
       if (dgc) {  // the velocity and the decay's on the device; no clipping (its norm sums in another order)
-        o.set("sync.dgc", true);
-        o.set("sync.density_warmup_steps", 8);
+        testing::set_if_own(o, "dgc", true);
+        testing::set_if_own(o, "density_warmup_steps", 8);
         o.momentum = 0.9;
         o.nesterov = true;
         o.coupled_weight_decay = 1e-3;
       }
-      o.set("sync.local_threshold_every", 3);
-      o.set("sync.global_threshold_every", 2);
-      o.set("sync.region_every", 4);
+      testing::set_if_own(o, "local_threshold_every", 3);
+      testing::set_if_own(o, "global_threshold_every", 2);
+      testing::set_if_own(o, "region_every", 4);
       auto host = comm::make_gradient_sync(o, world, n, nullptr);
       // Device buffers move over MPI through host staging (ranks may share the GPU); the methods'
       // own lists go over its host side.
@@ -318,12 +319,12 @@ TEST_CASE("DiLoCo on the GPU follows the CPU", "[diloco][methods]") {
       comm::SyncOptions o;
       o.method = "diloco";
       o.dense_warmup_steps = 1;
-      o.set("sync.period", 4);
-      o.set("sync.fragments", 2);
-      o.set("sync.sync_delay", 1);
-      o.set("sync.mixing", 0.5);
-      o.set("sync.outer_momentum", 0.5);
-      o.set("sync.outer_dtype", comm::outer_dtype_name(dtype));
+      o.set("period", 4);
+      o.set("fragments", 2);
+      o.set("sync_delay", 1);
+      o.set("mixing", 0.5);
+      o.set("outer_momentum", 0.5);
+      o.set("outer_dtype", comm::outer_dtype_name(dtype));
       o.overlap = false;
       auto host = comm::make_gradient_sync(o, world, n, &views);
       comm::StagedCommunicator staged(world, gpu());
@@ -365,7 +366,7 @@ TEST_CASE("PowerSGD on the GPU follows the CPU within float rounding", "[powersg
     SECTION("rank " + std::to_string(rank)) {
       comm::SyncOptions o;
       o.method = "powersgd";
-      o.set("sync.rank", rank);
+      o.set("rank", rank);
       o.dense_warmup_steps = 1;
       o.bucket_mb = 0.02;
       auto host = comm::make_gradient_sync(o, world, n, &views);

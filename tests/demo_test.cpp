@@ -78,9 +78,9 @@ struct Rank {
     b = comm::SyncBuffers{params.data(), grads.data(), n, nullptr, 0, &views};
     comm::SyncOptions o;
     o.method = "demo";
-    o.set("sync.density", c["density"].get<double>());
-    o.set("sync.value_bits", c["bits"].get<int64_t>());
-    o.set("sync.error_decay", c["beta"].get<double>());
+    o.set("density", c["density"].get<double>());
+    o.set("value_bits", c["bits"].get<int64_t>());
+    o.set("error_decay", c["beta"].get<double>());
     sync = comm::make_gradient_sync(o, comm::world(), n, &views);
   }
   const comm::Demo& demo() const { return dynamic_cast<const comm::Demo&>(*sync); }

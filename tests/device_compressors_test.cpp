@@ -20,6 +20,7 @@
 #include "comm/sync/sparse_passes.h"
 #include "tests/device_like_backend.h"
 #include "tests/device_like_communicator.h"
+#include "tests/method_keys.h"
 
 using namespace trainer;
 
@@ -88,11 +89,11 @@ std::string saved(const comm::GradientSync& sync) {
 comm::SyncOptions options(const char* method) {
   comm::SyncOptions o;
   o.method = method;
-  o.set("sync.density", 0.03);
+  testing::set_if_own(o, "density", 0.03);
   o.dense_warmup_steps = 2;
-  o.set("sync.local_threshold_every", 3);  // oktopk: exact and reused thresholds
-  o.set("sync.global_threshold_every", 2);
-  o.set("sync.region_every", 4);
+  testing::set_if_own(o, "local_threshold_every", 3);  // oktopk: exact and reused thresholds
+  testing::set_if_own(o, "global_threshold_every", 2);
+  testing::set_if_own(o, "region_every", 4);
   return o;
 }
 
@@ -111,7 +112,7 @@ TEST_CASE("the sparse methods on device buffers give the host path's bits", "[sp
     for (const bool error_feedback : {true, false}) {
       SECTION(std::string(name) + (error_feedback ? "" : ", without error feedback")) {
         comm::SyncOptions o = options(name);
-        o.set("sync.error_feedback", error_feedback);
+        o.set("error_feedback", error_feedback);
         auto host = comm::make_gradient_sync(o, comm::world(), kEntries, nullptr);
         models::DeviceLikeCpu device;
         o.backend = &device;
@@ -128,7 +129,7 @@ TEST_CASE("the sparse methods on device buffers give the host path's bits", "[sp
         // compressed step at most the four 1 KB histograms of an exact threshold and a few times
         // the k selected (index, value) pairs, not the gradient.
         const int64_t lists = device.memory.to_host - to_host_before - kSteps * kEntries * 4;
-        const int64_t k = comm::top_k_count(o.get<double>("sync.density"), kEntries);
+        const int64_t k = comm::top_k_count(o.get<double>("density"), kEntries);
         const int64_t compressed_steps = kSteps - o.dense_warmup_steps;
         INFO("bytes to the host per compressed step: " << lists / compressed_steps);
         CHECK(lists <= compressed_steps * (4 * 1024 + 3 * 8 * k));
@@ -145,9 +146,9 @@ TEST_CASE("sync.dgc and the sparsity warm-up on device buffers give the host pat
     for (const bool nesterov : {false, true}) {
       SECTION(std::string(name) + (nesterov ? ", Nesterov" : "")) {
         comm::SyncOptions o = options(name);
-        o.set("sync.dgc", true);
-        o.set("sync.density_warmup_steps", 8);
-        o.set("sync.density_warmup_stages", 2);
+        o.set("dgc", true);
+        o.set("density_warmup_steps", 8);
+        o.set("density_warmup_stages", 2);
         o.momentum = 0.9;
         o.nesterov = nesterov;
         o.grad_clip_norm = 40.0;  // binds: the gradients' norm is about 75 per rank
@@ -258,7 +259,7 @@ TEST_CASE("PowerSGD on device buffers gives the host path's bits", "[powersgd][d
     SECTION("rank " + std::to_string(rank)) {
       comm::SyncOptions o;
       o.method = "powersgd";
-      o.set("sync.rank", rank);
+      o.set("rank", rank);
       o.dense_warmup_steps = 2;
       o.bucket_mb = 0.006;  // about 1,500 floats a bucket
       o.first_bucket_mb = 0.003;

@@ -55,12 +55,12 @@ void check_close(const std::vector<float>& got, const std::vector<float>& want, 
 comm::SyncOptions options_of_case(const json& c) {
   comm::SyncOptions o;
   o.method = c.at("method").get<std::string>();
-  o.set("sync.density", c.at("density").get<double>());
-  o.set("sync.dgc", true);
+  o.set("density", c.at("density").get<double>());
+  o.set("dgc", true);
   const json& w = c.at("warmup");
-  o.set("sync.density_warmup_steps", w.at("steps").get<int64_t>());
-  o.set("sync.density_warmup_stages", w.at("stages").get<int64_t>());
-  o.set("sync.density_warmup_start", w.at("start").get<double>());
+  o.set("density_warmup_steps", w.at("steps").get<int64_t>());
+  o.set("density_warmup_stages", w.at("stages").get<int64_t>());
+  o.set("density_warmup_start", w.at("start").get<double>());
   o.momentum = c.at("momentum").get<double>();
   o.nesterov = c.at("nesterov").get<bool>();
   o.grad_clip_norm = c.at("clip").get<double>();
@@ -106,10 +106,10 @@ std::vector<std::vector<float>> run(comm::GradientSync& sync, int64_t n, int fro
 comm::SyncOptions resume_options(const char* method) {
   comm::SyncOptions o;
   o.method = method;
-  o.set("sync.density", 0.05);
-  o.set("sync.dgc", true);
-  o.set("sync.density_warmup_steps", 6);
-  o.set("sync.density_warmup_stages", 3);
+  o.set("density", 0.05);
+  o.set("dgc", true);
+  o.set("density_warmup_steps", 6);
+  o.set("density_warmup_stages", 3);
   o.momentum = 0.9;
   o.grad_clip_norm = 4.0;
   o.coupled_weight_decay = 1e-3;
@@ -188,15 +188,15 @@ TEST_CASE("DGC resumes bit for bit, and a state with or without it refuses the o
       CHECK(saved(*resumed) == saved(*straight));
 
       comm::SyncOptions without = o;
-      without.set("sync.dgc", false);
-      without.set("sync.density_warmup_steps", 0);
+      without.set("dgc", false);
+      without.set("density_warmup_steps", 0);
       auto plain = build(without, kN);
       std::istringstream again(state);
-      CHECK_THROWS_WITH(plain->load(again), Catch::Contains("sync.dgc or a sparsity warm-up"));
+      CHECK_THROWS_WITH(plain->load(again), Catch::Contains("dgc or a sparsity warm-up"));
       run(*plain, kN, 0, 2);
       std::istringstream old(saved(*plain));
       auto fresh = build(o, kN);
-      CHECK_THROWS_WITH(fresh->load(old), Catch::Contains("saved without sync.dgc"));
+      CHECK_THROWS_WITH(fresh->load(old), Catch::Contains("saved without dgc"));
     }
   }
 }
@@ -230,23 +230,23 @@ TEST_CASE("sync.dgc's rules", "[dgc]") {
   comm::SyncOptions o = resume_options("topka");
   CHECK(comm::method_owns_momentum(comm::sync_method("topka"), o));
   CHECK(comm::method_owns_clipping(comm::sync_method("topka"), o));
-  CHECK_FALSE(has_problem(o, "sync.dgc"));
+  CHECK_FALSE(has_problem(o, "dgc"));
   o.optimizer = "adam";
   CHECK(has_problem(o, "optim.name"));
   o.optimizer = "sgd";
   o.coupled_weight_decay = 1e-4;  // the method's (its own momentum on lambda p), not a problem
   CHECK_FALSE(has_problem(o, "optim.weight_decay"));
   o.coupled_weight_decay = 0;
-  o.set("sync.keep_dense", std::string("x*"));
-  CHECK(has_problem(o, "sync.keep_dense"));
-  o.set("sync.keep_dense", std::string());
-  o.set("sync.adaptive", true);
-  o.set("sync.adaptive_density", 0.5);
-  CHECK(has_problem(o, "sync.adaptive"));
-  o.set("sync.adaptive", false);
-  o.set("sync.density_warmup_start", 0.01);
-  CHECK(has_problem(o, "sync.density_warmup_start"));
-  o.set("sync.dgc", false);
+  o.set("keep_dense", std::string("x*"));
+  CHECK(has_problem(o, "keep_dense"));
+  o.set("keep_dense", std::string());
+  o.set("adaptive", true);
+  o.set("adaptive_density", 0.5);
+  CHECK(has_problem(o, "adaptive"));
+  o.set("adaptive", false);
+  o.set("density_warmup_start", 0.01);
+  CHECK(has_problem(o, "density_warmup_start"));
+  o.set("dgc", false);
   CHECK_FALSE(comm::method_owns_momentum(comm::sync_method("topka"), o));
   CHECK_FALSE(comm::method_owns_momentum(comm::sync_method("dense"), o));
 }

@@ -36,13 +36,13 @@ namespace trainer::testing {
 inline comm::SyncOptions torchft_options(int64_t delay, double mixing) {
   comm::SyncOptions o;
   o.method = "diloco";
-  o.set("sync.period", 6);  // sync_every
-  o.set("sync.fragments", 2);
-  o.set("sync.sync_delay", delay);
-  o.set("sync.mixing", mixing);
-  o.set("sync.outer_optimizer", "sgd");  // torchft's MockOptimizer: p -= lr * grad
-  o.set("sync.outer_lr", 2);
-  o.set("sync.outer_momentum", 0);
+  o.set("period", 6);  // sync_every
+  o.set("fragments", 2);
+  o.set("sync_delay", delay);
+  o.set("mixing", mixing);
+  o.set("outer_optimizer", "sgd");  // torchft's MockOptimizer: p -= lr * grad
+  o.set("outer_lr", 2);
+  o.set("outer_momentum", 0);
   return o;
 }
 
@@ -173,10 +173,10 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
 inline comm::SyncOptions diloco_options(int64_t period, int64_t fragments, int64_t delay, double mixing) {
   comm::SyncOptions o;
   o.method = "diloco";
-  o.set("sync.period", period);
-  o.set("sync.fragments", fragments);
-  o.set("sync.sync_delay", delay);
-  o.set("sync.mixing", mixing);
+  o.set("period", period);
+  o.set("fragments", fragments);
+  o.set("sync_delay", delay);
+  o.set("mixing", mixing);
   return o;
 }
 

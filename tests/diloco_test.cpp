@@ -163,13 +163,13 @@ TEST_CASE("DiLoCo with outer SGD at lr 1 and no momentum is local SGD, bit for b
   REQUIRE(comm.size() >= 2);
   comm::SyncOptions local;
   local.method = "local_sgd";
-  local.set("sync.period", 3);
+  local.set("period", 3);
   local.dense_warmup_steps = 3;
   comm::SyncOptions diloco = diloco_options(3, 1, 0, 0.0);
   diloco.dense_warmup_steps = 3;
-  diloco.set("sync.outer_optimizer", "sgd");
-  diloco.set("sync.outer_lr", 1);
-  diloco.set("sync.outer_momentum", 0);
+  diloco.set("outer_optimizer", "sgd");
+  diloco.set("outer_lr", 1);
+  diloco.set("outer_momentum", 0);
   for (int64_t steps : {12, 13}) {  // the end of a period, and one step into the next
     INFO(steps << " steps");
     Trainee a(local), b(diloco);
@@ -242,7 +242,7 @@ TEST_CASE("Low-bit outer gradients: the comm log has the quantized bytes; the ru
   exact.run_to(8);
   for (const auto dtype : {comm::OuterDType::kBF16, comm::OuterDType::kFP8, comm::OuterDType::kInt8}) {
     INFO(comm::outer_dtype_name(dtype));
-    o.set("sync.outer_dtype", comm::outer_dtype_name(dtype));
+    o.set("outer_dtype", comm::outer_dtype_name(dtype));
     comm::CommLogOptions log_options;
     log_options.enabled = true;
     comm.log().open(log_options, comm.rank(), comm.size());
@@ -283,11 +283,11 @@ TEST_CASE("Fragments are whole tensors of about equal size; impossible settings 
   CHECK(two[1].tensors == 2);
   const auto five = comm::plan_fragments(n, &views, 5);
   for (size_t f = 0; f < five.size(); ++f) CHECK(five[f].tensors == 1);
-  CHECK_THROWS_WITH(comm::plan_fragments(n, &views, 6), Contains("sync.fragments = 6"));
-  CHECK_THROWS_WITH(comm::plan_fragments(n, nullptr, 2), Contains("sync.fragments"));
+  CHECK_THROWS_WITH(comm::plan_fragments(n, &views, 6), Contains("fragments = 6"));
+  CHECK_THROWS_WITH(comm::plan_fragments(n, nullptr, 2), Contains("fragments"));
 
-  CHECK_THROWS_WITH(comm::FragmentSchedule(4, 5, 0), Contains("sync.fragments = 5") && Contains("sync.period = 4"));
-  CHECK_THROWS_WITH(comm::FragmentSchedule(6, 2, 3), Contains("sync.sync_delay = 3"));
+  CHECK_THROWS_WITH(comm::FragmentSchedule(4, 5, 0), Contains("fragments = 5") && Contains("period = 4"));
+  CHECK_THROWS_WITH(comm::FragmentSchedule(6, 2, 3), Contains("sync_delay = 3"));
   const comm::FragmentSchedule s(7, 3, 1);  // offsets 2, 4, 7
   CHECK(s.finishes_after(2) == 0);
   CHECK(s.finishes_after(4) == 1);
@@ -299,17 +299,17 @@ TEST_CASE("Fragments are whole tensors of about equal size; impossible settings 
   CHECK(s.starts_after(13) == 2);
 
   auto bad = diloco_options(4, 1, 0, 1.5);
-  CHECK_THROWS_WITH(comm::make_gradient_sync(bad, comm::world(), n, &views), Contains("sync.mixing"));
+  CHECK_THROWS_WITH(comm::make_gradient_sync(bad, comm::world(), n, &views), Contains("mixing"));
   bad = diloco_options(4, 1, 0, 0);
-  bad.set("sync.outer_momentum", 0);
-  CHECK_THROWS_WITH(comm::make_gradient_sync(bad, comm::world(), n, &views), Contains("sync.outer_momentum"));
+  bad.set("outer_momentum", 0);
+  CHECK_THROWS_WITH(comm::make_gradient_sync(bad, comm::world(), n, &views), Contains("outer_momentum"));
 
   // A state saved under another schedule is refused, naming the key.
   auto saved = comm::make_gradient_sync(diloco_options(4, 2, 0, 0), comm::world(), n, &views);
   std::stringstream state;
   saved->save(state);
   auto other = comm::make_gradient_sync(diloco_options(4, 1, 0, 0), comm::world(), n, &views);
-  CHECK_THROWS_WITH(other->load(state), Contains("sync.fragments"));
+  CHECK_THROWS_WITH(other->load(state), Contains("fragments"));
   CHECK_THAT(saved->describe(), Contains("ALLREDUCE_OUTER") && Contains("MB of fp32 per sync") && Contains("MB sent per rank"));
 }
 
@@ -322,9 +322,9 @@ TEST_CASE("Outer Adam steps theta_outer as optim's Adam does with the averaged p
   const std::vector<models::ParamView> views{{"w", 0, {3}}};
   comm::SyncOptions o;
   o.method = "diloco";
-  o.set("sync.period", 2);
-  o.set("sync.outer_optimizer", "adam");
-  o.set("sync.outer_lr", 0.1);
+  o.set("period", 2);
+  o.set("outer_optimizer", "adam");
+  o.set("outer_lr", 0.1);
   auto sync = comm::make_gradient_sync(o, world, 3, &views);
   CHECK_THAT(sync->describe(), Contains("outer adam (lr 0.1)") && Contains("Adam's two moments"));
   std::vector<float> params{1.f, -2.f, 0.5f}, grads(3, 0.f);
@@ -356,8 +356,8 @@ TEST_CASE("Outer Adam steps theta_outer as optim's Adam does with the averaged p
   // Its state saves and names its optimizer: a run with another outer optimizer refuses it.
   std::stringstream saved;
   sync->save(saved);
-  o.set("sync.outer_optimizer", "nesterov");
-  o.set("sync.outer_momentum", 0.9);
+  o.set("outer_optimizer", "nesterov");
+  o.set("outer_momentum", 0.9);
   auto nesterov = comm::make_gradient_sync(o, world, 3, &views);
-  CHECK_THROWS_WITH(nesterov->load(saved), Contains("sync.outer_optimizer = \"adam\""));
+  CHECK_THROWS_WITH(nesterov->load(saved), Contains("outer_optimizer = \"adam\""));
 }

@@ -191,7 +191,7 @@ TEST_CASE("Overlapped and inline transfers give the same bits, a fragment in fli
   for (const auto dtype : {comm::OuterDType::kF32, comm::OuterDType::kInt8}) {  // the low-bit sum's calls too
     INFO(comm::outer_dtype_name(dtype));
     comm::SyncOptions o = diloco_options(4, 2, 1, 0.5);
-    o.set("sync.outer_dtype", comm::outer_dtype_name(dtype));
+    o.set("outer_dtype", comm::outer_dtype_name(dtype));
     o.overlap = false;
     Trainee inline_(o);
     o.overlap = true;

@@ -68,7 +68,7 @@ TEST_CASE("A diverging run stops with its line, exit status 4 and a complete che
   CHECK(count(o.output, "error") == 1);
   const std::string checkpoint = (dir.path / "checkpoints/step_15").string();
   CHECK_THAT(o.output, Contains("error: diverged: sync.method = diloco (sync.period = 1") &&
-                           Contains("sync.outer_lr = 30.0") && Contains("sync.dense_warmup_steps = 10") &&
+                           Contains("outer_lr = 30.0") && Contains("sync.dense_warmup_steps = 10") &&
                            Contains("after its dense warmup (switched after step 10): the mean training loss over "
                                     "the 5 steps to step 15 is") &&
                            Contains("above 1.5 x the") && Contains("of the 5 steps to step 10 (before the switch)") &&

@@ -155,19 +155,19 @@ TEST_CASE("Only runs with a switch are watched, and skipped or non-finite steps 
 TEST_CASE("The guard's lines name the method, its settings and the step", "[divergence]") {
   Config c;
   c.sync.method = "diloco";
-  c.sync.set("sync.period", 1);
+  c.sync.set("period", 1);
   c.sync.dense_warmup_steps = 250;
   c.optim.lr = 0.5;
   const std::string settings = method_settings(c);
-  CHECK_THAT(settings, Contains("sync.method = diloco (") && Contains("sync.period = 1") &&
-                           Contains("sync.outer_lr = 0.7") && Contains("sync.outer_momentum = 0.9") &&
+  CHECK_THAT(settings, Contains("sync.method = diloco (") && Contains("period = 1") &&
+                           Contains("outer_lr = 0.7") && Contains("outer_momentum = 0.9") &&
                            Contains("sync.dense_warmup_steps = 250") && Contains("optim.lr = 0.5"));
-  CHECK_THAT(settings, !Contains("sync.density") && !Contains("sync.rank ="));
+  CHECK_THAT(settings, !Contains("density") && !Contains("rank ="));
   c.sync.method = "oktopk";
-  CHECK_THAT(method_settings(c), Contains("sync.density = 0.") && Contains("sync.region_every") &&
-                                     !Contains("sync.outer_lr") && !Contains("sync.period"));
+  CHECK_THAT(method_settings(c), Contains("density = 0.") && Contains("region_every") &&
+                                     !Contains("outer_lr") && !Contains("period"));
   c.sync.method = "powersgd";
-  CHECK_THAT(method_settings(c), Contains("sync.rank = ") && !Contains("sync.density"));
+  CHECK_THAT(method_settings(c), Contains("rank = ") && !Contains("density"));
 
   // One rank, windows of 10 after a warmup of 20: flat 1.0, then 3.0 from step 30.
   c.sync.method = "diloco";

@@ -121,8 +121,8 @@ std::vector<std::string> sync_states(const fs::path& checkpoint, int ranks) {
 trainer::Config method_config(const std::string& method) {
   trainer::Config c;
   c.sync.method = method;
-  c.sync.set("sync.density", 0.02);
-  c.sync.set("sync.period", 4);
+  c.sync.set("density", 0.02);
+  c.sync.set("period", 4);
   return c;
 }
 

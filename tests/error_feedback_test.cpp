@@ -144,7 +144,7 @@ TEST_CASE("A failed load leaves the method as it was", "[error_feedback][mpi]") 
   const int64_t n = 20011;
   comm::SyncOptions o;
   o.method = "oktopk";
-  o.set("sync.density", 0.01);
+  o.set("density", 0.01);
   auto step = [&](comm::GradientSync& sync, int s) {
     auto g = gradient(s, comm.rank(), n);
     comm::SyncBuffers b{nullptr, g.data(), n};
@@ -175,8 +175,8 @@ TEST_CASE("Without error feedback a step's output depends on its own gradient al
   auto run = [&](const std::string& method, bool feedback, int first, int last) {
     comm::SyncOptions o;
     o.method = method;
-    o.set("sync.density", 0.01);
-    o.set("sync.error_feedback", feedback);
+    o.set("density", 0.01);
+    o.set("error_feedback", feedback);
     auto sync = comm::make_gradient_sync(o, comm, n);
     std::vector<float> g;
     for (int s = first; s <= last; ++s) {

@@ -14,6 +14,7 @@
 #include "comm/sync/registry.h"
 #include "tests/counting_memory.h"
 #include "tests/tiny_views.h"
+#include "tests/method_keys.h"
 
 using namespace trainer;
 using models::ParamView;
@@ -64,10 +65,10 @@ TEST_CASE("every host method through host copies equals the method on host buffe
     SECTION(name) {
       comm::SyncOptions o;
       o.method = name;
-      o.set("sync.density", 0.1);
+      testing::set_if_own(o, "density", 0.1);
       o.dense_warmup_steps = 3;
-      o.set("sync.period", 4);
-      o.set("sync.outer_momentum", 0.5);
+      testing::set_if_own(o, "period", 4);
+      testing::set_if_own(o, "outer_momentum", 0.5);
       const comm::SyncMethod& spec = comm::sync_method(name);
       auto plain = comm::make_gradient_sync(o, comm::world(), n, &views);
       testing::CountingMemory device;

@@ -29,6 +29,7 @@
 #include "comm/sync/gtopk.h"
 #include "comm/sync/select.h"
 #include "comm/sync/topka.h"
+#include "tests/method_keys.h"
 
 using namespace trainer;
 using comm::Communicator;
@@ -50,7 +51,7 @@ bool is_power_of_two(int p) { return p > 0 && (p & (p - 1)) == 0; }
 comm::SyncOptions options(const std::string& method, double density) {
   comm::SyncOptions o;
   o.method = method;
-  o.set("sync.density", density);
+  o.set("density", density);
   return o;
 }
 
@@ -248,11 +249,11 @@ TEST_CASE("oktopk with exact thresholds every step returns the global top-k of t
     for (int64_t in_flight : {int64_t{1}, int64_t{4}})
       for (int64_t region_every : {int64_t{1}, int64_t{3}}) {
         auto o = options("oktopk", 0.01);
-        o.set("sync.local_threshold_every", 1);
-        o.set("sync.global_threshold_every", 1);
-        o.set("sync.region_every", region_every);
-        o.set("sync.max_in_flight", in_flight);
-        o.set("sync.balance", balance);
+        o.set("local_threshold_every", 1);
+        o.set("global_threshold_every", 1);
+        o.set("region_every", region_every);
+        o.set("max_in_flight", in_flight);
+        o.set("balance", balance);
         comm::OkTopk sync(comm, n, comm::options_of<comm::OkTopkOptions>(o), models::cpu_backend());
         INFO("balance " << balance << ", max_in_flight " << in_flight << ", region_every " << region_every);
         check_against_reference(sync, ref_oktopk, n, sync.k(), 5);
@@ -368,9 +369,9 @@ TEST_CASE("Error feedback conserves mass in all four sparse methods", "[oktopk][
   const int64_t n = 30011;
   {
     auto o = options("oktopk", 0.01);
-    o.set("sync.local_threshold_every", 3);
-    o.set("sync.global_threshold_every", 2);
-    o.set("sync.region_every", 4);
+    o.set("local_threshold_every", 3);
+    o.set("global_threshold_every", 2);
+    o.set("region_every", 4);
     comm::OkTopk sync(comm, n, comm::options_of<comm::OkTopkOptions>(o), models::cpu_backend());
     check_mass(sync, n, 8);
   }
@@ -440,10 +441,10 @@ TEST_CASE("Bytes per rank and step from the comm log: oktopk within 6k(P-1)/P wo
   SECTION("oktopk") {
     for (bool balance : {true, false}) {
       auto o = options("oktopk", 0.02);
-      o.set("sync.local_threshold_every", 1);
-        o.set("sync.global_threshold_every", 1);
-      o.set("sync.balance", balance);
-      const int64_t k = comm::top_k_count(o.get<double>("sync.density"), n);
+      o.set("local_threshold_every", 1);
+        o.set("global_threshold_every", 1);
+      o.set("balance", balance);
+      const int64_t k = comm::top_k_count(o.get<double>("density"), n);
       const double bound = 6.0 * k * (p - 1) / p * 4;
       const auto volume = logged_volume(o, n, 4);
       REQUIRE(volume.size() == 4);
@@ -462,7 +463,7 @@ TEST_CASE("Bytes per rank and step from the comm log: oktopk within 6k(P-1)/P wo
   }
   SECTION("topka") {
     const auto o = options("topka", 0.02);
-    const int64_t k = comm::top_k_count(o.get<double>("sync.density"), n);
+    const int64_t k = comm::top_k_count(o.get<double>("density"), n);
     for (const auto& [step, v] : logged_volume(o, n, 3)) {
       CHECK(v.bytes == 2 * k * 4);                 // its own k indices and k values
       CHECK(v.bytes_recv == 2 * k * (p - 1) * 4);  // everyone else's: 2k(P-1) words
@@ -508,9 +509,9 @@ TEST_CASE("Resume from state saved during the compressed phase is bitwise identi
   const int64_t n = 20011;
   auto ok = options("oktopk", 0.01);
   ok.dense_warmup_steps = 2;
-  ok.set("sync.local_threshold_every", 3);
-  ok.set("sync.global_threshold_every", 4);
-  ok.set("sync.region_every", 5);
+  ok.set("local_threshold_every", 3);
+  ok.set("global_threshold_every", 4);
+  ok.set("region_every", 5);
   check_resume(ok, n, 6, 9);
   for (const char* method : {"topka", "gaussiank", "gtopk"}) {
     if (std::string(method) == "gtopk" && !is_power_of_two(comm.size())) continue;
@@ -554,8 +555,8 @@ TEST_CASE("Dense warmup: the first steps are dense averages, compression starts 
     o.dense_warmup_steps = 3;
     // Exact thresholds: a reused one lets through several times k right after the first
     // compressed step, while the residual grows (this test is about where compression starts).
-    o.set("sync.local_threshold_every", 1);
-        o.set("sync.global_threshold_every", 1);
+    testing::set_if_own(o, "local_threshold_every", 1);
+    testing::set_if_own(o, "global_threshold_every", 1);
     auto sync = comm::make_gradient_sync(o, comm, n);
     for (int step = 0; step < 5; ++step) {
       auto g = gradient(step, comm.rank(), n);

@@ -372,7 +372,7 @@ TEST_CASE("PowerSGD resumes bit for bit from its saved state", "[powersgd][mpi]"
   comm::SyncOptions o;
   o.method = "powersgd";
   o.dense_warmup_steps = 2;
-  o.set("sync.rank", 3);
+  o.set("rank", 3);
   o.seed = 11;
   Communicator& comm = comm::world();
   const int64_t n = total(views);
@@ -394,9 +394,9 @@ TEST_CASE("PowerSGD resumes bit for bit from its saved state", "[powersgd][mpi]"
   std::stringstream state;
   straight->save(state);
   comm::SyncOptions other = o;
-  other.set("sync.rank", 2);
+  other.set("rank", 2);
   auto wrong = comm::make_gradient_sync(other, comm, n, &views);
-  CHECK_THROWS_WITH(wrong->load(state), Catch::Matchers::Contains("sync.rank"));
+  CHECK_THROWS_WITH(wrong->load(state), Catch::Matchers::Contains("rank"));
 }
 
 TEST_CASE("Every sync method name builds; powersgd needs the model's tensors", "[powersgd]") {

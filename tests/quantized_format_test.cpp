@@ -226,7 +226,7 @@ TEST_CASE("Outer dtype names parse, sizes, and an unknown name lists the choices
   CHECK(outer_element_bytes(OuterDType::kInt8) == 1);
   CHECK(outer_scale_bytes(OuterDType::kBF16) == 0);
   CHECK(outer_scale_bytes(OuterDType::kFP8) == 4);
-  CHECK_THROWS_WITH(parse_outer_dtype("fp16"), Catch::Matchers::Contains("sync.outer_dtype") &&
+  CHECK_THROWS_WITH(parse_outer_dtype("fp16"), Catch::Matchers::Contains("outer_dtype") &&
                                                    Catch::Matchers::Contains("fp32, bf16, fp8, int8"));
 }
 

@@ -130,7 +130,7 @@ TEST_CASE("chunk codec: top-k per chunk, 2/4/8-bit levels within half a step, th
     codec.decode_add(payload.data(), -1.f, shifted.data() + 50, 50);
     for (int i = 0; i < 200; ++i) CHECK(shifted[static_cast<size_t>(i)] == -out[static_cast<size_t>(i)]);
   }
-  CHECK_THROWS_WITH(comm::ChunkCodec({}, 3), Contains("sync.value_bits = 3"));
+  CHECK_THROWS_WITH(comm::ChunkCodec({}, 3), Contains("value_bits = 3"));
   // 32 bits: the values themselves, no scale.
   std::vector<float> x(100);
   for (int i = 0; i < 100; ++i) x[static_cast<size_t>(i)] = std::sin(0.37f * static_cast<float>(i)) * static_cast<float>(i);
@@ -181,13 +181,13 @@ struct Fixture {
 comm::SyncOptions options(int64_t period, int64_t fragments, int64_t delay, const nlohmann::json& c) {
   comm::SyncOptions o;
   o.method = "sparseloco";
-  o.set("sync.period", period);
-  o.set("sync.fragments", fragments);
-  o.set("sync.sync_delay", delay);
-  o.set("sync.density", c["density"].get<double>());
-  o.set("sync.value_bits", c["bits"].get<int64_t>());
-  o.set("sync.error_decay", c["beta"].get<double>());
-  o.set("sync.outer_lr", c["alpha"].get<double>());
+  o.set("period", period);
+  o.set("fragments", fragments);
+  o.set("sync_delay", delay);
+  o.set("density", c["density"].get<double>());
+  o.set("value_bits", c["bits"].get<int64_t>());
+  o.set("error_decay", c["beta"].get<double>());
+  o.set("outer_lr", c["alpha"].get<double>());
   return o;
 }
 
@@ -338,7 +338,7 @@ TEST_CASE("sparseloco: a checkpoint with a fragment in flight resumes bit for bi
   // Another run's options are refused, naming the key.
   Replica other(c, options(4, 2, 0, c));
   std::istringstream again(saved);
-  CHECK_THROWS_WITH(other.sync->load(again), Contains("sync.sync_delay"));
+  CHECK_THROWS_WITH(other.sync->load(again), Contains("sync_delay"));
 }
 
 TEST_CASE("sparseloco: on another number of ranks each accumulator is the mean of the saved ones", "[reshard]") {

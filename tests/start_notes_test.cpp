@@ -13,7 +13,7 @@ Config diloco_over_sgd_momentum() {
   Config c;
   c.model.arch = "resnet20";
   c.sync.method = "diloco";
-  c.sync.set("sync.outer_momentum", 0.9);
+  c.sync.set("outer_momentum", 0.9);
   c.optim.name = "sgd";
   c.optim.momentum = 0.9;
   return c;
@@ -27,7 +27,7 @@ TEST_CASE("DiLoCo's outer momentum 0.9 over SGD momentum 0.9 gets one note, othe
   REQUIRE(notes.size() == 1);
   CHECK_THAT(notes[0], Contains("note: diloco with outer momentum 0.9") && Contains("over SGD momentum 0.9"));
 
-  c.sync.set("sync.outer_momentum", 0.5);
+  c.sync.set("outer_momentum", 0.5);
   CHECK(app::start_notes(c, 1000).empty());
   c = diloco_over_sgd_momentum();
   c.optim.name = "adamw";  // the paper's inner optimizer
@@ -58,7 +58,7 @@ TEST_CASE("A speech model compressed after a dense warmup under a tenth of the r
   c.model.arch = "las";
   c.data.dataset = "an4";
   c.sync.method = "powersgd";
-  c.sync.set("sync.rank", 8);
+  c.sync.set("rank", 8);
   CHECK(app::start_notes(c, 1250).empty());
 }
 

@@ -31,12 +31,12 @@ struct TestMeanOptions {
   int64_t every = 1;
   template <class Keys>
   static void declare(Keys& k) {
-    k.key("sync.test_scale", &TestMeanOptions::scale, "the factor the mean is scaled by.", comm::open_closed(0, 10));
-    k.key("sync.test_every", &TestMeanOptions::every, "steps between two means; only 1 runs.", comm::at_least(1));
+    k.key("test_scale", &TestMeanOptions::scale, "the factor the mean is scaled by.", comm::open_closed(0, 10));
+    k.key("test_every", &TestMeanOptions::every, "steps between two means; only 1 runs.", comm::at_least(1));
   }
 };
 
-// The mean of the ranks' gradients, scaled by sync.test_scale. Its rule: sync.test_every must be 1.
+// The mean of the ranks' gradients, scaled by its test_scale. Its rule: test_every must be 1.
 class TestMean final : public comm::GradientSync {
  public:
   TestMean(comm::Communicator& comm, int64_t n, double scale) : comm_(comm), n_(n), scale_(scale) {}
@@ -66,7 +66,7 @@ void register_test_method() {
     m.check = [](const comm::SyncOptions& o) {
       std::vector<comm::SyncOptionProblem> found;
       if (comm::options_of<TestMeanOptions>(o).every != 1)
-        found.push_back({{"sync.test_every"}, "sync.test_every must be 1 for test_mean"});
+        found.push_back({{"test_every"}, "test_every must be 1 for test_mean"});
       return found;
     };
     m.make = [](const comm::SyncOptions& o, const comm::SyncContext& c) -> std::unique_ptr<comm::GradientSync> {
@@ -116,22 +116,22 @@ TEST_CASE("a method registered in a test file is accepted by the config, its rul
   const auto names = comm::sync_method_names();
   CHECK(std::find(names.begin(), names.end(), "test_mean") != names.end());
   CHECK(parse_config("[sync]\nmethod = \"test_mean\"\n", "configs/x.toml").sync.method == "test_mean");
-  CHECK(error_of("[sync]\nmethod = \"test_mean\"\ntest_every = 2\n") ==
-        "configs/x.toml: sync.test_every must be 1 for test_mean");
-  CHECK(error_of("[sync]\nmethod = \"test_mean\"\n", {"sync.test_every=3"}) ==
-        "--set sync.test_every=3: sync.test_every must be 1 for test_mean");
-  // Its keys are config keys: typed, ranged, defaulted, documented with its name, written back.
-  CHECK(error_of("[sync]\nmethod = \"test_mean\"\ntest_scale = 20\n") ==
-        "configs/x.toml: sync.test_scale = 20.0 is out of range (0, 10]");
-  CHECK_THAT(error_of("[sync]\ntest_scael = 2\n"), Contains("did you mean 'sync.test_scale'?"));
+  CHECK(error_of("[sync]\nmethod = \"test_mean\"\n[sync.test_mean]\ntest_every = 2\n") ==
+        "configs/x.toml: [sync.test_mean] test_every must be 1 for test_mean");
+  CHECK(error_of("[sync]\nmethod = \"test_mean\"\n", {"sync.test_mean.test_every=3"}) ==
+        "--set sync.test_mean.test_every=3: [sync.test_mean] test_every must be 1 for test_mean");
+  // Its keys are config keys, in its own table: typed, ranged, defaulted, documented, written back.
+  CHECK(error_of("[sync]\nmethod = \"test_mean\"\n[sync.test_mean]\ntest_scale = 20\n") ==
+        "configs/x.toml: sync.test_mean.test_scale = 20.0 is out of range (0, 10]");
+  CHECK_THAT(error_of("[sync.test_mean]\ntest_scael = 2\n"), Contains("did you mean 'sync.test_mean.test_scale'?"));
   const Config defaults = parse_config("[sync]\nmethod = \"test_mean\"\n", "t");
-  CHECK(defaults.sync.get<double>("sync.test_scale") == 1.0);
-  CHECK_THAT(config_reference_markdown(), Contains("test_mean: the factor the mean is scaled by."));
-  CHECK_THAT(to_toml(defaults), Contains("test_scale = 1.0"));
+  CHECK(defaults.sync.get<double>("test_scale") == 1.0);
+  CHECK_THAT(config_reference_markdown(), Contains("## [sync.test_mean]") && Contains("the factor the mean is scaled by."));
+  CHECK_THAT(to_toml(defaults), Contains("[sync.test_mean]") && Contains("test_scale = 1.0"));
   CHECK(parse_config(to_toml(defaults), "config.toml") == defaults);
   // Not a key it declared: no keep_dense (it does not compress).
   CHECK_THAT(error_of("[sync]\nmethod = \"test_mean\"\nkeep_dense = \"fc.*\"\n"),
-             Contains("sync.keep_dense = \"fc.*\" applies to oktopk, topka, gaussiank, gtopk and powersgd, not to "
+             Contains("keep_dense = \"fc.*\" applies to oktopk, topka, gaussiank, gtopk and powersgd, not to "
                       "sync.method = \"test_mean\""));
   CHECK_THROWS_WITH(comm::register_sync_method([] {
                       comm::SyncMethod again;
@@ -146,7 +146,7 @@ TEST_CASE("a registered method is built by the factory, inside the dense warmup,
   register_test_method();
   comm::Communicator& world = comm::world();
   const int p = world.size(), r = world.rank();
-  Config config = parse_config("[sync]\nmethod = \"test_mean\"\ndense_warmup_steps = 2\ntest_scale = 0.5\n", "t");
+  Config config = parse_config("[sync]\nmethod = \"test_mean\"\ndense_warmup_steps = 2\n[sync.test_mean]\ntest_scale = 0.5\n", "t");
   const int64_t n = 5;
   auto sync = comm::make_gradient_sync(sync_options(config), world, n);
   CHECK(sync->name() == "test_mean");
@@ -192,12 +192,12 @@ TEST_CASE("a sparse method takes device buffers unless its options need host loo
   const comm::SyncMethod& spec = comm::sync_method("oktopk");
   CHECK(comm::takes_device_buffers(spec, o));
   CHECK_THAT(comm::make_gradient_sync(o, comm::world(), 12, &views)->describe(), !Contains("through host memory"));
-  o.set("sync.keep_dense", "b");  // keep_dense's gathers are host loops: host copies
+  o.set("keep_dense", "b");  // keep_dense's gathers are host loops: host copies
   CHECK_FALSE(comm::takes_device_buffers(spec, o));
   CHECK_THAT(comm::make_gradient_sync(o, comm::world(), 12, &views)->describe(), Contains("through host memory"));
-  o.set("sync.keep_dense", "");
-  o.set("sync.adaptive", true);  // so is Accordion's detector
-  o.set("sync.adaptive_density", 0.5);
+  o.set("keep_dense", "");
+  o.set("adaptive", true);  // so is Accordion's detector
+  o.set("adaptive_density", 0.5);
   CHECK_FALSE(comm::takes_device_buffers(spec, o));
 }
 
@@ -227,30 +227,30 @@ TEST_CASE("the built-in methods' capabilities", "[registry]") {
 }
 
 TEST_CASE("diloco's rules are checked once, by the config, naming the key set last", "[registry]") {
-  CHECK(error_of("[sync]\nmethod = \"diloco\"\nperiod = 4\nfragments = 8\n") ==
-        "configs/x.toml: sync.fragments = 8 must be between 1 and sync.period = 4 (one fragment syncs every "
-        "sync.period / sync.fragments steps)");
-  CHECK(error_of("[sync]\nmethod = \"diloco\"\nperiod = 4\nfragments = 2\n", {"sync.sync_delay=2"}) ==
-        "--set sync.sync_delay=2: sync.sync_delay = 2 must be below sync.period / sync.fragments = 2 (a fragment's "
-        "outer step must land before the next fragment is sent)");
-  CHECK_THAT(error_of("[sync]\nmethod = \"diloco\"\nouter_momentum = 0.0\n"),
-             Contains("sync.outer_optimizer = \"nesterov\" needs sync.outer_momentum > 0"));
+  CHECK(error_of("[sync]\nmethod = \"diloco\"\n[sync.diloco]\nperiod = 4\nfragments = 8\n") ==
+        "configs/x.toml: [sync.diloco] fragments = 8 must be between 1 and period = 4 (one fragment syncs every "
+        "period / fragments steps)");
+  CHECK(error_of("[sync]\nmethod = \"diloco\"\n[sync.diloco]\nperiod = 4\nfragments = 2\n", {"sync.diloco.sync_delay=2"}) ==
+        "--set sync.diloco.sync_delay=2: [sync.diloco] sync_delay = 2 must be below period / fragments = 2 (a "
+        "fragment's outer step must land before the next fragment is sent)");
+  CHECK_THAT(error_of("[sync]\nmethod = \"diloco\"\n[sync.diloco]\nouter_momentum = 0.0\n"),
+             Contains("[sync.diloco] outer_optimizer = \"nesterov\" needs outer_momentum > 0"));
   // The same options under another method are not diloco's business.
   CHECK(error_of("[sync]\nmethod = \"local_sgd\"\nperiod = 4\nfragments = 8\n").empty());
 }
 
 TEST_CASE("sparseloco's bad values are one line naming the key; its defaults are the paper's", "[registry]") {
   CHECK(error_of("[sync]\nmethod = \"sparseloco\"\nvalue_bits = 3\n") ==
-        "configs/x.toml: sync.value_bits = 3 must be 2, 4, 8 or 32");
-  CHECK_THAT(error_of("[sync]\nmethod = \"sparseloco\"\nerror_decay = 1.5\n"), Contains("sync.error_decay"));
+        "configs/x.toml: [sync.sparseloco] value_bits = 3 must be 2, 4, 8 or 32");
+  CHECK_THAT(error_of("[sync]\nmethod = \"sparseloco\"\nerror_decay = 1.5\n"), Contains("error_decay"));
   CHECK_THAT(error_of("[sync]\nmethod = \"sparseloco\"\nperiod = 4\nfragments = 8\n"),
-             Contains("sync.fragments = 8 must be between 1 and sync.period = 4"));
-  CHECK_THAT(error_of("[sync]\nmethod = \"sparseloco\"\ndensity = 0.0\n"), Contains("sync.density"));
-  // Unset, its keys take the paper's values (H as diloco's default), through the spec's defaults().
+             Contains("[sync.sparseloco] fragments = 8 must be between 1 and period = 4"));
+  CHECK_THAT(error_of("[sync]\nmethod = \"sparseloco\"\ndensity = 0.0\n"), Contains("density"));
+  // Unset, its keys take the paper's values (H as diloco's default): its table's own defaults.
   const Config c = parse_config("[sync]\nmethod = \"sparseloco\"\n", "t");
-  CHECK(c.sync.get<int64_t>("sync.period") == 8);
-  CHECK(c.sync.get<double>("sync.outer_lr") == 1.0);
-  CHECK(c.sync.get<double>("sync.density") == 0.02);
-  CHECK(c.sync.get<double>("sync.error_decay") == 0.95);
-  CHECK(c.sync.get<int64_t>("sync.value_bits") == 2);
+  CHECK(c.sync.get<int64_t>("period") == 8);
+  CHECK(c.sync.get<double>("outer_lr") == 1.0);
+  CHECK(c.sync.get<double>("density") == 0.02);
+  CHECK(c.sync.get<double>("error_decay") == 0.95);
+  CHECK(c.sync.get<int64_t>("value_bits") == 2);
 }

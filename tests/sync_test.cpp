@@ -32,13 +32,13 @@ using namespace trainer::models;
 
 namespace {
 
-// A method with the stage's dense warmup and buckets, and sync.period (local_sgd's).
+// A method with the stage's dense warmup and buckets, and local_sgd's period.
 comm::SyncOptions options(const std::string& method, int64_t dense_warmup_steps, double bucket_mb, int64_t period) {
   comm::SyncOptions o;
   o.method = method;
   o.dense_warmup_steps = dense_warmup_steps;
   o.bucket_mb = bucket_mb;
-  o.set("sync.period", period);
+  if (method == "local_sgd") o.set("period", period);
   return o;
 }
 

@@ -15,6 +15,7 @@
 #include "comm/communicator.h"
 #include "comm/sync/gradient_sync.h"
 #include "comm/wire_format.h"
+#include "tests/method_keys.h"
 
 using namespace trainer;
 using comm::WireDType;
@@ -113,7 +114,7 @@ comm::SyncOptions options(const std::string& method, int64_t warmup, double buck
   o.method = method;
   o.dense_warmup_steps = warmup;
   o.bucket_mb = bucket_mb;
-  o.set("sync.period", period);
+  testing::set_if_own(o, "period", period);
   o.wire_dtype = comm::wire_dtype_name(wire);
   return o;
 }

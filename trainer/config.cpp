@@ -86,8 +86,9 @@ size_t name_cost(const std::string& typed_in, const std::string& valid_in) {
   return cost;
 }
 
-std::string section_of(const std::string& path) {
-  const size_t dot = path.find('.');
+// The table a path is in: "optim" for optim.lr, "sync.oktopk" for sync.oktopk.density.
+std::string table_of(const std::string& path) {
+  const size_t dot = path.rfind('.');
   return dot == std::string::npos ? std::string() : path.substr(0, dot);
 }
 std::string last_component(const std::string& path) { return path.substr(path.rfind('.') + 1); }
@@ -102,7 +103,7 @@ std::optional<std::string> nearest_key(const std::string& typed) {
   for (const KeyInfo& k : keys()) {
     const size_t last = name_cost(last_component(typed), last_component(k.path));
     if (last == kFar) continue;
-    const size_t cost = last + (section_of(typed) == k.section ? 0 : 1);
+    const size_t cost = last + (table_of(typed) == table_of(k.path) ? 0 : 1);
     if (cost < best) best = cost, found = k.path;
   }
   return found;
@@ -282,13 +283,33 @@ bool is_group(const std::string& path) {  // a section, or a table that holds ke
   return false;
 }
 
+// The older flat spelling of a method's key, [sync] density = 0.01: the name of a key some method
+// declares, directly under [sync] ("density"), or empty.
+std::string flat_method_key(const std::string& path) {
+  const std::string prefix = "sync.";
+  if (path.compare(0, prefix.size(), prefix) != 0 || find_key(path)) return {};
+  const std::string name = path.substr(prefix.size());
+  for (const comm::SyncMethod& m : comm::sync_methods())
+    if (comm::method_key(m, name)) return name;
+  return {};
+}
+
+std::string unknown_method_table(const std::string& path) {
+  std::vector<std::string> tables;
+  for (const SectionInfo& s : sections())
+    if (s.name.rfind("sync.", 0) == 0) tables.push_back(s.name);
+  std::string m = "unknown table [" + path + "]: the methods' tables are [" + join(tables, "], [") + "]";
+  if (auto s = nearest_name(path, tables)) m += " (did you mean [" + *s + "]?)";
+  return m;
+}
+
 void collect(const toml::table& table, const std::string& prefix, const std::string& origin,
              Settings& out, std::vector<Problem>& problems) {
   for (auto&& [name, node] : table) {
     const std::string path = (prefix.empty() ? "" : prefix + ".") + std::string(name.str());
     const toml::source_position where = node.source().begin;
-    if (find_key(path)) {
-      out[path] = {&node, origin, 0};
+    if (find_key(path) || !flat_method_key(path).empty()) {
+      out[path] = {&node, origin, 0};  // a flat spelling is resolved once sync.method is known
     } else if (is_group(path)) {
       if (const toml::table* sub = node.as_table())
         collect(*sub, path, origin, out, problems);
@@ -296,6 +317,8 @@ void collect(const toml::table& table, const std::string& prefix, const std::str
         problems.push_back({where, path + " must be a table ([" + path + "]), got " + describe_node(node)});
     } else if (prefix.empty() && node.is_table()) {
       problems.push_back({where, unknown_section(path)});
+    } else if (prefix == "sync" && node.is_table()) {
+      problems.push_back({where, unknown_method_table(path)});
     } else {
       problems.push_back({where, unknown_key(path)});
     }
@@ -342,11 +365,16 @@ void apply_override(const std::string& arg, size_t order, Settings& settings,
   const std::string path = eq == std::string::npos ? "" : trim(arg.substr(0, eq));
   if (path.empty()) fail(origin, "expected key.path=value");
   const KeyInfo* key = find_key(path);
-  if (!key) fail(origin, unknown_key(path));
+  const comm::OptionKey* flat = nullptr;  // an old flat spelling: any method's key of that name will do
+  if (!key && !flat_method_key(path).empty())
+    for (const comm::OptionKey& k : comm::sync_method_keys())
+      if (!flat && last_component(k.path) == flat_method_key(path)) flat = &k;
+  if (!key && !flat) fail(origin, unknown_key(path));
+  const Type type = key ? key->type : flat->type;
   const std::string value = trim(arg.substr(eq + 1));
   toml::table& holder = storage.emplace_back();
   const bool quoted = !value.empty() && (value[0] == '"' || value[0] == '\'');
-  if (key->type != Type::kString || quoted) {
+  if (type != Type::kString || quoted) {
     try {
       holder = toml::parse("v = " + value);
     } catch (const toml::parse_error&) {
@@ -359,6 +387,56 @@ void apply_override(const std::string& arg, size_t order, Settings& settings,
     holder = toml::table{{"v", value}};
   }
   settings[path] = {holder.get("v"), origin, order};
+}
+
+// Once sync.method is known: each old flat spelling ([sync] density) becomes the key of the method's
+// table (sync.oktopk.density), with a note, or is dropped with a note where the method has no such
+// key (an error for a key that would silently do nothing: sync.adaptive = true under dense); another
+// method's table is ignored, with a note. Two spellings of one key in the file are an error.
+std::vector<std::string> resolve_method_tables(Settings& settings) {
+  std::string method = comm::SyncSettings{}.method;
+  if (const auto it = settings.find("sync.method"); it != settings.end())
+    if (const auto name = it->second.node->as_string()) method = name->get();
+  const comm::SyncMethod* spec = comm::find_sync_method(method);
+  if (!spec) return {};  // the Loader reports the unknown method
+  std::vector<std::string> notes;
+  std::vector<std::string> ignored_tables;
+  for (auto it = settings.begin(); it != settings.end();) {
+    const std::string path = it->first;
+    const Setting setting = it->second;
+    const std::string name = flat_method_key(path);
+    if (name.empty()) {
+      const std::string section = find_key(path) ? find_key(path)->section : "";
+      if (!method_section_applies(section, method) &&
+          std::find(ignored_tables.begin(), ignored_tables.end(), section) == ignored_tables.end())
+        ignored_tables.push_back(section);
+      ++it;
+      continue;
+    }
+    it = settings.erase(it);
+    if (const comm::OptionKey* key = comm::method_key(*spec, name)) {
+      const auto [own, inserted] = settings.insert({key->path, setting});
+      if (!inserted) {
+        if (own->second.order == setting.order)
+          fail(setting.origin, path + " and " + key->path + " both set: give it once, as " + key->path);
+        if (own->second.order < setting.order) own->second = setting;
+      }
+      notes.push_back("note: " + setting.origin + ": " + path + " is read as " + key->path + ", the key of [sync." +
+                      method + "]; the flat spelling goes in the next release");
+      continue;
+    }
+    for (const comm::OptionKey& k : comm::sync_method_keys())
+      if (last_component(k.path) == name && k.refused_for_others &&
+          node_literal(*setting.node) != toml_literal(k.default_value))
+        fail(setting.origin, path + " = " + node_literal(*setting.node) + " applies to " +
+                                            comm::sync_methods_with_key(name) + ", not to sync.method = \"" + method +
+                                            "\"");
+    notes.push_back("note: " + setting.origin + ": " + path + " is ignored: sync.method = \"" + method +
+                    "\" has no key " + name + " (" + comm::sync_methods_with_key(name) + " have)");
+  }
+  for (const std::string& table : ignored_tables)
+    notes.push_back("note: [" + table + "] is ignored: sync.method = \"" + method + "\" reads [sync." + method + "]");
+  return notes;
 }
 
 // Rules that involve more than one key, or more than a range.
@@ -390,16 +468,15 @@ void check_consistency(const Config& c, const Settings& settings, const std::str
     fail(origin({"runtime.communicator", "runtime.device"}),
          "runtime.communicator = \"nccl\" needs runtime.device = \"cuda\" (the CPU uses MPI)");
   // The method's own rules and capabilities (comm/sync/registry.h); sync.method is one of the
-  // table's names by now (its choices).
+  // table's names by now (its choices). A problem names the method's keys by their names.
   const comm::SyncMethod& method = comm::sync_method(c.sync.method);
-  // A key that would silently do nothing under this method (sync.adaptive = true under dense).
-  if (const comm::OptionKey* key = comm::refused_key(method, c.sync.keys))
-    fail(origin({key->path, "sync.method"}), key->path + " = " + toml_literal(c.sync.keys.at(key->path)) +
-                                                 " applies to " + comm::sync_methods_declaring(key->path) +
-                                                 ", not to sync.method = \"" + c.sync.method + "\"");
   if (method.check)
-    for (const comm::SyncOptionProblem& problem : method.check(sync_options(c)))
-      fail(origin(problem.keys), problem.message);
+    for (const comm::SyncOptionProblem& problem : method.check(sync_options(c))) {
+      std::vector<std::string> paths;
+      for (const std::string& key : problem.keys)
+        paths.push_back(key.find('.') == std::string::npos ? c.sync.key_path(key) : key);
+      fail(origin(paths), "[sync." + c.sync.method + "] " + problem.message);
+    }
   // A 16-bit sync.wire_dtype runs on every device: the methods that keep device buffers with it
   // (dense, and every method's dense warmup) cast with the backend (Backend::to_half); the
   // compressors' and DiLoCo's specs send them to host copies (needs_host_buffers, host_staged.h).
@@ -438,15 +515,17 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
 
   std::list<toml::table> override_nodes;  // a list: the nodes must not move while settings point at them
   for (size_t i = 0; i < overrides.size(); ++i) apply_override(overrides[i], i + 1, settings, override_nodes);
+  std::vector<std::string> notes = resolve_method_tables(settings);
 
   Config config;
   Loader loader{settings};
   visit_config(config, loader);
+  config.notes = std::move(notes);
   // The method's defaults that depend on the recipe (its spec's), where the config is silent.
   const comm::SyncMethod& method = comm::sync_method(config.sync.method);
   if (method.defaults)
     for (const comm::MethodDefault& d : method.defaults(sync_recipe(config)))
-      if (!settings.count(d.key)) config.sync.keys.set(d.key, d.value);
+      if (!settings.count(config.sync.key_path(d.key))) config.sync.keys.set(config.sync.key_path(d.key), d.value);
   check_consistency(config, settings, source_name);
   return config;
 }

@@ -153,6 +153,9 @@ struct Config {
   RuntimeConfig runtime;
   SyncConfig sync;
   CommConfig comm;
+  // Not keys: how the file was read where it was not as written, "note: ..." lines for the start and
+  // --dry-run (an old flat spelling read as the method's key, another method's table ignored).
+  std::vector<std::string> notes;
 };
 
 // Every bad input is a ConfigError whose message is one line naming where the value came from (the

@@ -22,10 +22,20 @@ const char* sync_method_doc() {
     const auto& methods = comm::sync_methods();
     for (size_t i = 0; i < methods.size(); ++i) text += (i ? "; " : "") + methods[i].name + " (" + methods[i].doc + ")";
     return text + ". The compressing methods (" + comm::sync_methods_that(&comm::SyncCapabilities::compresses) +
-           ") keep what they do not send in an error-feedback residual: the sparse ones send about sync.density of "
-           "the entries, powersgd (n + m) r per n x m matrix.";
+           ") keep what they do not send in an error-feedback residual: the sparse ones send about the density of "
+           "the entries, powersgd (n + m) r per n x m matrix. Each method's own keys are its table, [sync.<method>].";
   }();
   return doc.c_str();
+}
+
+std::string method_section_doc(const comm::SyncMethod& m) {
+  return "The keys of sync.method = \"" + m.name + "\", its own table: no other method reads them, and a table of "
+         "a method other than sync.method's is ignored (with a note). Older configs' flat spelling, [sync] with the key "
+         "itself (density = 0.01), is read as the key of sync.method's table, with a note, until the next release.";
+}
+
+bool method_section_applies(const std::string& section, const std::string& method) {
+  return section.rfind("sync.", 0) != 0 || section == "sync." + method;
 }
 
 namespace {

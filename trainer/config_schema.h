@@ -36,6 +36,13 @@ using comm::Value;
 // sync.method's documentation: each method's own line from the method table (comm/sync/registry.h).
 const char* sync_method_doc();
 
+// A method's table: "sync.oktopk", and what the documentation says above it.
+inline std::string method_section_name(const comm::SyncMethod& m) { return "sync." + m.name; }
+std::string method_section_doc(const comm::SyncMethod& m);
+// Whether the keys of `section` apply under the config's sync.method: every section but the other
+// methods' tables.
+bool method_section_applies(const std::string& section, const std::string& method);
+
 // A method key's value in the settings: assignable in a Config being loaded, read-only otherwise.
 inline comm::Value& method_key_value(SyncConfig& s, const std::string& path) { return s.keys.slot(path); }
 inline const comm::Value& method_key_value(const SyncConfig& s, const std::string& path) { return s.keys.at(path); }
@@ -339,11 +346,16 @@ void visit_config(Cfg& c, Visitor& v) {
         "with the same rounding on the GPU and NCCL sums the 16-bit values natively (host staging: MPI as "
         "above); the compressors with a 16-bit wire compute on host copies.",
         comm::wire_dtype_names());
-  // Every method's own keys, from the method table: each declared in its method's file
-  // (comm/sync/registry.h), documented with the names of the methods that read it.
-  for (const comm::OptionKey& key : comm::sync_method_keys())
-    std::visit([&](auto& value) { v.key(key.path.c_str(), value, key.doc.c_str(), key.allowed); },
-               method_key_value(c.sync, key.path));
+  // Each method's own keys, its table [sync.<method>], from the method table: declared in the
+  // method's file (comm/sync/registry.h). Only sync.method's table applies; a writer that keeps to
+  // it (config.toml, the hash, equality) skips the others' (method_section_applies).
+  for (const comm::SyncMethod& method : comm::sync_methods()) {
+    if (method.keys.empty()) continue;
+    v.section(method_section_name(method).c_str(), method_section_doc(method).c_str());
+    for (const comm::OptionKey& key : method.keys)
+      std::visit([&](auto& value) { v.key(key.path.c_str(), value, key.doc.c_str(), key.allowed); },
+                 method_key_value(c.sync, key.path));
+  }
 
   v.section("comm", "The communication log (comm/rank<R>.jsonl and comm/summary.txt).");
   v.key("comm.log", c.comm.log, "Record every message and collective of the recorded steps.");

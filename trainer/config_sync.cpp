@@ -32,8 +32,8 @@ std::vector<std::string> method_default_lines(const Config& c) {
   std::vector<std::string> lines;
   if (!method.defaults) return lines;
   for (const comm::MethodDefault& d : method.defaults(sync_recipe(c)))
-    if (c.sync.keys.at(d.key) == d.value)
-      lines.push_back(d.key + " = " + config_schema::toml_literal(d.value) + ": " + d.why);
+    if (c.sync.keys.at(c.sync.key_path(d.key)) == d.value)
+      lines.push_back(c.sync.key_path(d.key) + " = " + config_schema::toml_literal(d.value) + ": " + d.why);
   return lines;
 }
 

@@ -41,19 +41,25 @@ std::string allowed_text(Type type, const Allowed& allowed) {
   return type == Type::kBool ? "true, false" : "";
 }
 
+// Writes the keys that apply under `method`: every section but the other methods' tables.
 struct Writer {
   bool comments;
+  std::string method;
   std::string out;
   std::string section_name;
+  bool skipping = false;
 
   void section(const char* name, const char* doc) {
     section_name = name;
+    skipping = !method_section_applies(name, method);
+    if (skipping) return;
     if (!out.empty()) out += "\n";
     if (comments) out += comment(doc);
     out += "[" + section_name + "]\n";
   }
   template <class T>
   void key(const char* path, const T& value, const char* doc, const Allowed& allowed = {}) {
+    if (skipping) return;
     if (comments) {
       const std::string allowed_values = allowed_text(type_of<T>(), allowed);
       out += "\n" + comment(doc);
@@ -65,18 +71,20 @@ struct Writer {
 };
 
 std::string write_toml(const Config& c, bool comments) {
-  Writer w{comments, {}, {}};
+  Writer w{comments, c.sync.method, {}, {}};
   visit_config(c, w);
   return w.out;
 }
 
-// Every value in visit_config() order, for equality.
+// Every value that applies (as Writer), in visit_config() order, for equality.
 struct Flatten {
+  std::string method;
   std::vector<Value> values;
-  void section(const char*, const char*) {}
+  bool skipping = false;
+  void section(const char* name, const char*) { skipping = !method_section_applies(name, method); }
   template <class T>
   void key(const char*, const T& value, const char*, const Allowed& = {}) {
-    values.emplace_back(value);
+    if (!skipping) values.emplace_back(value);
   }
 };
 
@@ -139,7 +147,7 @@ std::string output_dir(const Config& config) {
 }
 
 bool operator==(const Config& a, const Config& b) {
-  Flatten fa, fb;
+  Flatten fa{a.sync.method, {}}, fb{b.sync.method, {}};
   visit_config(a, fa);
   visit_config(b, fb);
   return fa.values == fb.values;

@@ -7,6 +7,7 @@
 #include "comm/comm_log.h"
 #include "comm/comm_wait.h"
 #include "comm/sync/dense.h"
+#include "comm/sync/registry.h"
 #include "comm/sync/select.h"
 
 namespace trainer::app {
@@ -37,8 +38,9 @@ void write_run_info(const std::string& path, const Config& config, const models:
                     int64_t total_steps, int64_t steps_per_epoch, int64_t first_step) {
   const int64_t n = params.size();
   const int64_t bucket = comm::bucket_elements(config.sync.bucket_mb);
-  // The sparse methods' density, which the reports read (the key's default under other methods).
-  const double density = config.sync.get<double>("sync.density");
+  // The density of a method with one (its key), which the reports read; 1 for the others.
+  const bool has_density = comm::method_key(comm::sync_method(config.sync.method), "density");
+  const double density = has_density ? config.sync.get<double>("density") : 1.0;
   nlohmann::json views = nlohmann::json::array();
   for (const models::ParamView& v : params.views()) views.push_back({{"name", v.name}, {"shape", v.shape}});
   nlohmann::json info{{"world_size", world},

@@ -16,11 +16,11 @@ Accordion::Accordion(int64_t n, std::vector<AccordionGroup> groups, const Accord
       low_(groups_.size(), 1),  // training starts critical
       previous_(groups_.size(), 0.0),
       change_(groups_.size(), -1.0) {
-  if (options_.interval < 0) throw std::invalid_argument("sync.adaptive_interval must be at least 0");
-  if (!(options_.threshold > 0)) throw std::invalid_argument("sync.adaptive_threshold must be above 0");
+  if (options_.interval < 0) throw std::invalid_argument("adaptive_interval must be at least 0");
+  if (!(options_.threshold > 0)) throw std::invalid_argument("adaptive_threshold must be above 0");
   for (const AccordionGroup& g : groups_)
     if (g.offset < 0 || g.count < 0 || g.offset + g.count > n_)
-      throw std::invalid_argument("sync.adaptive: a group of entries outside the gradient");
+      throw std::invalid_argument("adaptive: a group of entries outside the gradient");
 }
 
 bool Accordion::critical(bool has_previous, double previous_norm, double norm, double threshold) {
@@ -40,8 +40,8 @@ double Accordion::low_fraction() const {
 
 bool Accordion::add(const float* grads, int64_t step) {
   if (options_.interval < 1)
-    throw std::logic_error("sync.adaptive_interval = 0 means an epoch, and the method was built without the "
-                           "run's steps per epoch: set sync.adaptive_interval");
+    throw std::logic_error("adaptive_interval = 0 means an epoch, and the method was built without the "
+                           "run's steps per epoch: set adaptive_interval");
   fresh_ = false;
   if (sum_.empty()) sum_.assign(n_, 0.f);
   float* sum = sum_.data();
@@ -117,7 +117,7 @@ void Accordion::load(std::istream& in) {
   if (interval != options_.interval)
     throw std::runtime_error("adaptive compression state was saved with an interval of " + std::to_string(interval) +
                              " steps, this run has " + std::to_string(options_.interval) +
-                             " (sync.adaptive_interval)");
+                             " (adaptive_interval)");
   const auto has_previous = read_pod<uint8_t>(in);
   const auto fresh = read_pod<uint8_t>(in);
   const auto switches = read_pod<int64_t>(in);

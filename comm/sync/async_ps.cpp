@@ -12,7 +12,7 @@ namespace trainer::comm {
 
 PsLayout PsLayout::make(int world_size, int64_t servers) {
   if (servers < 1 || servers >= world_size)
-    throw std::invalid_argument("sync.servers = " + std::to_string(servers) + " must be at least 1 and below the " +
+    throw std::invalid_argument("servers = " + std::to_string(servers) + " must be at least 1 and below the " +
                                 "number of processes (" + std::to_string(world_size) +
                                 ") so that some rank is a worker: async_ps needs mpiexec -n " +
                                 std::to_string(servers + 1) + " or more");
@@ -33,7 +33,7 @@ SyncMethod async_ps_method() {
   SyncMethod m;
   m.name = "async_ps";
   m.doc =
-      "asynchronous parameter server: the last sync.servers ranks hold the parameters and run the optimizer, the "
+      "asynchronous parameter server: the last sync.async_ps.servers ranks hold the parameters and run the optimizer, the "
       "others push gradients and pull parameters without waiting for each other";
   m.can.applies_update = true;
   m.can.keeps_parameters_equal = false;
@@ -55,7 +55,7 @@ std::string AsyncPsWorker::describe() const {
   const int p = world_.size();
   std::ostringstream out;
   if (ps_.servers >= p) {
-    out << "async_ps: sync.servers = " << ps_.servers << " leaves no worker among " << p << " processes";
+    out << "async_ps: servers = " << ps_.servers << " leaves no worker among " << p << " processes";
     return out.str();
   }
   const PsLayout l = PsLayout::make(p, ps_.servers);
@@ -191,7 +191,7 @@ std::vector<int64_t> read_pulled_versions(std::istream& in) {
 void AsyncPsWorker::load(std::istream& in) {
   std::vector<int64_t> versions = read_pulled_versions(in);
   if (static_cast<int64_t>(versions.size()) != ps_.servers)
-    throw std::runtime_error("async_ps state was saved with sync.servers = " + std::to_string(versions.size()) +
+    throw std::runtime_error("async_ps state was saved with servers = " + std::to_string(versions.size()) +
                              ", this run has " + std::to_string(ps_.servers));
   pulled_version_ = std::move(versions);
 }

@@ -50,14 +50,14 @@ struct AsyncPsOptions {
 
   template <class Keys>
   static void declare(Keys& k) {
-    k.key("sync.servers", &AsyncPsOptions::servers,
+    k.key("servers", &AsyncPsOptions::servers,
           "parameter servers, the last N ranks; each owns a contiguous shard of the flat parameters and BN "
           "statistics and runs the optimizer and lr schedule on it (must be below the number of processes). A "
           "fixed count, resumes included: a checkpoint of another number of processes or servers has its "
           "servers' shards (with their optimizer state) joined and cut for this many, and the workers restart "
           "at the global step.",
           closed(1, 1 << 20));
-    k.key("sync.staleness_lr", &AsyncPsOptions::staleness_lr,
+    k.key("staleness_lr", &AsyncPsOptions::staleness_lr,
           "how a server treats a gradient computed tau versions ago. A push is 1/W of a synchronous step (lr / W "
           "with W workers); then inverse (lr / W / (1 + tau)), none (lr / W), dc (DC-ASGD: g + dc_lambda "
           "g*g*(w_now - w_pulled) at lr / W), or gap (gap-aware damping, Barkai et al. 2020: each element of the "
@@ -65,23 +65,23 @@ struct AsyncPsOptions {
           "the RMS of the updates' direction (running average, decay 0.999), i.e. by 1 + how many average "
           "pushes the weight moved since the worker pulled it; at lr / W).",
           kStalenessLr);
-    k.key("sync.dc_lambda", &AsyncPsOptions::dc_lambda,
-          "with sync.staleness_lr = \"dc\", the compensation strength lambda.", closed(0, 1e6));
-    k.key("sync.momentum_correction", &AsyncPsOptions::momentum_correction,
+    k.key("dc_lambda", &AsyncPsOptions::dc_lambda,
+          "with staleness_lr = \"dc\", the compensation strength lambda.", closed(0, 1e6));
+    k.key("momentum_correction", &AsyncPsOptions::momentum_correction,
           "asynchrony acts as extra momentum of about 1 - 1/W with W workers (Mitliagkas et al. 2016). none: the "
           "servers run optim.momentum; momentum: they run SGD at momentum mu_e = max(0, optim.momentum - (1 - "
           "1/W)); momentum_and_lr: that, and every update's lr times (1 - mu_e) / (1 - optim.momentum), so the "
           "steady-state step of a gradient, lr / (1 - momentum), stays the recipe's. Every update the servers "
-          "make, synchronous rounds (the dense warmup) included, except with sync.max_staleness = 0 (no "
+          "make, synchronous rounds (the dense warmup) included, except with max_staleness = 0 (no "
           "asynchrony: no correction). SGD only: with adam and adamw it does not apply (they have no momentum to "
           "lower).",
           kMomentumCorrections);
-    k.key("sync.max_staleness", &AsyncPsOptions::max_staleness,
+    k.key("max_staleness", &AsyncPsOptions::max_staleness,
           "stale synchronous parallel bound s: a worker more than s steps ahead of the slowest waits (-1 = no "
           "bound). s = 0 is synchronous: the server averages each round's gradients into one optimizer step "
           "(dense SGD up to summation order).",
           at_least(-1));
-    k.key("sync.deterministic", &AsyncPsOptions::deterministic,
+    k.key("deterministic", &AsyncPsOptions::deterministic,
           "servers take the workers' pushes in rank order, round robin, instead of whichever arrives first: "
           "repeatable runs (resume is bit for bit) at the pace of the slowest worker.");
   }

@@ -289,11 +289,11 @@ void ParameterServer::load(std::istream& optimizer_in, std::istream& state_in) {
 void ParameterServer::use_state(PsServerState state) {
   if (state.workers != layout_.workers || state.servers != layout_.servers)
     throw std::runtime_error("async_ps state was saved with " + std::to_string(state.workers) + " workers and " +
-                             std::to_string(state.servers) + " servers (sync.servers), this run has " +
+                             std::to_string(state.servers) + " servers (servers), this run has " +
                              std::to_string(layout_.workers) + " and " + std::to_string(layout_.servers));
   if (state.gap.has_value() != static_cast<bool>(gap_))
     throw std::runtime_error(std::string("async_ps server state was saved ") + (state.gap ? "with" : "without") +
-                             " sync.staleness_lr = \"gap\", this run has it " + (gap_ ? "on" : "off"));
+                             " staleness_lr = \"gap\", this run has it " + (gap_ ? "on" : "off"));
   if (gap_ && state.gap->size() != p1_ - p0_)
     throw std::runtime_error("async_ps gap-aware state: " + std::to_string(state.gap->size()) +
                              " elements, this shard has " + std::to_string(p1_ - p0_));

@@ -112,7 +112,7 @@ std::vector<Chunk> plan_chunks(const Fragment& fragment, const std::vector<model
 
 ChunkCodec::ChunkCodec(std::vector<Chunk> chunks, int bits) : chunks_(std::move(chunks)), bits_(bits) {
   if (bits != 2 && bits != 4 && bits != 8 && bits != 32)
-    throw std::invalid_argument("sync.value_bits = " + std::to_string(bits) + " must be 2, 4, 8 or 32");
+    throw std::invalid_argument("value_bits = " + std::to_string(bits) + " must be 2, 4, 8 or 32");
   for (const Chunk& c : chunks_) {
     if (c.size() > kChunkRun || c.k < 1 || c.k > c.size())
       throw std::logic_error("chunk codec: a chunk of " + std::to_string(c.size()) + " entries keeping " +

@@ -16,12 +16,6 @@ constexpr int64_t kDemoRun = 64;  // DeMo chunks vectors in runs of 64 (its tile
 
 DemoOptions demo_options(const SyncOptions& o) { return options_of<DemoOptions>(o); }
 
-std::vector<MethodDefault> demo_defaults(const SyncRecipe&) {
-  return {{"sync.density", 1.0 / 128, "demo's share of each chunk: DeMo's 32 components of each 64 x 64 tile"},
-          {"sync.error_decay", 0.999, "demo's momentum decay: DeMo's"},
-          {"sync.value_bits", int64_t{32}, "demo's components in fp32, as DeMo sends them"}};
-}
-
 std::vector<std::string> demo_notes(const SyncRecipe& r) {
   if (r.optimizer == "sgd" && r.momentum == 0) return {};
   return {"note: demo's update is the sign of the decoded momentum components, stepped by the optimizer: DeMo "
@@ -35,7 +29,7 @@ std::vector<SyncOptionProblem> demo_problems(const DemoOptions& o) {
   std::vector<SyncOptionProblem> found;
   if (o.value_bits != 2 && o.value_bits != 4 && o.value_bits != 8 && o.value_bits != 32)
     found.push_back(
-        {{"sync.value_bits"}, "sync.value_bits = " + std::to_string(o.value_bits) + " must be 2, 4, 8 or 32"});
+        {{"value_bits"}, "value_bits = " + std::to_string(o.value_bits) + " must be 2, 4, 8 or 32"});
   return found;
 }
 
@@ -48,7 +42,6 @@ SyncMethod demo_method() {
       "the gradient the optimizer steps with";
   m.can.device_buffers = false;  // host loops (the DCT, the codec); a device run stages host copies
   declare_options<DemoOptions>(m);
-  m.defaults = demo_defaults;
   m.start_notes = demo_notes;
   m.check = [](const SyncOptions& o) { return demo_problems(demo_options(o)); };
   m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {

@@ -32,19 +32,19 @@ namespace trainer::comm {
 // Saved state: the momentum; on another number of ranks each new rank's is the mean of the saved
 // ranks' (rank_mean.h).
 struct DemoOptions {
-  double density = 0.1;       // shared with the sparse methods; demo's default 1/128 (defaults())
-  double error_decay = 0.95;  // shared with sparseloco; demo's default 0.999 (defaults())
-  int64_t value_bits = 2;     // shared with sparseloco; demo's default 32 (defaults())
+  double density = 1.0 / 128;  // DeMo's 32 components of each 64 x 64 tile
+  double error_decay = 0.999;  // DeMo's momentum decay
+  int64_t value_bits = 32;     // fp32 components, as DeMo sends them
 
   template <class Keys>
   static void declare(Keys& k) {
-    k.key("sync.density", &DemoOptions::density,
+    k.key("density", &DemoOptions::density,
           "fraction of each chunk's DCT components sent (tiles of 64 x 64, runs of 64). Unless set, 1/128 (DeMo's "
           "32 of each 64 x 64 tile).",
           open_closed(0, 1));
-    k.key("sync.error_decay", &DemoOptions::error_decay,
+    k.key("error_decay", &DemoOptions::error_decay,
           "beta, the decay of each rank's momentum m = beta m + g. Unless set, 0.999, DeMo's.", closed(0, 1));
-    k.key("sync.value_bits", &DemoOptions::value_bits,
+    k.key("value_bits", &DemoOptions::value_bits,
           "bits per sent DCT component: 32 unless set (fp32, DeMo's), or 2, 4 or 8 with a scale per chunk.",
           closed(2, 32));
   }

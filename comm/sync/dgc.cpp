@@ -129,8 +129,8 @@ std::vector<float> read_velocity(std::istream& in, int64_t n, const std::string&
 }  // namespace
 
 void DgcMomentum::load(std::istream& in) {
-  std::vector<float> u = read_velocity(in, n_, "sync.dgc state");
-  std::vector<float> w = read_velocity(in, n_, "sync.dgc state (weight decay)");
+  std::vector<float> u = read_velocity(in, n_, "dgc state");
+  std::vector<float> w = read_velocity(in, n_, "dgc state (weight decay)");
   adopt(velocity_, std::move(u));
   adopt(decay_, std::move(w));
 }
@@ -139,14 +139,14 @@ void DgcMomentum::load_mean(const std::vector<std::istream*>& saved) {
   RankMean sum(n_);
   std::vector<float> w;
   for (size_t r = 0; r < saved.size(); ++r) {
-    const std::string where = "sync.dgc state of saved rank " + std::to_string(r);
+    const std::string where = "dgc state of saved rank " + std::to_string(r);
     const std::vector<float> u = read_velocity(*saved[r], n_, where);
     if (!u.empty()) sum.add(u.data());
     std::vector<float> decay = read_velocity(*saved[r], n_, where + " (weight decay)");
     if (r == 0) w = std::move(decay);
   }
   if (sum.ranks() != 0 && sum.ranks() != static_cast<int>(saved.size()))
-    throw std::runtime_error("sync.dgc: " + std::to_string(sum.ranks()) + " of " + std::to_string(saved.size()) +
+    throw std::runtime_error("dgc: " + std::to_string(sum.ranks()) + " of " + std::to_string(saved.size()) +
                              " saved ranks hold a velocity (ranks in different phases)");
   adopt(velocity_, sum.ranks() == 0 ? std::vector<float>{} : sum.mean());
   adopt(decay_, std::move(w));

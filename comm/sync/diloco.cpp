@@ -62,15 +62,12 @@ std::string str(double v) {
 // the two momenta compound and runs diverged or lost 7 to 11 points); 0.9 with adam and adamw.
 std::vector<MethodDefault> diloco_defaults(const SyncRecipe& r) {
   std::vector<MethodDefault> d;
-  d.push_back({"sync.period", int64_t{8},
-               "diloco's H: at H = 8 with outer momentum 0.5, within 1 point of dense over seeds on CIFAR "
-               "ResNet-20 and LAS; H = 1 with the paper's outer momentum ended at CER 94% on a speech corpus"});
   if (r.optimizer == "sgd" && r.momentum > 0)
-    d.push_back({"sync.outer_momentum", 0.5,
+    d.push_back({"outer_momentum", 0.5,
                  "diloco's outer momentum over SGD with momentum inner steps (the paper's 0.9 is for AdamW "
                  "inner steps; over SGD momentum it lost 6.7 points on CIFAR and 11 CER points on LAS)"});
   else
-    d.push_back({"sync.outer_momentum", 0.9,
+    d.push_back({"outer_momentum", 0.9,
                  "diloco's outer momentum over " + r.optimizer + " inner steps: the DiLoCo paper's (AdamW inner steps)"});
   return d;
 }
@@ -82,7 +79,7 @@ std::vector<std::string> diloco_notes(const SyncRecipe& r) {
   const auto keys = options_of<DilocoKeys>(r.sync);
   if (keys.outer_optimizer == "adam" || keys.outer_momentum < 0.9 || r.optimizer != "sgd" || r.momentum < 0.9)
     return {};
-  return {"note: diloco with outer momentum " + str(keys.outer_momentum) + " (sync.outer_momentum; the paper's, for "
+  return {"note: diloco with outer momentum " + str(keys.outer_momentum) + " (outer_momentum; the paper's, for "
           "AdamW inner steps) over SGD momentum " + str(r.momentum) + ": at H = 8, outer momentum 0.5 ended at "
           "96.1% against 89.4% on CIFAR (ResNet-20; dense 97.8%) and at CER 17.7% against 28.7% on the LAS "
           "quickstart (dense 16.8%) (BENCHMARKS.md)"};
@@ -93,19 +90,19 @@ std::vector<std::string> diloco_notes(const SyncRecipe& r) {
 std::vector<SyncOptionProblem> diloco_problems(const DilocoOptions& o) {
   std::vector<SyncOptionProblem> found;
   const std::string schedule = fragment_schedule_problem(o.period, o.fragments, o.delay);
-  if (!schedule.empty()) found.push_back({{"sync.period", "sync.fragments", "sync.sync_delay"}, schedule});
+  if (!schedule.empty()) found.push_back({{"period", "fragments", "sync_delay"}, schedule});
   if (!(o.mixing >= 0 && o.mixing <= 1))
-    found.push_back({{"sync.mixing"}, "sync.mixing = " + std::to_string(o.mixing) + " must be in [0, 1]"});
+    found.push_back({{"mixing"}, "mixing = " + std::to_string(o.mixing) + " must be in [0, 1]"});
   if (o.outer_optimizer != "nesterov" && o.outer_optimizer != "sgd" && o.outer_optimizer != "adam")
-    found.push_back({{"sync.outer_optimizer"},
-                     "sync.outer_optimizer = \"" + o.outer_optimizer + "\": expected nesterov, sgd or adam"});
+    found.push_back({{"outer_optimizer"},
+                     "outer_optimizer = \"" + o.outer_optimizer + "\": expected nesterov, sgd or adam"});
   if (o.outer_optimizer == "nesterov" && !(o.outer_momentum > 0))
-    found.push_back({{"sync.outer_optimizer", "sync.outer_momentum"},
-                     "sync.outer_optimizer = \"nesterov\" needs sync.outer_momentum > 0 (or sync.outer_optimizer = "
+    found.push_back({{"outer_optimizer", "outer_momentum"},
+                     "outer_optimizer = \"nesterov\" needs outer_momentum > 0 (or outer_optimizer = "
                      "\"sgd\")"});
   if (!(o.outer_lr > 0) || !(o.outer_momentum >= 0))
     found.push_back(
-        {{"sync.outer_lr", "sync.outer_momentum"}, "sync.outer_lr must be > 0 and sync.outer_momentum >= 0"});
+        {{"outer_lr", "outer_momentum"}, "outer_lr must be > 0 and outer_momentum >= 0"});
   return found;
 }
 
@@ -113,7 +110,7 @@ SyncMethod diloco_method() {
   SyncMethod m;
   m.name = "diloco";
   m.doc =
-      "DiLoCo and Streaming DiLoCo: local steps, and every sync.period steps the averaged parameter change steps "
+      "DiLoCo and Streaming DiLoCo: local steps, and every sync.diloco.period steps the averaged parameter change steps "
       "the shared parameters through an outer optimizer, optionally one fragment at a time";
   m.can.keeps_parameters_equal = false;
   m.can.device_buffers = true;  // theta_outer, its optimizer and the pseudo-gradient on the backend
@@ -280,16 +277,16 @@ void Diloco::load(std::istream& in) {
                               now + " (the schedule and the outer optimizer's state depend on it)");
   };
   if (period != options_.period)
-    throw mismatch("sync.period", std::to_string(period), std::to_string(options_.period));
+    throw mismatch("period", std::to_string(period), std::to_string(options_.period));
   if (fragments != options_.fragments)
-    throw mismatch("sync.fragments", std::to_string(fragments), std::to_string(options_.fragments));
+    throw mismatch("fragments", std::to_string(fragments), std::to_string(options_.fragments));
   if (delay != options_.delay)
-    throw mismatch("sync.sync_delay", std::to_string(delay), std::to_string(options_.delay));
+    throw mismatch("sync_delay", std::to_string(delay), std::to_string(options_.delay));
   if (optimizer != outer_optimizer_code(options_.outer_optimizer))
-    throw mismatch("sync.outer_optimizer", optimizer == 1 ? "\"nesterov\"" : optimizer == 2 ? "\"adam\"" : "\"sgd\"",
+    throw mismatch("outer_optimizer", optimizer == 1 ? "\"nesterov\"" : optimizer == 2 ? "\"adam\"" : "\"sgd\"",
                    "\"" + options_.outer_optimizer + "\"");
   if (options_.outer_optimizer != "adam" && (momentum > 0) != (options_.outer_momentum > 0))
-    throw mismatch("sync.outer_momentum", std::to_string(momentum), std::to_string(options_.outer_momentum));
+    throw mismatch("outer_momentum", std::to_string(momentum), std::to_string(options_.outer_momentum));
   if (n != n_)
     throw std::runtime_error("diloco state holds " + std::to_string(n) + " parameters, the model has " +
                              std::to_string(n_));

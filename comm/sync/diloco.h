@@ -69,7 +69,7 @@ namespace trainer::comm {
 // stage's sync.bucket_mb and sync.overlap.
 inline const std::vector<std::string> kOuterOptimizers = {"nesterov", "sgd", "adam"};
 struct DilocoKeys {
-  int64_t period = 1;
+  int64_t period = 8;
   std::string outer_optimizer = "nesterov";
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
@@ -80,41 +80,41 @@ struct DilocoKeys {
 
   template <class Keys>
   static void declare(Keys& k) {
-    k.key("sync.period", &DilocoKeys::period,
-          "H, the inner steps between two syncs of the model (of each fragment). Unless set, 8: at H = 8 with "
+    k.key("period", &DilocoKeys::period,
+          "H, the inner steps between two syncs of the model (of each fragment). 8: at H = 8 with "
           "outer momentum 0.5, within 1 point of dense on the CIFAR ResNet-20 recipe at P = 4 over seeds; with "
           "H = 1 and the paper's outer momentum, diloco diverged on LAS (BENCHMARKS.md, \"Defaults that hold "
-          "accuracy\"); --dry-run and the start line say so.",
+          "accuracy\").",
           at_least(1));
-    k.key("sync.outer_optimizer", &DilocoKeys::outer_optimizer,
+    k.key("outer_optimizer", &DilocoKeys::outer_optimizer,
           "the outer optimizer that steps the shared parameters with the averaged pseudo-gradient (shared - local "
           "parameters): nesterov (SGD with Nesterov momentum, the DiLoCo paper's choice) or sgd (heavy-ball "
-          "momentum sync.outer_momentum; none at 0), PyTorch's torch.optim.SGD arithmetic (sgd at lr 1 without "
+          "momentum outer_momentum; none at 0), PyTorch's torch.optim.SGD arithmetic (sgd at lr 1 without "
           "momentum is local_sgd, bit for bit); or adam (torch.optim.Adam with betas 0.9 and 0.999 and eps 1e-8; "
-          "sync.outer_momentum does not apply). The optimizer is optim.name's own code, on the run's device.",
+          "outer_momentum does not apply). The optimizer is optim.name's own code, on the run's device.",
           kOuterOptimizers);
-    k.key("sync.outer_lr", &DilocoKeys::outer_lr, "the outer optimizer's learning rate.", open_closed(0, 1e6));
-    k.key("sync.outer_momentum", &DilocoKeys::outer_momentum,
+    k.key("outer_lr", &DilocoKeys::outer_lr, "the outer optimizer's learning rate.", open_closed(0, 1e6));
+    k.key("outer_momentum", &DilocoKeys::outer_momentum,
           "the outer optimizer's momentum (nesterov needs it above 0). Unless set, 0.5 when the inner optimizer "
           "is sgd with momentum, else 0.9, the DiLoCo paper's (AdamW inner steps): over SGD momentum 0.9 the two "
           "momenta compound, and at H = 8 0.5 ended 6.7 points above 0.9 on ResNet-20 and 11 CER points on LAS "
           "(BENCHMARKS.md); a run set to 0.9 over SGD momentum prints a note at the start.",
           closed_open(0, 1));
-    k.key("sync.fragments", &DilocoKeys::fragments,
+    k.key("fragments", &DilocoKeys::fragments,
           "Streaming DiLoCo's F: the parameters are split into F fragments of whole tensors (model order, about "
-          "equal sizes) that sync in turn, one every sync.period / F steps, so each sync sends 1/F of the model "
-          "(at most sync.period fragments, and at most the model's tensors).",
+          "equal sizes) that sync in turn, one every period / F steps, so each sync sends 1/F of the model "
+          "(at most period fragments, and at most the model's tensors).",
           at_least(1));
-    k.key("sync.sync_delay", &DilocoKeys::sync_delay,
+    k.key("sync_delay", &DilocoKeys::sync_delay,
           "Streaming DiLoCo's tau: a fragment's pseudo-gradient is taken and sent tau steps before its outer step "
-          "is applied (below sync.period / sync.fragments); its allreduce runs during those steps on a "
+          "is applied (below period / fragments); its allreduce runs during those steps on a "
           "communication thread (sync.overlap).",
           at_least(0));
-    k.key("sync.mixing", &DilocoKeys::mixing,
+    k.key("mixing", &DilocoKeys::mixing,
           "Streaming DiLoCo's alpha: after its outer step a fragment's local parameters become alpha x local + "
           "(1 - alpha) x the new shared ones (0: take the shared ones; 1: stay local).",
           closed(0, 1));
-    k.key("sync.outer_dtype", &DilocoKeys::outer_dtype,
+    k.key("outer_dtype", &DilocoKeys::outer_dtype,
           "the format the pseudo-gradients cross the wire in (comm/quantized_allreduce.h): fp32 (one allreduce), "
           "or bf16 (2 bytes), fp8 (E4M3) or int8 (1 byte, plus one fp32 scale per block of 256), summed in fp32 "
           "as torchft's quantized allreduce: each rank quantizes, the chunks are exchanged all-to-all, each "

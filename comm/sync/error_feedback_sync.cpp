@@ -41,7 +41,7 @@ std::vector<std::string> short_warmup_notes(const SyncRecipe& recipe) {
           std::to_string(recipe.total_steps) +
           ": on the LAS quickstart, compressed runs this short of dense ended 10 to 20 CER points behind dense's "
           "16.8% (Ok-Top-k 1% 36.8%, PowerSGD rank 2 38.6%); a fifth of the run dense gave 27.1% and 26.4%, "
-          "and with it PowerSGD at rank 8 17.5%, or rank 2 with the decoder kept dense (sync.keep_dense) 18.5% "
+          "and with it PowerSGD at rank 8 17.5%, or rank 2 with the decoder kept dense (keep_dense) 18.5% "
           "(BENCHMARKS.md)"};
 }
 
@@ -90,7 +90,7 @@ void ErrorFeedbackSync::enable_dgc(const DgcSettings& settings) {
 }
 
 void ErrorFeedbackSync::enable_density_warmup(const DensityWarmup& warmup) {
-  if (accordion_) throw std::invalid_argument("sync.density_warmup_steps: not with sync.adaptive, which sets the density itself");
+  if (accordion_) throw std::invalid_argument("density_warmup_steps: not with adaptive, which sets the density itself");
   warmup_ = warmup;
   if (warmup_.on()) apply_density(warmup_.density_at(0), /*fresh=*/false);
 }
@@ -105,7 +105,7 @@ std::string ErrorFeedbackSync::dgc_note() const {
   std::ostringstream out;
   if (dgc_) {
     const DgcSettings& s = dgc_->settings();
-    out << "\nDGC (sync.dgc): this method owns SGD's momentum (optim.momentum = " << s.momentum
+    out << "\nDGC (dgc): this method owns SGD's momentum (optim.momentum = " << s.momentum
         << (s.nesterov ? ", Nesterov" : "") << "; the optimizer steps without it): per rank u = m u + g, the "
         << "residual accumulates u, u cleared where an entry was sent (momentum factor masking)";
     if (s.weight_decay > 0)
@@ -116,7 +116,7 @@ std::string ErrorFeedbackSync::dgc_note() const {
           << " before the momentum, nothing clipped after the sync";
   }
   if (warmup_.on()) {
-    out << "\nsparsity warm-up (sync.density_warmup_*): density";
+    out << "\nsparsity warm-up (density_warmup_*): density";
     for (int64_t i = 0; i < warmup_.stages; ++i)
       out << " " << warmup_.start * std::pow(warmup_.target / warmup_.start, static_cast<double>(i) / warmup_.stages);
     out << " in " << warmup_.stages << " stages over " << warmup_.steps << " steps, then " << warmup_.target;
@@ -140,20 +140,20 @@ void ErrorFeedbackSync::load_dgc(const std::vector<std::istream*>& saved) {
     const bool has = peek_sync_method(in) == "dgc";
     if (has != on)
       throw std::runtime_error(name() + " state was saved " + (has ? "with" : "without") +
-                               " sync.dgc or a sparsity warm-up (sync.density_warmup_*), this run has " +
+                               " dgc or a sparsity warm-up (density_warmup_*), this run has " +
                                (has ? "neither" : "one"));
     if (!on) return;
     read_sync_header(in, "dgc", 1);
     const auto d = read_pod<double>(in);
     const auto velocity = read_pod<uint8_t>(in);
-    if (!in) throw std::runtime_error(name() + " sync.dgc state: truncated");
+    if (!in) throw std::runtime_error(name() + " dgc state: truncated");
     if (r == 0) density = d;
     if (d != density)
-      throw std::runtime_error(name() + " sync.dgc state of saved rank " + std::to_string(r) +
+      throw std::runtime_error(name() + " dgc state of saved rank " + std::to_string(r) +
                                " runs at another density than rank 0's");
     if ((velocity != 0) != (dgc_ != nullptr))
-      throw std::runtime_error(name() + " state was saved with sync.dgc = " + (velocity ? "true" : "false") +
-                               ", this run has sync.dgc = " + (velocity ? "false" : "true"));
+      throw std::runtime_error(name() + " state was saved with dgc = " + (velocity ? "true" : "false") +
+                               ", this run has dgc = " + (velocity ? "false" : "true"));
   }
   if (!on) return;
   if (dgc_) {
@@ -177,7 +177,7 @@ void ErrorFeedbackSync::enable_adaptive(Communicator& comm, std::vector<Accordio
 std::string ErrorFeedbackSync::adaptive_note(const char* what) const {
   if (!accordion_) return "";
   std::ostringstream out;
-  out << "\nadaptive compression (sync.adaptive, Accordion): " << what << " " << low_setting_
+  out << "\nadaptive compression (adaptive, Accordion): " << what << " " << low_setting_
       << " while the gradient norm of a group changes by at least " << accordion_->options().threshold
       << " of itself between intervals of "
       << (accordion_->options().interval > 0 ? std::to_string(accordion_->options().interval) + " steps"
@@ -199,8 +199,8 @@ void ErrorFeedbackSync::save_adaptive(std::ostream& out) const {
 void ErrorFeedbackSync::load_adaptive(std::istream& in) {
   const bool saved = peek_sync_method(in) == "accordion";
   if (saved != (accordion_ != nullptr))
-    throw std::runtime_error(name() + " state was saved with sync.adaptive = " + (saved ? "true" : "false") +
-                             ", this run has sync.adaptive = " + (saved ? "false" : "true"));
+    throw std::runtime_error(name() + " state was saved with adaptive = " + (saved ? "true" : "false") +
+                             ", this run has adaptive = " + (saved ? "false" : "true"));
   if (!accordion_) return;
   std::stringstream before;
   accordion_->save(before);
@@ -210,8 +210,8 @@ void ErrorFeedbackSync::load_adaptive(std::istream& in) {
     accordion_->load(before);
     std::ostringstream what;
     what << name() << " state was saved adapting between " << high << " and " << low << ", this run adapts between "
-         << high_setting_ << " and " << low_setting_ << " (sync.rank and sync.adaptive_rank, or sync.density and "
-         << "sync.adaptive_density)";
+         << high_setting_ << " and " << low_setting_ << " (rank and adaptive_rank, or density and "
+         << "adaptive_density)";
     throw std::runtime_error(in ? what.str() : name() + " adaptive compression state: truncated");
   }
   adapt(accordion_->low(), /*fresh=*/accordion_->fresh_switch());

@@ -16,7 +16,7 @@ std::vector<Fragment> plan_fragments(int64_t n, const std::vector<models::ParamV
   }
   const auto tensors = static_cast<int64_t>(ends.size());
   if (count < 1 || count > tensors)
-    throw std::invalid_argument("sync.fragments = " + std::to_string(count) + " must be between 1 and the model's " +
+    throw std::invalid_argument("fragments = " + std::to_string(count) + " must be between 1 and the model's " +
                                 std::to_string(tensors) + " parameter tensor(s) (fragments are whole tensors)");
   std::vector<Fragment> plan;
   int64_t first = 0;  // the next fragment's first tensor
@@ -44,12 +44,12 @@ std::vector<Fragment> plan_fragments(int64_t n, const std::vector<models::ParamV
 }
 
 std::string fragment_schedule_problem(int64_t period, int64_t fragments, int64_t delay) {
-  if (period < 1) return "sync.period = " + std::to_string(period) + " must be at least 1";
+  if (period < 1) return "period = " + std::to_string(period) + " must be at least 1";
   if (fragments < 1 || fragments > period)
-    return "sync.fragments = " + std::to_string(fragments) + " must be between 1 and sync.period = " +
-           std::to_string(period) + " (one fragment syncs every sync.period / sync.fragments steps)";
+    return "fragments = " + std::to_string(fragments) + " must be between 1 and period = " +
+           std::to_string(period) + " (one fragment syncs every period / fragments steps)";
   if (delay < 0 || delay >= period / fragments)
-    return "sync.sync_delay = " + std::to_string(delay) + " must be below sync.period / sync.fragments = " +
+    return "sync_delay = " + std::to_string(delay) + " must be below period / fragments = " +
            std::to_string(period / fragments) + " (a fragment's outer step must land before the next fragment is sent)";
   return "";
 }

@@ -101,16 +101,13 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
   models::Backend& backend = staged ? models::cpu_backend() : device;
   Communicator& method_comm = staged ? comm.host_side() : comm;
   if (spec.check)
-    for (const SyncOptionProblem& problem : spec.check(o)) throw std::invalid_argument(problem.message);
-  // Keys that would silently do nothing under this method (sync.adaptive = true under dense).
-  if (const OptionKey* key = refused_key(spec, o.keys))
-    throw std::invalid_argument(key->path + " applies to " + sync_methods_declaring(key->path) + ", not to '" +
-                                o.method + "'");
+    for (const SyncOptionProblem& problem : spec.check(o))
+      throw std::invalid_argument("[sync." + o.method + "] " + problem.message);
   // sync.keep_dense (keep_dense.h): the tensors it names, per view; empty when unset.
   std::vector<bool> kept;
   const std::string keep_dense = spec.can.compresses ? options_of<CompressorOptions>(o).keep_dense : "";
   if (!keep_dense.empty()) {
-    if (!views) throw std::invalid_argument("sync.keep_dense needs the model's tensor names");
+    if (!views) throw std::invalid_argument(o.key_path("keep_dense") + " needs the model's tensor names");
     kept = match_keep_dense(keep_dense, *views);
   }
   std::unique_ptr<GradientSync> method = spec.make(o, SyncContext{method_comm, n, views, backend, kept});

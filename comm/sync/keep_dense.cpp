@@ -27,7 +27,7 @@ std::vector<std::string> split_patterns(const std::string& patterns) {
 }
 
 KeepDenseSync::Split split_gradient(const std::vector<models::ParamView>& views, const std::vector<bool>& kept) {
-  if (kept.size() != views.size()) throw std::invalid_argument("sync.keep_dense: one flag per tensor expected");
+  if (kept.size() != views.size()) throw std::invalid_argument("keep_dense: one flag per tensor expected");
   KeepDenseSync::Split s;
   for (size_t v = 0; v < views.size(); ++v) {
     const int64_t numel = views[v].numel();
@@ -39,9 +39,9 @@ KeepDenseSync::Split split_gradient(const std::vector<models::ParamView>& views,
     else
       ranges.push_back({views[v].offset, numel});
   }
-  if (s.kept_count == 0) throw std::invalid_argument("sync.keep_dense keeps no tensor with entries");
+  if (s.kept_count == 0) throw std::invalid_argument("keep_dense keeps no tensor with entries");
   if (s.compressed_count == 0)
-    throw std::invalid_argument("sync.keep_dense keeps every tensor dense: nothing is left to compress "
+    throw std::invalid_argument("keep_dense keeps every tensor dense: nothing is left to compress "
                                 "(sync.method = \"dense\" is that run)");
   return s;
 }
@@ -72,7 +72,7 @@ std::vector<bool> match_keep_dense(const std::string& patterns, const std::vecto
     for (size_t v = 0; v < views.size(); ++v)
       if (fnmatch(pattern.c_str(), views[v].name.c_str(), 0) == 0) kept[v] = any = true;
     if (!any)
-      throw std::invalid_argument("sync.keep_dense: '" + pattern + "' matches no parameter tensor of the model" +
+      throw std::invalid_argument("keep_dense: '" + pattern + "' matches no parameter tensor of the model" +
                                   (views.empty() ? std::string() : " (names look like '" + views.front().name + "')"));
   }
   return kept;
@@ -93,51 +93,51 @@ SyncMethod sparse_method(std::string name, std::string doc, SparseFactory make) 
     const auto s = options_of<SparseOptions>(o);
     std::vector<SyncOptionProblem> problems;
     if (s.adaptive && !(s.adaptive_density > s.density))
-      problems.push_back({{"sync.adaptive_density", "sync.density"},
-                          "sync.adaptive_density = " + number(s.adaptive_density) +
-                              " must be above sync.density = " + number(s.density) +
-                              " (sync.adaptive: the density of critical regimes, the lower compression)"});
+      problems.push_back({{"adaptive_density", "density"},
+                          "adaptive_density = " + number(s.adaptive_density) +
+                              " must be above density = " + number(s.density) +
+                              " (adaptive: the density of critical regimes, the lower compression)"});
     if (s.dgc && !s.keep_dense.empty())
-      problems.push_back({{"sync.dgc", "sync.keep_dense"},
-                          "sync.dgc owns the optimizer's momentum, which the tensors of sync.keep_dense would then lack: "
+      problems.push_back({{"dgc", "keep_dense"},
+                          "dgc owns the optimizer's momentum, which the tensors of keep_dense would then lack: "
                           "not together yet"});
     if (s.dgc && !s.error_feedback)
-      problems.push_back({{"sync.dgc", "sync.error_feedback"},
-                          "sync.dgc accumulates the velocity in error feedback's residual: it needs "
-                          "sync.error_feedback = true"});
+      problems.push_back({{"dgc", "error_feedback"},
+                          "dgc accumulates the velocity in error feedback's residual: it needs "
+                          "error_feedback = true"});
     if (s.dgc && o.optimizer != "sgd")
-      problems.push_back({{"sync.dgc", "optim.name"},
-                          "sync.dgc applies to optim.name = \"sgd\", not \"" + o.optimizer +
+      problems.push_back({{"dgc", "optim.name"},
+                          "dgc applies to optim.name = \"sgd\", not \"" + o.optimizer +
                               "\": DGC carries SGD's momentum in the method (a velocity accumulated into the residual); "
                               "Adam's moments normalize the averaged gradient per entry after the sync and cannot move "
                               "before it"});
     const bool warmup = s.density_warmup_steps > 0 || s.density_warmup_epochs > 0;
     if (s.density_warmup_steps > 0 && s.density_warmup_epochs > 0)
-      problems.push_back({{"sync.density_warmup_steps", "sync.density_warmup_epochs"},
-                          "sync.density_warmup_steps and sync.density_warmup_epochs both set: give its length once"});
+      problems.push_back({{"density_warmup_steps", "density_warmup_epochs"},
+                          "density_warmup_steps and density_warmup_epochs both set: give its length once"});
     if (warmup && s.adaptive)
-      problems.push_back({{"sync.density_warmup_steps", "sync.adaptive"},
-                          "a sparsity warm-up (sync.density_warmup_*) is not with sync.adaptive, which sets the density "
+      problems.push_back({{"density_warmup_steps", "adaptive"},
+                          "a sparsity warm-up (density_warmup_*) is not with adaptive, which sets the density "
                           "itself"});
     if (warmup && !(s.density_warmup_start > s.density))
-      problems.push_back({{"sync.density_warmup_start", "sync.density"},
-                          "sync.density_warmup_start = " + number(s.density_warmup_start) +
-                              " must be above sync.density = " + number(s.density) +
-                              " (the sparsity warm-up falls from it to sync.density)"});
+      problems.push_back({{"density_warmup_start", "density"},
+                          "density_warmup_start = " + number(s.density_warmup_start) +
+                              " must be above density = " + number(s.density) +
+                              " (the sparsity warm-up falls from it to density)"});
     return problems;
   };
   m.defaults = [](const SyncRecipe& r) -> std::vector<MethodDefault> {
     if (!options_of<SparseOptions>(r.sync).adaptive) return {};
-    return {{"sync.density", 0.01,
-             "the sparse methods' density outside critical regimes under sync.adaptive (ten times below "
-             "sync.adaptive_density's 0.1, Accordion's ratio; this pair is not measured here yet)"}};
+    return {{"density", 0.01,
+             "the sparse methods' density outside critical regimes under adaptive (ten times below "
+             "adaptive_density's 0.1, Accordion's ratio; this pair is not measured here yet)"}};
   };
   m.owns_momentum = [](const SyncOptions& o) { return options_of<SparseOptions>(o).dgc; };
   m.owns_clipping = [](const SyncOptions& o) { return options_of<SparseOptions>(o).dgc; };
   m.start_notes = [](const SyncRecipe& r) {
     std::vector<std::string> notes = short_warmup_notes(r);
     if (options_of<SparseOptions>(r.sync).dgc)
-      notes.push_back("note: sync.dgc: " + r.sync.method + " owns SGD's momentum (optim.momentum = " + number(r.momentum) +
+      notes.push_back("note: " + r.sync.key_path("dgc") + " = true: " + r.sync.method + " owns SGD's momentum (optim.momentum = " + number(r.momentum) +
                       " and optim.nesterov), the coupled optim.weight_decay, and optim.grad_clip_norm when set (each "
                       "rank clips its own gradient at C / sqrt(processes) before the momentum); the optimizer steps "
                       "without momentum and nothing is clipped after the sync");
@@ -184,7 +184,7 @@ KeepDenseSync::KeepDenseSync(Communicator& comm, models::Backend& backend, const
 
 std::string KeepDenseSync::describe() const {
   return method_->describe() + " (over the " + std::to_string(split_.compressed_count) +
-         " entries not kept dense)\ntensors kept dense (sync.keep_dense): " + std::to_string(split_.kept_count) +
+         " entries not kept dense)\ntensors kept dense (keep_dense): " + std::to_string(split_.kept_count) +
          " entries, averaged every step after the method by ALLREDUCE_DENSE in buckets of " +
          std::to_string(bucket_elements_) + " floats, on the wire as " + wire_dtype_name(wire_);
 }

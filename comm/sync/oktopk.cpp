@@ -57,7 +57,7 @@ OkTopk::OkTopk(Communicator& comm, int64_t n, const OkTopkOptions& o, models::Ba
       passes_(make_sparse_passes(backend, n)) {
   if (local_every_ < 1 || global_every_ < 1 || region_every_ < 1 || max_in_flight_ < 1)
     throw std::invalid_argument(
-        "oktopk: sync.local_threshold_every, global_threshold_every, region_every and max_in_flight must be >= 1");
+        "oktopk: local_threshold_every, global_threshold_every, region_every and max_in_flight must be >= 1");
   if (n >= (int64_t{1} << 31)) throw std::invalid_argument("oktopk: int32 indices need n < 2^31");
   for (int j = 0; j <= p_; ++j) bounds_[j] = n_ * j / p_;
 }

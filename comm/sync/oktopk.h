@@ -18,18 +18,18 @@ struct OkTopkOptions : SparseOptions {
   template <class Keys>
   static void declare(Keys& k) {
     SparseOptions::declare(k);
-    k.key("sync.local_threshold_every", &OkTopkOptions::local_threshold_every,
+    k.key("local_threshold_every", &OkTopkOptions::local_threshold_every,
           "recompute the local threshold exactly (k-th largest magnitude) every N compressed steps; in between it "
           "is reused and nudged by the selected count.",
           at_least(1));
-    k.key("sync.global_threshold_every", &OkTopkOptions::global_threshold_every,
+    k.key("global_threshold_every", &OkTopkOptions::global_threshold_every,
           "recompute the global threshold exactly every N compressed steps; reused and nudged in between.",
           at_least(1));
-    k.key("sync.region_every", &OkTopkOptions::region_every,
+    k.key("region_every", &OkTopkOptions::region_every,
           "recompute the region bounds (balanced by selected counts) every N compressed steps.", at_least(1));
-    k.key("sync.max_in_flight", &OkTopkOptions::max_in_flight,
+    k.key("max_in_flight", &OkTopkOptions::max_in_flight,
           "peers with split-and-reduce messages in flight at once.", closed(1, 1 << 20));
-    k.key("sync.balance", &OkTopkOptions::balance,
+    k.key("balance", &OkTopkOptions::balance,
           "even out the globally selected entries across processes before the final allgatherv.");
   }
 };

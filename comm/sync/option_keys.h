@@ -1,13 +1,16 @@
 // The vocabulary a configuration key is written in (value types, ranges, choices), and the way a sync
 // method declares its own keys: an options struct with one declare() that binds each field to its
-// key, documentation and range, once. The config (trainer/config_schema.h) visits every method's keys
-// through the method table (registry.h); a method reads its struct back with options_of<O>().
+// key's name, documentation and range, once. Each method's keys form its own table, [sync.<method>]
+// (`[sync.local_sgd] period = 4` is the key sync.local_sgd.period): two methods that read one struct
+// (the sparse methods' SparseOptions) or a key of the same name (density) share nothing but the
+// text, so each has its own default. The config (trainer/config_schema.h) visits every method's
+// table through the method table (registry.h); a method reads its struct back with options_of<O>().
 //
 //   struct LocalSgdOptions {
-//     int64_t period = 1;
+//     int64_t period = 4;  // the key's default
 //     template <class Keys>
 //     static void declare(Keys& k) {
-//       k.key("sync.period", &LocalSgdOptions::period, "average parameters every N steps.", at_least(1));
+//       k.key("period", &LocalSgdOptions::period, "average parameters every N steps.", at_least(1));
 //     }
 //   };
 #pragma once
@@ -69,30 +72,33 @@ constexpr Type type_of() {
   }
 }
 
-// One key a method declares: "sync.density", its type, what it means, what it accepts, its default.
+// One key a method declares: its path ("sync.oktopk.density"; the struct's name for it, "density",
+// under the method's table), its type, what it means, what it accepts, its default.
 struct OptionKey {
   std::string path;
   Type type;
   std::string doc;
   Allowed allowed;
   Value default_value;
-  // Set to anything but its default under a method that does not declare it, the key is an error
-  // rather than ignored (sync.adaptive = true under dense would silently do nothing).
+  // The flat spelling of older configs ([sync] density = 0.01, read as the method's own key) is
+  // ignored under a method without the key, except this one's, which is then an error: it would
+  // silently do nothing (sync.adaptive = true under dense).
   bool refused_for_others = false;
 };
 
-// The keys of an options struct O, from O::declare(): their table, and O read back from values.
+// The keys of an options struct O, from O::declare(): their table (each name after `prefix`, the
+// method's table: "sync.oktopk."), and O read back from values.
 template <class O>
 class OptionBinding {
  public:
-  OptionBinding() { O::declare(*this); }
+  explicit OptionBinding(std::string prefix = "") : prefix_(std::move(prefix)) { O::declare(*this); }
 
   // `field` may be a member of a base of O (the options a family of methods shares).
   template <class C, class T>
-  OptionKey& key(const char* path, T C::*field, std::string doc, Allowed allowed = {}) {
+  OptionKey& key(const char* name, T C::*field, std::string doc, Allowed allowed = {}) {
     static_assert(std::is_base_of_v<C, O>, "a key must bind a field of the options struct");
     const O defaults{};
-    keys_.push_back({path, type_of<T>(), std::move(doc), std::move(allowed), Value(defaults.*field)});
+    keys_.push_back({prefix_ + name, type_of<T>(), std::move(doc), std::move(allowed), Value(defaults.*field)});
     setters_.push_back([field](O& o, const Value& v) { o.*field = std::get<T>(v); });
     return keys_.back();
   }
@@ -107,6 +113,7 @@ class OptionBinding {
   }
 
  private:
+  std::string prefix_;
   std::vector<OptionKey> keys_;
   std::vector<std::function<void(O&, const Value&)>> setters_;
 };

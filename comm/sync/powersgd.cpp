@@ -28,18 +28,18 @@ SyncMethod powersgd_method() {
     const auto p = options_of<PowerSgdOptions>(o);
     std::vector<SyncOptionProblem> problems;
     if (p.adaptive && p.adaptive_rank <= p.rank)
-      problems.push_back({{"sync.adaptive_rank", "sync.rank"},
-                          "sync.adaptive_rank = " + std::to_string(p.adaptive_rank) + " must be above sync.rank = " +
+      problems.push_back({{"adaptive_rank", "rank"},
+                          "adaptive_rank = " + std::to_string(p.adaptive_rank) + " must be above rank = " +
                               std::to_string(p.rank) +
-                              " (sync.adaptive: the rank of critical regimes, the lower compression)"});
+                              " (adaptive: the rank of critical regimes, the lower compression)"});
     return problems;
   };
   m.defaults = [](const SyncRecipe& r) -> std::vector<MethodDefault> {
     if (!options_of<PowerSgdOptions>(r.sync).adaptive) return {};
-    return {{"sync.rank", int64_t{1},
-             "powersgd's rank outside critical regimes under sync.adaptive (Accordion's pair: rank 1 and "
-             "sync.adaptive_rank 4 measured within 0.3 points of fixed rank 4 at 61% of its bytes)"},
-            {"sync.adaptive_rank", int64_t{4}, "powersgd's rank in critical regimes under sync.adaptive"}};
+    return {{"rank", int64_t{1},
+             "powersgd's rank outside critical regimes under adaptive (Accordion's pair: rank 1 and "
+             "adaptive_rank 4 measured within 0.3 points of fixed rank 4 at 61% of its bytes)"},
+            {"adaptive_rank", int64_t{4}, "powersgd's rank in critical regimes under adaptive"}};
   };
   // At rank 8 (the default) PowerSGD held accuracy on speech after a short warmup too (17.5% against
   // dense's 16.8% on the LAS quickstart), so the compressors' note is for lower ranks.
@@ -96,7 +96,7 @@ PowerSgd::PowerSgd(Communicator& comm, const std::vector<models::ParamView>& vie
       overlap_(requested_overlap_ && comm.size() > 1),
       reducer_(comm, plan_buckets(n, views, bucket_mb, buckets.first_bucket_mb),
                [this](size_t bucket, float* grads) { exchange(bucket, grads); }, &views) {
-  if (rank < 1) throw std::invalid_argument("powersgd: sync.rank must be at least 1");
+  if (rank < 1) throw std::invalid_argument("powersgd: rank must be at least 1");
   if (!keep_dense.empty() && keep_dense.size() != views.size())
     throw std::invalid_argument("powersgd: one keep_dense flag per tensor expected");
   int64_t covered = 0;
@@ -243,7 +243,7 @@ std::string PowerSgd::describe() const {
   std::ostringstream out;
   out << "powersgd: rank " << rank_;
   if (accordion())  // sync.adaptive: the sizes below are those of the settings in use now
-    out << " (sync.adaptive: now " << accordion()->low_fraction() << " of the compressed entries at rank "
+    out << " (adaptive: now " << accordion()->low_fraction() << " of the compressed entries at rank "
         << adaptive_setting(true) << ")";
   out << "; " << matrices_.size() << " tensors compressed as rank-r factors ("
       << compressed_floats_ << " elements -> sum (n + m) r = " << p_floats_ + q_floats_ << " floats, " << shape_groups
@@ -405,10 +405,10 @@ void PowerSgd::load_state(std::istream& in) {
     throw std::runtime_error("powersgd state is for " + std::to_string(n) + " gradient entries, this model has " +
                              std::to_string(n_));
   if (rank != rank_)
-    throw std::runtime_error("powersgd state was saved with sync.rank = " + std::to_string(rank) + ", this run has " +
+    throw std::runtime_error("powersgd state was saved with rank = " + std::to_string(rank) + ", this run has " +
                              std::to_string(rank_));
   if (matrices != static_cast<int64_t>(matrices_.size()) || compressed_floats != compressed_floats_ || q_floats != q_floats_)
-    throw std::runtime_error("powersgd state compresses other tensors (saved with another sync.min_compression_rate or sync.keep_dense?)");
+    throw std::runtime_error("powersgd state compresses other tensors (saved with another min_compression_rate or keep_dense?)");
   if (started) {
     std::vector<float> q(q_floats_ + dense_floats_, 0.f);
     for (const Matrix* m : in_model_order())

@@ -20,20 +20,20 @@ struct PowerSgdOptions : CompressorOptions {
 
   template <class Keys>
   static void declare(Keys& k) {
-    k.key("sync.rank", &PowerSgdOptions::rank,
+    k.key("rank", &PowerSgdOptions::rank,
           "rank r of the factors P (n x r) and Q (m x r) of each n x m matrix (capped at min(n, m)). The "
           "default, 8, is the one measured to hold accuracy: on the CIFAR ResNet-20 recipe at P = 4 (3 seeds) 0.2 "
           "points below dense (97.93 against 98.17%, 4.6x fewer bytes per step after the warmup), where rank 2 "
           "lost 5 points; on the LAS quickstart 0.7 CER points from dense against rank 2's 9.6 (BENCHMARKS.md). "
-          "Under sync.adaptive 1, paired with sync.adaptive_rank 4.",
+          "Under adaptive 1, paired with adaptive_rank 4.",
           closed(1, 1024));
-    k.key("sync.min_compression_rate", &PowerSgdOptions::min_compression_rate,
+    k.key("min_compression_rate", &PowerSgdOptions::min_compression_rate,
           "a tensor (viewed as shape[0] x the rest) is compressed when (n + m) r times this is below n m; the "
           "others (and 1-D tensors) are averaged densely in the same allreduce.",
           closed(0, 1e6));
     CompressorOptions::declare(k);
-    k.key("sync.adaptive_rank", &PowerSgdOptions::adaptive_rank,
-          "under sync.adaptive, the rank of critical regimes (above sync.rank). The paper paired rank 4 with rank "
+    k.key("adaptive_rank", &PowerSgdOptions::adaptive_rank,
+          "under adaptive, the rank of critical regimes (above rank). The paper paired rank 4 with rank "
           "1 (VGG-19, SENet) and rank 2 with rank 1 (ResNet-18); 4 over rank 1 is the pair measured here.",
           closed(1, 1024));
   }

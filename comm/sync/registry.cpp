@@ -28,52 +28,11 @@ std::string and_list(const std::vector<std::string>& names) {
   return list;
 }
 
-// The union of the methods' keys (sync_method_keys), rebuilt when a method is registered.
-struct KeyUnion {
+// Every method's keys, one table after another, rebuilt when a method is registered.
+std::vector<OptionKey> build_key_union() {
   std::vector<OptionKey> keys;
-  std::vector<std::vector<std::string>> declared_by;  // per key, the methods' names
-};
-
-KeyUnion build_key_union() {
-  KeyUnion u;
-  std::vector<std::vector<std::pair<std::string, std::string>>> docs;  // per key: (method, doc)
-  for (const SyncMethod& m : table()) {
-    for (const OptionKey& k : m.keys) {
-      size_t i = 0;
-      while (i < u.keys.size() && u.keys[i].path != k.path) ++i;
-      if (i == u.keys.size()) {
-        u.keys.push_back(k);
-        u.declared_by.emplace_back();
-        docs.emplace_back();
-      } else {
-        const OptionKey& first = u.keys[i];
-        if (first.type != k.type || !(first.allowed == k.allowed) || first.default_value != k.default_value ||
-            first.refused_for_others != k.refused_for_others)
-          throw std::logic_error("sync methods " + u.declared_by[i].front() + " and " + m.name + " declare " + k.path +
-                                 " with another type, range or default");
-      }
-      u.declared_by[i].push_back(m.name);
-      docs[i].push_back({m.name, k.doc});
-    }
-  }
-  // Each distinct text once, after the names of the methods that share it.
-  for (size_t i = 0; i < u.keys.size(); ++i) {
-    std::vector<std::pair<std::vector<std::string>, std::string>> texts;
-    for (const auto& declared : docs[i]) {  // (method, doc)
-      auto same =
-          std::find_if(texts.begin(), texts.end(), [&](const auto& t) { return t.second == declared.second; });
-      if (same == texts.end()) texts.push_back({{declared.first}, declared.second});
-      else same->first.push_back(declared.first);
-    }
-    std::string doc;
-    for (const auto& [methods, text] : texts) {
-      std::string names;
-      for (const std::string& name : methods) names += (names.empty() ? "" : ", ") + name;
-      doc += (doc.empty() ? "" : " ") + names + ": " + text;
-    }
-    u.keys[i].doc = doc;
-  }
-  return u;
+  for (const SyncMethod& m : table()) keys.insert(keys.end(), m.keys.begin(), m.keys.end());
+  return keys;
 }
 
 int& version() {
@@ -81,37 +40,33 @@ int& version() {
   return v;
 }
 
-KeyUnion& key_union() {
-  static KeyUnion u = build_key_union();
-  return u;
+std::vector<OptionKey>& key_union() {
+  static std::vector<OptionKey> keys = build_key_union();
+  return keys;
 }
 
 }  // namespace
 
-const std::vector<OptionKey>& sync_method_keys() { return key_union().keys; }
+const std::vector<OptionKey>& sync_method_keys() { return key_union(); }
 
 const OptionKey* find_sync_method_key(const std::string& path) {
-  for (const OptionKey& k : key_union().keys)
+  for (const OptionKey& k : key_union())
     if (k.path == path) return &k;
   return nullptr;
 }
 
-std::string sync_methods_declaring(const std::string& path) {
-  const KeyUnion& u = key_union();
-  for (size_t i = 0; i < u.keys.size(); ++i)
-    if (u.keys[i].path == path) return and_list(u.declared_by[i]);
-  return {};
-}
-
-bool declares(const SyncMethod& method, const std::string& path) {
-  return std::any_of(method.keys.begin(), method.keys.end(), [&](const OptionKey& k) { return k.path == path; });
-}
-
-const OptionKey* refused_key(const SyncMethod& method, const MethodValues& values) {
-  for (const OptionKey& key : key_union().keys)
-    if (key.refused_for_others && !declares(method, key.path) && values.at(key.path) != key.default_value)
-      return &key;
+const OptionKey* method_key(const SyncMethod& method, const std::string& name) {
+  const std::string path = SyncSettings::method_key_path(method.name, name);
+  for (const OptionKey& k : method.keys)
+    if (k.path == path) return &k;
   return nullptr;
+}
+
+std::string sync_methods_with_key(const std::string& name) {
+  std::vector<std::string> names;
+  for (const SyncMethod& m : table())
+    if (method_key(m, name)) names.push_back(m.name);
+  return and_list(names);
 }
 
 int64_t server_ranks(const SyncSettings& settings) {

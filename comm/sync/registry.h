@@ -65,7 +65,9 @@ struct SyncContext {
 };
 
 // A problem with a method's own keys, found before anything is built: the keys it involves (the
-// config names the one set last) and one line saying what is wrong.
+// config names the one set last; a name without a dot is the method's own key, "density", others are
+// paths, "optim.name") and one line saying what is wrong, which names the method's keys by their
+// names too (the config and the factory put "[sync.<method>] " before it).
 struct SyncOptionProblem {
   std::vector<std::string> keys;
   std::string message;
@@ -81,7 +83,7 @@ struct SyncRecipe {
 };
 
 // A default that depends on the recipe (the model, the optimizer, the method's other keys): it
-// applies where the config leaves the key unset; `why` is what it is for and what was measured, for
+// applies where the config leaves the key (the method's key named `key`, "density") unset; `why` is what it is for and what was measured, for
 // --dry-run and the start.
 struct MethodDefault {
   std::string key;
@@ -93,10 +95,10 @@ struct SyncMethod {
   std::string name;  // the value of sync.method
   std::string doc;   // what it does, for sync.method's documentation (docs/config.md)
   SyncCapabilities can;
-  // Its own keys (option_keys.h; declare_options<O>() sets them from its options struct). A key that
-  // several methods declare (sync.density) must have one type, range and default in all of them.
+  // Its own keys, its table [sync.<name>] (option_keys.h; declare_options<O>() sets them from its
+  // options struct): sync.<name>.<key>, with types, ranges and defaults of its own.
   std::vector<OptionKey> keys;
-  // Its defaults that depend on the recipe (null: none).
+  // Its defaults that depend on the recipe (null: none); a default that does not is its key's.
   std::function<std::vector<MethodDefault>(const SyncRecipe&)> defaults;
   // Lines printed at the start (and by --dry-run) when the recipe is known to cost accuracy with
   // this method, each beginning "note: " (null: none).
@@ -123,21 +125,19 @@ struct SyncMethod {
   std::function<bool(const SyncOptions&)> owns_clipping;
 };
 
+// Sets the method's keys from its options struct O, under its table: "sync.<name>.<key>".
 template <class O>
 void declare_options(SyncMethod& m) {
-  m.keys = OptionBinding<O>().keys();
+  m.keys = OptionBinding<O>(SyncSettings::method_key_path(m.name, "")).keys();
 }
 
-// Every key of every method in the table, once, in table order. A key several methods declare has
-// each declarer's documentation, prefixed by their names ("oktopk, topka, gaussiank, gtopk: ...").
+// Every key of every method in the table, in table order (each method's table after the one before).
 const std::vector<OptionKey>& sync_method_keys();
 const OptionKey* find_sync_method_key(const std::string& path);  // null when no method declares it
-// "oktopk, topka, gaussiank, gtopk and powersgd": the methods that declare a key.
-std::string sync_methods_declaring(const std::string& path);
-bool declares(const SyncMethod& method, const std::string& path);
-// A key marked refused_for_others that these values set (to anything but its default) while the
-// method does not declare it, or null: the config and the factory both refuse it.
-const OptionKey* refused_key(const SyncMethod& method, const MethodValues& values);
+// The method's key named `name` ("density"), or null.
+const OptionKey* method_key(const SyncMethod& method, const std::string& name);
+// "oktopk, topka, gaussiank, gtopk and powersgd": the methods with a key of this name.
+std::string sync_methods_with_key(const std::string& name);
 // The server ranks of the settings' method (0 for every method but a parameter server).
 int64_t server_ranks(const SyncSettings& settings);
 

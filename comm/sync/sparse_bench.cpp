@@ -107,8 +107,8 @@ MethodResult bench_method(Communicator& comm, Communicator& sync_comm, const Poo
   const int64_t n = o.n, k = top_k_count(o.density, n);
   SyncOptions so;
   so.method = method;
-  so.set("sync.density", o.density);
-  if (powersgd_rank > 0) so.set("sync.rank", powersgd_rank);
+  so.set("density", o.density);
+  if (powersgd_rank > 0) so.set("rank", powersgd_rank);
   const bool oktopk = method == "oktopk";
   const auto ok_keys = options_of<OkTopkOptions>(so);
   // The baselines keep no thresholds: a couple of warmup steps and 16 timed ones are enough.

@@ -52,11 +52,11 @@ struct SparseLoco::State {
         throw std::runtime_error(line.str());
       }
     };
-    check("sync.period", s.period, o.period);
-    check("sync.fragments", s.fragments, o.fragments);
-    check("sync.sync_delay", s.delay, o.sync_delay);
-    check("sync.value_bits", s.value_bits, o.value_bits);
-    check("sync.density", s.density, o.density);
+    check("period", s.period, o.period);
+    check("fragments", s.fragments, o.fragments);
+    check("sync_delay", s.delay, o.sync_delay);
+    check("value_bits", s.value_bits, o.value_bits);
+    check("density", s.density, o.density);
     if (s.n != n_now)
       throw std::runtime_error("sparseloco state holds " + std::to_string(s.n) + " parameters, the model has " +
                                std::to_string(n_now));
@@ -93,28 +93,20 @@ SparseLocoOptions sparseloco_options(const SyncOptions& o) { return options_of<S
 
 double mb(double bytes) { return bytes / 1e6; }
 
-// The paper's settings where the config leaves them: H as diloco's default, the outer lr 1 (plain
-// SGD on the mean: no momentum to damp), and 2% of each chunk (the paper sends 1-3%).
-std::vector<MethodDefault> sparseloco_defaults(const SyncRecipe&) {
-  return {{"sync.period", int64_t{8}, "sparseloco's H: diloco's default (H = 8)"},
-          {"sync.outer_lr", 1.0, "sparseloco's outer lr: the paper's alpha = 1 (plain SGD on the mean)"},
-          {"sync.density", 0.02, "sparseloco's share of each chunk: 2%, inside the paper's 1-3%"}};
-}
-
 }  // namespace
 
 std::vector<SyncOptionProblem> sparseloco_problems(const SparseLocoOptions& o) {
   std::vector<SyncOptionProblem> found;
   const std::string schedule = fragment_schedule_problem(o.period, o.fragments, o.sync_delay);
-  if (!schedule.empty()) found.push_back({{"sync.period", "sync.fragments", "sync.sync_delay"}, schedule});
+  if (!schedule.empty()) found.push_back({{"period", "fragments", "sync_delay"}, schedule});
   if (o.value_bits != 2 && o.value_bits != 4 && o.value_bits != 8 && o.value_bits != 32)
     found.push_back(
-        {{"sync.value_bits"}, "sync.value_bits = " + std::to_string(o.value_bits) + " must be 2, 4, 8 or 32"});
+        {{"value_bits"}, "value_bits = " + std::to_string(o.value_bits) + " must be 2, 4, 8 or 32"});
   if (!(o.density > 0 && o.density <= 1))
-    found.push_back({{"sync.density"}, "sync.density must be in (0, 1]"});
+    found.push_back({{"density"}, "density must be in (0, 1]"});
   if (!(o.error_decay >= 0 && o.error_decay <= 1))
-    found.push_back({{"sync.error_decay"}, "sync.error_decay must be in [0, 1]"});
-  if (!(o.outer_lr > 0)) found.push_back({{"sync.outer_lr"}, "sync.outer_lr must be > 0"});
+    found.push_back({{"error_decay"}, "error_decay must be in [0, 1]"});
+  if (!(o.outer_lr > 0)) found.push_back({{"outer_lr"}, "outer_lr must be > 0"});
   return found;
 }
 
@@ -128,7 +120,6 @@ SyncMethod sparseloco_method() {
   m.can.keeps_parameters_equal = false;
   m.can.device_buffers = true;  // the element-wise steps on the backend, the codec on a host copy
   declare_options<SparseLocoOptions>(m);
-  m.defaults = sparseloco_defaults;
   m.check = [](const SyncOptions& o) { return sparseloco_problems(sparseloco_options(o)); };
   m.concurrent_calls = [](const SyncOptions& o) { return sparseloco_options(o).sync_delay > 0 && o.overlap; };
   m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {

@@ -60,41 +60,41 @@ namespace trainer::comm {
 // step between syncs copies nothing, where host staging (host_staged.h) would copy the parameters
 // and the gradient every step. Same bits as on the CPU: the same ops and the same host code.
 struct SparseLocoOptions {
-  int64_t period = 1;
+  int64_t period = 8;      // H: diloco's default
   int64_t fragments = 1;
   int64_t sync_delay = 0;
-  double outer_lr = 0.7;  // the key's default, shared with diloco; sparseloco's default is 1 (defaults())
-  double density = 0.1;   // shared with the sparse methods; sparseloco's default is 0.02 (defaults())
+  double outer_lr = 1.0;   // the paper's alpha (plain SGD on the mean: no momentum to damp)
+  double density = 0.02;   // inside the paper's 1-3%
   double error_decay = 0.95;
   int64_t value_bits = 2;
 
   template <class Keys>
   static void declare(Keys& k) {
-    k.key("sync.period", &SparseLocoOptions::period,
+    k.key("period", &SparseLocoOptions::period,
           "H, the inner steps between two syncs of the model (of each fragment). Unless set, 8, as diloco.",
           at_least(1));
-    k.key("sync.fragments", &SparseLocoOptions::fragments,
+    k.key("fragments", &SparseLocoOptions::fragments,
           "Streaming DiLoCo's F: the parameters in F fragments of whole tensors that sync in turn, one every "
-          "sync.period / sync.fragments steps.",
+          "period / fragments steps.",
           at_least(1));
-    k.key("sync.sync_delay", &SparseLocoOptions::sync_delay,
+    k.key("sync_delay", &SparseLocoOptions::sync_delay,
           "Streaming DiLoCo's tau: a fragment's compressed pseudo-gradient is sent tau steps before its outer "
-          "step is applied (below sync.period / sync.fragments); its allgather runs during those steps on a "
+          "step is applied (below period / fragments); its allgather runs during those steps on a "
           "communication thread (sync.overlap).",
           at_least(0));
-    k.key("sync.outer_lr", &SparseLocoOptions::outer_lr,
+    k.key("outer_lr", &SparseLocoOptions::outer_lr,
           "alpha: theta_outer -= alpha x the mean of the ranks' decoded sparse updates. Unless set, 1, the "
           "paper's.",
           open_closed(0, 1e6));
-    k.key("sync.density", &SparseLocoOptions::density,
+    k.key("density", &SparseLocoOptions::density,
           "fraction of each chunk's entries sent, k = ceil(density x chunk size) per chunk of up to 4,096 (64 x 64 "
           "tiles of matrices, runs of vectors). Unless set, 0.02 (the paper's range is 1-3%).",
           open_closed(0, 1));
-    k.key("sync.error_decay", &SparseLocoOptions::error_decay,
+    k.key("error_decay", &SparseLocoOptions::error_decay,
           "beta, the decay of each rank's error-feedback accumulator: e = beta x e + pseudo-gradient before "
           "compressing (0.95, the paper's; it stands in for DiLoCo's outer momentum).",
           closed(0, 1));
-    k.key("sync.value_bits", &SparseLocoOptions::value_bits,
+    k.key("value_bits", &SparseLocoOptions::value_bits,
           "bits per sent value: 2 (sparseloco's default, the paper's), 4 or 8, uniform levels over [-max, max] of "
           "each chunk's sent values with one fp32 scale per chunk; or 32, the fp32 values themselves (demo's "
           "default, the DeMo paper's).",

@@ -9,7 +9,7 @@ namespace {
 
 const OptionKey& key_named(const std::string& path) {
   if (const OptionKey* k = find_sync_method_key(path)) return *k;
-  throw std::invalid_argument("no sync method has a key " + path);
+  throw std::invalid_argument("no sync method has a key " + path + " (a method's keys are sync.<method>.<name>)");
 }
 
 }  // namespace

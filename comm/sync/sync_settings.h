@@ -1,7 +1,8 @@
 // The [sync] section of an experiment: the gradient-sync stage's own keys (which method, the dense
 // warmup around it, the dense buckets, overlap, the dense wire format) and the values of the keys the
-// methods declare themselves (registry.h, option_keys.h), held by path. The config reads and writes
-// it; make_gradient_sync builds from it; each method reads its own options struct from it.
+// methods declare themselves in their own tables ([sync.<method>]: registry.h, option_keys.h), held
+// by path. The config reads and writes it; make_gradient_sync builds from it; each method reads its
+// own options struct from it.
 #pragma once
 
 #include <cstdint>
@@ -46,28 +47,36 @@ struct SyncSettings {
   // The format dense gradient buckets (dense, every method's dense warmup) and PowerSGD's P and Q
   // factors travel in (comm/wire_format.h): wire_dtype_names().
   std::string wire_dtype = "fp32";
-  MethodValues keys;  // every method's own keys (sync.density, sync.rank, sync.period, ...)
+  MethodValues keys;  // every method's own keys, by path (sync.oktopk.density, sync.powersgd.rank, ...)
 
   WireDType wire() const { return parse_wire_dtype(wire_dtype); }
-  // Shorthands for keys: settings.set("sync.density", 0.01), settings.get<int64_t>("sync.rank").
+  // The path of the key `name` in this method's table: key_path("density") is "sync.oktopk.density"
+  // under sync.method = "oktopk".
+  std::string key_path(const std::string& name) const { return method_key_path(method, name); }
+  static std::string method_key_path(const std::string& method, const std::string& name) {
+    return "sync." + method + "." + name;
+  }
+  // Shorthands for the method's own keys, by name: settings.set("density", 0.01) and
+  // settings.get<int64_t>("rank") under the method set before (std::invalid_argument when it has no
+  // such key).
   template <class T>
-  void set(const std::string& path, T value) {
-    if constexpr (std::is_same_v<T, bool>) keys.set(path, Value(value));
-    else if constexpr (std::is_integral_v<T>) keys.set(path, Value(static_cast<int64_t>(value)));
-    else if constexpr (std::is_floating_point_v<T>) keys.set(path, Value(static_cast<double>(value)));
-    else keys.set(path, Value(std::string(value)));
+  void set(const std::string& name, T value) {
+    if constexpr (std::is_same_v<T, bool>) keys.set(key_path(name), Value(value));
+    else if constexpr (std::is_integral_v<T>) keys.set(key_path(name), Value(static_cast<int64_t>(value)));
+    else if constexpr (std::is_floating_point_v<T>) keys.set(key_path(name), Value(static_cast<double>(value)));
+    else keys.set(key_path(name), Value(std::string(value)));
   }
   template <class T>
-  T get(const std::string& path) const {
-    return keys.get<T>(path);
+  T get(const std::string& name) const {
+    return keys.get<T>(key_path(name));
   }
 };
 
-// The options struct of a method (option_keys.h), read from the settings.
+// The options struct of a method (option_keys.h), read from the settings' method's table.
 template <class O>
 O options_of(const SyncSettings& s) {
-  static const OptionBinding<O> binding;
-  return binding.read([&s](const std::string& path) -> const Value& { return s.keys.at(path); });
+  static const OptionBinding<O> binding;  // the keys by name
+  return binding.read([&s](const std::string& name) -> const Value& { return s.keys.at(s.key_path(name)); });
 }
 
 }  // namespace trainer::comm
