@@ -56,7 +56,7 @@ import json, os, struct, sys
 a, b = sys.argv[1:]
 def read(path):
     data = open(path, "rb").read()
-    if path.endswith(".safetensors"):
+    if path.endswith((".safetensors", ".state")):  # rank<R>.state is safetensors too
         n = struct.unpack("<Q", data[:8])[0]
         header = json.loads(data[8:8 + n])
         header.get("__metadata__", {}).pop("config_hash", None)
