@@ -27,6 +27,7 @@ methods=("$@")
 declare -A extra=(
   [local_sgd]="--set sync.period=4"
   [diloco]="--set sync.period=4 --set sync.fragments=2 --set sync.sync_delay=1 --set sync.outer_momentum=0.5"
+  [sparseloco]="--set sync.period=4 --set sync.fragments=2 --set sync.sync_delay=1"
   [async_ps]="--set sync.deterministic=true"
   [oktopk]="--set sync.local_threshold_every=4 --set sync.region_every=8"
   [oktopk+dgc]="--set sync.dgc=true"

@@ -217,8 +217,8 @@ TEST_CASE("An error on the transfer's thread comes back on the training thread",
   comm::DilocoOptions o;
   o.period = 4;
   o.fragments = 2;
-  o.delay = 1;  // fragment 0 goes out after inner step 1 and lands after step 2
-  comm::Diloco diloco(comm, models::cpu_backend(), 2, &views, o);
+  o.sync_delay = 1;  // fragment 0 goes out after inner step 1 and lands after step 2
+  comm::Diloco diloco(comm, models::cpu_backend(), 2, &views, o, 1 << 22, true);
   REQUIRE(diloco.overlapped());
   diloco.reduce(b, 0);
   diloco.after_step(b, 0);  // the send: the error happens on the thread, nothing throws here

@@ -35,21 +35,7 @@ void write_floats(std::ostream& out, const models::DeviceBuffer& buffer, int64_t
 
 double mb(int64_t floats) { return static_cast<double>(floats) * 4 / 1e6; }
 
-DilocoOptions diloco_options(const SyncOptions& o) {
-  const auto keys = options_of<DilocoKeys>(o);
-  DilocoOptions d;
-  d.period = keys.period;
-  d.fragments = keys.fragments;
-  d.delay = keys.sync_delay;
-  d.mixing = keys.mixing;
-  d.outer_optimizer = keys.outer_optimizer;
-  d.outer_lr = keys.outer_lr;
-  d.outer_momentum = keys.outer_momentum;
-  d.bucket_elements = bucket_elements(o.bucket_mb);
-  d.outer_dtype = parse_outer_dtype(keys.outer_dtype);
-  d.overlap = o.overlap;
-  return d;
-}
+DilocoOptions diloco_options(const SyncOptions& o) { return options_of<DilocoOptions>(o); }
 
 std::string str(double v) {
   std::ostringstream s;
@@ -76,7 +62,7 @@ std::vector<MethodDefault> diloco_defaults(const SyncRecipe& r) {
 // better on CIFAR (ResNet-20) and 11 CER points better on LAS, both within 2 points of dense
 // (BENCHMARKS.md, "Methods that sync rarely"); a run set to 0.9 there gets this note.
 std::vector<std::string> diloco_notes(const SyncRecipe& r) {
-  const auto keys = options_of<DilocoKeys>(r.sync);
+  const auto keys = options_of<DilocoOptions>(r.sync);
   if (keys.outer_optimizer == "adam" || keys.outer_momentum < 0.9 || r.optimizer != "sgd" || r.momentum < 0.9)
     return {};
   return {"note: diloco with outer momentum " + str(keys.outer_momentum) + " (outer_momentum; the paper's, for "
@@ -89,7 +75,7 @@ std::vector<std::string> diloco_notes(const SyncRecipe& r) {
 
 std::vector<SyncOptionProblem> diloco_problems(const DilocoOptions& o) {
   std::vector<SyncOptionProblem> found;
-  const std::string schedule = fragment_schedule_problem(o.period, o.fragments, o.delay);
+  const std::string schedule = fragment_schedule_problem(o.period, o.fragments, o.sync_delay);
   if (!schedule.empty()) found.push_back({{"period", "fragments", "sync_delay"}, schedule});
   if (!(o.mixing >= 0 && o.mixing <= 1))
     found.push_back({{"mixing"}, "mixing = " + std::to_string(o.mixing) + " must be in [0, 1]"});
@@ -114,30 +100,26 @@ SyncMethod diloco_method() {
       "the shared parameters through an outer optimizer, optionally one fragment at a time";
   m.can.keeps_parameters_equal = false;
   m.can.device_buffers = true;  // theta_outer, its optimizer and the pseudo-gradient on the backend
-  declare_options<DilocoKeys>(m);
+  declare_options<DilocoOptions>(m);
   m.defaults = diloco_defaults;
   m.start_notes = diloco_notes;
   m.check = [](const SyncOptions& o) { return diloco_problems(diloco_options(o)); };
   // A delayed fragment's allreduce runs on its own thread while the training thread calls MPI.
-  m.concurrent_calls = [](const SyncOptions& o) { return options_of<DilocoKeys>(o).sync_delay > 0 && o.overlap; };
+  m.concurrent_calls = [](const SyncOptions& o) { return diloco_options(o).sync_delay > 0 && o.overlap; };
   m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
-    return std::make_unique<Diloco>(c.comm, c.backend, c.n, c.views, diloco_options(o));
+    return std::make_unique<Diloco>(c.comm, c.backend, c.n, c.views, diloco_options(o), bucket_elements(o.bucket_mb),
+                                    o.overlap);
   };
   return m;
 }
 
 Diloco::Diloco(Communicator& comm, models::Backend& backend, int64_t n, const std::vector<models::ParamView>* views,
-               const DilocoOptions& o)
-    : comm_(comm),
-      backend_(backend),
-      n_(n),
+               const DilocoOptions& o, int64_t bucket_elements, bool overlap)
+    : OuterLoop(comm, backend, n, views, o, bucket_elements, parse_outer_dtype(o.outer_dtype), overlap),
       options_(o),
-      fragments_(plan_fragments(n, views, o.fragments)),
-      schedule_(o.period, o.fragments, o.delay),
-      outer_(backend),
-      pseudo_gradient_(backend),
-      transfer_(std::make_unique<OuterTransfer>(comm, backend, o.outer_dtype, o.bucket_elements,
-                                                o.overlap && o.delay > 0)) {
+      wire_(parse_outer_dtype(o.outer_dtype)),
+      overlap_(overlap),
+      pseudo_gradient_(backend) {
   for (const SyncOptionProblem& problem : diloco_problems(o)) throw std::invalid_argument(problem.message);
   int64_t largest = 0;
   for (const Fragment& f : fragments_) {
@@ -145,13 +127,6 @@ Diloco::Diloco(Communicator& comm, models::Backend& backend, int64_t n, const st
     largest = std::max(largest, f.size());
   }
   pseudo_gradient_.resize(largest);
-}
-
-std::string Diloco::overlap_plan() const {
-  if (options_.delay > 0)
-    return "none during backward; each diloco fragment's allreduce runs on a communication thread during the " +
-           std::to_string(options_.delay) + " step(s) after its send";
-  return "none (diloco syncs parameters after the optimizer step, so it starts after backward)";
 }
 
 std::string Diloco::describe() const {
@@ -167,30 +142,30 @@ std::string Diloco::describe() const {
   const int64_t state_copies = adam ? 2 : options_.outer_momentum > 0 ? 1 : 0;
   // What leaves a rank for one fragment's sync: a ring allreduce of fp32, or the low-bit sum's two calls.
   auto wire = [&](int64_t elements) {
-    if (options_.outer_dtype == OuterDType::kF32) return 2.0 * (p - 1) / p * 4.0 * static_cast<double>(elements);
-    return static_cast<double>(quantized_volume(options_.outer_dtype, elements, p).bytes_sent);
+    if (wire_ == OuterDType::kF32) return 2.0 * (p - 1) / p * 4.0 * static_cast<double>(elements);
+    return static_cast<double>(quantized_volume(wire_, elements, p).bytes_sent);
   };
   double per_round = 0;
   for (const Fragment& f : fragments_) per_round += wire(f.size());
   std::ostringstream out;
   out << "diloco: " << H << " inner steps per fragment sync round; the pseudo-gradient theta_outer - theta_local "
-      << "is averaged (ALLREDUCE_OUTER, on the wire as " << outer_dtype_name(options_.outer_dtype)
+      << "is averaged (ALLREDUCE_OUTER, on the wire as " << outer_dtype_name(wire_)
       << ") and steps theta_outer with outer " << options_.outer_optimizer << " (lr " << options_.outer_lr;
   if (!adam) out << ", momentum " << options_.outer_momentum;
   out << ")";
   out << "\n  " << F << " fragment(s) of whole tensors (" << sizes.str() << " MB), one synced every " << H / F
       << (F * (H / F) == H ? "" : "-" + std::to_string(H / F + 1)) << " step(s): at most " << mb(largest)
       << " MB of fp32 per sync, " << wire(largest) / 1e6 << " MB sent per rank for it at P = " << p << " ("
-      << (options_.outer_dtype == OuterDType::kF32 ? "ring allreduce 2(P-1)/P x 4 bytes per element"
-                                                   : "alltoall and allgather of the quantized chunks")
+      << (wire_ == OuterDType::kF32 ? "ring allreduce 2(P-1)/P x 4 bytes per element"
+                                    : "alltoall and allgather of the quantized chunks")
       << "), " << per_round / 1e6 / static_cast<double>(H) << " MB per step on average (dense fp32: "
       << 2.0 * (p - 1) / p * mb(n_) << ")";
   const std::string transfer =
-      options_.delay == 0         ? ""
-      : transfer_->overlapped()   ? ", the transfer runs on a communication thread during them"
-      : !options_.overlap         ? ", the transfer blocks at the send (sync.overlap = false)"
-                                  : ", the transfer blocks at the send (MPI gives no MPI_THREAD_MULTIPLE)";
-  out << "\n  sync delay " << options_.delay << " step(s) (the outer step lands that many steps after the send"
+      options_.sync_delay == 0 ? ""
+      : overlapped()           ? ", the transfer runs on a communication thread during them"
+      : !overlap_              ? ", the transfer blocks at the send (sync.overlap = false)"
+                               : ", the transfer blocks at the send (MPI gives no MPI_THREAD_MULTIPLE)";
+  out << "\n  sync delay " << options_.sync_delay << " step(s) (the outer step lands that many steps after the send"
       << transfer << "), "
       << "mixing " << options_.mixing << " (local share kept); batch-norm statistics averaged every " << H
       << " steps (ALLREDUCE_BN_STATS); extra memory " << mb(n_ * (1 + state_copies) + largest) << " MB (theta_outer"
@@ -198,76 +173,36 @@ std::string Diloco::describe() const {
   return out.str();
 }
 
-SyncStats Diloco::reduce(SyncBuffers& b, int64_t step) {
-  comm_.log().set_step(step, Phase::kCompressed);
-  // theta_outer starts as rank 0's parameters of the first step. Every rank holds the same ones in
-  // a trainer run (one seed, or the dense warmup's result); the broadcast makes the invariant the
-  // method rests on (one theta_outer on every rank) hold whatever the caller did, at 4n bytes once.
-  if (outer_.empty()) {
-    outer_.resize(n_);
-    backend_.copy(n_, b.params, outer_.data());
-    comm_.broadcast(outer_.data(), n_, DType::kF32, 0, "BROADCAST_OUTER");
-  }
-  transfer_->prepare();  // collective the first time (a resumed run's first step too)
-  return {Phase::kCompressed, 0.0};
-}
-
-void Diloco::after_step(SyncBuffers& b, int64_t step) {
-  ++inner_steps_;
-  const int start = schedule_.starts_after(inner_steps_);
-  if (start >= 0) start_sync(b, start, step);
-  const int finish = schedule_.finishes_after(inner_steps_);
-  if (finish >= 0) finish_sync(b, finish);
-}
-
-void Diloco::start_sync(const SyncBuffers& b, int f, int64_t step) {
-  if (in_flight_ >= 0) throw std::logic_error("diloco: a fragment is still in flight");
-  const Fragment& fr = fragments_[static_cast<size_t>(f)];
+void Diloco::send(const SyncBuffers& b, const Fragment& fr, int, int64_t step) {
   float* delta = pseudo_gradient_.data();
   backend_.subtract(fr.size(), outer_.data() + fr.begin, b.params + fr.begin, delta);
-  transfer_->start(delta, fr.size(), step, Phase::kCompressed);  // overlapped: runs during the next steps
-  in_flight_ = f;
+  transfer().start(delta, fr.size(), step, Phase::kCompressed);  // overlapped: runs during the next steps
 }
 
-void Diloco::finish_sync(SyncBuffers& b, int f) {
-  if (in_flight_ != f) throw std::logic_error("diloco: the fragment to finish was not sent");
-  transfer_->wait();
-  const Fragment& fr = fragments_[static_cast<size_t>(f)];
+void Diloco::apply(SyncBuffers& b, const Fragment& fr, int f) {
   float* outer = outer_.data() + fr.begin;
   outer_optimizers_[static_cast<size_t>(f)]->step(outer, pseudo_gradient_.data(), options_.outer_lr);
   // torchft's p.lerp_(local, alpha): alpha 0 takes theta_outer, 1 keeps the local parameters exactly.
   backend_.lerp(fr.size(), outer, static_cast<float>(options_.mixing), b.params + fr.begin);
-  in_flight_ = -1;
-  if (f + 1 == static_cast<int>(fragments_.size()) && b.n_state > 0)
-    allreduce_average(comm_, backend_, b.state, b.n_state, options_.bucket_elements,
-                      "ALLREDUCE_BN_STATS");
 }
 
-std::vector<float> Diloco::outer_parameters() const { return models::host_copy(outer_); }
-
 void Diloco::save(std::ostream& out) const {
-  transfer_->wait();  // a fragment in flight is saved as its finished average
+  transfer().wait();  // a fragment in flight is saved as its finished average
   write_sync_header(out, "diloco", 1);
-  write_pod(out, options_.period);
-  write_pod(out, options_.fragments);
-  write_pod(out, options_.delay);
+  write_schedule(out);
   write_pod(out, options_.outer_momentum);
   write_pod(out, outer_optimizer_code(options_.outer_optimizer));
   write_pod(out, n_);
-  write_pod(out, inner_steps_);
-  write_pod(out, static_cast<uint8_t>(!outer_.empty()));
-  write_floats(out, outer_, outer_.size());
+  write_outer(out);
   for (const auto& o : outer_optimizers_) o->save(out);
   write_pod(out, static_cast<int32_t>(in_flight_));
   if (in_flight_ >= 0) write_floats(out, pseudo_gradient_, fragments_[static_cast<size_t>(in_flight_)].size());
 }
 
 void Diloco::load(std::istream& in) {
-  transfer_->wait();  // it writes pseudo_gradient_, which the loaded state replaces
+  transfer().wait();  // it writes pseudo_gradient_, which the loaded state replaces
   read_sync_header(in, "diloco", 1);
-  const auto period = read_pod<int64_t>(in);
-  const auto fragments = read_pod<int64_t>(in);
-  const auto delay = read_pod<int64_t>(in);
+  read_schedule(in, "the schedule and the outer optimizer's state");
   const auto momentum = read_pod<double>(in);
   const auto optimizer = read_pod<uint8_t>(in);
   const auto n = read_pod<int64_t>(in);
@@ -276,12 +211,6 @@ void Diloco::load(std::istream& in) {
     return std::runtime_error("diloco state was saved with " + std::string(key) + " = " + saved + ", this run has " +
                               now + " (the schedule and the outer optimizer's state depend on it)");
   };
-  if (period != options_.period)
-    throw mismatch("period", std::to_string(period), std::to_string(options_.period));
-  if (fragments != options_.fragments)
-    throw mismatch("fragments", std::to_string(fragments), std::to_string(options_.fragments));
-  if (delay != options_.delay)
-    throw mismatch("sync_delay", std::to_string(delay), std::to_string(options_.delay));
   if (optimizer != outer_optimizer_code(options_.outer_optimizer))
     throw mismatch("outer_optimizer", optimizer == 1 ? "\"nesterov\"" : optimizer == 2 ? "\"adam\"" : "\"sgd\"",
                    "\"" + options_.outer_optimizer + "\"");
@@ -291,11 +220,7 @@ void Diloco::load(std::istream& in) {
     throw std::runtime_error("diloco state holds " + std::to_string(n) + " parameters, the model has " +
                              std::to_string(n_));
   // Everything into temporaries first: a damaged state leaves this object as it was.
-  const auto inner_steps = read_pod<int64_t>(in);
-  const auto has_outer = read_pod<uint8_t>(in);
-  std::vector<float> outer(has_outer ? static_cast<size_t>(n_) : 0);
-  in.read(reinterpret_cast<char*>(outer.data()), static_cast<std::streamsize>(outer.size() * sizeof(float)));
-  if (!in || inner_steps < 0) throw std::runtime_error("diloco state: truncated");
+  const SavedOuter outer = read_outer(in);
   std::vector<std::unique_ptr<optim::Optimizer>> optimizers;
   for (const Fragment& f : fragments_) {
     optimizers.push_back(make_outer_optimizer(backend_, options_, f.size()));
@@ -310,9 +235,7 @@ void Diloco::load(std::istream& in) {
             static_cast<std::streamsize>(fragments_[static_cast<size_t>(in_flight)].size() * sizeof(float)));
     if (!in) throw std::runtime_error("diloco state: truncated pseudo-gradient in flight");
   }
-  inner_steps_ = inner_steps;
-  outer_.resize(static_cast<int64_t>(outer.size()));
-  models::copy_to_device(backend_, outer.data(), outer_.size(), outer_.data());
+  adopt_outer(outer);
   outer_optimizers_ = std::move(optimizers);
   in_flight_ = in_flight;
   models::copy_to_device(backend_, pseudo_gradient.data(), pseudo_gradient_.size(), pseudo_gradient_.data());

@@ -7,7 +7,7 @@
 #define TRAINER_SYNC_METHODS(X)          \
   X(dense, NoOptions)              \
   X(local_sgd, LocalSgdOptions)    \
-  X(diloco, DilocoKeys)            \
+  X(diloco, DilocoOptions)         \
   X(sparseloco, SparseLocoOptions) \
   X(demo, DemoOptions)             \
   X(oktopk, OkTopkOptions)         \

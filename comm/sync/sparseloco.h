@@ -6,10 +6,8 @@
 #include <vector>
 
 #include "comm/sync/chunk_codec.h"
-#include "comm/sync/fragments.h"
-#include "comm/sync/gradient_sync.h"
 #include "comm/sync/option_keys.h"
-#include "comm/sync/outer_transfer.h"
+#include "comm/sync/outer_loop.h"
 #include "models/device_buffer.h"
 
 namespace trainer::comm {
@@ -59,10 +57,9 @@ namespace trainer::comm {
 // of the fragment and cross the network from host memory (over MPI: Communicator::host_side), so a
 // step between syncs copies nothing, where host staging (host_staged.h) would copy the parameters
 // and the gradient every step. Same bits as on the CPU: the same ops and the same host code.
-struct SparseLocoOptions {
-  int64_t period = 8;      // H: diloco's default
-  int64_t fragments = 1;
-  int64_t sync_delay = 0;
+// sync.method = "sparseloco"'s keys: the schedule's (outer_loop.h: H = 8 unless set, as diloco) and
+// its codec's and outer step's.
+struct SparseLocoOptions : OuterScheduleOptions {
   double outer_lr = 1.0;   // the paper's alpha (plain SGD on the mean: no momentum to damp)
   double density = 0.02;   // inside the paper's 1-3%
   double error_decay = 0.95;
@@ -70,18 +67,7 @@ struct SparseLocoOptions {
 
   template <class Keys>
   static void declare(Keys& k) {
-    k.key("period", &SparseLocoOptions::period,
-          "H, the inner steps between two syncs of the model (of each fragment). Unless set, 8, as diloco.",
-          at_least(1));
-    k.key("fragments", &SparseLocoOptions::fragments,
-          "Streaming DiLoCo's F: the parameters in F fragments of whole tensors that sync in turn, one every "
-          "period / fragments steps.",
-          at_least(1));
-    k.key("sync_delay", &SparseLocoOptions::sync_delay,
-          "Streaming DiLoCo's tau: a fragment's compressed pseudo-gradient is sent tau steps before its outer "
-          "step is applied (below period / fragments); its allgather runs during those steps on a "
-          "communication thread (sync.overlap).",
-          at_least(0));
+    OuterScheduleOptions::declare(k);
     k.key("outer_lr", &SparseLocoOptions::outer_lr,
           "alpha: theta_outer -= alpha x the mean of the ranks' decoded sparse updates. Unless set, 1, the "
           "paper's.",
@@ -106,59 +92,44 @@ struct SyncOptionProblem;  // registry.h
 // SparseLoCo's rules between its options (the fragment schedule, the value bits), stated once.
 std::vector<SyncOptionProblem> sparseloco_problems(const SparseLocoOptions& options);
 
-class SparseLoco final : public GradientSync {
+class SparseLoco final : public OuterLoop {
  public:
   // `views`: the model's tensors (their shapes cut the chunks; null: one vector). `backend`: where
   // the parameters live (host or device memory; see above). `bucket_elements`: the BN statistics'
   // allreduce pieces. Throws std::invalid_argument naming the key for impossible options.
   SparseLoco(Communicator& comm, models::Backend& backend, int64_t n, const std::vector<models::ParamView>* views,
              const SparseLocoOptions& options, int64_t bucket_elements, bool overlap);
+  ~SparseLoco() override { end_transfer(); }
   std::string name() const override { return "sparseloco"; }
   std::string describe() const override;
-  Phase phase(int64_t) const override { return Phase::kCompressed; }
-  SyncStats reduce(SyncBuffers& b, int64_t step) override;
-  void after_step(SyncBuffers& b, int64_t step) override;
-  void complete_in_flight() override { transfer_->wait(); }
-  std::string overlap_plan() const override;
   void save(std::ostream& out) const override;
   void load(std::istream& in) override;
   std::string load_resharded(const std::vector<std::string>& states) override;
 
-  // For tests: theta_outer and this rank's accumulator (host copies; empty before the first step),
-  // the fragments, each fragment's codec, and the bytes of one payload per fragment.
-  std::vector<float> outer_parameters() const { return models::host_copy(outer_); }
+  // For tests: this rank's accumulator (a host copy; empty before the first step) and each
+  // fragment's codec.
   std::vector<float> accumulator() const { return models::host_copy(accumulator_); }
-  const std::vector<Fragment>& fragments() const { return fragments_; }
   const ChunkCodec& codec(int f) const { return codecs_[static_cast<size_t>(f)]; }
-  int64_t inner_steps() const { return inner_steps_; }
 
  private:
   struct State;  // what save() writes (sparseloco.cpp)
-  State state() const;
+  State read_state(std::istream& in) const;
   void adopt(State&& s);
-  void start_sync(const SyncBuffers& b, int f, int64_t step);  // step 1 above
-  void finish_sync(SyncBuffers& b, int f);                     // step 2, and the BN statistics
+  // Step 1 above: e updated, the fragment's payload encoded and its allgather started. Step 2.
+  void send(const SyncBuffers& b, const Fragment& fragment, int f, int64_t step) override;
+  void apply(SyncBuffers& b, const Fragment& fragment, int f) override;
+  void start_outer() override;  // e = 0
+  const char* exchange() const override { return "allgather"; }
 
-  Communicator& comm_;
-  models::Backend& backend_;
-  int64_t n_;
-  SparseLocoOptions options_;
-  int64_t bucket_elements_;
-  std::vector<Fragment> fragments_;
+  const SparseLocoOptions options_;
   std::vector<ChunkCodec> codecs_;  // one per fragment
-  FragmentSchedule schedule_;
-  models::DeviceBuffer outer_;        // theta_outer; empty until the first step
   models::DeviceBuffer accumulator_;  // e_r over the whole model; empty until the first step
   models::DeviceBuffer update_;       // a fragment's pseudo-gradient, then its decoded sum
   std::vector<float> host_;           // the codec's side: a fragment's accumulator, or its sum
-  int64_t inner_steps_ = 0;
-  int in_flight_ = -1;        // the fragment whose payloads wait for its outer step
-  int in_flight_ranks_ = 0;   // how many payloads it has (P when it was sent)
-  std::vector<uint8_t> payload_;   // this rank's payload
-  std::vector<uint8_t> gathered_;  // every rank's, in rank order
-  // The payloads' trip over the wire. Declared last: destroyed first, so an exchange still in flight
-  // ends before the buffers it writes go.
-  std::unique_ptr<OuterTransfer> transfer_;
+  int in_flight_ranks_ = 0;           // how many payloads the fragment in flight has (P when it was sent)
+  std::vector<uint8_t> payload_;      // this rank's payload
+  // Every rank's, in rank order. The exchange writes it: ~SparseLoco ends the exchange before it goes.
+  std::vector<uint8_t> gathered_;
 };
 
 }  // namespace trainer::comm
