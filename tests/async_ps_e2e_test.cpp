@@ -356,14 +356,14 @@ TEST_CASE("async_ps: an error on a worker ends every rank, servers included, pro
 TEST_CASE("async_ps: bad settings are one clear error naming the key", "[mpi][async_ps][config]") {
   TempDir dir("ps_config");
   SECTION("no rank left to be a worker") {
-    Outcome o = run_command(small_cifar_command(2, dir.path, " --set sync.method=async_ps --set sync.servers=2"));
+    Outcome o = run_command(small_cifar_command(2, dir.path, " --set sync.method=async_ps --set sync.async_ps.servers=2"));
     INFO(o.output);
     CHECK(o.exit_code == 1);
-    CHECK_THAT(o.output, Contains("servers = 2 must be at least 1 and below the number of processes (2)"));
+    CHECK_THAT(o.output, Contains("sync.async_ps.servers = 2 must be at least 1 and below the number of processes (2)"));
     // Every rank found it, one printed it.
     size_t count = 0;
-    for (size_t at = o.output.find("sync.servers = 2"); at != std::string::npos;
-         at = o.output.find("sync.servers = 2", at + 1))
+    for (size_t at = o.output.find("sync.async_ps.servers = 2"); at != std::string::npos;
+         at = o.output.find("sync.async_ps.servers = 2", at + 1))
       ++count;
     CHECK(count == 1);
   }

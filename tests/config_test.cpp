@@ -107,7 +107,7 @@ TEST_CASE("each method's keys are its own table, with its own defaults", "[confi
   // Another method's table is read and checked, then ignored with a note.
   c = parse("[sync]\nmethod = \"oktopk\"\n[sync.powersgd]\nrank = 2\n");
   REQUIRE(c.notes.size() == 1);
-  CHECK(c.notes[0] == "note: [sync.powersgd] is ignored: sync.method = \"oktopk\" reads [sync.oktopk]");
+  CHECK(c.notes[0] == "config: [sync.powersgd] is ignored: sync.method = \"oktopk\" reads [sync.oktopk]");
   CHECK(to_toml(c) == to_toml(parse("[sync]\nmethod = \"oktopk\"\n")));
   CHECK(c == parse("[sync]\nmethod = \"oktopk\"\n"));
   CHECK_THAT(error_of("[sync.powersgd]\nrank = 0\n"), Catch::Matchers::Contains("sync.powersgd.rank = 0 is out of range"));

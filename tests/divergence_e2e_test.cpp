@@ -67,7 +67,7 @@ TEST_CASE("A diverging run stops with its line, exit status 4 and a complete che
   // One line, from rank 0, for every rank stopped in the same step: no abort, no second error.
   CHECK(count(o.output, "error") == 1);
   const std::string checkpoint = (dir.path / "checkpoints/step_15").string();
-  CHECK_THAT(o.output, Contains("error: diverged: sync.method = diloco (sync.period = 1") &&
+  CHECK_THAT(o.output, Contains("error: diverged: sync.method = diloco (sync.diloco.period = 1") &&
                            Contains("outer_lr = 30.0") && Contains("sync.dense_warmup_steps = 10") &&
                            Contains("after its dense warmup (switched after step 10): the mean training loss over "
                                     "the 5 steps to step 15 is") &&

@@ -29,6 +29,7 @@
 #include "cifar_runs.h"
 #include "process.h"
 #include "resume_runs.h"
+#include "tests/method_keys.h"
 
 namespace fs = std::filesystem;
 namespace comm = trainer::comm;
@@ -121,8 +122,8 @@ std::vector<std::string> sync_states(const fs::path& checkpoint, int ranks) {
 trainer::Config method_config(const std::string& method) {
   trainer::Config c;
   c.sync.method = method;
-  c.sync.set("density", 0.02);
-  c.sync.set("period", 4);
+  trainer::testing::set_if_own(c.sync, "density", 0.02);
+  trainer::testing::set_if_own(c.sync, "period", 4);
   return c;
 }
 

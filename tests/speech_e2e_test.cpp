@@ -146,7 +146,7 @@ TEST_CASE("A speech model compressed after a short dense warmup gets one note at
   const std::string args = "--set data.root=" + corpus(40, 10) +
                            " --set data.batch_size=4 --set train.max_steps=2 --set train.eval_every_steps=1000"
                            " --set train.eval_at_start=false --set runtime.threads=1 --set sync.method=powersgd"
-                           " --set sync.rank=2";  // the note is for low ranks (rank 8, the default, holds up)
+                           " --set sync.powersgd.rank=2";  // the note is for low ranks (rank 8, the default, holds up)
   TempDir a("las_note_short"), b("las_note_long");
   const Outcome short_warmup = run_command(trainer_command(
       2, "quickstart_an4.toml", args + " --set sync.dense_warmup_steps=0 --set experiment.output_dir=" + a.path.string()));

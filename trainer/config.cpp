@@ -431,11 +431,11 @@ std::vector<std::string> resolve_method_tables(Settings& settings) {
         fail(setting.origin, path + " = " + node_literal(*setting.node) + " applies to " +
                                             comm::sync_methods_with_key(name) + ", not to sync.method = \"" + method +
                                             "\"");
-    notes.push_back("note: " + setting.origin + ": " + path + " is ignored: sync.method = \"" + method +
+    notes.push_back("config: " + setting.origin + ": " + path + " is ignored: sync.method = \"" + method +
                     "\" has no key " + name + " (" + comm::sync_methods_with_key(name) + " have)");
   }
   for (const std::string& table : ignored_tables)
-    notes.push_back("note: [" + table + "] is ignored: sync.method = \"" + method + "\" reads [sync." + method + "]");
+    notes.push_back("config: [" + table + "] is ignored: sync.method = \"" + method + "\" reads [sync." + method + "]");
   return notes;
 }
 

@@ -153,8 +153,9 @@ struct Config {
   RuntimeConfig runtime;
   SyncConfig sync;
   CommConfig comm;
-  // Not keys: how the file was read where it was not as written, "note: ..." lines for the start and
-  // --dry-run (an old flat spelling read as the method's key, another method's table ignored).
+  // Not keys: how the file was read where it was not as written, lines for the start and --dry-run:
+  // "note: ..." for an old flat spelling read as the method's key, "config: ..." for a setting that
+  // does not apply to sync.method (another method's table, a flat key the method has not).
   std::vector<std::string> notes;
 };
 

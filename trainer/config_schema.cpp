@@ -30,7 +30,7 @@ const char* sync_method_doc() {
 
 std::string method_section_doc(const comm::SyncMethod& m) {
   return "The keys of sync.method = \"" + m.name + "\", its own table: no other method reads them, and a table of "
-         "a method other than sync.method's is ignored (with a note). Older configs' flat spelling, [sync] with the key "
+         "a method other than sync.method's is ignored (with a line saying so). Older configs' flat spelling, [sync] with the key "
          "itself (density = 0.01), is read as the key of sync.method's table, with a note, until the next release.";
 }
 

@@ -114,9 +114,8 @@ class DivergenceWatch {
   double loss_sum_ = 0, samples_ = 0;
 };
 
-// "sync.method = diloco (sync.period = 1, sync.outer_lr = 0.7, ...; dense warmup 250 steps;
-// optim.lr = 0.5)": the method's own keys (those whose description in the config schema begins
-// with the method's name), for the line.
+// "sync.method = diloco (sync.diloco.period = 1, sync.diloco.outer_lr = 0.7, ...; dense warmup 250
+// steps; optim.lr = 0.5)": the method's own keys (its table), for the line.
 std::string method_settings(const Config& config);
 
 // The first compressed step of `config`'s method given its phase function, or -1: not watched.

@@ -12,7 +12,7 @@ namespace trainer::comm {
 
 PsLayout PsLayout::make(int world_size, int64_t servers) {
   if (servers < 1 || servers >= world_size)
-    throw std::invalid_argument("servers = " + std::to_string(servers) + " must be at least 1 and below the " +
+    throw std::invalid_argument("sync.async_ps.servers = " + std::to_string(servers) + " must be at least 1 and below the " +
                                 "number of processes (" + std::to_string(world_size) +
                                 ") so that some rank is a worker: async_ps needs mpiexec -n " +
                                 std::to_string(servers + 1) + " or more");
