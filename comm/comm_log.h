@@ -19,7 +19,7 @@
 //
 // Single-threaded, like MPI_THREAD_SERIALIZED: only the thread communicating at the moment records
 // (the training thread, or during an overlapped backward the BucketReducer's thread). A thread that
-// communicates while the training thread does too (diloco's outer transfer, comm/sync/outer_transfer.h)
+// communicates while the training thread does too (diloco's outer transfer, comm/sync/methods/outer/outer_transfer.h)
 // defers its records instead (CommLog::Deferral) and the training thread replays them later.
 #pragma once
 

@@ -101,16 +101,16 @@ class Communicator {
 
   // The communicator over the same ranks, with the same log, that moves host memory: this one
   // unless it moves a device's (NCCL, host staging), whose own MPI communicator it then is. For a
-  // method that takes device buffers but exchanges lists it built on the host (comm/sync/sparse_passes.h).
+  // method that takes device buffers but exchanges lists it built on the host (comm/sync/methods/sparse/sparse_passes.h).
   virtual Communicator& host_side() { return *this; }
 
   // True when two threads may call at the same time, each on its own communicator of this job (one
   // split from the other): MPI_THREAD_MULTIPLE. Never on one communicator from two threads at once.
   // A method that keeps a transfer running on a thread of its own across training steps (diloco's
-  // delayed outer allreduce, comm/sync/outer_transfer.h) asks; false: it communicates inline.
+  // delayed outer allreduce, comm/sync/methods/outer/outer_transfer.h) asks; false: it communicates inline.
   virtual bool concurrent_calls() const { return false; }
 
-  // Overlap on a device (comm/sync/bucket_reducer.h). on_stream: this communicator with its calls on
+  // Overlap on a device (comm/sync/methods/dense/bucket_reducer.h). on_stream: this communicator with its calls on
   // another stream of its device (`stream`, DeviceMemory::make_stream), sharing its ranks, log and
   // (NCCL) its NCCL communicator: what dense buckets that go out during backward are sent with. Null
   // when it moves host memory (MPI, whose overlap is a host thread). The two must not be called

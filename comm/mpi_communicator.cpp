@@ -141,9 +141,9 @@ class MpiCommunicator final : public Communicator {
     MPI_Initialized(&initialized);
     if (!initialized) {
       // SERIALIZED: dense buckets overlapped with backward are reduced on a communication thread
-      // while the training thread makes no MPI call (comm/sync/bucket_reducer.h). MULTIPLE lets two
+      // while the training thread makes no MPI call (comm/sync/methods/dense/bucket_reducer.h). MULTIPLE lets two
       // threads call at once (on different communicators): diloco's delayed outer allreduce runs on
-      // its own thread during the next steps (comm/sync/outer_transfer.h), so the trainer asks for it
+      // its own thread during the next steps (comm/sync/methods/outer/outer_transfer.h), so the trainer asks for it
       // in such runs (request_concurrent_calls); TRAINER_MPI_THREAD=multiple asks for it always (for
       // measuring its cost: Open MPI then takes a lock around every call).
       set_open_mpi_defaults();

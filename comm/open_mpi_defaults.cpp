@@ -58,7 +58,7 @@ bool user_tunes_allreduce() { return g_user_tunes_allreduce; }
 
 void set_open_mpi_defaults() {
   // Open MPI's blocking calls spin on its progress loop. The communication thread of an overlapped
-  // step (comm/sync/bucket_reducer.h) waits in them while backward computes, and where no core is
+  // step (comm/sync/methods/dense/bucket_reducer.h) waits in them while backward computes, and where no core is
   // spare (runtime.threads defaults to cores / ranks) its spinning took the compute threads' time:
   // ResNet-18 at P = 2 on 1 Gbit/s, backward 576 -> 864 ms. Yielding when a poll finds nothing gives
   // the core back: 640 ms, and the step 974 -> 736 ms. Waiting in MPI_Test with sleeps between

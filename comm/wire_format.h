@@ -92,7 +92,7 @@ void wire_add(WireDType wire, const uint16_t* in, uint16_t* inout, int64_t count
 // records wire_bytes(wire) bytes per element, what actually went out. kF32 allreduces `data`
 // itself (scaled first when pre_scale is not 1), so it may be device memory the communicator moves
 // when pre_scale is 1; the 16-bit formats need host memory: the cast runs on the host (dense sync
-// casts device buckets with the backend's to_half / from_half instead: comm/sync/dense.h).
+// casts device buckets with the backend's to_half / from_half instead: comm/sync/methods/dense/dense.h).
 void allreduce_sum_through_wire(Communicator& comm, float* data, int64_t count, WireDType wire, float pre_scale,
                                 std::vector<uint16_t>& scratch, const char* tag);
 

@@ -42,7 +42,7 @@ namespace trainer::data {
 struct LoaderOptions {
   int64_t batch_size = 128;  // per rank
   // The global batch, when it is not world x batch_size: an elastic resume keeps the global batch
-  // of a run on another number of ranks (trainer/reshard.h), and where the new world does not
+  // of a run on another number of ranks (trainer/checkpoint/reshard.h), and where the new world does not
   // divide it, rank r takes [r G / world, (r + 1) G / world) of every global batch of G, as it
   // takes its share of a partial last batch; batch_size is then ignored. 0: world x batch_size.
   int64_t global_batch = 0;

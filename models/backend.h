@@ -419,10 +419,10 @@ class SyncOps {
   virtual void to_half(HalfFormat format, int64_t n, const float* x, float scale, uint16_t* y) = 0;
   virtual void from_half(HalfFormat format, int64_t n, const uint16_t* x, float* y) = 0;
   // sum_of_squares' sum written to *out (one double in this backend's memory) without waiting: the
-  // overlapped buckets' finiteness check, read once per step (comm/sync/bucket_reducer.h).
+  // overlapped buckets' finiteness check, read once per step (comm/sync/methods/dense/bucket_reducer.h).
   virtual void sum_of_squares_into(int64_t n, const float* x, double* out) = 0;
 
-  // ---- Sparse gradient sync (comm/sync/sparse_passes.h): the passes over gradient-sized buffers
+  // ---- Sparse gradient sync (comm/sync/methods/sparse/sparse_passes.h): the passes over gradient-sized buffers
   // of the sparse methods (oktopk, topka, gaussiank, gtopk) where the gradient lives; what they do
   // with their k-entry lists stays on the host. Each op that takes `grad` forms error feedback's
   // acc = grad + residual into `acc` first, in the same pass, when grad is not null (one float add
@@ -451,12 +451,12 @@ class SyncOps {
                                float* y) = 0;
   // y[index[j]] = value for j < count (error feedback's clears).
   virtual void scatter_fill(int64_t count, const int32_t* index, float value, float* y) = 0;
-  // DGC's momentum correction (comm/sync/dgc.h), per entry: velocity = fma(m, velocity, grad) and
+  // DGC's momentum correction (comm/sync/wrappers/dgc.h), per entry: velocity = fma(m, velocity, grad) and
   // grad = velocity; with `nesterov`, t = velocity + grad, velocity = m * t and grad = fma(m, t, grad)
   // (the new velocity plus the gradient, rounded once). Float32, the same rounding on every device.
   virtual void momentum_correction(int64_t n, float momentum, bool nesterov, float* velocity, float* grad) = 0;
 
-  // ---- Low-rank gradient sync (PowerSGD, comm/sync/powersgd.h).
+  // ---- Low-rank gradient sync (PowerSGD, comm/sync/methods/powersgd/powersgd.h).
   // Makes each matrix's columns orthonormal, in place, by Gram-Schmidt with dot products in double:
   // each column is normalized after the earlier ones are projected out, twice when there are more
   // than two columns ("twice is enough": Householder QR's orthogonality, QR's Q up to column signs).
@@ -467,7 +467,7 @@ class SyncOps {
   // y = a - b (error feedback's residual = acc - what was sent).
   virtual void subtract(int64_t n, const float* a, const float* b, float* y) = 0;
 
-  // ---- Outer steps (DiLoCo, comm/sync/diloco.h).
+  // ---- Outer steps (DiLoCo, comm/sync/methods/outer/diloco.h).
   // y = lerp(start, y, weight) elementwise, torch.lerp's arithmetic in float: from the nearer end
   // (|weight| < 0.5: start + weight (y - start); else y - (y - start)(1 - weight)), each product
   // and sum rounded on its own, so that weight 0 gives start and 1 gives y exactly.

@@ -42,7 +42,7 @@ class DeviceMemory {
   // CPU, whose calls finish when they return).
   virtual void* stream_handle() { return nullptr; }
   // A second stream of this device for work that overlaps this one's (dense buckets' collectives
-  // during backward, comm/sync/bucket_reducer.h); null where calls finish when they return (the
+  // during backward, comm/sync/methods/dense/bucket_reducer.h); null where calls finish when they return (the
   // CPU: its overlap is a host thread).
   virtual std::unique_ptr<DeviceStream> make_stream() { return nullptr; }
 };

@@ -20,7 +20,7 @@ constexpr const char* kSpeechLabels = "_'ABCDEFGHIJKLMNOPQRSTUVWXYZ ";
 constexpr int64_t kSpeechClasses = 29;
 
 // One batch: what data/speech_loader.h produces, with the features where the model computes (the
-// model's backend: host memory on the CPU, a device copy on a GPU; trainer/device_batch.h) and the
+// model's backend: host memory on the CPU, a device copy on a GPU; trainer/step/device_batch.h) and the
 // per-utterance arrays on the host (lengths and labels steer the model's host code and ride into
 // kernels as arguments).
 struct SpeechInput {

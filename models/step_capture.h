@@ -1,4 +1,4 @@
-// One training step as one CUDA graph (runtime.cuda_graph; trainer/step_graph.h drives it): what a
+// One training step as one CUDA graph (runtime.cuda_graph; trainer/step/step_graph.h drives it): what a
 // backend must offer so that a whole step can be recorded once and replayed. The CPU backend offers
 // nothing (Backend::step_capture() is null) and its step never changes.
 //

@@ -49,7 +49,7 @@ class Optimizer {
   // The state kept per parameter element, as host arrays of size() floats each (SGD: the momentum
   // buffer, none without momentum; Adam: exp_avg, exp_avg_sq), and its replacement with a step
   // count: for cutting and joining an async_ps server's optimizer by parameter ranges when the
-  // servers are re-sharded (comm/sync/async_ps_state.h). set_element_state throws
+  // servers are re-sharded (comm/sync/methods/async_ps/async_ps_state.h). set_element_state throws
   // std::invalid_argument (leaving the optimizer unchanged) when the count or a size differs.
   virtual std::vector<std::vector<float>> element_state() const = 0;
   virtual void set_element_state(const std::vector<std::vector<float>>& state, int64_t steps) = 0;

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PyTorch's side of `trainer bench sync --device cuda`: the compression of a sparse gradient-sync
-step on the same device, the work our sparse passes do (comm/sync/sparse_passes.h), written the way
+step on the same device, the work our sparse passes do (comm/sync/methods/sparse/sparse_passes.h), written the way
 a practitioner writes it in PyTorch:
 
   threshold pipeline (Ok-Top-k's reuse step):  acc = grad + residual (in place);

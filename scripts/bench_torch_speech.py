@@ -8,7 +8,7 @@ scripts/torch_speech_models.py at its default (paper) sizes and prints one JSON 
     /usr/bin/python3 scripts/bench_torch_speech.py --model las --threads 2
     {"model": "las", "params": 27468449, ..., "median_ms": ..., "samples_per_s": ...}
 
-The batch is the one trainer/bench.cpp builds: --batch utterances of --frames frames each (161
+The batch is the one trainer/tools/bench.cpp builds: --batch utterances of --frames frames each (161
 spectrogram bins for deepspeech, 80 log-mel bins for las; random values), utterance n has
 --label-length - 1 + (n % 3) random characters (ids 1..28).
   deepspeech  CTC loss, mean over utterances

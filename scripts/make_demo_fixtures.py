@@ -3,9 +3,9 @@
 
     /usr/bin/python3 scripts/make_demo_fixtures.py          # writes into tests/fixtures/
 
-DeMo's step (Peng, Quesnelle and Kingma 2024, arXiv 2411.19870; comm/sync/demo.h) written out in
+DeMo's step (Peng, Quesnelle and Kingma 2024, arXiv 2411.19870; comm/sync/methods/demo/demo.h) written out in
 NumPy over P = 2 simulated ranks, on make_sparseloco_fixtures.py's tensors and codec (vectors in runs
-of 64 here, DeMo's), with the orthonormal DCT-II of each chunk (comm/sync/chunk_dct.h: float64
+of 64 here, DeMo's), with the orthonormal DCT-II of each chunk (comm/sync/methods/demo/chunk_dct.h: float64
 products rounded once to float32). Per step t and rank r, with gradient
     g[t][r][i] = float32((i * 7919 + t * 104729 + r * 1299709) % 2001 - 1000) * float32(1e-3):
     m_r <- float32(beta) * m_r + g                 (each op rounded to float32)

@@ -5,8 +5,8 @@
 
 Two ranks, a few tensors shaped like a tiny model's (conv, two same-shape linear weights, biases,
 batch norm, a 1 x 40 row), dense warmup steps then PowerSGD steps. The reference is the algorithm
-written out in float64 NumPy (comm/sync/powersgd.h, steps 1-7), starting from the same first Q as
-the C++ code (seeded_uniform of comm/sync/low_rank.h, reproduced bit for bit below). Before
+written out in float64 NumPy (comm/sync/methods/powersgd/powersgd.h, steps 1-7), starting from the same first Q as
+the C++ code (seeded_uniform of comm/sync/methods/powersgd/low_rank.h, reproduced bit for bit below). Before
 writing, the script checks that reference against PyTorch's own DDP powerSGD_hook (two gloo
 processes on CPU, the same gradients, the hook's Q memory preset to that first Q): the fixture is
 only written when the hook agrees, so the C++ test compares against PyTorch's semantics.
@@ -37,7 +37,7 @@ WORLD, WARMUP, STEPS, SEED = 2, 2, 6, 7
 
 
 def seeded_uniform(seed, stream, count):
-    """comm/sync/low_rank.h's seeded_uniform, bit for bit (uint64 arithmetic wraps)."""
+    """comm/sync/methods/powersgd/low_rank.h's seeded_uniform, bit for bit (uint64 arithmetic wraps)."""
     with np.errstate(over="ignore"):
         z = (np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + (np.uint64(stream) << np.uint64(32))
              + np.arange(count, dtype=np.uint64))

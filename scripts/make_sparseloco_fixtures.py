@@ -3,12 +3,12 @@
 
     /usr/bin/python3 scripts/make_sparseloco_fixtures.py          # writes into tests/fixtures/
 
-SparseLoCo's outer steps (Sarfi et al. 2025, arXiv 2508.15706; comm/sync/sparseloco.h) written out
+SparseLoCo's outer steps (Sarfi et al. 2025, arXiv 2508.15706; comm/sync/methods/outer/sparseloco.h) written out
 from the paper's equations in float32 NumPy, over P = 2 and P = 3 simulated ranks. The inner steps
 are given: in round t, rank r's local parameters are theta_outer - d[t][r] (rounded to float32), so
 its pseudo-gradient is theta_outer - local. Per round and rank:
     e_r     <- beta e_r + delta_r                  (float32: the product rounded, then the sum)
-    c_r      = chunk-wise top-k of e_r, quantized  (comm/sync/chunk_codec.h)
+    c_r      = chunk-wise top-k of e_r, quantized  (comm/sync/codecs/chunk_codec.h)
     e_r     <- e_r - D(c_r)
     sum      = sum over r in rank order of D(c_r)  (float32, starting from 0)
     theta   <- theta - float32(alpha / P) * sum

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Reads a checkpoint's model.safetensors with NumPy alone (no safetensors package): proof that the
-trainer writes the standard format (trainer/checkpoint.h).
+trainer writes the standard format (trainer/checkpoint/checkpoint.h).
 
     scripts/read_checkpoint.py runs/quickstart/checkpoints/step_400/model.safetensors
 

@@ -128,7 +128,7 @@ class Run:
         self.metrics = _read_jsonl(metrics_path)
         self.train = [m for m in self.metrics if "loss" in m and "split" not in m]
         self.evals = [m for m in self.metrics if "split" in m]
-        # The divergence guard's record (trainer/divergence_guard.h): the run stopped, diverged.
+        # The divergence guard's record (trainer/step/divergence_guard.h): the run stopped, diverged.
         self.diverged = next((m for m in self.metrics if m.get("diverged")), None)
         info_path = os.path.join(folder, "run.json")
         self.info = _read_json(info_path) if os.path.isfile(info_path) else None
@@ -486,7 +486,7 @@ def scaling(run, trainer, latency, bandwidths=SCALING_BANDWIDTHS):
     """The what-if model's prediction for this run at its own rank count on each nominal bandwidth: one dict
     per bandwidth, {"bandwidth": text, "bits_per_s": float, "network": whatif's network object, "phases":
     {phase: {step_ms, efficiency, comm_ms, wait_ms, compute_ms, comm_share}}}, from `trainer whatif RUN --json`
-    (the model lives there, in C++: comm/network_model.h, trainer/whatif.h). Raises RunError with whatif's own
+    (the model lives there, in C++: comm/network_model.h, trainer/tools/whatif.h). Raises RunError with whatif's own
     message when it fails."""
     return [scaling_point(bw, whatif_json(run, trainer, ["--bandwidth", bw, "--latency", latency])) for bw in bandwidths]
 

@@ -1,4 +1,4 @@
-// The async_ps servers' state cut again for another number of servers (comm/sync/async_ps_state.h),
+// The async_ps servers' state cut again for another number of servers (comm/sync/methods/async_ps/async_ps_state.h),
 // against one server that never was cut: 3 servers' shards of a model joined and split for 2 hold,
 // bit for bit, the optimizer state, gap-aware averages and parameters of a single optimizer that ran
 // the same updates on the whole model, and the 2 new servers' next update is that optimizer's next
@@ -11,7 +11,7 @@
 #include <sstream>
 #include <vector>
 
-#include "comm/sync/async_ps_state.h"
+#include "comm/sync/methods/async_ps/async_ps_state.h"
 #include "models/backend.h"
 #include "optim/optimizer.h"
 

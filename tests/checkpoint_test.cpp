@@ -6,7 +6,7 @@
 // size 1 that is exactly a world of one, and size 4 writes a checkpoint whose manifest says four
 // processes (rank 0's file only), which is all the world-size check needs. The hidden [mpi] cases at
 // the end use the real MPI world and run under mpiexec with 2 to 4 ranks.
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint/checkpoint.h"
 
 #include <unistd.h>
 
@@ -342,7 +342,7 @@ TEST_CASE("a checkpoint of another model is refused", "[checkpoint]") {
 }
 
 TEST_CASE("a checkpoint of another world size is read from every saved rank's file", "[checkpoint]") {
-  // An elastic resume (trainer/reshard.h) merges all P saved ranks' state; this one has rank 0's
+  // An elastic resume (trainer/checkpoint/reshard.h) merges all P saved ranks' state; this one has rank 0's
   // file only (OneRank), so the next one is missing. The real merge runs in elastic_e2e_test.
   TempDir t;
   Model m;

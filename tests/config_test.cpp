@@ -7,9 +7,9 @@
 #include <sstream>
 
 #include "comm/sync/registry.h"
-#include "trainer/config.h"
-#include "trainer/config_schema.h"
-#include "trainer/config_sync.h"
+#include "trainer/config/config.h"
+#include "trainer/config/config_schema.h"
+#include "trainer/config/config_sync.h"
 
 using namespace trainer;
 
@@ -228,7 +228,7 @@ TEST_CASE("rules across keys", "[config]") {
         "min_lr)");
   CHECK(error_of("[experiment]\nname = \"\"\n") == "configs/x.toml: experiment.name must not be empty");
   // Device buffers: NCCL only for them; every method runs with them (those that compute on the host
-  // through host copies, comm/sync/host_staged.h).
+  // through host copies, comm/sync/wrappers/host_staged.h).
   CHECK(error_of("[runtime]\ncommunicator = \"nccl\"\n") ==
         "configs/x.toml: runtime.communicator = \"nccl\" needs runtime.device = \"cuda\" (the CPU uses MPI)");
   for (const char* method : {"oktopk", "powersgd", "diloco", "async_ps"})

@@ -83,7 +83,7 @@ with tempfile.TemporaryDirectory() as tmp:
     cpp = sorted(glob.glob(os.path.join(src, "models", "cuda", "*.cpp")))
     comm_cpp = sorted(glob.glob(os.path.join(src, "comm", "cuda", "*.cpp")))
     switched = []
-    for pattern in ("trainer/*.cpp", "models/**/*.cpp", "comm/**/*.cpp", "tests/*.cpp"):
+    for pattern in ("trainer/**/*.cpp", "models/**/*.cpp", "comm/**/*.cpp", "tests/*.cpp"):
         for f in glob.glob(os.path.join(src, pattern), recursive=True):
             if "/cuda/" not in f and "TRAINER_HAS_CUDA" in open(f, errors="replace").read():
                 switched.append(f)

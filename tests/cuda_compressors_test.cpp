@@ -1,5 +1,5 @@
 // The compressors on the GPU against the CPU. The sparse passes (models/cuda/sparse.cu,
-// comm/sync/sparse_passes.h): each backend op on random inputs (outputs poisoned with NaN first),
+// comm/sync/methods/sparse/sparse_passes.h): each backend op on random inputs (outputs poisoned with NaN first),
 // exactly, since they are integer counts, compactions and single float adds (GaussianK's double sums
 // to 1e-12); then each sparse method on the CUDA backend against the same method on the CPU over 12
 // steps (a dense warmup of 2, exact and reused thresholds; and with sync.dgc, its velocity on the

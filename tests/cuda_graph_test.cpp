@@ -1,4 +1,4 @@
-// runtime.cuda_graph (trainer/step_graph.h): a ResNet-20 run whose steps are one recorded CUDA graph
+// runtime.cuda_graph (trainer/step/step_graph.h): a ResNet-20 run whose steps are one recorded CUDA graph
 // each ends exactly where the same run with eager steps ends: with runtime.deterministic = true the
 // weights, the optimizer state and every logged loss are the same bit for bit after 10 steps. Three
 // runs each way: SGD with momentum at a constant rate; a cosine schedule with warmup (the rate

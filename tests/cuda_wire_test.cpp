@@ -1,5 +1,5 @@
 // sync.wire_dtype and sync.overlap on the GPU against the CPU (models/cuda/half_cast.cu,
-// models/cuda/cuda_device.cpp's second stream, comm/sync/dense.h on device buffers):
+// models/cuda/cuda_device.cpp's second stream, comm/sync/methods/dense/dense.h on device buffers):
 //   - to_half / from_half give the CPU's 16 and 32 bits exactly (outputs poisoned first; random
 //     values, ties, fp32 and fp16 subnormals, values at fp16's overflow edge, Inf, NaN payloads,
 //     signed zeros; with fp16's pre-scale);
@@ -23,7 +23,7 @@
 #include "comm/communicator.h"
 #include "models/float_bits.h"
 #include "comm/staged_communicator.h"
-#include "comm/sync/dense.h"
+#include "comm/sync/methods/dense/dense.h"
 #include "tests/cuda_parity.h"
 
 using namespace trainer;

@@ -1,4 +1,4 @@
-// DeMo (comm/sync/demo.h) and its DCT (comm/sync/chunk_dct.h): the transform is orthonormal and its
+// DeMo (comm/sync/methods/demo/demo.h) and its DCT (comm/sync/methods/demo/chunk_dct.h): the transform is orthonormal and its
 // inverse undoes it; the method against DeMo's step written out in NumPy
 // (scripts/make_demo_fixtures.py) at P = 2, in fp32 and 4-bit components; resume and the elastic
 // mean of the momenta. Run under mpiexec at 2 ranks (tests/CMakeLists.txt).
@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
-#include "comm/sync/chunk_dct.h"
-#include "comm/sync/demo.h"
+#include "comm/sync/methods/demo/chunk_dct.h"
+#include "comm/sync/methods/demo/demo.h"
 #include "comm/sync/gradient_sync.h"
 #include "tests/reference_fixture.h"
 

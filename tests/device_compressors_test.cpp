@@ -1,7 +1,7 @@
 // The compressors on device buffers: the CPU backend dressed as a device (device_like_backend.h)
 // runs every device branch, and each method must give the host path's bits: every step's output,
 // the bytes each step sends and receives, and the saved state (thresholds, regions, factors, the
-// residual). The sparse methods (comm/sync/sparse_passes.h): the residual in "device" memory, the
+// residual). The sparse methods (comm/sync/methods/sparse/sparse_passes.h): the residual in "device" memory, the
 // radix select and stream compaction as backend ops, the lists copied across, the output scattered
 // from an uploaded list. PowerSGD: its factors and residual in "device" memory, every step a backend
 // op (ErrorFeedback's device mode for materialize, adopt and sent_approximately).
@@ -17,7 +17,7 @@
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
 #include "comm/sync/registry.h"
-#include "comm/sync/sparse_passes.h"
+#include "comm/sync/methods/sparse/sparse_passes.h"
 #include "tests/device_like_backend.h"
 #include "tests/device_like_communicator.h"
 #include "tests/method_keys.h"
@@ -140,7 +140,7 @@ TEST_CASE("the sparse methods on device buffers give the host path's bits", "[sp
 
 TEST_CASE("sync.dgc and the sparsity warm-up on device buffers give the host path's bits", "[sparse][device][dgc]") {
   // The velocity is a device buffer there: its update is Backend::momentum_correction, its masking
-  // the device passes' clears (DgcMomentum, comm/sync/dgc.h); on the host the pending clears.
+  // the device passes' clears (DgcMomentum, comm/sync/wrappers/dgc.h); on the host the pending clears.
   constexpr int kSteps = 14;
   for (const char* name : methods()) {
     for (const bool nesterov : {false, true}) {

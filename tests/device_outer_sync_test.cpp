@@ -1,6 +1,6 @@
 // DiLoCo and the async parameter server's worker on device buffers: the CPU backend dressed as a
 // device (device_like_backend.h) runs every device branch, and each must give the host path's
-// bits. DiLoCo (comm/sync/diloco.h): theta_outer, its outer optimizer and the pseudo-gradient in
+// bits. DiLoCo (comm/sync/methods/outer/diloco.h): theta_outer, its outer optimizer and the pseudo-gradient in
 // "device" memory, the subtraction, the outer step and the mixing as backend ops, and the outer
 // allreduce either on the device communicator (inline, the low-bit codec as backend ops) or on a
 // host copy (an overlapped transfer: outer_transfer.h). Per step the parameters, the BN
@@ -19,12 +19,12 @@
 
 #include "comm/communicator.h"
 #include "comm/staged_communicator.h"
-#include "comm/sync/async_ps.h"
-#include "comm/sync/async_ps_server.h"
+#include "comm/sync/methods/async_ps/async_ps.h"
+#include "comm/sync/methods/async_ps/async_ps_server.h"
 #include "models/parameters.h"
-#include "comm/sync/diloco.h"
+#include "comm/sync/methods/outer/diloco.h"
 #include "comm/sync/registry.h"
-#include "comm/sync/sparseloco.h"
+#include "comm/sync/methods/outer/sparseloco.h"
 #include "tests/device_like_backend.h"
 #include "tests/device_like_communicator.h"
 #include "tests/tiny_views.h"
@@ -173,7 +173,7 @@ TEST_CASE("DiLoCo on device buffers gives the host path's bits", "[diloco][devic
   }
 }
 
-// SparseLoCo (comm/sync/sparseloco.h) on device buffers: theta_outer, the accumulator and the
+// SparseLoCo (comm/sync/methods/outer/sparseloco.h) on device buffers: theta_outer, the accumulator and the
 // element-wise steps on the "device", the codec on a host copy of each synced fragment. Period 4
 // after a dense warmup of 2, 2% of each chunk in 2 bits; plain, and streaming with an overlapped delay.
 TEST_CASE("SparseLoCo on device buffers gives the host path's bits, copying only the synced fragments",

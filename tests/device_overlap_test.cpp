@@ -1,6 +1,6 @@
 // Dense sync on device buffers, overlapped or not, in every wire format: the CPU backend dressed as
 // a device (device_like_backend.h, whose second stream is synchronous) runs the device branches of
-// DenseSync and BucketReducer (comm/sync/bucket_reducer.h, OnDevice), and every step must give the
+// DenseSync and BucketReducer (comm/sync/methods/dense/bucket_reducer.h, OnDevice), and every step must give the
 // host path's bits, the same comm log bytes, and the same verdict on a non-finite tensor.
 //   - host staging (StagedCommunicator): the communication thread runs each bucket's allreduce;
 //   - an "enqueuing" communicator (the staged one, saying enqueues() as NCCL does): the training
@@ -17,7 +17,7 @@
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
 #include "comm/staged_communicator.h"
-#include "comm/sync/dense.h"
+#include "comm/sync/methods/dense/dense.h"
 #include "tests/device_like_backend.h"
 
 using namespace trainer;

@@ -1,4 +1,4 @@
-// Deep Gradient Compression (comm/sync/dgc.h) under mpiexec with P = 2 and 4:
+// Deep Gradient Compression (comm/sync/wrappers/dgc.h) under mpiexec with P = 2 and 4:
 //   - topka (exact top-k) and gaussiank (a fitted threshold) with sync.dgc against the NumPy model of
 //     the paper's equations (scripts/make_dgc_fixtures.py -> tests/fixtures/dgc_reference.json):
 //     the gradient the optimizer gets, every rank's residual and velocity, step by step, through a
@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/sync/dgc.h"
-#include "comm/sync/error_feedback_sync.h"
+#include "comm/sync/wrappers/dgc.h"
+#include "comm/sync/wrappers/error_feedback_sync.h"
 #include "comm/sync/gradient_sync.h"
 #include "comm/sync/registry.h"
 

@@ -11,9 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "comm/sync/fragments.h"
-#include "trainer/config.h"
-#include "trainer/task.h"
+#include "comm/sync/methods/outer/fragments.h"
+#include "trainer/config/config.h"
+#include "trainer/tasks/task.h"
 #include "cifar_runs.h"
 #include "process.h"
 #include "resume_runs.h"

@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
-#include "comm/sync/diloco.h"
+#include "comm/sync/methods/outer/diloco.h"
 #include "comm/sync/gradient_sync.h"
 #include "models/layers/batch_norm.h"
 #include "models/layers/conv2d.h"

@@ -1,4 +1,4 @@
-// DiLoCo and Streaming DiLoCo (comm/sync/diloco.h) under mpiexec (P = 2 and 3):
+// DiLoCo and Streaming DiLoCo (comm/sync/methods/outer/diloco.h) under mpiexec (P = 2 and 3):
 //   - every value torchft's regression test recorded (tests/fixtures/torchft_diloco.json, made by
 //     scripts/make_diloco_fixtures.py) for 2 replicas, 2 fragments, delays 0 and 1, mixing 0, 0.5
 //     and 1, straight and resumed from a checkpoint after every step (inside a delay too), and the
@@ -11,7 +11,7 @@
 //   - the fragment plan and the schedule's errors.
 // The delayed transfer's thread itself is diloco_transfer_test.cpp's. MPI_THREAD_MULTIPLE, as the
 // trainer asks for it in such runs: every delayed case above runs its transfers on their thread
-// (comm/sync/outer_transfer.h).
+// (comm/sync/methods/outer/outer_transfer.h).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -23,8 +23,8 @@
 
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
-#include "comm/sync/diloco.h"
-#include "comm/sync/fragments.h"
+#include "comm/sync/methods/outer/diloco.h"
+#include "comm/sync/methods/outer/fragments.h"
 #include "comm/sync/gradient_sync.h"
 #include "diloco_harness.h"
 #include "optim/optimizer.h"

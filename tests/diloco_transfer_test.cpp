@@ -1,4 +1,4 @@
-// Streaming DiLoCo's delayed transfers on their own thread (comm/sync/outer_transfer.h), under
+// Streaming DiLoCo's delayed transfers on their own thread (comm/sync/methods/outer/outer_transfer.h), under
 // mpiexec (P = 2 and 3; torchft's values at P = 2 only):
 //   - a delayed fragment's allreduce really runs during the steps after its send (it can only finish
 //     after rank 0's send step returned: the other ranks join it only then), with torchft's values
@@ -23,7 +23,7 @@
 
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
-#include "comm/sync/diloco.h"
+#include "comm/sync/methods/outer/diloco.h"
 #include "diloco_harness.h"
 
 using namespace trainer;

@@ -1,4 +1,4 @@
-// The divergence guard (trainer/divergence_guard.h) through the trainer under mpiexec, 2 ranks:
+// The divergence guard (trainer/step/divergence_guard.h) through the trainer under mpiexec, 2 ranks:
 // DiLoCo with an outer lr far too large diverges after its dense warmup and stops with one
 // "diverged:" line, exit status 4, a complete checkpoint and a "diverged" record in metrics.jsonl;
 // resumed, it stops again (the checkpoint keeps the reference); with train.divergence_guard = false

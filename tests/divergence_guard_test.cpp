@@ -1,8 +1,8 @@
-// The divergence guard's decision (trainer/divergence_guard.h) on synthetic loss curves, without
+// The divergence guard's decision (trainer/step/divergence_guard.h) on synthetic loss curves, without
 // MPI: normal noisy curves (a bump at the switch, an lr drop, spikes) never trip it at the defaults,
 // a rising curve trips it at the window where its mean passes the factor, and a non-finite loss
 // after the switch is reported as "diverged".
-#include "trainer/divergence_guard.h"
+#include "trainer/step/divergence_guard.h"
 
 #include <catch2/catch.hpp>
 

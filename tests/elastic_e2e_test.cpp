@@ -1,4 +1,4 @@
-// Elastic resume (trainer/reshard.h): a checkpoint of P processes continued on P'. Under mpiexec,
+// Elastic resume (trainer/checkpoint/reshard.h): a checkpoint of P processes continued on P'. Under mpiexec,
 // P = 4 -> 2 -> 4 for dense, Ok-Top-k, PowerSGD and local SGD through one epoch: the runs go on
 // (loss after each resume near the loss before), every sample of the epoch is used exactly once
 // across the change, Ok-Top-k recomputes its regions at the first step on the new P, and the
@@ -20,12 +20,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "comm/sync/error_feedback_sync.h"
-#include "comm/sync/oktopk.h"
+#include "comm/sync/wrappers/error_feedback_sync.h"
+#include "comm/sync/methods/sparse/oktopk.h"
 #include "models/safetensors.h"
 #include "tests/one_rank.h"
 #include "trainer/experiment.h"
-#include "trainer/task.h"
+#include "trainer/tasks/task.h"
 #include "cifar_runs.h"
 #include "process.h"
 #include "resume_runs.h"
@@ -50,7 +50,7 @@ std::string sample_logged(const fs::path& samples, const std::string& command) {
   return "env TRAINER_TEST_SAMPLE_LOG=" + samples.string() + " " + command;
 }
 
-// Every "epoch batch index..." line of every rank's sample log (trainer/image_task.h).
+// Every "epoch batch index..." line of every rank's sample log (trainer/tasks/image_task.h).
 struct LoggedBatch {
   int64_t epoch, batch;
   std::vector<int64_t> indices;
@@ -252,7 +252,7 @@ TEST_CASE("Elastic resume P = 4 -> 2 -> 4 through one epoch, every method", "[mp
 }
 
 TEST_CASE("Elastic resume with sync.dgc: P = 4 -> 2, the velocity the saved ranks' mean", "[mpi][elastic][dgc]") {
-  // DGC's velocity is a rank's own state, like the residual (comm/sync/dgc.h): a resume on another
+  // DGC's velocity is a rank's own state, like the residual (comm/sync/wrappers/dgc.h): a resume on another
   // number of ranks takes their mean, which keeps what the average update still owes.
   const std::string sync = "--set sync.method=topka --set sync.density=0.02 --set sync.dense_warmup_steps=2"
                            " --set sync.dgc=true --set sync.density_warmup_steps=8 --set optim.grad_clip_norm=1"

@@ -1,8 +1,8 @@
-// Error feedback as one wrapper (comm/sync/error_feedback_sync.h), under mpiexec with P = 1 and 2:
+// Error feedback as one wrapper (comm/sync/wrappers/error_feedback_sync.h), under mpiexec with P = 1 and 2:
 // a third compressor written here in a few lines (EF-SignSGD's scaled sign, a dense approximation)
 // gets its residual, conservation and resume from the base alone; the step handle refuses calls
 // out of order; a failed load leaves a method exactly as it was.
-#include "comm/sync/error_feedback_sync.h"
+#include "comm/sync/wrappers/error_feedback_sync.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>

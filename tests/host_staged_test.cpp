@@ -1,5 +1,5 @@
 // A method that computes on the host, run on a device's buffers through host copies
-// (comm/sync/host_staged.h): host memory that counts its copies stands in for the device, so the
+// (comm/sync/wrappers/host_staged.h): host memory that counts its copies stands in for the device, so the
 // test sees that every value the method reads went through copy_to_host and every value it wrote
 // came back through copy_to_device. Over 12 steps (a dense warmup of 3, then the method) the
 // parameters, gradients and BN statistics equal the same method run on host buffers bit for bit,
@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "comm/communicator.h"
-#include "comm/sync/host_staged.h"
+#include "comm/sync/wrappers/host_staged.h"
 #include "comm/sync/registry.h"
 #include "tests/counting_memory.h"
 #include "tests/tiny_views.h"

@@ -1,8 +1,8 @@
-// sync.keep_dense (comm/sync/keep_dense.h), under mpiexec at 2 and 3 ranks: the kept tensors come
+// sync.keep_dense (comm/sync/wrappers/keep_dense.h), under mpiexec at 2 and 3 ranks: the kept tensors come
 // out as the exact average (allreduce_average's bits, as dense sync) and the rest as the same method run alone on
 // the remaining entries, bit for bit, for each sparse method; PowerSGD sends a kept matrix dense
 // (its bytes and its exact average); the state resumes; bad patterns and methods are clear errors.
-#include "comm/sync/keep_dense.h"
+#include "comm/sync/wrappers/keep_dense.h"
 
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -10,9 +10,9 @@
 #include <sstream>
 
 #include "comm/communicator.h"
-#include "comm/sync/dense.h"
+#include "comm/sync/methods/dense/dense.h"
 #include "comm/sync/gradient_sync.h"
-#include "comm/sync/powersgd.h"
+#include "comm/sync/methods/powersgd/powersgd.h"
 #include "tests/method_keys.h"
 
 using namespace trainer;

@@ -1,7 +1,7 @@
 // The network calibration's pieces that need no network: the fit of the model's latency and
 // bandwidth (comm/network_fit.h) on times generated from known parameters, the calibration file's
 // round trip and its one-line errors (comm/network_calibration.h), and which rates whatif says it
-// used (trainer/whatif_network.h). `trainer calibrate` itself runs in calibrate_e2e_test.
+// used (trainer/tools/whatif_network.h). `trainer calibrate` itself runs in calibrate_e2e_test.
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -14,7 +14,7 @@
 #include "comm/network_fit.h"
 #include "comm/network_model.h"
 #include "process.h"
-#include "trainer/whatif_network.h"
+#include "trainer/tools/whatif_network.h"
 
 using namespace trainer::comm;
 using trainer::testing::TempDir;

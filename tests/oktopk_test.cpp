@@ -4,9 +4,9 @@
 // back from the comm log; save -> load -> continue is bitwise the same (all four); dense warmup.
 //
 // The dense references keep every rank's residual (each rank generates every rank's gradients) and
-// follow the rules of comm/sync/select.h: thresholds keep ties and never zeros, exactly-k breaks
+// follow the rules of comm/sync/methods/sparse/select.h: thresholds keep ties and never zeros, exactly-k breaks
 // ties by lower index, sums over ranks are formed in rank order.
-#include "comm/sync/oktopk.h"
+#include "comm/sync/methods/sparse/oktopk.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -24,11 +24,11 @@
 
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
-#include "comm/sync/gaussiank.h"
+#include "comm/sync/methods/sparse/gaussiank.h"
 #include "comm/sync/gradient_sync.h"
-#include "comm/sync/gtopk.h"
-#include "comm/sync/select.h"
-#include "comm/sync/topka.h"
+#include "comm/sync/methods/sparse/gtopk.h"
+#include "comm/sync/methods/sparse/select.h"
+#include "comm/sync/methods/sparse/topka.h"
 #include "tests/method_keys.h"
 
 using namespace trainer;

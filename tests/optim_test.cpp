@@ -17,7 +17,7 @@
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "optim/sgd.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 using namespace trainer::optim;
 namespace models = trainer::models;

@@ -17,7 +17,7 @@
 
 #include "cifar_runs.h"
 #include "comm_log_reading.h"
-#include "comm/sync/gradient_buckets.h"
+#include "comm/sync/methods/dense/gradient_buckets.h"
 #include "process.h"
 
 namespace fs = std::filesystem;

@@ -20,9 +20,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "comm/sync/gradient_buckets.h"
+#include "comm/sync/methods/dense/gradient_buckets.h"
 #include "comm/sync/gradient_sync.h"
-#include "trainer/task.h"
+#include "trainer/tasks/task.h"
 #include "cifar_runs.h"
 #include "process.h"
 #include "resume_runs.h"
@@ -109,7 +109,7 @@ TEST_CASE("Resume is bit-identical across a switch of sync.adaptive", "[mpi][res
 }
 
 TEST_CASE("Resume is bit-identical with sync.dgc and the sparsity warm-up", "[mpi][resume][dgc]") {
-  // DGC's velocity (comm/sync/dgc.h) follows the residual in the state; the warm-up's densities
+  // DGC's velocity (comm/sync/wrappers/dgc.h) follows the residual in the state; the warm-up's densities
   // (steps 0-3 at 0.2, 4-7 at 0.093, 8-11 at 0.043, then 0.02) switch after steps 7 and 11, so the
   // runs resumed from steps 7 and 10 start mid-stage and cross a switch. Local clipping binds.
   const int P = 2;

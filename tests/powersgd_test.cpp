@@ -1,8 +1,8 @@
-// PowerSGD (comm/sync/powersgd.h): against the reference of scripts/make_powersgd_fixtures.py
+// PowerSGD (comm/sync/methods/powersgd/powersgd.h): against the reference of scripts/make_powersgd_fixtures.py
 // (NumPy, checked there against PyTorch's DDP powerSGD_hook), the bytes the comm log records
 // against the formula, error-feedback conservation, per-bucket exchange against the whole-gradient
 // one, rank-deficient and 1 x n matrices, and bit-exact resume. Runs under mpiexec at 1, 2 and 4 ranks; the reference case runs at 2.
-#include "comm/sync/powersgd.h"
+#include "comm/sync/methods/powersgd/powersgd.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -14,9 +14,9 @@
 
 #include "comm/comm_log.h"
 #include "comm/communicator.h"
-#include "comm/sync/dense.h"
+#include "comm/sync/methods/dense/dense.h"
 #include "comm/sync/gradient_sync.h"
-#include "comm/sync/low_rank.h"
+#include "comm/sync/methods/powersgd/low_rank.h"
 #include "models/safetensors.h"
 #include "tests/conservation.h"
 

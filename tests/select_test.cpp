@@ -1,9 +1,9 @@
-// The selection kernels of the sparse gradient-sync methods (comm/sync/select.h) against plain
+// The selection kernels of the sparse gradient-sync methods (comm/sync/methods/sparse/select.h) against plain
 // definitions computed the slow way: threshold passes, the exact k-th magnitude (small buffers
 // and sampled large ones), the two tie rules, sorted-list sums, and the error-feedback residual;
 // and each instruction set's kernels (scalar, AVX2, AVX-512, as the CPU has them) against the
 // scalar ones, bit for bit.
-#include "comm/sync/select.h"
+#include "comm/sync/methods/sparse/select.h"
 
 #include <omp.h>
 
@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/sync/error_feedback.h"
-#include "comm/sync/gaussiank.h"
+#include "comm/sync/wrappers/error_feedback.h"
+#include "comm/sync/methods/sparse/gaussiank.h"
 #include "comm/sync/gradient_sync.h"
 
 using namespace trainer::comm;
@@ -333,7 +333,7 @@ TEST_CASE("The dense output is written in one pass: values / divisor at the indi
   omp_set_num_threads(saved);
 }
 
-// ---- The instruction sets (comm/sync/select_kernels.h): every version against the scalar one, bit
+// ---- The instruction sets (comm/sync/methods/sparse/select_kernels.h): every version against the scalar one, bit
 // for bit, in one process.
 
 namespace {

@@ -12,10 +12,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "comm/sync/chunk_codec.h"
-#include "comm/sync/fragments.h"
-#include "trainer/config.h"
-#include "trainer/task.h"
+#include "comm/sync/codecs/chunk_codec.h"
+#include "comm/sync/methods/outer/fragments.h"
+#include "trainer/config/config.h"
+#include "trainer/tasks/task.h"
 #include "cifar_runs.h"
 #include "process.h"
 #include "resume_runs.h"

@@ -1,4 +1,4 @@
-// SparseLoCo (comm/sync/sparseloco.h) and its codec (comm/sync/chunk_codec.h): the chunks, top-k per
+// SparseLoCo (comm/sync/methods/outer/sparseloco.h) and its codec (comm/sync/codecs/chunk_codec.h): the chunks, top-k per
 // chunk, the 2/4/8-bit values and their bytes; the method against the paper's equations in NumPy
 // (scripts/make_sparseloco_fixtures.py) at P = 2 and 3, plain and as Streaming DiLoCo with a delayed,
 // overlapped exchange; the comm log's bytes; resume in flight bit for bit; the elastic mean.
@@ -18,9 +18,9 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
-#include "comm/sync/chunk_codec.h"
+#include "comm/sync/codecs/chunk_codec.h"
 #include "comm/sync/gradient_sync.h"
-#include "comm/sync/sparseloco.h"
+#include "comm/sync/methods/outer/sparseloco.h"
 #include "models/backend.h"
 #include "tests/reference_fixture.h"
 

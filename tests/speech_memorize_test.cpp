@@ -11,7 +11,7 @@
 #include "models/nets/las.h"
 #include "process.h"
 #include "speech_testing.h"
-#include "trainer/speech_metrics.h"
+#include "trainer/tasks/speech_metrics.h"
 
 using namespace trainer;
 using models::Mode;

@@ -1,7 +1,7 @@
 // CER and WER: edit distances on known cases and corpus-level totals.
 #include <catch2/catch.hpp>
 
-#include "trainer/speech_metrics.h"
+#include "trainer/tasks/speech_metrics.h"
 
 using namespace trainer::app;
 

@@ -1,4 +1,4 @@
-// The async_ps servers' remedies for stale gradients (comm/sync/staleness_remedies.h) against a
+// The async_ps servers' remedies for stale gradients (comm/sync/methods/async_ps/staleness_remedies.h) against a
 // float64 reference written from the definitions: momentum corrected for asynchrony's implicit
 // momentum (Mitliagkas et al. 2016) and gap-aware damping (Barkai et al. 2020).
 #include <catch2/catch.hpp>
@@ -8,7 +8,7 @@
 #include <sstream>
 #include <vector>
 
-#include "comm/sync/staleness_remedies.h"
+#include "comm/sync/methods/async_ps/staleness_remedies.h"
 
 using trainer::comm::corrected_momentum;
 using trainer::comm::GapAwareDamping;

@@ -13,11 +13,11 @@
 #include <sstream>
 
 #include "comm/communicator.h"
-#include "comm/sync/dense.h"
+#include "comm/sync/methods/dense/dense.h"
 #include "comm/sync/registry.h"
 #include "device_like_backend.h"
-#include "trainer/config.h"
-#include "trainer/config_sync.h"
+#include "trainer/config/config.h"
+#include "trainer/config/config_sync.h"
 #include "trainer/run.h"
 
 using namespace trainer;

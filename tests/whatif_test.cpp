@@ -1,4 +1,4 @@
-// The alpha-beta network model (comm/network_model.h) and `trainer whatif` (trainer/whatif.h)
+// The alpha-beta network model (comm/network_model.h) and `trainer whatif` (trainer/tools/whatif.h)
 // against cases computed by hand: each collective's schedule, the unit parsers, and whole runs
 // written as files (config.toml, metrics.jsonl, comm logs) with known compute, comm and wait.
 #include <cmath>
@@ -11,8 +11,8 @@
 
 #include "comm/network_model.h"
 #include "process.h"
-#include "trainer/config.h"
-#include "trainer/whatif.h"
+#include "trainer/config/config.h"
+#include "trainer/tools/whatif.h"
 
 using namespace trainer::comm;
 using trainer::app::measure_run;

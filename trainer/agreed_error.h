@@ -15,7 +15,7 @@ struct AgreedError : std::runtime_error {
 };
 // The exit status of a run ended by a NaN or an infinity in the loss or gradient.
 constexpr int kExitNonFinite = 3;
-// The exit status of a run the divergence guard stopped (trainer/divergence_guard.h): its loss rose
+// The exit status of a run the divergence guard stopped (trainer/step/divergence_guard.h): its loss rose
 // well above its level at the switch from dense training, or turned non-finite after it.
 constexpr int kExitDiverged = 4;
 

@@ -89,7 +89,7 @@ optim::OptimizerOptions optimizer_options(const Config& c) {
   const bool owned = sync_owns_momentum(c);
   o.momentum = owned ? 0.0 : c.optim.momentum;
   o.nesterov = owned ? false : c.optim.nesterov;
-  // ... and the coupled weight decay (its own momentum, comm/sync/dgc.h); decoupled decay stays here.
+  // ... and the coupled weight decay (its own momentum, comm/sync/wrappers/dgc.h); decoupled decay stays here.
   o.weight_decay = owned && !c.optim.decoupled_weight_decay && c.optim.name != "adamw" ? 0.0 : c.optim.weight_decay;
   o.decoupled_weight_decay = c.optim.decoupled_weight_decay;
   o.beta1 = c.optim.beta1;
@@ -127,12 +127,12 @@ Experiment build_experiment(const Config& config, comm::Communicator& world, com
   comm::SyncOptions so = sync_options(config);
   so.steps_per_epoch = e.task->steps_per_epoch();
   so.total_steps = total_steps(config, so.steps_per_epoch);
-  // sync.adaptive treats the interval after a learning-rate drop as critical (comm/sync/accordion.h).
+  // sync.adaptive treats the interval after a learning-rate drop as critical (comm/sync/wrappers/accordion.h).
   if (e.schedule.kind == optim::ScheduleKind::kMultiStep && e.schedule.gamma < 1)
     for (int64_t m : e.schedule.milestones) so.lr_decay_steps.push_back(m * so.steps_per_epoch);
   so.backend = e.backend;
   // A method that takes device buffers gets a communicator that moves them (NCCL, or MPI through
-  // pinned staging); the others run on host copies (comm/sync/host_staged.h) and talk MPI.
+  // pinned staging); the others run on host copies (comm/sync/wrappers/host_staged.h) and talk MPI.
   if (comm::takes_device_buffers(comm::sync_method(config.sync.method), so)) {
     comm::SyncCommunicator carrier = comm::make_sync_communicator(config.runtime.communicator, world, *e.backend);
     e.sync_comm = std::move(carrier.device);
@@ -140,7 +140,7 @@ Experiment build_experiment(const Config& config, comm::Communicator& world, com
     if (e.sync_comm) announce("sync communicator: " + carrier.description);
   } else if (!e.backend->is_host()) {
     announce("sync: " + config.sync.method + " computes on the host: the gradient goes through host memory "
-             "every step (comm/sync/host_staged.h)");
+             "every step (comm/sync/wrappers/host_staged.h)");
   }
   e.sync = comm::make_gradient_sync(so, e.sync_comm ? *e.sync_comm : world, n, &e.task->parameters().views());
   return e;

@@ -12,9 +12,9 @@
 #include "models/backend.h"
 #include "optim/schedule.h"
 #include "optim/optimizer.h"
-#include "trainer/config.h"
-#include "trainer/config_sync.h"
-#include "trainer/task.h"
+#include "trainer/config/config.h"
+#include "trainer/config/config_sync.h"
+#include "trainer/tasks/task.h"
 
 namespace trainer::app {
 
@@ -57,9 +57,9 @@ Experiment build_experiment(const Config& config, comm::Communicator& world, com
 // The run's steps: train.epochs of steps_per_epoch, capped by train.max_steps.
 int64_t total_steps(const Config& config, int64_t steps_per_epoch);
 
-using trainer::sync_options;  // trainer/config_sync.h
+using trainer::sync_options;  // trainer/config/config_sync.h
 // Whether the run has a thread that communicates while the training thread does too (diloco with a
-// sync delay, overlapped: comm/sync/outer_transfer.h), so MPI must allow concurrent calls
+// sync delay, overlapped: comm/sync/methods/outer/outer_transfer.h), so MPI must allow concurrent calls
 // (comm::request_concurrent_calls, before comm::world()).
 bool needs_concurrent_calls(const Config& config);
 optim::ScheduleOptions schedule_options(const OptimConfig& o);

@@ -21,19 +21,19 @@
 #include <string>
 #include <vector>
 
-#include "comm/bench_comm.h"
-#include "comm/bench_outer.h"
+#include "trainer/tools/bench_comm.h"
+#include "trainer/tools/bench_outer.h"
 #include "comm/calibrate.h"
 #include "comm/communicator.h"
-#include "comm/sync/sparse_bench.h"
+#include "trainer/tools/bench_sync.h"
 #include "data/synthetic_cifar.h"
-#include "trainer/bench.h"
-#include "trainer/config.h"
+#include "trainer/tools/bench.h"
+#include "trainer/config/config.h"
 #include "trainer/experiment.h"
-#include "trainer/preemption.h"
-#include "trainer/report.h"
+#include "trainer/checkpoint/preemption.h"
+#include "trainer/tools/report.h"
 #include "trainer/run.h"
-#include "trainer/whatif.h"
+#include "trainer/tools/whatif.h"
 
 namespace {
 

@@ -5,13 +5,13 @@
 #include <cstdio>
 
 #include "comm/comm_summary.h"
-#include "comm/sync/async_ps.h"
+#include "comm/sync/methods/async_ps/async_ps.h"
 #include "comm/sync/registry.h"
 #include "models/model.h"
-#include "trainer/config_sync.h"
+#include "trainer/config/config_sync.h"
 #include "trainer/experiment.h"
-#include "trainer/preemption.h"
-#include "trainer/reshard.h"
+#include "trainer/checkpoint/preemption.h"
+#include "trainer/checkpoint/reshard.h"
 #include "trainer/roles.h"
 #include "trainer/run_output.h"
 
@@ -50,7 +50,7 @@ void print_dry_run(const Config& config, comm::Communicator& comm) {
 
 RunSummary run_training(const Config& configured, const RunOptions& options, comm::Communicator& comm) {
   const auto run_start = std::chrono::steady_clock::now();
-  // A checkpoint of another number of processes keeps its global batch (trainer/reshard.h), which
+  // A checkpoint of another number of processes keeps its global batch (trainer/checkpoint/reshard.h), which
   // the data loader must know before it is built.
   Config config;
   try {

@@ -7,7 +7,7 @@
 #include "comm/communicator.h"
 #include "models/parameters.h"
 #include "trainer/agreed_error.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 #include "trainer/roles.h"
 
 namespace trainer::app {
@@ -16,7 +16,7 @@ namespace trainer::app {
 // summary.json and comm/summary.txt under the output folder; every rank writes its
 // comm/rank<R>.jsonl and checkpoint state. Throws std::runtime_error (one clear line) on bad data
 // or a damaged checkpoint, AgreedError on a non-finite loss or gradient (unless skipped) and on a
-// failed final checkpoint. On SIGTERM/SIGINT (trainer/preemption.h) it checkpoints and returns
+// failed final checkpoint. On SIGTERM/SIGINT (trainer/checkpoint/preemption.h) it checkpoints and returns
 // early with summary.stop_signal set.
 RunSummary run_training(const Config& config, const RunOptions& options, comm::Communicator& comm);
 

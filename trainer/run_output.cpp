@@ -6,9 +6,9 @@
 
 #include "comm/comm_log.h"
 #include "comm/comm_wait.h"
-#include "comm/sync/dense.h"
+#include "comm/sync/methods/dense/dense.h"
 #include "comm/sync/registry.h"
-#include "comm/sync/select.h"
+#include "comm/sync/methods/sparse/select.h"
 
 namespace trainer::app {
 
@@ -57,7 +57,7 @@ void write_run_info(const std::string& path, const Config& config, const models:
                             {"steps_per_epoch", steps_per_epoch},
                             {"first_step", first_step},
                             {"parameters", views}};
-  // An elastic resume's global batch, where batch_size x world_size is not it (trainer/reshard.h).
+  // An elastic resume's global batch, where batch_size x world_size is not it (trainer/checkpoint/reshard.h).
   if (config.data.global_batch > 0) info["global_batch"] = config.data.global_batch;
   std::ofstream f(path);
   f << info.dump(1) << "\n";

@@ -11,7 +11,7 @@
 #include "comm/chrome_trace.h"
 #include "comm/communicator.h"
 #include "models/parameters.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 namespace trainer::app {
 

@@ -1,18 +1,18 @@
 #include <sstream>
 
-#include "comm/sync/async_ps_server.h"
-#include "trainer/checkpoint_keeper.h"
+#include "comm/sync/methods/async_ps/async_ps_server.h"
+#include "trainer/checkpoint/checkpoint_keeper.h"
 #include "trainer/experiment.h"
-#include "trainer/reshard.h"
+#include "trainer/checkpoint/reshard.h"
 #include "trainer/roles.h"
-#include "trainer/task.h"
+#include "trainer/tasks/task.h"
 
 namespace trainer::app {
 
 bool run_server(const Config& config, const RunOptions& options, comm::Communicator& world) {
   // A server keeps its shard, the optimizer state and the sums on the host whatever runtime.device
   // (its arithmetic is on host vectors; the workers' pushes and pulls arrive over MPI): a GPU run's
-  // workers stage their pushes and pulls through host copies (comm/sync/async_ps.h).
+  // workers stage their pushes and pulls through host copies (comm/sync/methods/async_ps/async_ps.h).
   models::Backend& backend = models::cpu_backend();
   ModelStores model = build_model_stores(config, backend);
   comm::PsServerOptions server_options;
@@ -29,7 +29,7 @@ bool run_server(const Config& config, const RunOptions& options, comm::Communica
     if (ck->saved.empty()) {
       std::istringstream opt_state(ck->state.optimizer_state), sync_state(ck->state.sync_state);
       server.load(opt_state, sync_state);
-    } else {  // another number of processes or servers (trainer/reshard.h)
+    } else {  // another number of processes or servers (trainer/checkpoint/reshard.h)
       apply_ps_server_resharded(*ck, server, *model.params, *model.buffers);
     }
     first_step = ck->state.step;

@@ -1,7 +1,7 @@
 #include "trainer/start_notes.h"
 
 #include "comm/sync/registry.h"
-#include "trainer/config_sync.h"
+#include "trainer/config/config_sync.h"
 
 namespace trainer::app {
 

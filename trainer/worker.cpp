@@ -18,21 +18,21 @@
 #include "comm/sync/registry.h"
 #include "optim/schedule.h"
 #include "trainer/agreed_error.h"
-#include "trainer/checkpoint_keeper.h"
-#include "trainer/divergence_guard.h"
+#include "trainer/checkpoint/checkpoint_keeper.h"
+#include "trainer/step/divergence_guard.h"
 #include "trainer/experiment.h"
-#include "trainer/interval_metrics.h"
-#include "trainer/nonfinite_guard.h"
-#include "trainer/preemption.h"
-#include "trainer/reshard.h"
+#include "trainer/step/interval_metrics.h"
+#include "trainer/step/nonfinite_guard.h"
+#include "trainer/checkpoint/preemption.h"
+#include "trainer/checkpoint/reshard.h"
 #include "trainer/roles.h"
 #include "trainer/run_output.h"
-#include "trainer/config_sync.h"
+#include "trainer/config/config_sync.h"
 #include "trainer/start_notes.h"
-#include "trainer/step_clock.h"
-#include "trainer/step_graph.h"
-#include "trainer/trace_spans.h"
-#include "trainer/update_rule.h"
+#include "trainer/step/step_clock.h"
+#include "trainer/step/step_graph.h"
+#include "trainer/step/trace_spans.h"
+#include "trainer/step/update_rule.h"
 
 namespace trainer::app {
 namespace {
@@ -172,7 +172,7 @@ class Worker {
   void say(const std::string& text) {
     if (lead_) progress_.line(text);
   }
-  // Uneven shares of the global batch (an elastic resume, trainer/reshard.h): the gradient entries
+  // Uneven shares of the global batch (an elastic resume, trainer/checkpoint/reshard.h): the gradient entries
   // from `from` on, final now, are weighted by share x ranks / G before any of them leaves, so that
   // the average over ranks is the mean over the G samples.
   void weight_gradient(int64_t from) {

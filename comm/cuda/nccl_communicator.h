@@ -13,7 +13,7 @@
 // it ends when the host saw the second event complete. Without timing nothing waits.
 //
 // on_stream gives the same NCCL communicator on a second stream (sync.overlap's dense buckets,
-// comm/sync/bucket_reducer.h). There a timed call is not waited for (the training thread enqueues
+// comm/sync/methods/dense/bucket_reducer.h). There a timed call is not waited for (the training thread enqueues
 // it during backward): it keeps its two events, and complete_records() writes the records in call
 // order, each placed on the host clock by its elapsed time to the last call's end, the one event
 // it waits for.

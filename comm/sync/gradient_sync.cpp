@@ -3,10 +3,10 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "comm/sync/compressor_options.h"
-#include "comm/sync/dense.h"
-#include "comm/sync/host_staged.h"
-#include "comm/sync/keep_dense.h"
+#include "comm/sync/wrappers/compressor_options.h"
+#include "comm/sync/methods/dense/dense.h"
+#include "comm/sync/wrappers/host_staged.h"
+#include "comm/sync/wrappers/keep_dense.h"
 #include "comm/sync/registry.h"
 #include "comm/sync/sync_state.h"
 

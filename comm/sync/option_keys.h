@@ -3,7 +3,7 @@
 // key's name, documentation and range, once. Each method's keys form its own table, [sync.<method>]
 // (`[sync.local_sgd] period = 4` is the key sync.local_sgd.period): two methods that read one struct
 // (the sparse methods' SparseOptions) or a key of the same name (density) share nothing but the
-// text, so each has its own default. The config (trainer/config_schema.h) visits every method's
+// text, so each has its own default. The config (trainer/config/config_schema.h) visits every method's
 // table through the method table (registry.h); a method reads its struct back with options_of<O>().
 //
 //   struct LocalSgdOptions {

@@ -45,7 +45,7 @@ struct SyncCapabilities {
   bool wrapped_in_warmup = true;
   // Every step enqueues the same kernels and collectives with the same arguments, and reads nothing
   // back on the host, so a whole step can be recorded once as a CUDA graph and replayed
-  // (runtime.cuda_graph, trainer/step_graph.h), when its collectives run on the device (NCCL).
+  // (runtime.cuda_graph, trainer/step/step_graph.h), when its collectives run on the device (NCCL).
   bool capturable = false;
 };
 

@@ -1,7 +1,7 @@
 // The CPU backend's gradient-sync passes. The sparse ones (Backend::magnitude_histogram,
 // select_at_least, accumulate_moments, sparse_to_dense, scatter_fill): on the CPU the sparse
 // methods use these only where a device-like backend stands in for a GPU (tests) and for
-// GaussianK's moments; their own host path is comm/sync/select.cpp's vectorized passes, which give
+// GaussianK's moments; their own host path is comm/sync/methods/sparse/select.cpp's vectorized passes, which give
 // the same selections. PowerSGD's (orthonormalize_columns, subtract) are its host loops.
 #pragma once
 

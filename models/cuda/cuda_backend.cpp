@@ -82,7 +82,7 @@ class CudaBackend final : public Backend {
                                                                              : CUBLAS_DEFAULT_MATH),
           "cublasSetMathMode");
     // The handle's one workspace, ours, set before any capture (a step graph is recorded only after
-    // eager steps, trainer/step_graph.h). Without it cuBLAS takes workspaces from its own pool: under
+    // eager steps, trainer/step/step_graph.h). Without it cuBLAS takes workspaces from its own pool: under
     // stream capture a new one for every capture, so each re-record grows memory (PyTorch #83461,
     // which gives every handle its own for that reason), and the pool's choice may differ between
     // eager and captured calls. The cuBLAS docs (Results reproducibility) name a user workspace per
@@ -116,7 +116,7 @@ class CudaBackend final : public Backend {
   void fill(int64_t n, float value, float* y) override { memory_.fill(n, value, y); }
   void synchronize() override { memory_.synchronize(); }
   void* stream_handle() override { return stream_; }  // NCCL enqueues on it (comm/cuda/nccl_communicator.h)
-  // The second stream is made before the first overlapped step (comm/sync/dense.cpp), so this is
+  // The second stream is made before the first overlapped step (comm/sync/methods/dense/dense.cpp), so this is
   // where the shared scratch is sized for them (see scratch()).
   std::unique_ptr<DeviceStream> make_stream() override {
     std::unique_ptr<DeviceStream> stream = memory_.make_stream();

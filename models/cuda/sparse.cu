@@ -1,6 +1,6 @@
 // The sparse gradient-sync passes of the CUDA backend (backend.h, "Sparse gradient sync"): the
 // passes over the gradient, error feedback's residual and the dense output that the sparse methods
-// (comm/sync/sparse_passes.h) make on the device, so that only their k-entry lists cross to the host.
+// (comm/sync/methods/sparse/sparse_passes.h) make on the device, so that only their k-entry lists cross to the host.
 //
 // - acc = grad + residual is formed in the first pass that reads acc (one float add per entry: the
 //   host's bits).

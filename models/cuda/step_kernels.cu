@@ -13,14 +13,14 @@ namespace {
 
 __global__ void begin_step_kernel(StepControl* c) { c->skip = 0; }
 
-// trainer/step_clock.cpp's verdict: a non-finite loss skips the step on every rank; here it poisons
+// trainer/step/step_clock.cpp's verdict: a non-finite loss skips the step on every rank; here it poisons
 // one gradient element, which the sync spreads to every rank's check_and_clip.
 __global__ void poison_kernel(StepControl* c, float* grad_element) {
   if (c->in.poison || !isfinite(c->loss[0])) *grad_element = nanf("");
 }
 
 // optim/clip.cpp: norm = sqrt(sum of squares) in double, coef = max_norm / (norm + 1e-6) rounded to
-// float and applied when below 1; trainer/update_rule.cpp: a non-finite norm skips the step.
+// float and applied when below 1; trainer/step/update_rule.cpp: a non-finite norm skips the step.
 __global__ void clip_decide_kernel(StepControl* c, double max_norm) {
   const double norm = sqrt(c->norm_sq);
   if (!isfinite(norm)) c->skip = 1;

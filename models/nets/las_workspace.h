@@ -12,7 +12,7 @@
 namespace trainer::models {
 
 // Token ids and row indices ride in float device buffers (DeviceBuffer is float storage), as the
-// image labels do (trainer/device_batch.h).
+// image labels do (trainer/step/device_batch.h).
 static_assert(sizeof(int32_t) == sizeof(float), "int32 arrays ride in float device buffers");
 inline int32_t* device_ints(DeviceBuffer& b) { return reinterpret_cast<int32_t*>(b.data()); }
 

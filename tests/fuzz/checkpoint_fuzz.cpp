@@ -20,7 +20,7 @@
 
 #include "tests/fuzz/fuzz_input.h"
 #include "tests/one_rank.h"
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint/checkpoint.h"
 
 using namespace trainer;
 namespace fs = std::filesystem;

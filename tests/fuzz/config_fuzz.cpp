@@ -7,7 +7,7 @@
 #include <stdexcept>
 
 #include "tests/fuzz/fuzz_input.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 using namespace trainer;
 

@@ -7,16 +7,16 @@
 #include <memory>
 #include <stdexcept>
 
-#include "comm/sync/async_ps.h"
-#include "comm/sync/compressor_options.h"
-#include "comm/sync/demo.h"
-#include "comm/sync/diloco.h"
-#include "comm/sync/local_sgd.h"
+#include "comm/sync/methods/async_ps/async_ps.h"
+#include "comm/sync/wrappers/compressor_options.h"
+#include "comm/sync/methods/demo/demo.h"
+#include "comm/sync/methods/outer/diloco.h"
+#include "comm/sync/methods/local_sgd/local_sgd.h"
 #include "comm/sync/methods.h"
-#include "comm/sync/oktopk.h"
-#include "comm/sync/powersgd.h"
+#include "comm/sync/methods/sparse/oktopk.h"
+#include "comm/sync/methods/powersgd/powersgd.h"
 #include "comm/sync/registry.h"
-#include "comm/sync/sparseloco.h"
+#include "comm/sync/methods/outer/sparseloco.h"
 
 namespace trainer::comm {
 namespace {
