@@ -446,6 +446,8 @@ TEST_CASE("Bytes per rank and step from the comm log: oktopk within 6k(P-1)/P wo
       o.set("balance", balance);
       const int64_t k = comm::top_k_count(o.get<double>("density"), n);
       const double bound = 6.0 * k * (p - 1) / p * 4;
+      // The method states the same bound itself (for trainer bench sync and --dry-run).
+      CHECK(comm::make_gradient_sync(o, comm, n)->wire_volume().words * 4 == Approx(bound));
       const auto volume = logged_volume(o, n, 4);
       REQUIRE(volume.size() == 4);
       for (const auto& [step, v] : volume) {
@@ -464,6 +466,8 @@ TEST_CASE("Bytes per rank and step from the comm log: oktopk within 6k(P-1)/P wo
   SECTION("topka") {
     const auto o = options("topka", 0.02);
     const int64_t k = comm::top_k_count(o.get<double>("density"), n);
+    CHECK(comm::make_gradient_sync(o, comm, n)->wire_volume().words == 2.0 * k * (p - 1));
+    CHECK(comm::make_gradient_sync(o, comm, n)->wire_volume().formula == "2k(P-1)");
     for (const auto& [step, v] : logged_volume(o, n, 3)) {
       CHECK(v.bytes == 2 * k * 4);                 // its own k indices and k values
       CHECK(v.bytes_recv == 2 * k * (p - 1) * 4);  // everyone else's: 2k(P-1) words

@@ -26,6 +26,7 @@ class WarmupSync final : public GradientSync {
     return "first " + std::to_string(warmup_steps_) + " steps: " + dense_.describe() + "\nthen " + method_->describe();
   }
   Phase phase(int64_t step) const override { return step < warmup_steps_ ? Phase::kDense : method_->phase(step); }
+  WireVolume wire_volume() const override { return method_->wire_volume(); }
   bool begin_step(SyncBuffers& b, int64_t step) override {
     early_ = step < warmup_steps_ ? static_cast<GradientSync*>(&dense_) : method_.get();
     return early_->begin_step(b, step);

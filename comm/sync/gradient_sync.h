@@ -66,12 +66,22 @@ struct SyncBuffers {
   const std::vector<models::ParamView>* views = nullptr;  // named tensors, for layer-wise methods
 };
 
+// What a method sends per rank and step by its own algebra (not measured): words of 4 bytes and the
+// formula they come from, for `trainer bench sync` (beside the measured bytes) and --dry-run. A
+// method that does not say has words < 0.
+struct WireVolume {
+  double words = -1;
+  std::string formula;  // "2k(P-1)"
+};
+
 class GradientSync {
  public:
   virtual ~GradientSync() = default;
   virtual std::string name() const = 0;
   // One line per fact for --dry-run: what is sent per step and how much.
   virtual std::string describe() const = 0;
+  // Its compressed steps' volume (a warmup wrapper answers its method's).
+  virtual WireVolume wire_volume() const { return {}; }
   // The phase step `step` is in (the comm log's and the metrics' label): the methods that send the
   // whole gradient every step answer dense, the others compressed; the warmup wrapper answers dense
   // for its steps. The trainer asks before the step's first message.

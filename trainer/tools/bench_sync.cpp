@@ -103,14 +103,13 @@ std::vector<models::ParamView> deepspeech_views() {
 MethodResult bench_method(Communicator& comm, Communicator& sync_comm, const Pools& pools, const SyncBenchOptions& o,
                           const std::string& method, const std::vector<models::ParamView>* views = nullptr,
                           int64_t powersgd_rank = 0) {
-  const int p = comm.size();
   const int64_t n = o.n, k = top_k_count(o.density, n);
   SyncOptions so;
   so.method = method;
-  so.set("density", o.density);
+  if (method_key(sync_method(method), "density")) so.set("density", o.density);
   if (powersgd_rank > 0) so.set("rank", powersgd_rank);
-  const bool oktopk = method == "oktopk";
-  const auto ok_keys = options_of<OkTopkOptions>(so);
+  const bool oktopk = method == "oktopk";  // its thresholds' exact and reused steps are timed apart
+  const auto ok_keys = oktopk ? options_of<OkTopkOptions>(so) : OkTopkOptions{};
   // The baselines keep no thresholds: a couple of warmup steps and 16 timed ones are enough.
   const int warmup = oktopk ? o.warmup : std::min(o.warmup, 2);
   const int steps = oktopk ? o.steps : std::min(o.steps, 16);
@@ -159,23 +158,11 @@ MethodResult bench_method(Communicator& comm, Communicator& sync_comm, const Poo
   r.received = max_over_ranks(comm, recv_sum / steps);
   r.local_over_k = max_over_ranks(comm, local_sum / steps / k);
   r.global_over_k = global_sum / steps / k;
-  int rounds = 0;
-  while ((1 << rounds) < p) ++rounds;
-  if (method == "dense") {
-    r.theory_words = 2.0 * (p - 1) / p * n;
-    r.theory = "2n(P-1)/P (ring)";
-  } else if (method == "topka" || method == "gaussiank") {
-    r.theory_words = 2.0 * k * (p - 1);
-    r.theory = "2k(P-1)";
-  } else if (method == "gtopk") {
-    r.theory_words = 2.0 * k * rounds;
-    r.theory = "2k log2 P";
-  } else if (oktopk) {
-    r.theory_words = 6.0 * k * (p - 1) / p;
-    r.theory = "6k(P-1)/P";
-  } else if (auto* psgd = dynamic_cast<PowerSgd*>(sync.get())) {
-    r.theory_words = static_cast<double>(psgd->floats_per_step());
-    r.theory = "sum(n+m)r + dense";
+  // The method's own statement of what it sends (GradientSync::wire_volume).
+  const WireVolume volume = sync->wire_volume();
+  if (volume.words >= 0) {
+    r.theory_words = volume.words;
+    r.theory = volume.formula;
   }
   return r;
 }

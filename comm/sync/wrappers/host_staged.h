@@ -38,6 +38,7 @@ class HostStagedSync final : public GradientSync {
   std::string name() const override { return method_->name(); }
   std::string describe() const override;
   Phase phase(int64_t step) const override { return method_->phase(step); }
+  WireVolume wire_volume() const override { return method_->wire_volume(); }
   SyncStats reduce(SyncBuffers& b, int64_t step) override;
   void after_step(SyncBuffers& b, int64_t step) override;
   void complete_in_flight() override { method_->complete_in_flight(); }

@@ -52,6 +52,8 @@ class KeepDenseSync final : public GradientSync {
   std::string name() const override { return method_->name(); }
   std::string describe() const override;
   Phase phase(int64_t step) const override { return method_->phase(step); }
+  // The compressed entries' method's (the kept tensors' dense allreduce comes on top).
+  WireVolume wire_volume() const override { return method_->wire_volume(); }
   SyncStats reduce(SyncBuffers& b, int64_t step) override;
   void complete_in_flight() override { method_->complete_in_flight(); }
   std::string overlap_plan() const override { return method_->overlap_plan(); }

@@ -184,4 +184,11 @@ SyncStats DenseSync::reduce(SyncBuffers& b, int64_t step) {
 void DenseSync::save(std::ostream& out) const { write_sync_header(out, "dense", 1); }
 void DenseSync::load(std::istream& in) { read_sync_header(in, "dense", 1); }
 
+WireVolume DenseSync::wire_volume() const {
+  const double p = comm_.size();
+  // In 4-byte words: a 16-bit wire sends half as many.
+  const double words = 2.0 * (p - 1) / p * static_cast<double>(n_) * (wire_ == WireDType::kF32 ? 1.0 : 0.5);
+  return {words, wire_ == WireDType::kF32 ? "2n(P-1)/P (ring)" : "2n(P-1)/P x 1/2 (ring, 16-bit)"};
+}
+
 }  // namespace trainer::comm

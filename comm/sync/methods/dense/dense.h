@@ -39,6 +39,8 @@ struct DenseBuckets {
 // the compute stream (capturable as it always was).
 class DenseSync final : public GradientSync {
  public:
+  // A ring allreduce's: each rank sends 2 (P-1)/P of the gradient in the wire's format.
+  WireVolume wire_volume() const override;
   DenseSync(Communicator& comm, int64_t n, double bucket_mb, models::Backend& backend,
             WireDType wire = WireDType::kF32, const DenseBuckets& buckets = {});
   std::string name() const override { return "dense"; }

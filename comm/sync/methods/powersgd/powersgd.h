@@ -134,6 +134,9 @@ class PowerSgd final : public ErrorFeedbackSync {
   const std::vector<Matrix>& matrices() const { return matrices_; }
   // Floats sent per step: sum (n + m) r' over compressed matrices plus the dense elements.
   int64_t floats_per_step() const { return p_floats_ + q_floats_ + dense_floats_; }
+  WireVolume wire_volume() const override {
+    return {static_cast<double>(floats_per_step()), "sum(n+m)r + dense"};
+  }
   int64_t dense_floats() const { return dense_floats_; }
   // This rank's residual (empty before the first compressed step), laid out like the gradient
   // (zeros on the dense tensors).

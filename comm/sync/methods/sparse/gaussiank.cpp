@@ -166,4 +166,9 @@ std::string GaussianK::merge_state(const std::vector<std::istream*>& saved) {
   return "threshold: the mean of the saved ranks'";
 }
 
+WireVolume GaussianK::wire_volume() const {
+  const int p = comm_.size();
+  return {2.0 * static_cast<double>(k_) * (p - 1), "2k(P-1)"};
+}
+
 }  // namespace trainer::comm

@@ -25,6 +25,7 @@ class GaussianK final : public ErrorFeedbackSync {
   std::string describe() const override;
 
   int64_t k() const { return k_; }
+  WireVolume wire_volume() const override;
   float last_threshold() const { return threshold_; }
 
  private:

@@ -150,4 +150,11 @@ void GTopk::load_state(std::istream& in) {
   steps_ = steps;
 }
 
+WireVolume GTopk::wire_volume() const {
+  const int p = comm_.size();
+  int rounds = 0;
+  while ((1 << rounds) < p) ++rounds;
+  return {2.0 * static_cast<double>(k_) * rounds, "2k log2 P"};
+}
+
 }  // namespace trainer::comm

@@ -34,6 +34,7 @@ class GTopk final : public ErrorFeedbackSync {
   std::string describe() const override;
 
   int64_t k() const { return k_; }
+  WireVolume wire_volume() const override;
 
  private:
   SyncStats compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) override;

@@ -406,4 +406,10 @@ std::string OkTopk::merge_state(const std::vector<std::istream*>& saved) {
          "the next compressed step";
 }
 
+WireVolume OkTopk::wire_volume() const {
+  const int p = comm_.size();
+  // An upper bound: split-and-reduce and the final allgatherv together (oktopk.h).
+  return {6.0 * static_cast<double>(k_) * (p - 1) / p, "6k(P-1)/P"};
+}
+
 }  // namespace trainer::comm

@@ -90,6 +90,7 @@ class OkTopk final : public ErrorFeedbackSync {
   std::string describe() const override;
 
   int64_t k() const { return k_; }
+  WireVolume wire_volume() const override;
   float local_threshold() const { return t_local_; }
   float global_threshold() const { return t_global_; }
   const std::vector<int64_t>& region_bounds() const { return bounds_; }

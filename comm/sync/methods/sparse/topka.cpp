@@ -69,4 +69,9 @@ void TopkA::load_state(std::istream& in) {
   steps_ = steps;
 }
 
+WireVolume TopkA::wire_volume() const {
+  const int p = comm_.size();
+  return {2.0 * static_cast<double>(k_) * (p - 1), "2k(P-1)"};
+}
+
 }  // namespace trainer::comm
