@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
-#include <set>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -32,6 +32,7 @@
 #include "trainer/step/step_clock.h"
 #include "trainer/step/step_graph.h"
 #include "trainer/step/trace_spans.h"
+#include "trainer/step/fault_injection.h"
 #include "trainer/step/update_rule.h"
 
 namespace trainer::app {
@@ -40,26 +41,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 std::string str(int64_t v) { return std::to_string(v); }
-
-// Test hook: TRAINER_TEST_INJECT_NAN="RANK:STEP[,RANK:STEP]..." puts a NaN into the local gradient
-// of the last parameter tensor on that rank after that step's backward pass.
-std::set<std::pair<int, int64_t>> nan_injections() {
-  std::set<std::pair<int, int64_t>> at;
-  const char* env = std::getenv("TRAINER_TEST_INJECT_NAN");
-  if (!env) return at;
-  std::istringstream in(env);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    int rank = -1;
-    long long step = -1;
-    char extra = 0;
-    if (std::sscanf(item.c_str(), "%d:%lld%c", &rank, &step, &extra) != 2 || rank < 0 || step < 0)
-      throw std::runtime_error("TRAINER_TEST_INJECT_NAN: expected RANK:STEP[,RANK:STEP]..., got '" +
-                               std::string(env) + "'");
-    at.insert({rank, step});
-  }
-  return at;
-}
 
 // Speech batches differ in length, so every step allocates activations and workspaces of new sizes.
 // main.cpp keeps glibc from mapping and unmapping large blocks (mmap off, 1 GB trim threshold: Open
@@ -112,8 +93,9 @@ class Worker {
   // The verdict on stop requests and non-finite values, found before the sync can spread them into
   // other ranks' weights or residuals: of the local gradient as it is, or as its buckets went out.
   StepVerdict agree(int64_t step, const Backward& backward);
-  // The same step as one CUDA graph (runtime.cuda_graph, step_graph.h); false as step().
-  bool graph_step(int64_t step);
+  // The same step as one CUDA graph (runtime.cuda_graph, step_graph.h): false as step(); nothing
+  // when the step could not be recorded (the graph is dropped, and the step runs eager).
+  std::optional<bool> graph_step(int64_t step);
   // The launched steps' results, each closed by close_step as an eager step is; `stop_signal`: the
   // agreed signal of the last one.
   bool drain_graph(int stop_signal);
@@ -161,14 +143,6 @@ class Worker {
     e_.sync->complete_in_flight();
     finish_comm_log(config_, world_, spans_.spans());
   }
-  // Test hook: the NaN TRAINER_TEST_INJECT_NAN asks for goes into the last tensor's local gradient
-  // once it is final (during backward: before an overlapped bucket takes it away).
-  void inject_nan_if_due(int64_t final_from) {
-    models::ParameterStore& params = task_.parameters();
-    if (!nan_due_ || final_from > params.views().back().offset) return;
-    e_.backend->fill(1, std::nanf(""), params.grads() + params.views().back().offset);
-    nan_due_ = false;
-  }
   void say(const std::string& text) {
     if (lead_) progress_.line(text);
   }
@@ -201,8 +175,7 @@ class Worker {
   Task& task_;
   comm::SyncBuffers sync_buffers_;
   const int64_t steps_per_epoch_, total_steps_;
-  std::set<std::pair<int, int64_t>> inject_nan_;
-  bool nan_due_ = false;
+  FaultInjection faults_;  // what tests ask for (trainer/step/fault_injection.h)
   const float gradient_weight_;
   int64_t weighted_from_ = 0;  // gradient entries [weighted_from_, n) are weighted this step
   std::unique_ptr<StepClock> clock_;
@@ -245,7 +218,7 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
                     task_.buffers().values(),    task_.buffers().size(),   &task_.parameters().views()},
       steps_per_epoch_(task_.steps_per_epoch()),
       total_steps_(app::total_steps(config, steps_per_epoch_)),
-      inject_nan_(nan_injections()),
+      faults_(rank_, options.fail_rank, options.fail_step),
       gradient_weight_(static_cast<float>(static_cast<double>(batch_share(config, training.size(), training.rank())) *
                                           training.size() / global_batch(config, training.size()))),
       clock_(remote_update_ ? make_granted_clock(rank_, training.size(), config.data.batch_size, *e_.backend,
@@ -257,7 +230,7 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
       guard_(config.train.skip_nonfinite_steps, task_.buffers(), [this] { return keeper_.last_note(); }),
       spans_(world.log(), config.comm.trace_first_step, config.comm.trace_steps) {
   task_.set_gradient_ready([this](int64_t from) {
-    inject_nan_if_due(from);
+    faults_.gradient_final(from, task_.parameters(), *e_.backend);
     weight_gradient(from);
     e_.sync->gradients_ready(from);
   });
@@ -354,7 +327,8 @@ RunSummary Worker::run() {
 }
 
 bool Worker::step(int64_t step) {
-  if (graph_ && graph_->ready()) return graph_step(step);
+  if (graph_ && graph_->ready())
+    if (const std::optional<bool> go_on = graph_step(step)) return *go_on;  // else it runs eager, below
   const auto step_start = begin_step(step);
   const Backward backward = forward_backward(step);
   slow_down(config_, rank_, ms_since(step_start));
@@ -391,13 +365,13 @@ Worker::Backward Worker::forward_backward(int64_t step) {
   const auto t0 = Clock::now();
   world_.log().set_step(step, e_.sync->phase(step));
   guard_.before_forward();
-  nan_due_ = inject_nan_.count({rank_, step}) > 0;
+  faults_.arm(step);
   weighted_from_ = task_.parameters().size();
   Backward b;
   b.early = e_.sync->begin_step(sync_buffers_, step);
   b.from_us = world_.log().now_us();
   b.result = task_.forward_backward();
-  inject_nan_if_due(0);
+  faults_.gradient_final(0, task_.parameters(), *e_.backend);
   weight_gradient(0);
   e_.backend->synchronize();  // backward's kernels count here, not in the phase that waits next
   b.to_us = world_.log().now_us();
@@ -445,17 +419,16 @@ Clock::time_point Worker::begin_step(int64_t step) {
   task_.load_batch();
   metrics_->times().data += ms_since(step_start);
   spans_.mark("data");
-  if (rank_ == options_.fail_rank && step == options_.fail_step)
-    throw std::runtime_error("injected failure at step " + str(step) + " (--inject-failure)");
+  faults_.step_starts(step);
   return step_start;
 }
 
-bool Worker::graph_step(int64_t step) {
+std::optional<bool> Worker::graph_step(int64_t step) {
   StepTimes& times = metrics_->times();
   const auto step_start = begin_step(step);
   const auto t0 = Clock::now();
   world_.log().set_step(step, e_.sync->phase(step));
-  nan_due_ = false;  // the graph's poison does it
+  faults_.disarm();  // the graph's poison does it
   weighted_from_ = task_.parameters().size();
   // Deterministic, so every rank records or gives up alike, before the step's control message.
   const std::string failed = graph_->record_if_needed(step, [this] { weight_gradient(0); });
@@ -464,14 +437,14 @@ bool Worker::graph_step(int64_t step) {
     graph_.reset();
     task_.seek(step / steps_per_epoch_, step % steps_per_epoch_);  // the batch again, for the eager step
     spans_.end_step();
-    return this->step(step);
+    return std::nullopt;
   }
   if (!graph_announced_) say(graph_->describe() + ", from step " + str(step));
   graph_announced_ = true;
   // Stop signals are agreed as in every step; the non-finite verdict is the graph's (no read here).
   const StepVerdict verdict = clock_->verdict(step, stop_signal_received(), 0.0, -1);
   const double lr = optim::learning_rate(e_.schedule, step, steps_per_epoch_, total_steps_);
-  graph_->launch(step, lr, graph_samples_, inject_nan_.count({rank_, step}) > 0);
+  graph_->launch(step, lr, graph_samples_, faults_.nan_at(step));
   // The device's time lands here when the drain waits for it: the whole step is compute.
   times.compute += ms_since(t0);
   spans_.mark("step_graph");
