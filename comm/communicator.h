@@ -136,7 +136,7 @@ class Communicator {
 Communicator& world();
 
 // Asks world() for MPI_THREAD_MULTIPLE: the run has a thread that communicates while the training
-// thread does too (diloco with sync.sync_delay > 0). Only before world()'s first call: MPI's level
+// thread does too (diloco with sync.<method>.sync_delay > 0). Only before world()'s first call: MPI's level
 // is fixed at MPI_Init. Not the default because Open MPI then takes a lock around every call.
 void request_concurrent_calls();
 

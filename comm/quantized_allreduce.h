@@ -1,4 +1,4 @@
-// A sum over ranks through a low-bit format (issue 19 part 3; sync.outer_dtype; docs/architecture.md
+// A sum over ranks through a low-bit format (issue 19 part 3; sync.diloco.outer_dtype; docs/architecture.md
 // section 4, "Wire formats"): the outer gradients of DiLoCo cross the wire as bf16, fp8 (E4M3) or
 // int8 with one fp32 scale per block, and are summed in fp32, as torchft's quantized allreduce does
 // (meta-pytorch/torchft, torchft/collectives.py): quantize, exchange chunks by alltoall (rank j gets
@@ -87,7 +87,7 @@ namespace trainer::comm {
 
 enum class OuterDType { kF32, kBF16, kFP8, kInt8 };
 
-// The names sync.outer_dtype accepts, in enum order: the one list the config's choices, parsing and
+// The names sync.diloco.outer_dtype accepts, in enum order: the one list the config's choices, parsing and
 // the error message read. Header-only, so that the config fuzzer needs no comm library.
 inline const std::vector<std::string>& outer_dtype_names() {
   static const std::vector<std::string> names{"fp32", "bf16", "fp8", "int8"};

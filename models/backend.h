@@ -473,7 +473,7 @@ class SyncOps {
   // and sum rounded on its own, so that weight 0 gives start and 1 gives y exactly.
   virtual void lerp(int64_t n, const float* start, float weight, float* y) = 0;
 
-  // ---- Low-bit outer gradients (comm/quantized_allreduce.h, DiLoCo's sync.outer_dtype): the codec
+  // ---- Low-bit outer gradients (comm/quantized_allreduce.h, DiLoCo's sync.diloco.outer_dtype): the codec
   // of the quantized sum, in the formats and chunk layout of models/low_bit_blocks.h. A chunk is raw
   // bytes in this backend's memory: `blocks` blocks of kQuantBlock elements (scales, then codes).
   // Each element's arithmetic is fixed (one fp32 multiply and a conversion; one fma per rank, in rank

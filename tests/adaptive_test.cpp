@@ -1,4 +1,4 @@
-// Adaptive compression (sync.adaptive, comm/sync/wrappers/accordion.h): the detector's rule on constructed
+// Adaptive compression (sync.<method>.adaptive, comm/sync/wrappers/accordion.h): the detector's rule on constructed
 // norm sequences; PowerSGD and the sparse methods switching at the expected steps on constructed
 // gradients, equal bit for bit to the fixed method while at its setting, every rank alike; exact
 // resume across a switch; the saved state checked against sync.adaptive. Runs under mpiexec at 1 and 2 ranks.

@@ -2,7 +2,7 @@
 // comm/sync/methods/sparse/sparse_passes.h): each backend op on random inputs (outputs poisoned with NaN first),
 // exactly, since they are integer counts, compactions and single float adds (GaussianK's double sums
 // to 1e-12); then each sparse method on the CUDA backend against the same method on the CPU over 12
-// steps (a dense warmup of 2, exact and reused thresholds; and with sync.dgc, its velocity on the
+// steps (a dense warmup of 2, exact and reused thresholds; and with sync.<method>.dgc, its velocity on the
 // device): every output bit for bit and the saved state byte for byte. PowerSGD (models/cuda/low_rank.cu): Gram-Schmidt within float rounding (its
 // double sums run in another order), subtract exactly, and whole PowerSGD steps within 1e-4.
 // DiLoCo (the outer steps on the device): lerp exactly, and whole DiLoCo steps within float
@@ -217,7 +217,7 @@ TEST_CASE("every sparse method on the GPU gives the CPU's outputs and state, bit
   constexpr int kSteps = 12;
   std::vector<const char*> methods{"oktopk", "topka", "gaussiank"};
   if ((world.size() & (world.size() - 1)) == 0) methods.push_back("gtopk");
-  std::vector<std::pair<const char*, bool>> runs;  // each method without and with sync.dgc
+  std::vector<std::pair<const char*, bool>> runs;  // each method without and with sync.<method>.dgc
   for (const char* name : methods)
     for (const bool dgc : {false, true}) runs.emplace_back(name, dgc);
   for (const auto& [name, dgc] : runs) {

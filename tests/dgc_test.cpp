@@ -1,12 +1,12 @@
 // Deep Gradient Compression (comm/sync/wrappers/dgc.h) under mpiexec with P = 2 and 4:
-//   - topka (exact top-k) and gaussiank (a fitted threshold) with sync.dgc against the NumPy model of
+//   - topka (exact top-k) and gaussiank (a fitted threshold) with sync.<method>.dgc against the NumPy model of
 //     the paper's equations (scripts/make_dgc_fixtures.py -> tests/fixtures/dgc_reference.json):
 //     the gradient the optimizer gets, every rank's residual and velocity, step by step, through a
 //     dense warmup, local clipping, Nesterov, coupled weight decay's own momentum and the sparsity
 //     warm-up's densities;
 //   - a resume from a saved state gives the same bits as the run that went on; states saved with
-//     and without sync.dgc refuse each other; the elastic resume's velocity is the ranks' mean;
-//   - the rules: adam, coupled weight decay, sync.keep_dense, sync.adaptive with a warm-up.
+//     and without sync.<method>.dgc refuse each other; the elastic resume's velocity is the ranks' mean;
+//   - the rules: adam, coupled weight decay, sync.<method>.keep_dense, sync.<method>.adaptive with a warm-up.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>

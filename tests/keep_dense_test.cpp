@@ -1,4 +1,4 @@
-// sync.keep_dense (comm/sync/wrappers/keep_dense.h), under mpiexec at 2 and 3 ranks: the kept tensors come
+// sync.<method>.keep_dense (comm/sync/wrappers/keep_dense.h), under mpiexec at 2 and 3 ranks: the kept tensors come
 // out as the exact average (allreduce_average's bits, as dense sync) and the rest as the same method run alone on
 // the remaining entries, bit for bit, for each sparse method; PowerSGD sends a kept matrix dense
 // (its bytes and its exact average); the state resumes; bad patterns and methods are clear errors.

@@ -140,7 +140,7 @@ TEST_CASE("Resume is bit-identical with sync.dgc and the sparsity warm-up", "[mp
         require_identical_states(ref.path / "checkpoints/step_16", part.dir.path / "checkpoints/step_16", P);
         if (stop == 10) {
           Outcome plain = run(trainer_command(P, part.dir.path, sync + " --set sync.dgc=false --resume latest"));
-          // The optimizer's state is read first: with sync.dgc it kept no momentum buffer.
+          // The optimizer's state is read first: with sync.<method>.dgc it kept no momentum buffer.
           CHECK(plain.exit_code != 0);
           CHECK_THAT(plain.output, Contains("momentum buffer of 0 elements"));
         }

@@ -85,7 +85,7 @@ bool needs_concurrent_calls(const Config& c) {
 optim::OptimizerOptions optimizer_options(const Config& c) {
   optim::OptimizerOptions o;
   o.name = c.optim.name;
-  // A method that owns the momentum (sync.dgc) applies it before the optimizer sees the gradient.
+  // A method that owns the momentum (sync.<method>.dgc) applies it before the optimizer sees the gradient.
   const bool owned = sync_owns_momentum(c);
   o.momentum = owned ? 0.0 : c.optim.momentum;
   o.nesterov = owned ? false : c.optim.nesterov;
@@ -127,7 +127,7 @@ Experiment build_experiment(const Config& config, comm::Communicator& world, com
   comm::SyncOptions so = sync_options(config);
   so.steps_per_epoch = e.task->steps_per_epoch();
   so.total_steps = total_steps(config, so.steps_per_epoch);
-  // sync.adaptive treats the interval after a learning-rate drop as critical (comm/sync/wrappers/accordion.h).
+  // sync.<method>.adaptive treats the interval after a learning-rate drop as critical (comm/sync/wrappers/accordion.h).
   if (e.schedule.kind == optim::ScheduleKind::kMultiStep && e.schedule.gamma < 1)
     for (int64_t m : e.schedule.milestones) so.lr_decay_steps.push_back(m * so.steps_per_epoch);
   so.backend = e.backend;

@@ -1,6 +1,6 @@
 // A rank's role, decided once per run by run_training (run.cpp) after the common start-up (the run
 // folder and the comm log): every rank trains, except under sync.method = "async_ps", whose last
-// sync.servers ranks serve the parameters (comm/sync/methods/async_ps/async_ps_server.h). Both roles take part in
+// sync.async_ps.servers ranks serve the parameters (comm/sync/methods/async_ps/async_ps_server.h). Both roles take part in
 // the world's collectives (checkpoints, the comm log) in the same order.
 #pragma once
 

@@ -29,7 +29,7 @@ void print_dry_run(const Config& config, comm::Communicator& comm) {
   std::printf("model: %s, %lld parameters in %zu tensors, gradient %.2f MB per step (%lld bytes)\n",
               config.model.arch.c_str(), static_cast<long long>(n), tensors, n * 4 / 1e6,
               static_cast<long long>(n * 4));
-  // A method that applies the update itself has server ranks (the last sync.servers), which do not train.
+  // A method that applies the update itself has server ranks (the last sync.async_ps.servers), which do not train.
   const bool servers = comm::sync_method(config.sync.method).can.applies_update;
   const int trainers = servers ? std::max<int>(0, comm.size() - static_cast<int>(comm::server_ranks(config.sync))) : comm.size();
   std::printf("data: %s at %s%s, batch %lld per process x %d %s\n", config.data.dataset.c_str(),
@@ -65,7 +65,7 @@ RunSummary run_training(const Config& configured, const RunOptions& options, com
   } catch (const std::runtime_error& e) {
     throw AgreedError(e.what(), 1);  // every rank decided it from rank 0's look at the checkpoint
   }
-  // async_ps: the last sync.servers ranks are parameter servers (a bad count is the same error on
+  // async_ps: the last sync.async_ps.servers ranks are parameter servers (a bad count is the same error on
   // every rank).
   comm::PsLayout layout;
   if (comm::sync_method(config.sync.method).can.applies_update) {

@@ -104,7 +104,7 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
   if (spec.check)
     for (const SyncOptionProblem& problem : spec.check(o))
       throw std::invalid_argument("[sync." + o.method + "] " + problem.message);
-  // sync.keep_dense (keep_dense.h): the tensors it names, per view; empty when unset.
+  // sync.<method>.keep_dense (keep_dense.h): the tensors it names, per view; empty when unset.
   std::vector<bool> kept;
   const std::string keep_dense = spec.can.compresses ? options_of<CompressorOptions>(o).keep_dense : "";
   if (!keep_dense.empty()) {

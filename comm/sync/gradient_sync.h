@@ -48,10 +48,10 @@ struct SyncStats {
   double lr = -1;          // async_ps: the lr the servers applied (-1: the trainer's own schedule)
   int64_t global_step = -1;  // async_ps: the servers' step (pushes / W, rounded up)
   int64_t round = -1;        // async_ps: the meet (global step) this reply completes, -1 for none
-  // sync.adaptive (accordion.h): the share of the compressed entries sent at the low-compression
+  // sync.<method>.adaptive (accordion.h): the share of the compressed entries sent at the low-compression
   // setting this step (1: all of them, 0: none); -1 when the method does not adapt.
   double low_compression = -1;
-  // sync.density_warmup_*: the density the selection aimed at this step (-1: no warm-up).
+  // sync.<method>.density_warmup_*: the density the selection aimed at this step (-1: no warm-up).
   double density_target = -1;
 };
 
@@ -95,7 +95,7 @@ class GradientSync {
   virtual int finish_early_sends() { return -1; }
   virtual SyncStats reduce(SyncBuffers& b, int64_t step) = 0;
   // A step of the dense warmup (gradient_sync.cpp's wrapper) just averaged b.grads: a method that owns
-  // the optimizer's momentum (sync.dgc, dgc.h) applies it here, so the warmup's steps keep it.
+  // the optimizer's momentum (sync.<method>.dgc, dgc.h) applies it here, so the warmup's steps keep it.
   virtual void dense_warmup_step(SyncBuffers& b) {}
   virtual void after_step(SyncBuffers& b, int64_t step) {}
   virtual void complete_in_flight() {}
@@ -131,12 +131,12 @@ struct SyncOptions : SyncSettings {
   int64_t total_steps = 0;              // the run's steps (async_ps: the servers' schedule and end)
   int64_t steps_per_epoch = 0;          // async_ps: the servers' lr schedule; Accordion: an interval of 0
   // The optimizer's, for a method that owns its momentum or clipping (registry.h: owns_momentum,
-  // owns_clipping; sync.dgc): optim.momentum, optim.nesterov, optim.grad_clip_norm.
+  // owns_clipping; sync.<method>.dgc): optim.momentum, optim.nesterov, optim.grad_clip_norm.
   double momentum = 0;
   bool nesterov = false;
   double grad_clip_norm = 0;
   std::string optimizer = "sgd";  // optim.name, and the weight decay it adds to the gradient (coupled
-  double coupled_weight_decay = 0;  // optim.weight_decay; 0 when none or decoupled): sync.dgc's checks
+  double coupled_weight_decay = 0;  // optim.weight_decay; 0 when none or decoupled): sync.<method>.dgc's checks
   // Where SyncBuffers live (runtime.device's backend); null: the CPU. The methods whose spec says
   // device_buffers (registry.h; and the dense warmup) run their arithmetic on this backend and
   // their communicator moves its memory (comm/device_communicator.h); the others compute on host

@@ -82,7 +82,7 @@ struct OptionKey {
   Value default_value;
   // The flat spelling of older configs ([sync] density = 0.01, read as the method's own key) is
   // ignored under a method without the key, except this one's, which is then an error: it would
-  // silently do nothing (sync.adaptive = true under dense).
+  // silently do nothing (sync.<method>.adaptive = true under dense).
   bool refused_for_others = false;
 };
 

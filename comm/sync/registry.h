@@ -30,11 +30,11 @@ struct SyncCapabilities {
   // buffers' backend and its communicator moves device memory. The others compute on host buffers
   // (on a device run, host copies: host_staged.h).
   bool device_buffers = false;
-  // Sends less than the gradient and keeps the rest in an error-feedback residual: sync.keep_dense
-  // and sync.error_feedback apply to it.
+  // Sends less than the gradient and keeps the rest in an error-feedback residual: sync.<method>.keep_dense
+  // and sync.<method>.error_feedback apply to it.
   bool compresses = false;
   // Its reduce() sends the gradient to where the optimizer runs and returns the new parameters
-  // (async_ps: the last sync.servers ranks serve and run no training step). The rank's role, the
+  // (async_ps: the last sync.async_ps.servers ranks serve and run no training step). The rank's role, the
   // update rule and the checkpoint layout follow from it.
   bool applies_update = false;
   // Every rank holds the same parameters and optimizer state after every step (false: local SGD
@@ -55,7 +55,7 @@ struct SyncContext {
   int64_t n;  // gradient entries
   const std::vector<models::ParamView>* views;  // the model's named tensors; null in some tools
   models::Backend& backend;  // where SyncBuffers live (the CPU unless device_buffers)
-  // sync.keep_dense, one flag per view (empty: nothing kept); only for methods that compress.
+  // sync.<method>.keep_dense, one flag per view (empty: nothing kept); only for methods that compress.
   const std::vector<bool>& kept;
 
   // The backend of a method without device_buffers, which keeps its state in host vectors: the
@@ -105,7 +105,7 @@ struct SyncMethod {
   std::function<std::vector<std::string>(const SyncRecipe&)> start_notes;
   // Ranks that serve instead of training, the last ones (applies_update; null: none).
   std::function<int64_t(const SyncSettings&)> server_ranks;
-  // Builds the method; the dense warmup and sync.keep_dense's dense allreduce are added around it by
+  // Builds the method; the dense warmup and sync.<method>.keep_dense's dense allreduce are added around it by
   // make_gradient_sync. Throws std::invalid_argument naming the key for options it cannot run with.
   std::function<std::unique_ptr<GradientSync>(const SyncOptions&, const SyncContext&)> make;
   // The rules between the method's keys that their ranges cannot say (null: none). The config
@@ -115,10 +115,10 @@ struct SyncMethod {
   // does too (MPI_THREAD_MULTIPLE is then requested at start). Null: never.
   std::function<bool(const SyncOptions&)> concurrent_calls;
   // True when these options keep a method with device_buffers on host buffers after all (the
-  // compressors' sync.keep_dense, sync.adaptive and 16-bit sync.wire_dtype are host loops). Null: never.
+  // compressors' sync.<method>.keep_dense, sync.<method>.adaptive and 16-bit sync.wire_dtype are host loops). Null: never.
   std::function<bool(const SyncOptions&)> needs_host_buffers;
   // True when these options make the method own SGD's momentum (optim.momentum, optim.nesterov, in
-  // SyncOptions): the trainer then builds the optimizer without momentum (sync.dgc, dgc.h). Null: never.
+  // SyncOptions): the trainer then builds the optimizer without momentum (sync.<method>.dgc, dgc.h). Null: never.
   std::function<bool(const SyncOptions&)> owns_momentum;
   // True when these options make the method apply optim.grad_clip_norm itself (DGC's local clipping):
   // the trainer then clips nothing after the sync. Null: never.

@@ -98,7 +98,7 @@ Config plan_resume(const Config& config, const std::string& which, comm::Communi
       seen[0] = 1, seen[1] = ck->world_size, seen[2] = ck->global_batch, seen[3] = ck->servers;
   comm.broadcast(seen, 4, comm::DType::kI64, 0, "CHECKPOINT_LIST");
   const int64_t saved_world = seen[1], kept_batch = seen[2], world = comm.size();
-  // async_ps: the batch is the workers' (the last sync.servers ranks serve), and a checkpoint of
+  // async_ps: the batch is the workers' (the last sync.async_ps.servers ranks serve), and a checkpoint of
   // another number of servers is re-sharded too. -1: a checkpoint that did not record its servers.
   const bool ps = comm::sync_method(config.sync.method).can.applies_update;
   const int64_t servers = ps ? comm::server_ranks(config.sync) : 0, saved_servers = ps ? seen[3] : 0;
@@ -110,7 +110,7 @@ Config plan_resume(const Config& config, const std::string& which, comm::Communi
                              "it with " + str(saved_world) + " processes");
   const int64_t trainers = world - servers;
   const int64_t saved_trainers = saved_world - (saved_servers < 0 ? servers : saved_servers);
-  if (trainers < 1) return config;  // no worker: PsLayout::make's error names sync.servers (run.cpp)
+  if (trainers < 1) return config;  // no worker: PsLayout::make's error names sync.async_ps.servers (run.cpp)
   const std::string unit = ps ? (trainers == 1 ? " worker" : " workers") : " processes";
   // The global batch the checkpoint's steps were made of: one an earlier elastic resume kept, or
   // the configured per-process batch times the processes (async_ps: workers) that wrote it.

@@ -19,7 +19,7 @@
 //   sync state        GradientSync::load_resharded: residuals the mean of the P, Ok-Top-k's local
 //                     thresholds the mean, region bounds recomputed, shared state kept.
 //
-// async_ps (P -> P' processes, or another sync.servers: the servers are the last sync.servers
+// async_ps (P -> P' processes, or another sync.async_ps.servers: the servers are the last sync.async_ps.servers
 // ranks of the new run, as in a fresh one; the manifest records the old count). A checkpoint is a
 // meet, so the servers' state is one model's, cut in shards (comm/sync/methods/async_ps/async_ps_state.h):
 //   servers           the S saved servers' shards of the parameters, BN statistics, optimizer state

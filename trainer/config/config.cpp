@@ -391,7 +391,7 @@ void apply_override(const std::string& arg, size_t order, Settings& settings,
 
 // Once sync.method is known: each old flat spelling ([sync] density) becomes the key of the method's
 // table (sync.oktopk.density), with a note, or is dropped with a note where the method has no such
-// key (an error for a key that would silently do nothing: sync.adaptive = true under dense); another
+// key (an error for a key that would silently do nothing: sync.<method>.adaptive = true under dense); another
 // method's table is ignored, with a note. Two spellings of one key in the file are an error.
 std::vector<std::string> resolve_method_tables(Settings& settings) {
   std::string method = comm::SyncSettings{}.method;
@@ -480,7 +480,7 @@ void check_consistency(const Config& c, const Settings& settings, const std::str
   // A 16-bit sync.wire_dtype runs on every device: the methods that keep device buffers with it
   // (dense, and every method's dense warmup) cast with the backend (Backend::to_half); the
   // compressors' and DiLoCo's specs send them to host copies (needs_host_buffers, host_staged.h).
-  // sync.momentum_correction applies to SGD and is skipped for adam and adamw, set or not: an error
+  // sync.async_ps.momentum_correction applies to SGD and is skipped for adam and adamw, set or not: an error
   // only when set would make the written config.toml (which holds every key) fail to load again.
   if (method.can.applies_update && c.train.skip_nonfinite_steps > 0)
     fail(origin({"train.skip_nonfinite_steps", "sync.method"}),

@@ -16,7 +16,7 @@ namespace trainer {
 // schedule are the experiment's to fill in (trainer/experiment.cpp).
 comm::SyncOptions sync_options(const Config& config);
 
-// Whether the method owns SGD's momentum with these settings (its spec's owns_momentum: sync.dgc):
+// Whether the method owns SGD's momentum with these settings (its spec's owns_momentum: sync.<method>.dgc):
 // the optimizer is then built without momentum.
 bool sync_owns_momentum(const Config& config);
 // optim.grad_clip_norm as the trainer applies it after the sync: 0 when the method clips itself
@@ -27,7 +27,7 @@ double trainer_clip_norm(const Config& config);
 comm::SyncRecipe sync_recipe(const Config& config, int64_t total_steps = 0);
 
 // For --dry-run and the start: one line per default of the method (its spec's defaults) whose value
-// the config holds, e.g. "sync.period = 8: diloco's H (...)". Empty when there is none.
+// the config holds, e.g. "sync.<method>.period = 8: diloco's H (...)". Empty when there is none.
 std::vector<std::string> method_default_lines(const Config& config);
 
 }  // namespace trainer

@@ -83,10 +83,10 @@ void IntervalMetrics::report(const StepRecord& last, const StepPosition& at, boo
                         {"phase", comm::phase_name(phase_)}};
   if (frame_.classifies) record["train_accuracy"] = static_cast<double>(correct_) / std::max<int64_t>(samples_, 1);
   if (skipped_ > 0) record["skipped_steps"] = skipped_;
-  // sync.adaptive: the share of the compressed entries sent at the low-compression setting, mean over
+  // sync.<method>.adaptive: the share of the compressed entries sent at the low-compression setting, mean over
   // the interval's adaptive steps (comm/sync/wrappers/accordion.h)
   if (low_steps_ > 0) record["low_compression"] = low_sum_ / static_cast<double>(low_steps_);
-  // sync.density_warmup_*: the density the sparse selection aimed at in the interval's last step
+  // sync.<method>.density_warmup_*: the density the sparse selection aimed at in the interval's last step
   if (density_target_ >= 0) record["density_target"] = density_target_;
   if (tau_max_ >= 0) {  // async_ps: rank 0's gradients' staleness at the servers, and their lr
     record["staleness_mean"] = tau_sum_ * k;

@@ -11,8 +11,8 @@
 // Per chunk of m entries, k = min(m, ceil(density x m)) entries of largest magnitude are kept (ties:
 // the lower position in the chunk first), sent in increasing position, each as
 //   its position in the chunk, 12 bits (m <= 4,096), and
-//   its value as 32 bits (b = sync.value_bits = 32: the fp32 value itself, no scale), or
-//   a code q of b = sync.value_bits bits (2, 4 or 8): with L = 2^b levels and the chunk's scale
+//   its value as 32 bits (b = sync.<method>.value_bits = 32: the fp32 value itself, no scale), or
+//   a code q of b = sync.<method>.value_bits bits (2, 4 or 8): with L = 2^b levels and the chunk's scale
 //   s = max |x| / ((L - 1) / 2) over its kept entries, q = clamp(floor(x / s + L / 2), 0, L - 1),
 //   and the value it stands for is (q - (L - 1) / 2) x s: L levels evenly spaced over
 //   [-max |x|, max |x|] without a zero (kept entries are the chunk's largest; 2 bits: +-max and
@@ -58,7 +58,7 @@ std::vector<Chunk> plan_chunks(const Fragment& fragment, const std::vector<model
 
 class ChunkCodec {
  public:
-  // `bits`: 2, 4, 8 or 32 (std::invalid_argument naming sync.value_bits otherwise).
+  // `bits`: 2, 4, 8 or 32 (std::invalid_argument naming sync.<method>.value_bits otherwise).
   ChunkCodec(std::vector<Chunk> chunks, int bits);
   const std::vector<Chunk>& chunks() const { return chunks_; }
   int bits() const { return bits_; }

@@ -1,14 +1,14 @@
-// Adaptive compression (sync.adaptive): Accordion (Agarwal, Wang, Lee, Venkataraman & Papailiopoulos,
+// Adaptive compression (sync.<method>.adaptive): Accordion (Agarwal, Wang, Lee, Venkataraman & Papailiopoulos,
 // MLSys 2021), the detector of critical learning regimes that picks, per interval of steps, between
-// two settings of a compressor: a low-compression one (PowerSGD's sync.adaptive_rank, the sparse
-// methods' sync.adaptive_density) for critical regimes and the method's own high-compression one
-// (sync.rank, sync.density) elsewhere.
+// two settings of a compressor: a low-compression one (PowerSGD's sync.powersgd.adaptive_rank, the sparse
+// methods' sync.<method>.adaptive_density) for critical regimes and the method's own high-compression one
+// (sync.powersgd.rank, sync.<method>.density) elsewhere.
 //
 // The rule, as the paper and its code define it: the synchronized gradients of an interval (an
-// epoch in the paper; sync.adaptive_interval steps here, 0 = an epoch) are summed per group of
+// epoch in the paper; sync.<method>.adaptive_interval steps here, 0 = an epoch) are summed per group of
 // entries; at the interval's last step the norm of that sum, ||D_cur||, is compared with the
 // previous interval's, ||D_prev||:
-//   |‖D_prev‖ - ‖D_cur‖| / ‖D_prev‖ >= eta (sync.adaptive_threshold, the paper's 0.5)
+//   |‖D_prev‖ - ‖D_cur‖| / ‖D_prev‖ >= eta (sync.<method>.adaptive_threshold, the paper's 0.5)
 // means the group is in a critical regime and the next interval sends it at low compression;
 // otherwise at high compression. A previous norm of zero counts as critical (the paper's code gives
 // it a ratio above any threshold). Training starts critical (the paper starts at the low-compression

@@ -2,7 +2,7 @@
 // the four sparse selectors (oktopk, topka, gaussiank, gtopk), in one place: ErrorFeedbackSync
 // (error_feedback_sync.h) runs it around every selector's step.
 //
-// Momentum correction (sync.dgc): the method owns SGD's momentum m (optim.momentum; the optimizer
+// Momentum correction (sync.<method>.dgc): the method owns SGD's momentum m (optim.momentum; the optimizer
 // then steps without momentum). Per rank and step, with g the rank's gradient:
 //   u = m u + g,        v += u              (optim.nesterov: u = m (u + g),  v += u + g)
 // where v is error feedback's residual (error_feedback.h), so the selection runs over the
@@ -23,7 +23,7 @@
 // exactly so, momentum being linear; the optimizer then gets no weight decay either. Decoupled
 // decay stays the optimizer's (applied to the weights, outside momentum).
 //
-// The sparsity warm-up (sync.density_warmup_steps, with or without sync.dgc) is DensityWarmup.
+// The sparsity warm-up (sync.<method>.density_warmup_steps, with or without sync.<method>.dgc) is DensityWarmup.
 #pragma once
 
 #include <cstdint>
@@ -46,7 +46,7 @@ struct DgcSettings {
   double weight_decay = 0;  // coupled optim.weight_decay (lambda; 0: none or decoupled)
 };
 
-// sync.density_warmup_*: the density of step s, falling exponentially from `start` to `target` in
+// sync.<method>.density_warmup_*: the density of step s, falling exponentially from `start` to `target` in
 // `stages` equal stages over the first `steps` steps of the run (DGC's 25%, 6.25%, 1.56%, 0.4%, then
 // 0.1%): stage i = floor(s * stages / steps) runs at start * (target / start)^(i / stages), and from
 // step `steps` on the target. Counted in the run's steps, a dense warmup's included.
@@ -54,7 +54,7 @@ struct DensityWarmup {
   int64_t steps = 0;  // 0: off
   double start = 0.25;
   int64_t stages = 4;
-  double target = 0.01;  // sync.density
+  double target = 0.01;  // sync.<method>.density
 
   bool on() const { return steps > 0; }
   double density_at(int64_t step) const;

@@ -72,7 +72,7 @@ class ErrorFeedback {
   void set_cleared_with(float* companion) { cleared_with_ = companion; }
   float* cleared_with() const { return cleared_with_; }
   // Sets the whole residual to zero (pending clears dropped): what a step leaves behind when the
-  // method runs without error feedback (sync.error_feedback = false).
+  // method runs without error feedback (sync.<method>.error_feedback = false).
   void clear_all();
 
   void save(std::ostream& out) const;

@@ -27,7 +27,7 @@
 
 namespace trainer::comm {
 
-// The detector's options from the compressors' keys: sync.adaptive_interval, or an epoch
+// The detector's options from the compressors' keys: sync.<method>.adaptive_interval, or an epoch
 // (o.steps_per_epoch) when it is 0; an interval of 0 when neither is known (Accordion::add refuses).
 AccordionOptions adaptive_options(const SyncOptions& o);
 
@@ -40,9 +40,9 @@ class ErrorFeedbackSync : public GradientSync {
  public:
   Phase phase(int64_t) const final { return Phase::kCompressed; }
   SyncStats reduce(SyncBuffers& b, int64_t step) final;
-  // sync.dgc: the momentum on the dense warmup's averaged gradient (dgc.h).
+  // sync.<method>.dgc: the momentum on the dense warmup's averaged gradient (dgc.h).
   void dense_warmup_step(SyncBuffers& b) final;
-  // The compressor's state, then the residual (ErrorFeedback::save), then with sync.dgc or a
+  // The compressor's state, then the residual (ErrorFeedback::save), then with sync.<method>.dgc or a
   // sparsity warm-up a "dgc" section: the density in use and the velocity (none: saved without both).
   void save(std::ostream& out) const final;
   // All or nothing: on an error the compressor's state and the residual stay as they were.
@@ -54,7 +54,7 @@ class ErrorFeedbackSync : public GradientSync {
     return "none (" + name() + " selects over the whole gradient, so it starts after backward)";
   }
 
-  // false: the ablation without error feedback (sync.error_feedback): each step still forms
+  // false: the ablation without error feedback (sync.<method>.error_feedback): each step still forms
   // acc = grad + residual, but the residual is cleared after it, so it is always zero: what was not
   // sent is dropped. The residual stays in the checkpoint format (zeros).
   void set_keep_residual(bool keep) { keep_residual_ = keep; }
@@ -62,28 +62,28 @@ class ErrorFeedbackSync : public GradientSync {
   ErrorFeedback& error_feedback() { return ef_; }
   const ErrorFeedback& error_feedback() const { return ef_; }
 
-  // sync.adaptive (accordion.h): from here on the compressor runs at `low` (sync.adaptive_rank or
-  // sync.adaptive_density) for the groups in a critical regime and at `high` (sync.rank,
-  // sync.density) for the others, starting at `low`. reduce() adds each output to the detector;
+  // sync.<method>.adaptive (accordion.h): from here on the compressor runs at `low` (sync.powersgd.adaptive_rank or
+  // sync.<method>.adaptive_density) for the groups in a critical regime and at `high` (sync.powersgd.rank,
+  // sync.<method>.density) for the others, starting at `low`. reduce() adds each output to the detector;
   // a switch takes effect from the next step and is logged as an ADAPTIVE_SWITCH record (no
   // bytes) in the comm log of `comm`. The detector's state is saved ahead of the compressor's (a
-  // state without it loads only with sync.adaptive off, and the other way round).
+  // state without it loads only with sync.<method>.adaptive off, and the other way round).
   void enable_adaptive(Communicator& comm, std::vector<AccordionGroup> groups, const AccordionOptions& options,
                        double high, double low);
   const Accordion* accordion() const { return accordion_.get(); }
 
-  // sync.dgc (dgc.h): momentum correction, momentum factor masking and local clipping around every
+  // sync.<method>.dgc (dgc.h): momentum correction, momentum factor masking and local clipping around every
   // step, the velocity where the residual lives.
   void enable_dgc(const DgcSettings& settings);
   const DgcMomentum* dgc() const { return dgc_.get(); }
-  // sync.density_warmup_* (dgc.h DensityWarmup): each step first sets the compressor's density to
-  // the warm-up's for that step, through adapt() as sync.adaptive does (refused together with it).
+  // sync.<method>.density_warmup_* (dgc.h DensityWarmup): each step first sets the compressor's density to
+  // the warm-up's for that step, through adapt() as sync.<method>.adaptive does (refused together with it).
   void enable_density_warmup(const DensityWarmup& warmup);
   // For describe(): "" without DGC or a warm-up, else a line each.
   std::string dgc_note() const;
   // The setting a group at low (true) or high compression uses.
   double adaptive_setting(bool low) const { return low ? low_setting_ : high_setting_; }
-  // For describe(): "" without sync.adaptive, else a line naming the two settings of `what`.
+  // For describe(): "" without sync.<method>.adaptive, else a line naming the two settings of `what`.
   std::string adaptive_note(const char* what) const;
 
  protected:
@@ -100,7 +100,7 @@ class ErrorFeedbackSync : public GradientSync {
   // for state every rank keeps equal (counters, PowerSGD's Q): each part is loaded in turn and
   // must save back to rank 0's bytes. A method with a rank's own state (thresholds) overrides it.
   virtual std::string merge_state(const std::vector<std::istream*>& saved);
-  // sync.adaptive: group g now runs at adaptive_setting(low[g]). `fresh`: the switch happens now,
+  // sync.<method>.adaptive: group g now runs at adaptive_setting(low[g]). `fresh`: the switch happens now,
   // between two steps (a compressor may re-derive what depends on the setting at its next step);
   // false when a loaded state sets it (the compressor's own state, loaded next, follows).
   virtual void adapt(const std::vector<uint8_t>& low, bool fresh) {}
@@ -118,11 +118,11 @@ class ErrorFeedbackSync : public GradientSync {
 
   ErrorFeedback ef_;
   bool keep_residual_ = true;
-  std::unique_ptr<Accordion> accordion_;  // null unless sync.adaptive
+  std::unique_ptr<Accordion> accordion_;  // null unless sync.<method>.adaptive
   Communicator* comm_for_log_ = nullptr;
   double high_setting_ = 0, low_setting_ = 0;
-  std::unique_ptr<DgcMomentum> dgc_;  // null unless sync.dgc
-  DensityWarmup warmup_;              // off unless sync.density_warmup_*
+  std::unique_ptr<DgcMomentum> dgc_;  // null unless sync.<method>.dgc
+  DensityWarmup warmup_;              // off unless sync.<method>.density_warmup_*
 };
 
 }  // namespace trainer::comm

@@ -3,7 +3,7 @@
 // method there (its arithmetic on the CPU backend, its messages over MPI), and copies what it wrote
 // back. Every built-in method's spec says device_buffers (registry.h) and runs on the device
 // itself; what comes here is a compressor whose options are host loops (its spec's
-// needs_host_buffers: sync.keep_dense, sync.adaptive, a 16-bit sync.wire_dtype) and a method
+// needs_host_buffers: sync.<method>.keep_dense, sync.<method>.adaptive, a 16-bit sync.wire_dtype) and a method
 // registered without device buffers (an extension's first version).
 //
 // Why whole buffers, not only a compressed payload: this is the path that lets such a method train

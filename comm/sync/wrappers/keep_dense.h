@@ -1,4 +1,4 @@
-// sync.keep_dense: parameter tensors that a compressing method leaves uncompressed, averaged exactly
+// sync.<method>.keep_dense: parameter tensors that a compressing method leaves uncompressed, averaged exactly
 // every step (docs/architecture.md section 4, "Tensors kept dense"). The knob that asks which of a
 // model's tensors a compressor can afford to approximate: on the LAS quickstart, for example, the
 // attention and the speller are a quarter of the gradient, and keeping them dense took PowerSGD
@@ -31,10 +31,10 @@ std::vector<bool> match_keep_dense(const std::string& patterns, const std::vecto
 
 // The spec of a whole-gradient sparse method (oktopk, topka, gaussiank, gtopk): it compresses, takes
 // device buffers (its gradient-sized passes run on the backend, sparse_passes.h; its lists go over
-// `comm`, which moves host memory), except with sync.keep_dense, sync.adaptive or a 16-bit
+// `comm`, which moves host memory), except with sync.<method>.keep_dense, sync.<method>.adaptive or a 16-bit
 // sync.wire_dtype, whose gathers, detector and casts are host loops (needs_host_buffers: host
 // copies on a device). Its factory applies
-// sync.error_feedback and, with sync.keep_dense, runs the method built by
+// sync.<method>.error_feedback and, with sync.<method>.keep_dense, runs the method built by
 // make(options, comm, count, backend) on the `count` entries not kept, inside KeepDenseSync.
 using SparseFactory = std::function<std::unique_ptr<ErrorFeedbackSync>(const SyncOptions&, Communicator&, int64_t count,
                                                                       models::Backend& backend)>;

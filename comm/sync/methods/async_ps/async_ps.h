@@ -3,7 +3,7 @@
 // is comm/sync/methods/async_ps/async_ps_server.h (its role in the trainer: trainer/server_role.cpp);
 // docs/architecture.md ("Roles") walks one step through both.
 //
-// Roles: of P ranks the last S (sync.servers) are servers, the first W = P - S workers. The flat
+// Roles: of P ranks the last S (sync.async_ps.servers) are servers, the first W = P - S workers. The flat
 // parameters (n) and the flat non-trainable state (BN statistics, n_state) are each cut into S
 // contiguous shards; server s owns shard s of both.
 //
@@ -18,7 +18,7 @@
 //                     PULL_PARAMS the parameters' shard s (float)
 //                     PULL_STATE  the BN statistics' shard s (float)
 // The server takes headers from whichever worker sends first (an any-source receive; or in rank
-// order, round robin, with sync.deterministic), then that worker's payload on separate channels
+// order, round robin, with sync.async_ps.deterministic), then that worker's payload on separate channels
 // (MPI keeps messages of one channel between one pair in order). The reply is the pull: the
 // worker goes on from the parameters it gets back, without waiting for other workers, unless
 // server 0 holds the reply (the stale synchronous parallel bound, or a meet: checkpoint,
@@ -87,7 +87,7 @@ struct AsyncPsOptions {
   }
 };
 
-// Who is who: validated once per run (throws std::invalid_argument naming sync.servers).
+// Who is who: validated once per run (throws std::invalid_argument naming sync.async_ps.servers).
 struct PsLayout {
   int world = 0, servers = 0, workers = 0;
   static PsLayout make(int world_size, int64_t servers);

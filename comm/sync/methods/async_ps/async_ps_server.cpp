@@ -31,7 +31,7 @@ void delay_compensate(float* g, const float* w_now, const float* w_pulled, float
   for (int64_t i = 0; i < n; ++i) g[i] += lambda * g[i] * g[i] * (w_now[i] - w_pulled[i]);
 }
 
-// The servers' optimizer with W workers and the lr factor: sync.momentum_correction lowers SGD's
+// The servers' optimizer with W workers and the lr factor: sync.async_ps.momentum_correction lowers SGD's
 // momentum by asynchrony's implicit momentum (staleness_remedies.h); with max_staleness = 0 there is
 // no asynchrony, and the servers run dense SGD's momentum.
 std::pair<optim::OptimizerOptions, double> server_optimizer(const PsServerOptions& options, int workers) {

@@ -7,9 +7,9 @@
 // Staleness: the server's version counts its optimizer steps; a push computed on version v and
 // arriving at version V has tau = V - v. One push is applied as 1/W of a synchronous step, at lr / W
 // (W pushes at tau = 0 move the weights as far as one dense step of their mean), and
-// sync.staleness_lr decides what tau does: inverse (lr / W / (1 + tau)), none, dc (DC-ASGD: g +
+// sync.async_ps.staleness_lr decides what tau does: inverse (lr / W / (1 + tau)), none, dc (DC-ASGD: g +
 // lambda g*g*(w_now - w_pulled), with w_pulled the shard this worker was last sent) or gap
-// (gap-aware damping, staleness_remedies.h). sync.momentum_correction lowers the optimizer's momentum
+// (gap-aware damping, staleness_remedies.h). sync.async_ps.momentum_correction lowers the optimizer's momentum
 // by asynchrony's implicit momentum (staleness_remedies.h). The lr schedule
 // runs on pushes / W (one "step" is one push per worker, as in the synchronous methods).
 //
@@ -22,18 +22,18 @@
 //   - checkpoint, evaluation and final steps (a checkpoint is one consistent cut: servers save
 //     shard, optimizer, versions and clocks; workers the parameters they hold, loader position,
 //     pulled versions; evaluation sees one set of weights);
-//   - every synchronous step (sync.max_staleness = 0, or within sync.dense_warmup_steps): the server
+//   - every synchronous step (sync.async_ps.max_staleness = 0, or within sync.dense_warmup_steps): the server
 //     sums the step's W gradients and applies their mean as one optimizer step, which is dense
 //     synchronous SGD up to the order of the sum.
 // Server 0 (the coordinator) grants pushes: its reply to a push lets the worker compute the next,
 // and it sends no more replies than leave exactly meet x W pushes before the meet; it also holds a
-// worker more than sync.max_staleness pushes ahead of the slowest (stale synchronous parallel; -1 =
+// worker more than sync.async_ps.max_staleness pushes ahead of the slowest (stale synchronous parallel; -1 =
 // no bound). The other servers reply at once between meets (their decisions would depend on the
 // order pushes reach them, which differs between servers) and send every worker one more reply when
 // the meet is complete, so every worker leaves a meet with the meet's parameters of every shard.
 // Every reply's header names the meet it completes, so a worker knows when to evaluate, checkpoint
 // or stop without counting anything itself.
-// With sync.deterministic the server takes pushes in rank order, round robin, so the order of
+// With sync.async_ps.deterministic the server takes pushes in rank order, round robin, so the order of
 // updates (and with it every bit of the run) does not depend on timing.
 #pragma once
 

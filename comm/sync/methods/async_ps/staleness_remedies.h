@@ -1,13 +1,13 @@
 // Remedies for stale gradients that an async_ps server applies per push (comm/sync/methods/async_ps/async_ps_server.h),
 // besides the lr rules inverse and dc that live in the server itself:
 //
-//   momentum correction  (sync.momentum_correction; Mitliagkas et al. 2016, "Asynchrony begets
+//   momentum correction  (sync.async_ps.momentum_correction; Mitliagkas et al. 2016, "Asynchrony begets
 //                        momentum"): with W workers whose pushes arrive in a queue, asynchrony acts
 //                        like an extra momentum of about 1 - 1/W on top of the optimizer's. The
 //                        servers' explicit momentum is lowered by that much so the two together
 //                        are about the recipe's momentum.
 //
-//   gap-aware damping    (sync.staleness_lr = "gap"; Barkai, Hakimi and Schuster, ICLR 2020): the
+//   gap-aware damping    (sync.async_ps.staleness_lr = "gap"; Barkai, Hakimi and Schuster, ICLR 2020): the
 //                        staleness of a push is measured not in versions but in how far the
 //                        weights moved since the worker pulled them, per element, in units of one
 //                        average update: Gap = |w_now - w_pulled| / C with C = max_lr x RMS of the
@@ -26,7 +26,7 @@
 
 namespace trainer::comm {
 
-// The servers' SGD momentum under sync.momentum_correction with W workers: max(0, mu - (1 - 1/W)).
+// The servers' SGD momentum under sync.async_ps.momentum_correction with W workers: max(0, mu - (1 - 1/W)).
 double corrected_momentum(double momentum, int workers);
 
 class GapAwareDamping {

@@ -14,10 +14,10 @@ namespace trainer::comm {
 // DeMo, decoupled momentum (Peng, Quesnelle and Kingma 2024, arXiv 2411.19870; the reference's
 // DeMo optimizer): every step each rank keeps its own momentum, sends only its fastest-moving
 // components, and keeps the rest in the momentum. Per step, on rank r with gradient g_r:
-//   m_r    <- beta m_r + g_r                       beta = sync.error_decay (0.999 unless set, DeMo's)
+//   m_r    <- beta m_r + g_r                       beta = sync.demo.error_decay (0.999 unless set, DeMo's)
 //   c_r     = TopK(DCT(m_r))                       chunk_dct.h on the chunks of chunk_codec.h (tiles
-//                                                  of 64 x 64, runs of 64), sync.density per chunk,
-//                                                  sync.value_bits (32 unless set: the fp32 values)
+//                                                  of 64 x 64, runs of 64), sync.demo.density per chunk,
+//                                                  sync.demo.value_bits (32 unless set: the fp32 values)
 //   m_r    <- m_r - IDCT(D(c_r))                   what went out leaves the momentum
 //   g      <- sign(IDCT(sum over r in rank order of D(c_r)))   (ALLGATHER_DEMO; sign(0) = 0)
 // and the config's optimizer steps with g: DeMo's update is signSGD with the optimizer's lr, so

@@ -20,15 +20,15 @@ namespace trainer::comm {
 // Every rank takes inner steps with the config's optimizer on its own data (its optimizer state
 // stays local). The ranks also hold theta_outer, the parameters as of the last sync, the same on
 // every rank. A sync of fragment f (fragments.h: F groups of whole tensors, taking turns every H/F
-// steps, each every H = sync.period steps):
-//   1. tau = sync.sync_delay steps before its turn: the pseudo-gradient delta = theta_outer -
+// steps, each every H = sync.diloco.period steps):
+//   1. tau = sync.diloco.sync_delay steps before its turn: the pseudo-gradient delta = theta_outer -
 //      theta_local of the fragment, averaged over the ranks (ALLREDUCE_OUTER, in fp32, or through
-//      the low-bit sum of comm/quantized_allreduce.h, sync.outer_dtype, then divided by P);
+//      the low-bit sum of comm/quantized_allreduce.h, sync.diloco.outer_dtype, then divided by P);
 //   2. at its turn: the outer optimizer (SGD with Nesterov or heavy-ball momentum, PyTorch's
 //      torch.optim.SGD, or Adam; optim::make_optimizer's, one per fragment, as torchft) steps
 //      theta_outer with the average;
 //   3. the fragment's local parameters become alpha x local + (1 - alpha) x theta_outer
-//      (alpha = sync.mixing; torch.lerp's arithmetic, so 0 and 1 are exact). The tau inner steps
+//      (alpha = sync.diloco.mixing; torch.lerp's arithmetic, so 0 and 1 are exact). The tau inner steps
 //      taken since step 1 count only through alpha (torchft likewise).
 // Batch-norm running statistics are averaged (ALLREDUCE_BN_STATS) with every sync of the last
 // fragment, i.e. every H steps, as local SGD averages them. Everything but the local parameters

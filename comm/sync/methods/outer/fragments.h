@@ -26,7 +26,7 @@ struct Fragment {
 // F fragments of whole tensors over `views` (store order, contiguous from 0, covering [0, n)); null
 // or empty views: the buffer is one tensor. Each boundary is the tensor boundary nearest to k n / F
 // that leaves every fragment at least one tensor. Throws std::invalid_argument naming
-// sync.fragments when F < 1 or F exceeds the number of tensors.
+// sync.<method>.fragments when F < 1 or F exceeds the number of tensors.
 std::vector<Fragment> plan_fragments(int64_t n, const std::vector<models::ParamView>* views, int64_t count);
 
 // What is wrong with a schedule of H = period, F = fragments and tau = delay, naming the keys (F

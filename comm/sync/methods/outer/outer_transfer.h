@@ -1,5 +1,5 @@
 // DiLoCo's pseudo-gradient crossing the wire (comm/sync/methods/outer/diloco.h; ALLREDUCE_OUTER): its average
-// over the ranks, in fp32 (allreduce_average) or through the low-bit sum of sync.outer_dtype
+// over the ranks, in fp32 (allreduce_average) or through the low-bit sum of sync.diloco.outer_dtype
 // (allreduce_sum_quantized, then / P), either on the calling thread or overlapped with the inner
 // steps that follow (Streaming DiLoCo's delay tau: the average is needed only tau steps later).
 // SparseLoCo's allgather of its compressed fragments (comm/sync/methods/outer/sparseloco.h) runs the same way

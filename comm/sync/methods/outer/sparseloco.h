@@ -13,19 +13,19 @@
 namespace trainer::comm {
 
 // SparseLoCo (Sarfi, Therien, Lidin and Belilovsky 2025, arXiv 2508.15706): DiLoCo's schedule
-// (diloco.h: H = sync.period inner steps with the config's optimizer, Streaming DiLoCo's fragments
+// (diloco.h: H = sync.sparseloco.period inner steps with the config's optimizer, Streaming DiLoCo's fragments
 // and delay) with the pseudo-gradient sent sparse and in a few bits, and DiLoCo's outer momentum
 // replaced by each rank's error-feedback accumulator. A sync of fragment f, on rank r:
-//   1. tau = sync.sync_delay steps before its turn:
+//   1. tau = sync.sparseloco.sync_delay steps before its turn:
 //        delta_r = theta_outer - theta_local                    (the pseudo-gradient)
-//        e_r    <- beta e_r + delta_r                            (beta = sync.error_decay)
+//        e_r    <- beta e_r + delta_r                            (beta = sync.sparseloco.error_decay)
 //        c_r     = C(e_r)                                        (chunk_codec.h: chunk-wise top-k,
-//                                                                 sync.density, sync.value_bits)
+//                                                                 sync.sparseloco.density, sync.sparseloco.value_bits)
 //        e_r    <- e_r - D(c_r)                                  (what was not sent stays owed)
 //      and the payloads c_1..c_P are exchanged (ALLGATHER_SPARSELOCO: an allgather, since ranks keep
 //      different entries; every payload of one fragment has the same size);
 //   2. at its turn: every rank decodes the P payloads in rank order and adds them in float32,
-//        theta_outer <- theta_outer - (alpha / P) sum_r D(c_r)   (alpha = sync.outer_lr)
+//        theta_outer <- theta_outer - (alpha / P) sum_r D(c_r)   (alpha = sync.sparseloco.outer_lr)
 //      and the fragment's local parameters become theta_outer.
 // So every rank sums the same values in the same order: the sum is exact over what was sent, and
 // theta_outer is the same on every rank, bit for bit. There is no outer momentum (the paper's point:

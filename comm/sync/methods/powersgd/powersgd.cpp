@@ -56,7 +56,7 @@ SyncMethod powersgd_method() {
     powersgd->set_keep_residual(p.error_feedback);
     if (p.adaptive) {
       // Per compressed tensor, as the paper decides per layer (accordion.h); the set of compressed
-      // tensors is the one sync.rank gives, only their rank changes.
+      // tensors is the one sync.powersgd.rank gives, only their rank changes.
       std::vector<AccordionGroup> groups;
       for (const PowerSgd::Matrix* m : powersgd->in_model_order()) groups.push_back({m->offset, m->rows * m->cols});
       powersgd->enable_adaptive(c.comm, std::move(groups), adaptive_options(o), static_cast<double>(p.rank),
@@ -242,7 +242,7 @@ std::string PowerSgd::describe() const {
   const int64_t bytes = wire_bytes(wire_);
   std::ostringstream out;
   out << "powersgd: rank " << rank_;
-  if (accordion())  // sync.adaptive: the sizes below are those of the settings in use now
+  if (accordion())  // sync.powersgd.adaptive: the sizes below are those of the settings in use now
     out << " (adaptive: now " << accordion()->low_fraction() << " of the compressed entries at rank "
         << adaptive_setting(true) << ")";
   out << "; " << matrices_.size() << " tensors compressed as rank-r factors ("

@@ -43,7 +43,7 @@ struct PowerSgdOptions : CompressorOptions {
 // powerSGD_hook (use_error_feedback and warm_start on), which runs per gradient bucket. Each
 // parameter tensor is viewed as a matrix M of shape[0] x (the rest), n x m (a 1-D tensor as n x 1);
 // with r' = min(n, m, rank) it is compressed when (n + m) r' * min_compression_rate < n m and it is
-// not one the user kept dense (sync.keep_dense, keep_dense.h). The others (biases and batch norm at
+// not one the user kept dense (sync.powersgd.keep_dense, keep_dense.h). The others (biases and batch norm at
 // any rate >= 1, tensors where rank-r' factors would not pay, the kept ones) are sent dense. The
 // tensors are grouped into the dense method's buckets (gradient_buckets.h: backward order,
 // sync.bucket_mb, the first sync.first_bucket_mb; a tensor is never cut), and each bucket is
@@ -70,7 +70,7 @@ struct PowerSgdOptions : CompressorOptions {
 // them, so a device backend batches each group's products with per-matrix pointers (through
 // Backend::gemm, one call per matrix today). On a GPU run the factors and the residual live on the
 // device and every step above is a backend op (gemm, add, copy, subtract, orthonormalize_columns,
-// batched per bucket) or a device allreduce; with sync.adaptive (a host detector) it runs on host
+// batched per bucket) or a device allreduce; with sync.powersgd.adaptive (a host detector) it runs on host
 // copies instead (registry.h: needs_host_buffers).
 // Volume per rank and step: 4 (sum (n + m) r' + dense elements) bytes, each bucket's two
 // allreduces sending its share once (ring traffic 2(P-1)/P of that).
@@ -89,9 +89,9 @@ struct PowerSgdOptions : CompressorOptions {
 // State (saved, per rank; format 3): the seed, whether compression has started, the compressed
 // step count, then each compressed tensor's Q in model order (independent of the buckets); then
 // the residual (ErrorFeedbackSync).
-// sync.adaptive (accordion.h): each compressed tensor is judged on its own and runs at
-// sync.adaptive_rank in critical regimes, sync.rank elsewhere (the tensors compressed are those
-// sync.rank gives); at a switch its Q restarts from the seed at the new rank, its residual stays.
+// sync.powersgd.adaptive (accordion.h): each compressed tensor is judged on its own and runs at
+// sync.powersgd.adaptive_rank in critical regimes, sync.powersgd.rank elsewhere (the tensors compressed are those
+// sync.powersgd.rank gives); at a switch its Q restarts from the seed at the new rank, its residual stays.
 // The detector's state, saved first, gives each tensor's rank, and so the saved Q's sizes. Formats 1 and 2 (before buckets, whose sums differ) are refused
 // with the version in the message.
 class PowerSgd final : public ErrorFeedbackSync {
@@ -144,7 +144,7 @@ class PowerSgd final : public ErrorFeedbackSync {
   std::vector<const Matrix*> in_model_order() const;      // the saved order of the Q factors
 
  private:
-  // sync.adaptive: each compressed tensor at min(rows, cols, its setting's rank); the layout is
+  // sync.powersgd.adaptive: each compressed tensor at min(rows, cols, its setting's rank); the layout is
   // rebuilt and a tensor whose rank changed restarts from its seeded Q.
   void adapt(const std::vector<uint8_t>& low, bool fresh) override;
   SyncStats compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) override;

@@ -32,7 +32,7 @@ class GaussianK final : public ErrorFeedbackSync {
   SyncStats compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) override;
   void save_state(std::ostream& out) const override;
   void load_state(std::istream& in) override;
-  // sync.adaptive: k from sync.adaptive_density or sync.density (one group: the whole gradient).
+  // sync.<method>.adaptive: k from sync.<method>.adaptive_density or sync.<method>.density (one group: the whole gradient).
   void adapt(const std::vector<uint8_t>& low, bool fresh) override;
   std::string merge_state(const std::vector<std::istream*>& saved) override;
   float adjusted_threshold(float t);

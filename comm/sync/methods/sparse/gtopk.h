@@ -40,7 +40,7 @@ class GTopk final : public ErrorFeedbackSync {
   SyncStats compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) override;
   void save_state(std::ostream& out) const override;
   void load_state(std::istream& in) override;
-  // sync.adaptive: k from sync.adaptive_density or sync.density (one group: the whole gradient).
+  // sync.<method>.adaptive: k from sync.<method>.adaptive_density or sync.<method>.density (one group: the whole gradient).
   void adapt(const std::vector<uint8_t>& low, bool fresh) override;
   void pack(int32_t* message) const;
   void merge_received(const int32_t* message);

@@ -80,7 +80,7 @@ struct OkTopkOptions : SparseOptions {
 // another number of ranks (merge_state): t_local the mean of the saved ranks', t_global and the
 // counter kept, and the bounds recomputed at the next compressed step (a flag not saved: that step
 // comes before the next checkpoint can be written).
-// sync.adaptive (accordion.h): the whole gradient is one group; a switch of density changes k, and
+// sync.oktopk.adaptive (accordion.h): the whole gradient is one group; a switch of density changes k, and
 // the step after it takes both thresholds exactly and recomputes the regions.
 class OkTopk final : public ErrorFeedbackSync {
  public:
@@ -102,7 +102,7 @@ class OkTopk final : public ErrorFeedbackSync {
   SyncStats compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef) override;
   void save_state(std::ostream& out) const override;
   void load_state(std::istream& in) override;
-  // sync.adaptive: k from sync.adaptive_density or sync.density (one group: the whole gradient).
+  // sync.oktopk.adaptive: k from sync.oktopk.adaptive_density or sync.oktopk.density (one group: the whole gradient).
   void adapt(const std::vector<uint8_t>& low, bool fresh) override;
   std::string merge_state(const std::vector<std::istream*>& saved) override;
   void reuse_local_threshold();
@@ -123,7 +123,7 @@ class OkTopk final : public ErrorFeedbackSync {
   float t_local_ = 0.f, t_global_ = 0.f;
   std::vector<int64_t> bounds_;  // P + 1 region starts; bounds_[P] = n
   bool repartition_due_ = false;  // after an elastic resume: the bounds are not from this run's selections
-  // sync.adaptive switched k since the last step: both thresholds exact and the regions recomputed
+  // sync.oktopk.adaptive switched k since the last step: both thresholds exact and the regions recomputed
   // at the next (not saved: the detector's state says so, accordion.h)
   bool exact_due_ = false;
 
