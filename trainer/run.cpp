@@ -42,9 +42,9 @@ void print_dry_run(const Config& config, comm::Communicator& comm) {
   // The method's own statement of its compressed steps' volume, against dense fp32's ring.
   if (const comm::WireVolume v = sync->wire_volume(); v.words >= 0) {
     const double dense = 2.0 * (comm.size() - 1) / comm.size() * static_cast<double>(n);
-    std::printf("wire: %.0f bytes per rank and step, %s%s\n", 4 * v.words, v.formula.c_str(),
-                dense > 0 && v.words > 0 ? (" (" + std::to_string(dense / v.words).substr(0, 5) + "x fewer than fp32 dense)").c_str()
-                                         : "");
+    std::printf("wire: %.0f bytes per rank and step, %s", 4 * v.words, v.formula.c_str());
+    if (dense > 0 && v.words > 0) std::printf(" (%.1fx fewer than fp32 dense)", dense / v.words);
+    std::printf("\n");
   }
   // The defaults this method chose for the recipe (its spec's), where they are in effect.
   for (const std::string& line : method_default_lines(config)) std::printf("default: %s\n", line.c_str());

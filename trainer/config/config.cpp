@@ -283,15 +283,16 @@ bool is_group(const std::string& path) {  // a section, or a table that holds ke
   return false;
 }
 
-// The older flat spelling of a method's key, [sync] density = 0.01: the name of a key some method
-// declares, directly under [sync] ("density"), or empty.
-std::string flat_method_key(const std::string& path) {
+// The older flat spelling of a method's key, [sync] density = 0.01 (sync.density): the first
+// method's key of that name (its type and refused_for_others are every declarer's: one struct), or
+// null.
+const comm::OptionKey* flat_method_key(const std::string& path) {
   const std::string prefix = "sync.";
-  if (path.compare(0, prefix.size(), prefix) != 0 || find_key(path)) return {};
+  if (path.compare(0, prefix.size(), prefix) != 0 || find_key(path)) return nullptr;
   const std::string name = path.substr(prefix.size());
-  for (const comm::SyncMethod& m : comm::sync_methods())
-    if (comm::method_key(m, name)) return name;
-  return {};
+  for (const comm::OptionKey& k : comm::sync_method_keys())
+    if (last_component(k.path) == name) return &k;
+  return nullptr;
 }
 
 std::string unknown_method_table(const std::string& path) {
@@ -308,7 +309,7 @@ void collect(const toml::table& table, const std::string& prefix, const std::str
   for (auto&& [name, node] : table) {
     const std::string path = (prefix.empty() ? "" : prefix + ".") + std::string(name.str());
     const toml::source_position where = node.source().begin;
-    if (find_key(path) || !flat_method_key(path).empty()) {
+    if (find_key(path) || flat_method_key(path)) {
       out[path] = {&node, origin, 0};  // a flat spelling is resolved once sync.method is known
     } else if (is_group(path)) {
       if (const toml::table* sub = node.as_table())
@@ -365,10 +366,7 @@ void apply_override(const std::string& arg, size_t order, Settings& settings,
   const std::string path = eq == std::string::npos ? "" : trim(arg.substr(0, eq));
   if (path.empty()) fail(origin, "expected key.path=value");
   const KeyInfo* key = find_key(path);
-  const comm::OptionKey* flat = nullptr;  // an old flat spelling: any method's key of that name will do
-  if (!key && !flat_method_key(path).empty())
-    for (const comm::OptionKey& k : comm::sync_method_keys())
-      if (!flat && last_component(k.path) == flat_method_key(path)) flat = &k;
+  const comm::OptionKey* flat = key ? nullptr : flat_method_key(path);
   if (!key && !flat) fail(origin, unknown_key(path));
   const Type type = key ? key->type : flat->type;
   const std::string value = trim(arg.substr(eq + 1));
@@ -404,9 +402,10 @@ std::vector<std::string> resolve_method_tables(Settings& settings) {
   for (auto it = settings.begin(); it != settings.end();) {
     const std::string path = it->first;
     const Setting setting = it->second;
-    const std::string name = flat_method_key(path);
-    if (name.empty()) {
-      const std::string section = find_key(path) ? find_key(path)->section : "";
+    const comm::OptionKey* flat = flat_method_key(path);
+    if (!flat) {
+      const KeyInfo* key = find_key(path);
+      const std::string section = key ? key->section : "";
       if (!method_section_applies(section, method) &&
           std::find(ignored_tables.begin(), ignored_tables.end(), section) == ignored_tables.end())
         ignored_tables.push_back(section);
@@ -414,6 +413,7 @@ std::vector<std::string> resolve_method_tables(Settings& settings) {
       continue;
     }
     it = settings.erase(it);
+    const std::string name = last_component(path);
     if (const comm::OptionKey* key = comm::method_key(*spec, name)) {
       const auto [own, inserted] = settings.insert({key->path, setting});
       if (!inserted) {
@@ -425,12 +425,9 @@ std::vector<std::string> resolve_method_tables(Settings& settings) {
                       method + "]; the flat spelling goes in the next release");
       continue;
     }
-    for (const comm::OptionKey& k : comm::sync_method_keys())
-      if (last_component(k.path) == name && k.refused_for_others &&
-          node_literal(*setting.node) != toml_literal(k.default_value))
-        fail(setting.origin, path + " = " + node_literal(*setting.node) + " applies to " +
-                                            comm::sync_methods_with_key(name) + ", not to sync.method = \"" + method +
-                                            "\"");
+    if (flat->refused_for_others && node_literal(*setting.node) != toml_literal(flat->default_value))
+      fail(setting.origin, path + " = " + node_literal(*setting.node) + " applies to " +
+                               comm::sync_methods_with_key(name) + ", not to sync.method = \"" + method + "\"");
     notes.push_back("config: " + setting.origin + ": " + path + " is ignored: sync.method = \"" + method +
                     "\" has no key " + name + " (" + comm::sync_methods_with_key(name) + " have)");
   }

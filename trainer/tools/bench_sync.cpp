@@ -17,7 +17,6 @@
 #include "comm/device_communicator.h"
 #include "comm/sync/gradient_sync.h"
 #include "comm/sync/methods/sparse/oktopk.h"
-#include "comm/sync/methods/powersgd/powersgd.h"
 #include "comm/sync/registry.h"
 #include "comm/sync/methods/sparse/select.h"
 #include "models/device_buffer.h"
