@@ -344,7 +344,7 @@ TEST_CASE("A saved state says whether it adapted", "[adaptive][mpi]") {
   auto g = noisy(n, 0, comm.rank());
   comm::SyncBuffers b{nullptr, g.data(), n, nullptr, 0, &views};
   CHECK_THROWS_WITH(unknown->reduce(b, 0), Catch::Matchers::Contains("adaptive_interval"));
-  epoch.steps_per_epoch = 10;
+  epoch.recipe.steps_per_epoch = 10;
   CHECK_THAT(comm::make_gradient_sync(epoch, comm, n, &views)->describe(),
              Catch::Matchers::Contains("intervals of 10 steps"));
 }

@@ -53,7 +53,7 @@ TEST_CASE("method-dependent defaults apply where the config is silent, and say s
   Config c = parse("[sync]\nmethod = \"diloco\"\n");
   CHECK(c.sync.get<int64_t>("period") == 8);
   CHECK(c.sync.get<double>("outer_momentum") == 0.5);
-  const auto lines = method_default_lines(c);
+  const auto lines = method_default_lines(sync_options(c));
   REQUIRE(lines.size() == 1);
   CHECK_THAT(lines[0], Catch::StartsWith("sync.diloco.outer_momentum = 0.5: "));
   // The paper's 0.9 over AdamW; a value the file or a --set gives always wins.
@@ -61,8 +61,8 @@ TEST_CASE("method-dependent defaults apply where the config is silent, and say s
   c = parse("[sync]\nmethod = \"diloco\"\n[sync.diloco]\nperiod = 2\n", {"sync.diloco.outer_momentum=0.7"});
   CHECK(c.sync.get<int64_t>("period") == 2);
   CHECK(c.sync.get<double>("outer_momentum") == 0.7);
-  CHECK(method_default_lines(c).empty());  // not the default's value
-  CHECK(method_default_lines(parse("")).empty());
+  CHECK(method_default_lines(sync_options(c)).empty());  // not the default's value
+  CHECK(method_default_lines(sync_options(parse(""))).empty());
   // powersgd under adaptive: the measured pair, rank 1 below adaptive_rank 4.
   c = parse("", {"sync.method=powersgd", "sync.powersgd.adaptive=true"});
   CHECK(c.sync.get<int64_t>("rank") == 1);

@@ -229,9 +229,9 @@ TEST_CASE("every sparse method on the GPU gives the CPU's outputs and state, bit
       if (dgc) {  // the velocity and the decay's on the device; no clipping (its norm sums in another order)
         testing::set_if_own(o, "dgc", true);
         testing::set_if_own(o, "density_warmup_steps", 8);
-        o.momentum = 0.9;
-        o.nesterov = true;
-        o.coupled_weight_decay = 1e-3;
+        o.recipe.momentum = 0.9;
+        o.recipe.nesterov = true;
+        o.recipe.coupled_weight_decay = 1e-3;
       }
       testing::set_if_own(o, "local_threshold_every", 3);
       testing::set_if_own(o, "global_threshold_every", 2);

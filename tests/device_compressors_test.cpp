@@ -149,9 +149,9 @@ TEST_CASE("sync.dgc and the sparsity warm-up on device buffers give the host pat
         o.set("dgc", true);
         o.set("density_warmup_steps", 8);
         o.set("density_warmup_stages", 2);
-        o.momentum = 0.9;
-        o.nesterov = nesterov;
-        o.grad_clip_norm = 40.0;  // binds: the gradients' norm is about 75 per rank
+        o.recipe.momentum = 0.9;
+        o.recipe.nesterov = nesterov;
+        o.recipe.grad_clip_norm = 40.0;  // binds: the gradients' norm is about 75 per rank
         auto host = comm::make_gradient_sync(o, comm::world(), kEntries, nullptr);
         models::DeviceLikeCpu device;
         comm::SyncOptions od = o;

@@ -278,8 +278,8 @@ std::vector<std::vector<float>> async_ps_round(models::DeviceMemory& memory, int
   o.method = "async_ps";
   o.set("servers", 1);
   o.set("deterministic", true);
-  o.total_steps = steps;
-  o.steps_per_epoch = steps;
+  o.recipe.total_steps = steps;
+  o.recipe.steps_per_epoch = steps;
   std::vector<std::vector<float>> pulled;
   if (world.rank() == world.size() - 1) {
     models::ParameterStore params(true), buffers(false);

@@ -61,10 +61,10 @@ comm::SyncOptions options_of_case(const json& c) {
   o.set("density_warmup_steps", w.at("steps").get<int64_t>());
   o.set("density_warmup_stages", w.at("stages").get<int64_t>());
   o.set("density_warmup_start", w.at("start").get<double>());
-  o.momentum = c.at("momentum").get<double>();
-  o.nesterov = c.at("nesterov").get<bool>();
-  o.grad_clip_norm = c.at("clip").get<double>();
-  o.coupled_weight_decay = c.at("weight_decay").get<double>();
+  o.recipe.momentum = c.at("momentum").get<double>();
+  o.recipe.nesterov = c.at("nesterov").get<bool>();
+  o.recipe.grad_clip_norm = c.at("clip").get<double>();
+  o.recipe.coupled_weight_decay = c.at("weight_decay").get<double>();
   return o;
 }
 
@@ -110,9 +110,9 @@ comm::SyncOptions resume_options(const char* method) {
   o.set("dgc", true);
   o.set("density_warmup_steps", 6);
   o.set("density_warmup_stages", 3);
-  o.momentum = 0.9;
-  o.grad_clip_norm = 4.0;
-  o.coupled_weight_decay = 1e-3;
+  o.recipe.momentum = 0.9;
+  o.recipe.grad_clip_norm = 4.0;
+  o.recipe.coupled_weight_decay = 1e-3;
   return o;
 }
 
@@ -231,12 +231,12 @@ TEST_CASE("sync.dgc's rules", "[dgc]") {
   CHECK(comm::method_owns_momentum(comm::sync_method("topka"), o));
   CHECK(comm::method_owns_clipping(comm::sync_method("topka"), o));
   CHECK_FALSE(has_problem(o, "dgc"));
-  o.optimizer = "adam";
+  o.recipe.optimizer = "adam";
   CHECK(has_problem(o, "optim.name"));
-  o.optimizer = "sgd";
-  o.coupled_weight_decay = 1e-4;  // the method's (its own momentum on lambda p), not a problem
+  o.recipe.optimizer = "sgd";
+  o.recipe.coupled_weight_decay = 1e-4;  // the method's (its own momentum on lambda p), not a problem
   CHECK_FALSE(has_problem(o, "optim.weight_decay"));
-  o.coupled_weight_decay = 0;
+  o.recipe.coupled_weight_decay = 0;
   o.set("keep_dense", std::string("x*"));
   CHECK(has_problem(o, "keep_dense"));
   o.set("keep_dense", std::string());

@@ -373,7 +373,7 @@ TEST_CASE("PowerSGD resumes bit for bit from its saved state", "[powersgd][mpi]"
   o.method = "powersgd";
   o.dense_warmup_steps = 2;
   o.set("rank", 3);
-  o.seed = 11;
+  o.recipe.seed = 11;
   Communicator& comm = comm::world();
   const int64_t n = total(views);
   auto straight = comm::make_gradient_sync(o, comm, n, &views);

@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "trainer/config/config_sync.h"
+
 using namespace trainer;
 using Catch::Matchers::Contains;
 
@@ -23,21 +25,21 @@ Config diloco_over_sgd_momentum() {
 
 TEST_CASE("DiLoCo's outer momentum 0.9 over SGD momentum 0.9 gets one note, other settings none", "[config]") {
   Config c = diloco_over_sgd_momentum();
-  auto notes = app::start_notes(c, 1000);
+  auto notes = app::start_notes(c, sync_options(c, 0, 1000));
   REQUIRE(notes.size() == 1);
   CHECK_THAT(notes[0], Contains("note: diloco with outer momentum 0.9") && Contains("over SGD momentum 0.9"));
 
   c.sync.set("outer_momentum", 0.5);
-  CHECK(app::start_notes(c, 1000).empty());
+  CHECK(app::start_notes(c, sync_options(c, 0, 1000)).empty());
   c = diloco_over_sgd_momentum();
   c.optim.name = "adamw";  // the paper's inner optimizer
-  CHECK(app::start_notes(c, 1000).empty());
+  CHECK(app::start_notes(c, sync_options(c, 0, 1000)).empty());
   c = diloco_over_sgd_momentum();
   c.optim.momentum = 0.0;
-  CHECK(app::start_notes(c, 1000).empty());
+  CHECK(app::start_notes(c, sync_options(c, 0, 1000)).empty());
   c = diloco_over_sgd_momentum();
   c.sync.method = "local_sgd";
-  CHECK(app::start_notes(c, 1000).empty());
+  CHECK(app::start_notes(c, sync_options(c, 0, 1000)).empty());
 }
 
 TEST_CASE("A speech model compressed after a dense warmup under a tenth of the run gets one note", "[config]") {
@@ -46,20 +48,20 @@ TEST_CASE("A speech model compressed after a dense warmup under a tenth of the r
   c.data.dataset = "an4";  // a speech task: what the notes ask (comm/sync/registry.h, SyncRecipe::speech)
   c.sync.method = "oktopk";
   c.sync.dense_warmup_steps = 50;
-  auto notes = app::start_notes(c, 1250);
+  auto notes = app::start_notes(c, sync_options(c, 0, 1250));
   REQUIRE(notes.size() == 1);
   CHECK_THAT(notes[0], Contains("note: oktopk after 50 dense steps (sync.dense_warmup_steps) of 1250"));
   c.sync.dense_warmup_steps = 125;  // a tenth
-  CHECK(app::start_notes(c, 1250).empty());
+  CHECK(app::start_notes(c, sync_options(c, 0, 1250)).empty());
   c.sync.dense_warmup_steps = 50;
   c.model.arch = "resnet20";
   c.data.dataset = "cifar10";
-  CHECK(app::start_notes(c, 1250).empty());
+  CHECK(app::start_notes(c, sync_options(c, 0, 1250)).empty());
   c.model.arch = "las";
   c.data.dataset = "an4";
   c.sync.method = "powersgd";
   c.sync.set("rank", 8);
-  CHECK(app::start_notes(c, 1250).empty());
+  CHECK(app::start_notes(c, sync_options(c, 0, 1250)).empty());
 }
 
 TEST_CASE("An image model compressed from its first step gets one note, with a dense warmup none", "[config]") {
@@ -67,12 +69,12 @@ TEST_CASE("An image model compressed from its first step gets one note, with a d
   c.model.arch = "resnet20";
   c.sync.method = "oktopk";
   c.sync.dense_warmup_steps = 0;
-  auto notes = app::start_notes(c, 468);
+  auto notes = app::start_notes(c, sync_options(c, 0, 468));
   REQUIRE(notes.size() == 1);
   CHECK_THAT(notes[0], Contains("note: oktopk from the first step (sync.dense_warmup_steps = 0)"));
   c.sync.dense_warmup_steps = 39;
-  CHECK(app::start_notes(c, 468).empty());
+  CHECK(app::start_notes(c, sync_options(c, 0, 468)).empty());
   c.sync.dense_warmup_steps = 0;
   c.sync.method = "local_sgd";  // averages parameters: not a compressor
-  CHECK(app::start_notes(c, 468).empty());
+  CHECK(app::start_notes(c, sync_options(c, 0, 468)).empty());
 }

@@ -79,7 +79,7 @@ models::Backend& device_backend(const Config& config, int local_rank) {
 
 bool needs_concurrent_calls(const Config& c) {
   const comm::SyncMethod& method = comm::sync_method(c.sync.method);
-  return method.concurrent_calls && method.concurrent_calls(sync_options(c));
+  return method.concurrent_calls && method.concurrent_calls(c.sync);
 }
 
 optim::OptimizerOptions optimizer_options(const Config& c) {
@@ -124,16 +124,13 @@ Experiment build_experiment(const Config& config, comm::Communicator& world, com
   const int64_t n = e.task->parameters().size();
   e.optimizer = optim::make_optimizer(*e.backend, optimizer_options(config), n);
   e.schedule = schedule_options(o);
-  comm::SyncOptions so = sync_options(config);
-  so.steps_per_epoch = e.task->steps_per_epoch();
-  so.total_steps = total_steps(config, so.steps_per_epoch);
-  // sync.<method>.adaptive treats the interval after a learning-rate drop as critical (comm/sync/wrappers/accordion.h).
-  if (e.schedule.kind == optim::ScheduleKind::kMultiStep && e.schedule.gamma < 1)
-    for (int64_t m : e.schedule.milestones) so.lr_decay_steps.push_back(m * so.steps_per_epoch);
+  const int64_t steps_per_epoch = e.task->steps_per_epoch();
+  e.sync_options = sync_options(config, steps_per_epoch, total_steps(config, steps_per_epoch));
+  comm::SyncOptions& so = e.sync_options;
   so.backend = e.backend;
   // A method that takes device buffers gets a communicator that moves them (NCCL, or MPI through
   // pinned staging); the others run on host copies (comm/sync/wrappers/host_staged.h) and talk MPI.
-  if (comm::takes_device_buffers(comm::sync_method(config.sync.method), so)) {
+  if (comm::takes_device_buffers(comm::sync_method(config.sync.method), config.sync)) {
     comm::SyncCommunicator carrier = comm::make_sync_communicator(config.runtime.communicator, world, *e.backend);
     e.sync_comm = std::move(carrier.device);
     e.sync_on_device = carrier.on_device;

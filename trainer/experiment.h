@@ -27,6 +27,9 @@ struct Experiment {
   // when the sync talks to `world` itself (host buffers). Declared before `sync`, which uses it.
   std::unique_ptr<comm::Communicator> sync_comm;
   bool sync_on_device = false;  // sync_comm's collectives run on the device's stream (NCCL)
+  // What the method was built from (config_sync.h: its keys, the recipe with the run's length, the
+  // backend); the worker's start notes and default lines read it too.
+  comm::SyncOptions sync_options;
   std::unique_ptr<comm::GradientSync> sync;
 };
 

@@ -47,7 +47,7 @@ void print_dry_run(const Config& config, comm::Communicator& comm) {
     std::printf("\n");
   }
   // The defaults this method chose for the recipe (its spec's), where they are in effect.
-  for (const std::string& line : method_default_lines(config)) std::printf("default: %s\n", line.c_str());
+  for (const std::string& line : method_default_lines(options)) std::printf("default: %s\n", line.c_str());
   for (const std::string& note : config.notes) std::printf("%s\n", note.c_str());
   std::printf("overlap with backward: %s\n", config.sync.overlap ? sync->overlap_plan().c_str()
                                                                   : "off (sync.overlap = false: every message is "

@@ -6,11 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "comm/sync/gradient_sync.h"
 #include "trainer/config/config.h"
 
 namespace trainer::app {
 
 // Each note is one line beginning "note: "; none when nothing applies.
-std::vector<std::string> start_notes(const Config& config, int64_t total_steps);
+// `sync`: what the method is built from (trainer/config/config_sync.h), with the run's length
+// where it is known.
+std::vector<std::string> start_notes(const Config& config, const comm::SyncOptions& sync);
 
 }  // namespace trainer::app

@@ -262,8 +262,8 @@ Worker::Worker(const Config& config, const RunOptions& options, comm::Communicat
                 config.runtime.precision.c_str(), config.sync.method.c_str(), out.c_str());
   say(line);
   // The defaults this method chose for the recipe (its spec's), then the measured warnings.
-  for (const std::string& line : method_default_lines(config)) say("default: " + line);
-  for (const std::string& note : start_notes(config, total_steps_)) say(note);
+  for (const std::string& line : method_default_lines(e_.sync_options)) say("default: " + line);
+  for (const std::string& note : start_notes(config, e_.sync_options)) say(note);
   // Only ranks that take their steps together can agree on a window (not async_ps's workers).
   const auto compressed_at = [this](int64_t s) { return e_.sync->phase(s) == comm::Phase::kCompressed; };
   const int64_t switch_at = &world == &training ? switch_step(config, compressed_at) : -1;

@@ -118,7 +118,7 @@ std::unique_ptr<GradientSync> make_gradient_sync(const SyncOptions& o, Communica
   // The methods that sync parameters (their spec: keeps_parameters_equal is false) read and write
   // them; the others only the gradient.
   // DGC's weight decay reads them too (its own momentum on lambda p, dgc.h).
-  const bool reads_parameters = method_owns_momentum(spec, o) && o.coupled_weight_decay > 0;
+  const bool reads_parameters = method_owns_momentum(spec, o) && o.recipe.coupled_weight_decay > 0;
   if (staged)
     return std::make_unique<HostStagedSync>(std::move(method), device,
                                             !spec.can.keeps_parameters_equal || reads_parameters);

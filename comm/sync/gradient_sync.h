@@ -53,6 +53,14 @@ struct SyncStats {
   double low_compression = -1;
   // sync.<method>.density_warmup_*: the density the selection aimed at this step (-1: no warm-up).
   double density_target = -1;
+  // A method that reuses an estimate over steps (oktopk's thresholds, recomputed every
+  // local_threshold_every and global_threshold_every steps): 1 on a step that computed it afresh, 0 on
+  // one that reused it; -1 when the method keeps none. `trainer bench sync` times the two apart.
+  int fresh_estimate = -1;
+  // A method that selects by threshold: the entries this rank selected and those in the global
+  // selection every rank receives (-1: it does not say), against k in `trainer bench sync`.
+  int64_t selected_local = -1;
+  int64_t selected_global = -1;
 };
 
 // The model's flat buffers as the sync stage sees them: memory of SyncOptions::backend (device
@@ -120,31 +128,44 @@ class GradientSync {
   std::string load_replicated(const std::vector<std::string>& states);
 };
 
-// What make_gradient_sync builds from: the [sync] settings (sync_settings.h: the stage's keys and
-// every method's own, which each method reads through its options struct) and what the run around
-// it knows.
-struct SyncOptions : SyncSettings {
-  // Not an aggregate: a braced list of values would fill the settings' fields in declaration order.
-  explicit SyncOptions(const SyncSettings& settings = {}) : SyncSettings(settings) {}
-  std::vector<int64_t> lr_decay_steps;  // steps where the learning rate drops (Accordion: the interval after is critical)
-  uint64_t seed = 0;                    // experiment.seed (powersgd: the first Q's seed, the same on every rank)
-  int64_t total_steps = 0;              // the run's steps (async_ps: the servers' schedule and end)
-  int64_t steps_per_epoch = 0;          // async_ps: the servers' lr schedule; Accordion: an interval of 0
+// The run around a method, beyond its [sync] keys: the optimizer, the run's length and schedule, the
+// seed and the task. The trainer builds it once from the config (trainer/config/config_sync.h); the
+// method's defaults, start notes, rules and factory all read this one value (SyncOptions::recipe).
+struct SyncRecipe {
   // The optimizer's, for a method that owns its momentum or clipping (registry.h: owns_momentum,
-  // owns_clipping; sync.<method>.dgc): optim.momentum, optim.nesterov, optim.grad_clip_norm.
+  // owns_clipping; sync.<method>.dgc) and for the defaults and notes that depend on it: optim.name,
+  // optim.momentum, optim.nesterov, optim.grad_clip_norm, and the weight decay the optimizer adds to
+  // the gradient (optim.weight_decay; 0 when none or decoupled): sync.<method>.dgc's checks.
+  std::string optimizer = "sgd";
   double momentum = 0;
   bool nesterov = false;
   double grad_clip_norm = 0;
-  std::string optimizer = "sgd";  // optim.name, and the weight decay it adds to the gradient (coupled
-  double coupled_weight_decay = 0;  // optim.weight_decay; 0 when none or decoupled): sync.<method>.dgc's checks
+  double coupled_weight_decay = 0;
+  uint64_t seed = 0;     // experiment.seed (powersgd: the first Q's seed, the same on every rank)
+  bool speech = false;   // a speech task (data.dataset = "an4"): deepspeech or las
+  // The run's length, 0 where it is not known yet (the config's load and --dry-run come before the
+  // data is read): its steps (async_ps: the servers' schedule and end; the warmup notes), the steps
+  // of an epoch (async_ps: the servers' lr schedule; Accordion: an interval of 0) and the steps where
+  // the learning rate drops (Accordion: the interval after is critical).
+  int64_t total_steps = 0;
+  int64_t steps_per_epoch = 0;
+  std::vector<int64_t> lr_decay_steps;
+};
+
+// What make_gradient_sync builds from: the [sync] settings (sync_settings.h: the stage's keys and
+// every method's own, which each method reads through its options struct), the recipe around it,
+// and where its buffers live.
+struct SyncOptions : SyncSettings {
+  // Not an aggregate: a braced list of values would fill the settings' fields in declaration order.
+  explicit SyncOptions(const SyncSettings& settings = {}, SyncRecipe run = {})
+      : SyncSettings(settings), recipe(std::move(run)) {}
+  SyncRecipe recipe;
   // Where SyncBuffers live (runtime.device's backend); null: the CPU. The methods whose spec says
   // device_buffers (registry.h; and the dense warmup) run their arithmetic on this backend and
   // their communicator moves its memory (comm/device_communicator.h); the others compute on host
   // copies (host_staged.h).
   models::Backend* backend = nullptr;
 };
-
-
 
 // Builds the method of the table (registry.h) named o.method, inside the dense warmup when there is
 // one. A method without device_buffers in its spec, given a device backend (o.backend), runs on

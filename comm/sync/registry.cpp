@@ -113,16 +113,16 @@ std::string sync_methods_that(bool SyncCapabilities::*capability) {
   return and_list(names);
 }
 
-bool takes_device_buffers(const SyncMethod& method, const SyncOptions& options) {
-  return method.can.device_buffers && !(method.needs_host_buffers && method.needs_host_buffers(options));
+bool takes_device_buffers(const SyncMethod& method, const SyncSettings& settings) {
+  return method.can.device_buffers && !(method.needs_host_buffers && method.needs_host_buffers(settings));
 }
 
-bool method_owns_momentum(const SyncMethod& method, const SyncOptions& options) {
-  return method.owns_momentum && method.owns_momentum(options);
+bool method_owns_momentum(const SyncMethod& method, const SyncSettings& settings) {
+  return method.owns_momentum && method.owns_momentum(settings);
 }
 
-bool method_owns_clipping(const SyncMethod& method, const SyncOptions& options) {
-  return method.owns_clipping && method.owns_clipping(options);
+bool method_owns_clipping(const SyncMethod& method, const SyncSettings& settings) {
+  return method.owns_clipping && method.owns_clipping(settings);
 }
 
 models::Backend& SyncContext::host_backend(const std::string& method) const {

@@ -47,6 +47,13 @@ struct SyncCapabilities {
   // back on the host, so a whole step can be recorded once as a CUDA graph and replayed
   // (runtime.cuda_graph, trainer/step/step_graph.h), when its collectives run on the device (NCCL).
   bool capturable = false;
+  // Compresses tensor by tensor (powersgd's matrices): it is built with the model's named tensors
+  // (SyncContext::views) and refuses to be built without them; tools without a model give it one's.
+  bool layer_wise = false;
+  // Its allgatherv carries the same total whatever the number of ranks (oktopk: the k globally
+  // selected entries, split among the ranks); another method's grows with the ranks (each rank's
+  // own list). `trainer whatif` scales the measured messages by this.
+  bool fixed_gather_total = false;
 };
 
 // What a factory gets beside the [sync] options: where the buffers live and what they hold.
@@ -73,15 +80,6 @@ struct SyncOptionProblem {
   std::string message;
 };
 
-// What a method's defaults and start notes may depend on beside its own keys: the recipe around it.
-struct SyncRecipe {
-  const SyncSettings& sync;  // the method's keys as the config holds them
-  bool speech = false;       // a speech task (data.dataset = "an4"): deepspeech or las
-  std::string optimizer;     // optim.name
-  double momentum = 0;       // optim.momentum
-  int64_t total_steps = 0;   // the run's steps (0 when not known yet: --dry-run before the data is read)
-};
-
 // A default that depends on the recipe (the model, the optimizer, the method's other keys): it
 // applies where the config leaves the key (the method's key named `key`, "density") unset; `why` is what it is for and what was measured, for
 // --dry-run and the start.
@@ -99,30 +97,31 @@ struct SyncMethod {
   // options struct): sync.<name>.<key>, with types, ranges and defaults of its own.
   std::vector<OptionKey> keys;
   // Its defaults that depend on the recipe (null: none); a default that does not is its key's.
-  std::function<std::vector<MethodDefault>(const SyncRecipe&)> defaults;
+  std::function<std::vector<MethodDefault>(const SyncOptions&)> defaults;
   // Lines printed at the start (and by --dry-run) when the recipe is known to cost accuracy with
   // this method, each beginning "note: " (null: none).
-  std::function<std::vector<std::string>(const SyncRecipe&)> start_notes;
+  std::function<std::vector<std::string>(const SyncOptions&)> start_notes;
   // Ranks that serve instead of training, the last ones (applies_update; null: none).
   std::function<int64_t(const SyncSettings&)> server_ranks;
   // Builds the method; the dense warmup and sync.<method>.keep_dense's dense allreduce are added around it by
   // make_gradient_sync. Throws std::invalid_argument naming the key for options it cannot run with.
   std::function<std::unique_ptr<GradientSync>(const SyncOptions&, const SyncContext&)> make;
-  // The rules between the method's keys that their ranges cannot say (null: none). The config
-  // checks them while loading, the factory builds only what passes them.
+  // The rules between the method's keys (and the recipe) that their ranges cannot say (null: none).
+  // The config asks them while loading, to name the key set last; the factory builds only what
+  // passes them; the method's constructor trusts its options.
   std::function<std::vector<SyncOptionProblem>(const SyncOptions&)> check;
-  // True when these options make the method call MPI from a second thread while the training thread
+  // True when these keys make the method call MPI from a second thread while the training thread
   // does too (MPI_THREAD_MULTIPLE is then requested at start). Null: never.
-  std::function<bool(const SyncOptions&)> concurrent_calls;
-  // True when these options keep a method with device_buffers on host buffers after all (the
+  std::function<bool(const SyncSettings&)> concurrent_calls;
+  // True when these keys keep a method with device_buffers on host buffers after all (the
   // compressors' sync.<method>.keep_dense, sync.<method>.adaptive and 16-bit sync.wire_dtype are host loops). Null: never.
-  std::function<bool(const SyncOptions&)> needs_host_buffers;
-  // True when these options make the method own SGD's momentum (optim.momentum, optim.nesterov, in
-  // SyncOptions): the trainer then builds the optimizer without momentum (sync.<method>.dgc, dgc.h). Null: never.
-  std::function<bool(const SyncOptions&)> owns_momentum;
-  // True when these options make the method apply optim.grad_clip_norm itself (DGC's local clipping):
+  std::function<bool(const SyncSettings&)> needs_host_buffers;
+  // True when these keys make the method own SGD's momentum (optim.momentum, optim.nesterov, in
+  // SyncOptions::recipe): the trainer then builds the optimizer without momentum (sync.<method>.dgc, dgc.h). Null: never.
+  std::function<bool(const SyncSettings&)> owns_momentum;
+  // True when these keys make the method apply optim.grad_clip_norm itself (DGC's local clipping):
   // the trainer then clips nothing after the sync. Null: never.
-  std::function<bool(const SyncOptions&)> owns_clipping;
+  std::function<bool(const SyncSettings&)> owns_clipping;
 };
 
 // Sets the method's keys from its options struct O, under its table: "sync.<name>.<key>".
@@ -143,10 +142,10 @@ int64_t server_ranks(const SyncSettings& settings);
 
 // Whether the method runs on device buffers with these options (device_buffers, and not
 // needs_host_buffers); on a device run the others compute on host copies (host_staged.h).
-bool takes_device_buffers(const SyncMethod& method, const SyncOptions& options);
-// The spec's owns_momentum and owns_clipping with these options (false when null).
-bool method_owns_momentum(const SyncMethod& method, const SyncOptions& options);
-bool method_owns_clipping(const SyncMethod& method, const SyncOptions& options);
+bool takes_device_buffers(const SyncMethod& method, const SyncSettings& settings);
+// The spec's owns_momentum and owns_clipping with these settings (false when null).
+bool method_owns_momentum(const SyncMethod& method, const SyncSettings& settings);
+bool method_owns_clipping(const SyncMethod& method, const SyncSettings& settings);
 
 // Every method, built-in ones first, in the order docs and errors list them.
 const std::vector<SyncMethod>& sync_methods();  // their names: sync_method_names() (gradient_sync.h)

@@ -437,7 +437,8 @@ std::vector<std::string> resolve_method_tables(Settings& settings) {
 }
 
 // Rules that involve more than one key, or more than a range.
-void check_consistency(const Config& c, const Settings& settings, const std::string& default_origin) {
+void check_consistency(const Config& c, const comm::SyncOptions& sync, const Settings& settings,
+                       const std::string& default_origin) {
   // Blame the source that set one of these keys last (a --set beats the file).
   const auto origin = [&](const std::vector<std::string>& paths) {
     const Setting* last = nullptr;
@@ -468,7 +469,7 @@ void check_consistency(const Config& c, const Settings& settings, const std::str
   // table's names by now (its choices). A problem names the method's keys by their names.
   const comm::SyncMethod& method = comm::sync_method(c.sync.method);
   if (method.check)
-    for (const comm::SyncOptionProblem& problem : method.check(sync_options(c))) {
+    for (const comm::SyncOptionProblem& problem : method.check(sync)) {
       std::vector<std::string> paths;
       for (const std::string& key : problem.keys)
         paths.push_back(key.find('.') == std::string::npos ? c.sync.key_path(key) : key);
@@ -518,12 +519,15 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
   Loader loader{settings};
   visit_config(config, loader);
   config.notes = std::move(notes);
-  // The method's defaults that depend on the recipe (its spec's), where the config is silent.
+  // The method's defaults that depend on the recipe (its spec's), where the config is silent; then
+  // its rules, on the same options (the run's length is not known here: the data is not read yet).
+  comm::SyncOptions sync = sync_options(config);
   const comm::SyncMethod& method = comm::sync_method(config.sync.method);
   if (method.defaults)
-    for (const comm::MethodDefault& d : method.defaults(sync_recipe(config)))
+    for (const comm::MethodDefault& d : method.defaults(sync))
       if (!settings.count(config.sync.key_path(d.key))) config.sync.keys.set(config.sync.key_path(d.key), d.value);
-  check_consistency(config, settings, source_name);
+  sync.keys = config.sync.keys;
+  check_consistency(config, sync, settings, source_name);
   return config;
 }
 

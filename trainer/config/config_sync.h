@@ -1,8 +1,9 @@
 // The [sync] section as the gradient-sync stage and the method table (comm/sync/registry.h) see it:
-// the options make_gradient_sync builds from, the recipe a method's defaults and start notes depend
-// on, and the lines that say which of those defaults a config holds.
+// the one value a method is built from (its keys and the recipe around it), and the lines that say
+// which of the method's defaults a config holds.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -12,9 +13,12 @@
 
 namespace trainer {
 
-// The [sync] settings and the run's seed (PowerSGD's first Q). The run's length, the backend and the
-// schedule are the experiment's to fill in (trainer/experiment.cpp).
-comm::SyncOptions sync_options(const Config& config);
+// The [sync] settings and the recipe around them (comm::SyncRecipe: the optimizer, the seed, the
+// task, and the run's length once the data is read; 0 before, as at the config's load and
+// --dry-run). Each role builds it once: the config's load (the method's defaults and rules), --dry-run,
+// a worker's experiment (trainer/experiment.h: Experiment::sync_options) and a server. The backend
+// is the experiment's to fill in.
+comm::SyncOptions sync_options(const Config& config, int64_t steps_per_epoch = 0, int64_t total_steps = 0);
 
 // Whether the method owns SGD's momentum with these settings (its spec's owns_momentum: sync.<method>.dgc):
 // the optimizer is then built without momentum.
@@ -23,11 +27,8 @@ bool sync_owns_momentum(const Config& config);
 // (its spec's owns_clipping: DGC's local clipping).
 double trainer_clip_norm(const Config& config);
 
-// What the method's defaults and start notes see of the run; total_steps 0 when not known yet.
-comm::SyncRecipe sync_recipe(const Config& config, int64_t total_steps = 0);
-
 // For --dry-run and the start: one line per default of the method (its spec's defaults) whose value
-// the config holds, e.g. "sync.<method>.period = 8: diloco's H (...)". Empty when there is none.
-std::vector<std::string> method_default_lines(const Config& config);
+// the options hold, e.g. "sync.<method>.period = 8: diloco's H (...)". Empty when there is none.
+std::vector<std::string> method_default_lines(const comm::SyncOptions& options);
 
 }  // namespace trainer

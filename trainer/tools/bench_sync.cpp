@@ -16,7 +16,6 @@
 #include "comm/communicator.h"
 #include "comm/device_communicator.h"
 #include "comm/sync/gradient_sync.h"
-#include "comm/sync/methods/sparse/oktopk.h"
 #include "comm/sync/registry.h"
 #include "comm/sync/methods/sparse/select.h"
 #include "models/device_buffer.h"
@@ -83,7 +82,9 @@ struct MethodResult {
   double sent = 0, received = 0;  // bytes per rank and step: mean over steps, max over ranks
   double theory_words = 0;
   std::string theory;
-  double local_over_k = 0, global_over_k = 0;  // oktopk: mean selected counts / k
+  // A method that says what it selected (SyncStats::selected_local, selected_global): the mean
+  // counts over k; -1 when it does not say.
+  double local_over_k = -1, global_over_k = -1;
 };
 
 double max_over_ranks(Communicator& comm, double v) {
@@ -92,7 +93,8 @@ double max_over_ranks(Communicator& comm, double v) {
   return v;
 }
 
-// powersgd's views: the DeepSpeech model's tensors (what the paper's 27,569,568 parameters are).
+// A layer-wise method's views (its spec's layer_wise: powersgd): the DeepSpeech model's tensors (what
+// the paper's 27,569,568 parameters are).
 std::vector<models::ParamView> deepspeech_views() {
   return models::make_speech_model("deepspeech", models::cpu_backend(), 0)->parameters().views();
 }
@@ -101,21 +103,19 @@ std::vector<models::ParamView> deepspeech_views() {
 // communicator for device buffers).
 MethodResult bench_method(Communicator& comm, Communicator& sync_comm, const Pools& pools, const SyncBenchOptions& o,
                           const std::string& method, const std::vector<models::ParamView>* views = nullptr,
-                          int64_t powersgd_rank = 0) {
+                          int64_t rank = 0) {
   const int64_t n = o.n, k = top_k_count(o.density, n);
   SyncOptions so;
   so.method = method;
   if (method_key(sync_method(method), "density")) so.set("density", o.density);
-  if (powersgd_rank > 0) so.set("rank", powersgd_rank);
-  const bool oktopk = method == "oktopk";  // its thresholds' exact and reused steps are timed apart
-  const auto ok_keys = oktopk ? options_of<OkTopkOptions>(so) : OkTopkOptions{};
-  // The baselines keep no thresholds: a couple of warmup steps and 16 timed ones are enough.
-  const int warmup = oktopk ? o.warmup : std::min(o.warmup, 2);
-  const int steps = oktopk ? o.steps : std::min(o.steps, 16);
+  if (rank > 0) so.set("rank", rank);
   models::Backend* device = o.backend && !o.backend->is_host() ? o.backend : nullptr;
   so.backend = device;
   auto sync = make_gradient_sync(so, device ? sync_comm : comm, n, views);
-  auto* ok = dynamic_cast<OkTopk*>(sync.get());
+  // A method that reuses an estimate over steps (SyncStats::fresh_estimate: oktopk's thresholds) has
+  // its fresh and reused steps timed apart over all the steps; the others keep none, so a couple
+  // of warmup steps and 16 timed ones are enough (the first step says which).
+  int warmup = o.warmup, steps = o.steps;
   // 64-byte aligned, as the trainer's gradient buffer (models/tensor.cpp).
   std::unique_ptr<float, void (*)(void*)> grad_buffer(
       static_cast<float*>(std::aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64)), std::free);
@@ -123,6 +123,7 @@ MethodResult bench_method(Communicator& comm, Communicator& sync_comm, const Poo
   models::DeviceBuffer on_device = device ? models::DeviceBuffer(*device, n) : models::DeviceBuffer();
   std::vector<double> all, reuse, exact;
   double sent_sum = 0, recv_sum = 0, local_sum = 0, global_sum = 0;
+  bool selects = false;
   SyncBuffers b{nullptr, device ? on_device.data() : grad, n};
   for (int j = 0; j < warmup + steps; ++j) {
     pools.gradient(j, grad);
@@ -134,20 +135,21 @@ MethodResult bench_method(Communicator& comm, Communicator& sync_comm, const Poo
     int64_t sent = 0, received = 0;
     comm.log().take_totals(sent, received);
     const auto t0 = Clock::now();
-    sync->reduce(b, j);
+    const SyncStats stats = sync->reduce(b, j);
     if (device) device->synchronize();  // the step ends when the device is done
     const double ms = max_over_ranks(comm, ms_between(t0, Clock::now()));
     comm.log().take_totals(sent, received);
+    if (j == 0 && stats.fresh_estimate < 0) warmup = std::min(o.warmup, 2), steps = std::min(o.steps, 16);
     if (j < warmup) continue;
     all.push_back(ms);
-    const bool is_exact = oktopk && (j % ok_keys.local_threshold_every == 0 || j % ok_keys.global_threshold_every == 0);
-    (is_exact ? exact : reuse).push_back(ms);
+    if (stats.fresh_estimate >= 0) (stats.fresh_estimate ? exact : reuse).push_back(ms);
     sent_sum += sent;
     recv_sum += received;
-    if (ok) local_sum += ok->local_count(), global_sum += ok->global_count();
+    selects = stats.selected_local >= 0;
+    if (selects) local_sum += stats.selected_local, global_sum += stats.selected_global;
   }
   MethodResult r;
-  r.method = powersgd_rank ? method + " r" + std::to_string(powersgd_rank) : method;
+  r.method = rank ? method + " r" + std::to_string(rank) : method;
   r.ms = median(all);
   r.reuse_ms = median(reuse);
   r.exact_ms = median(exact);
@@ -155,8 +157,10 @@ MethodResult bench_method(Communicator& comm, Communicator& sync_comm, const Poo
   r.exact_steps = static_cast<int>(exact.size());
   r.sent = max_over_ranks(comm, sent_sum / steps);
   r.received = max_over_ranks(comm, recv_sum / steps);
-  r.local_over_k = max_over_ranks(comm, local_sum / steps / k);
-  r.global_over_k = global_sum / steps / k;
+  if (selects) {
+    r.local_over_k = max_over_ranks(comm, local_sum / steps / k);
+    r.global_over_k = global_sum / steps / k;
+  }
   // The method's own statement of what it sends (GradientSync::wire_volume).
   const WireVolume volume = sync->wire_volume();
   if (volume.words >= 0) {
@@ -335,9 +339,9 @@ nlohmann::json bench_torch_sparse(Communicator& comm, const SyncBenchOptions& o,
                                                       : "-",
                   t.value("topk_ms", 0.0), t.value("read_ms", 0.0));
       for (const MethodResult& r : ours)
-        if (r.method == "oktopk")
-          std::printf("  ours (oktopk's whole step at P = %d): threshold-reuse %.3f, exact %.3f\n", comm.size(),
-                      r.reuse_ms, r.exact_ms);
+        if (r.reuse_steps > 0 && r.exact_steps > 0)
+          std::printf("  ours (%s's whole step at P = %d): threshold-reuse %.3f, exact %.3f\n", r.method.c_str(),
+                      comm.size(), r.reuse_ms, r.exact_ms);
     }
   }
   comm.barrier("BENCH");
@@ -392,18 +396,26 @@ int run_sync_bench(const SyncBenchOptions& o) {
   std::vector<MethodResult> results;
   bool powersgd = false;
   for (const auto& m : o.methods) {
-    if (m == "gtopk" && (p & (p - 1)) != 0) continue;
-    if (m != "powersgd") {
-      results.push_back(bench_method(comm, sync_comm, pools, o, m));
+    const SyncMethod& spec = sync_method(m);
+    std::vector<models::ParamView> views;
+    if (spec.can.layer_wise) {
+      views = deepspeech_views();
+      if (views.back().offset + views.back().numel() != o.n) {
+        if (rank == 0) std::printf("  %s skipped: it runs on the DeepSpeech shapes, n = 27569568\n", m.c_str());
+        continue;
+      }
+    }
+    // A method with a rank (powersgd's) runs at each of --powersgd-ranks; the others once.
+    std::vector<int64_t> ranks{0};
+    if (method_key(spec, "rank")) ranks = o.powersgd_ranks;
+    try {
+      for (int64_t r : ranks)
+        results.push_back(bench_method(comm, sync_comm, pools, o, m, views.empty() ? nullptr : &views, r));
+    } catch (const std::invalid_argument& e) {  // the method's own refusal, the same on every rank (gtopk's P)
+      if (rank == 0) std::printf("  %s skipped: %s\n", m.c_str(), e.what());
       continue;
     }
-    const auto views = deepspeech_views();
-    if (views.back().offset + views.back().numel() != o.n) {
-      if (rank == 0) std::printf("  powersgd skipped: it runs on the DeepSpeech shapes, n = 27569568\n");
-      continue;
-    }
-    for (int64_t r : o.powersgd_ranks) results.push_back(bench_method(comm, sync_comm, pools, o, m, &views, r));
-    powersgd = true;
+    powersgd |= m == "powersgd";
   }
   if (rank == 0) {
     std::printf("  %-10s %9s %9s %9s %12s %12s  %-17s %7s  %s\n", "method", "ms/step", "reuse ms", "exact ms",
@@ -414,7 +426,7 @@ int run_sync_bench(const SyncBenchOptions& o) {
                   r.reuse_steps ? std::to_string(r.reuse_ms).substr(0, 7).c_str() : "-",
                   r.exact_steps ? std::to_string(r.exact_ms).substr(0, 7).c_str() : "-", r.sent, r.received,
                   r.theory.c_str(), ratio);
-      if (r.method == "oktopk") std::printf("  %.2f, %.2f", r.local_over_k, r.global_over_k);
+      if (r.local_over_k >= 0) std::printf("  %.2f, %.2f", r.local_over_k, r.global_over_k);
       std::printf("\n");
       report["methods"].push_back({{"method", r.method},
                                    {"ms", r.ms},

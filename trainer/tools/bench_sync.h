@@ -7,12 +7,16 @@
 // thresholds evolve; `warmup` compressed steps run untimed first.
 //
 // Per method (dense, topka, gaussiank, gtopk, oktopk, powersgd): the time of a step is the slowest rank's
-// reduce() after a barrier; the table shows the median over the timed steps, for oktopk separately
-// over threshold-reuse steps and exact-recompute steps (either threshold exact), the bytes each
-// rank sent and received per step (the comm log's totals: collectives count this rank's own
-// block, see communicator.h), and the ratio to the method's volume in docs/architecture.md section 4.
-// powersgd runs once per rank in powersgd_ranks on the DeepSpeech model's tensor shapes (n must be
-// its 27,569,568), against its volume 4 (sum (n + m) r + dense) bytes; then, when torch_script is
+// reduce() after a barrier; the table shows the median over the timed steps, separately over the
+// steps that reuse an estimate and those that compute it afresh for a method whose steps say which
+// (SyncStats::fresh_estimate: oktopk's thresholds, either one exact), the bytes each rank sent and
+// received per step (the comm log's totals: collectives count this rank's own block, see
+// communicator.h), the ratio to the volume the method states (GradientSync::wire_volume), and, for
+// a method that says what it selected, the selected counts over k. No method is named here: what
+// differs is the method's to say. A method the factory refuses here (gtopk on a P that is not a
+// power of two) is skipped with its reason.
+// A layer-wise method (its spec's layer_wise: powersgd) runs on the DeepSpeech model's tensor shapes
+// (n must be its 27,569,568), once per rank in powersgd_ranks if it has a rank key; then, when torch_script is
 // set, rank 0 runs it (PyTorch DDP with powerSGD_hook, gloo on CPU, the same shapes, world size
 // and threads per rank) while the other ranks wait, and prints both sides with the ratio.
 // Selection (rank 0 alone while the others wait in a barrier; 1 thread and all threads): the

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/sync/registry.h"
 #include "trainer/config/config.h"
 
 namespace trainer::app {
@@ -223,7 +224,10 @@ CostedStep cost_step(const RunMeasurement& run, const PhaseMeasurement& phase, c
                      int ranks) {
   const double p0 = run.ranks, p1 = ranks;
   const double ratio = p1 / p0;
-  const bool oktopk = run.method == "oktopk";
+  // The method's spec says whether its allgatherv grows with the ranks (whatif.h); a method this
+  // build does not know (an old log) is taken as one whose lists do.
+  const comm::SyncMethod* method = comm::find_sync_method(run.method);
+  const bool fixed_gather = method && method->can.fixed_gather_total;
   // Messages per step and their bytes with P' ranks (oktopk's split-and-reduce: see whatif.h).
   const double count_scale = run.ranks > 1 ? (p1 - 1) / (p0 - 1) : 0;
   const double bytes_scale = run.ranks > 1 ? ((p1 - 1) / p1) / ((p0 - 1) / p0) : 0;
@@ -241,7 +245,7 @@ CostedStep cost_step(const RunMeasurement& run, const PhaseMeasurement& phase, c
         break;
       default:
         if (o.kind == comm::OpKind::kAllgather || o.kind == comm::OpKind::kAlltoall ||
-            (o.kind == comm::OpKind::kAllgatherv && !oktopk))
+            (o.kind == comm::OpKind::kAllgatherv && !fixed_gather))
           c.size_per_call *= ratio;
         c.seconds_per_call = o.kind == comm::OpKind::kAllreduce
                                  ? rates.allreduce_seconds(c.size_per_call, ranks)

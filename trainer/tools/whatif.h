@@ -20,8 +20,9 @@
 // the method's schedule says (assumptions, per kind):
 //   allreduce, broadcast   S unchanged (the gradient, a bucket, a control value)
 //   allgather              S * P'/P (one equal block per rank)
-//   allgatherv             oktopk: unchanged (the k globally selected entries, whatever P);
-//                          other methods: S * P'/P (every rank contributes its own k)
+//   allgatherv             a method whose spec says fixed_gather_total (oktopk: the k globally
+//                          selected entries, whatever P): unchanged; other methods: S * P'/P
+//                          (every rank contributes its own k)
 //   alltoall               S * P'/P (one block per rank pair)
 //   messages (oktopk's split-and-reduce: each rank sends what falls in other ranks' regions)
 //                          count * (P'-1)/(P-1), bytes * ((P'-1)/P') / ((P-1)/P)

@@ -16,7 +16,7 @@
 // measured one is critical too, since there is no previous norm to compare with. An interval the
 // method did not run through (it began during the dense warmup) is not measured and stays critical. The paper's second
 // rule: the interval right after a learning-rate decay is critical for every group (multistep
-// schedules; SyncOptions::lr_decay_steps).
+// schedules; SyncRecipe::lr_decay_steps).
 //
 // Groups: the paper decides per layer. PowerSGD keeps one factor pair per tensor, so it decides per
 // compressed tensor (each matrix its own rank); the sparse methods select over the whole (flat)

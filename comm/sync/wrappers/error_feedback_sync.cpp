@@ -17,8 +17,8 @@ AccordionOptions adaptive_options(const SyncOptions& o) {
   AccordionOptions a;
   a.threshold = keys.adaptive_threshold;
   // 0 when neither is known (--dry-run builds the method without the data): Accordion refuses steps then.
-  a.interval = keys.adaptive_interval > 0 ? keys.adaptive_interval : std::max<int64_t>(0, o.steps_per_epoch);
-  a.lr_decay_steps = o.lr_decay_steps;
+  a.interval = keys.adaptive_interval > 0 ? keys.adaptive_interval : std::max<int64_t>(0, o.recipe.steps_per_epoch);
+  a.lr_decay_steps = o.recipe.lr_decay_steps;
   return a;
 }
 
@@ -28,17 +28,17 @@ AccordionOptions adaptive_options(const SyncOptions& o) {
 // and "Which of LAS's tensors"). An image model compressed from its first step: issue 33's runs on
 // CIFAR-10 (ResNet-20, 4 ranks, 6 epochs) ended 6 and 14 points below dense; the CIFAR studies
 // dense-warm a twelfth of the run.
-std::vector<std::string> short_warmup_notes(const SyncRecipe& recipe) {
-  const std::string& method = recipe.sync.method;
-  const int64_t warmup = recipe.sync.dense_warmup_steps;
-  if (!recipe.speech && warmup == 0)
+std::vector<std::string> short_warmup_notes(const SyncOptions& o) {
+  const std::string& method = o.method;
+  const int64_t warmup = o.dense_warmup_steps;
+  if (!o.recipe.speech && warmup == 0)
     return {"note: " + method + " from the first step (sync.dense_warmup_steps = 0): on CIFAR-10 "
             "(ResNet-20, 4 processes, 6 epochs) compressed runs without a dense warmup ended 6 to 14 points below "
             "dense's 71.4% (powersgd 65.4%, oktopk 57.7%); this project's CIFAR studies run a twelfth of the steps "
             "dense first (BENCHMARKS.md)"};
-  if (!recipe.speech || warmup * 10 >= recipe.total_steps) return {};
+  if (!o.recipe.speech || warmup * 10 >= o.recipe.total_steps) return {};
   return {"note: " + method + " after " + std::to_string(warmup) + " dense steps (sync.dense_warmup_steps) of " +
-          std::to_string(recipe.total_steps) +
+          std::to_string(o.recipe.total_steps) +
           ": on the LAS quickstart, compressed runs this short of dense ended 10 to 20 CER points behind dense's "
           "16.8% (Ok-Top-k 1% 36.8%, PowerSGD rank 2 38.6%); a fifth of the run dense gave 27.1% and 26.4%, "
           "and with it PowerSGD at rank 8 17.5%, or rank 2 with the decoder kept dense (keep_dense) 18.5% "

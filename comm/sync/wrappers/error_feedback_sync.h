@@ -28,13 +28,12 @@
 namespace trainer::comm {
 
 // The detector's options from the compressors' keys: sync.<method>.adaptive_interval, or an epoch
-// (o.steps_per_epoch) when it is 0; an interval of 0 when neither is known (Accordion::add refuses).
+// (o.recipe.steps_per_epoch) when it is 0; an interval of 0 when neither is known (Accordion::add refuses).
 AccordionOptions adaptive_options(const SyncOptions& o);
 
-struct SyncRecipe;  // registry.h
 // The compressing methods' start note about a short dense warmup (or none) before compression, for
 // their specs' start_notes; empty when the recipe is not one that measured a loss.
-std::vector<std::string> short_warmup_notes(const SyncRecipe& recipe);
+std::vector<std::string> short_warmup_notes(const SyncOptions& options);
 
 class ErrorFeedbackSync : public GradientSync {
  public:

@@ -85,7 +85,7 @@ SyncMethod sparse_method(std::string name, std::string doc, SparseFactory make) 
   m.can.compresses = true;
   m.can.device_buffers = true;
   declare_options<SparseOptions>(m);
-  m.needs_host_buffers = [](const SyncOptions& o) {
+  m.needs_host_buffers = [](const SyncSettings& o) {
     const auto s = options_of<SparseOptions>(o);
     return s.adaptive || !s.keep_dense.empty() || o.wire() != WireDType::kF32;
   };
@@ -105,9 +105,9 @@ SyncMethod sparse_method(std::string name, std::string doc, SparseFactory make) 
       problems.push_back({{"dgc", "error_feedback"},
                           "dgc accumulates the velocity in error feedback's residual: it needs "
                           "error_feedback = true"});
-    if (s.dgc && o.optimizer != "sgd")
+    if (s.dgc && o.recipe.optimizer != "sgd")
       problems.push_back({{"dgc", "optim.name"},
-                          "dgc applies to optim.name = \"sgd\", not \"" + o.optimizer +
+                          "dgc applies to optim.name = \"sgd\", not \"" + o.recipe.optimizer +
                               "\": DGC carries SGD's momentum in the method (a velocity accumulated into the residual); "
                               "Adam's moments normalize the averaged gradient per entry after the sync and cannot move "
                               "before it"});
@@ -126,18 +126,18 @@ SyncMethod sparse_method(std::string name, std::string doc, SparseFactory make) 
                               " (the sparsity warm-up falls from it to density)"});
     return problems;
   };
-  m.defaults = [](const SyncRecipe& r) -> std::vector<MethodDefault> {
-    if (!options_of<SparseOptions>(r.sync).adaptive) return {};
+  m.defaults = [](const SyncOptions& o) -> std::vector<MethodDefault> {
+    if (!options_of<SparseOptions>(o).adaptive) return {};
     return {{"density", 0.01,
              "the sparse methods' density outside critical regimes under adaptive (ten times below "
              "adaptive_density's 0.1, Accordion's ratio; this pair is not measured here yet)"}};
   };
-  m.owns_momentum = [](const SyncOptions& o) { return options_of<SparseOptions>(o).dgc; };
-  m.owns_clipping = [](const SyncOptions& o) { return options_of<SparseOptions>(o).dgc; };
-  m.start_notes = [](const SyncRecipe& r) {
-    std::vector<std::string> notes = short_warmup_notes(r);
-    if (options_of<SparseOptions>(r.sync).dgc)
-      notes.push_back("note: " + r.sync.key_path("dgc") + " = true: " + r.sync.method + " owns SGD's momentum (optim.momentum = " + number(r.momentum) +
+  m.owns_momentum = [](const SyncSettings& o) { return options_of<SparseOptions>(o).dgc; };
+  m.owns_clipping = [](const SyncSettings& o) { return options_of<SparseOptions>(o).dgc; };
+  m.start_notes = [](const SyncOptions& o) {
+    std::vector<std::string> notes = short_warmup_notes(o);
+    if (options_of<SparseOptions>(o).dgc)
+      notes.push_back("note: " + o.key_path("dgc") + " = true: " + o.method + " owns SGD's momentum (optim.momentum = " + number(o.recipe.momentum) +
                       " and optim.nesterov), the coupled optim.weight_decay, and optim.grad_clip_norm when set (each "
                       "rank clips its own gradient at C / sqrt(processes) before the momentum); the optimizer steps "
                       "without momentum and nothing is clipped after the sync");
@@ -150,9 +150,9 @@ SyncMethod sparse_method(std::string name, std::string doc, SparseFactory make) 
       std::unique_ptr<ErrorFeedbackSync> sparse = make(o, c.comm.host_side(), count, c.backend);
       sparse->set_keep_residual(s.error_feedback);
       if (s.dgc)
-        sparse->enable_dgc(DgcSettings{o.momentum, o.nesterov, o.grad_clip_norm, c.comm.size(), o.coupled_weight_decay});
+        sparse->enable_dgc(DgcSettings{o.recipe.momentum, o.recipe.nesterov, o.recipe.grad_clip_norm, c.comm.size(), o.recipe.coupled_weight_decay});
       DensityWarmup warmup;
-      warmup.steps = s.density_warmup_steps > 0 ? s.density_warmup_steps : s.density_warmup_epochs * o.steps_per_epoch;
+      warmup.steps = s.density_warmup_steps > 0 ? s.density_warmup_steps : s.density_warmup_epochs * o.recipe.steps_per_epoch;
       warmup.start = s.density_warmup_start;
       warmup.stages = s.density_warmup_stages;
       warmup.target = s.density;

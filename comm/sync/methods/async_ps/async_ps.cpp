@@ -116,8 +116,8 @@ SyncStats AsyncPsWorker::exchange(SyncBuffers& b, int64_t step) {
     int64_t* h = headers.data() + s * kPushHeaderSize;
     h[0] = step;
     h[1] = pulled_version_[s];
-    h[2] = options_.total_steps;
-    h[3] = options_.steps_per_epoch;
+    h[2] = options_.recipe.total_steps;
+    h[3] = options_.recipe.steps_per_epoch;
     // Receives first, so the server's replies never wait for a posted buffer.
     requests.push_back(world_.irecv(replies.data() + s * kReplyHeaderSize, kReplyHeaderSize, DType::kI64, server,
                                     kPsReplyChannel, "PS_HEADER"));

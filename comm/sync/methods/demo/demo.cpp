@@ -14,13 +14,13 @@ namespace {
 
 constexpr int64_t kDemoRun = 64;  // DeMo chunks vectors in runs of 64 (its tiles are 64 x 64)
 
-DemoOptions demo_options(const SyncOptions& o) { return options_of<DemoOptions>(o); }
+DemoOptions demo_options(const SyncSettings& o) { return options_of<DemoOptions>(o); }
 
-std::vector<std::string> demo_notes(const SyncRecipe& r) {
-  if (r.optimizer == "sgd" && r.momentum == 0) return {};
+std::vector<std::string> demo_notes(const SyncOptions& o) {
+  if (o.recipe.optimizer == "sgd" && o.recipe.momentum == 0) return {};
   return {"note: demo's update is the sign of the decoded momentum components, stepped by the optimizer: DeMo "
-          "uses plain SGD (optim.name = \"sgd\", optim.momentum = 0); this run has " + r.optimizer +
-          (r.optimizer == "sgd" ? " with momentum" : "")};
+          "uses plain SGD (optim.name = \"sgd\", optim.momentum = 0); this run has " + o.recipe.optimizer +
+          (o.recipe.optimizer == "sgd" ? " with momentum" : "")};
 }
 
 }  // namespace
@@ -58,7 +58,6 @@ Demo::Demo(Communicator& comm, models::Backend& backend, int64_t n, const std::v
       options_(o),
       codec_(plan_chunks(Fragment{0, n, 0, views ? static_cast<int64_t>(views->size()) : 1}, views, o.density, kDemoRun),
              static_cast<int>(o.value_bits)) {
-  for (const SyncOptionProblem& problem : demo_problems(o)) throw std::invalid_argument(problem.message);
   components_.resize(static_cast<size_t>(n));
   decoded_.resize(static_cast<size_t>(n));
   payload_.resize(static_cast<size_t>(codec_.payload_bytes()));

@@ -51,12 +51,13 @@ struct DemoOptions {
 };
 
 struct SyncOptionProblem;  // registry.h
+// DeMo's rules between its options, asked through its spec (the config at load, make_gradient_sync).
 std::vector<SyncOptionProblem> demo_problems(const DemoOptions& options);
 
 class Demo final : public GradientSync {
  public:
-  // `views`: the model's tensors (their shapes cut the chunks). Throws std::invalid_argument naming
-  // the key for impossible options.
+  // `views`: the model's tensors (their shapes cut the chunks). `options` pass demo_problems
+  // (make_gradient_sync asks them).
   Demo(Communicator& comm, models::Backend& backend, int64_t n, const std::vector<models::ParamView>* views,
        const DemoOptions& options);
   std::string name() const override { return "demo"; }

@@ -35,7 +35,7 @@ void write_floats(std::ostream& out, const models::DeviceBuffer& buffer, int64_t
 
 double mb(int64_t floats) { return static_cast<double>(floats) * 4 / 1e6; }
 
-DilocoOptions diloco_options(const SyncOptions& o) { return options_of<DilocoOptions>(o); }
+DilocoOptions diloco_options(const SyncSettings& o) { return options_of<DilocoOptions>(o); }
 
 std::string str(double v) {
   std::ostringstream s;
@@ -46,27 +46,27 @@ std::string str(double v) {
 // The defaults of issue 33 (BENCHMARKS.md, "Defaults that hold accuracy"): H = 8, and outer momentum
 // 0.5 over SGD with momentum (the DiLoCo paper's 0.9 is for AdamW inner steps; over SGD momentum 0.9
 // the two momenta compound and runs diverged or lost 7 to 11 points); 0.9 with adam and adamw.
-std::vector<MethodDefault> diloco_defaults(const SyncRecipe& r) {
+std::vector<MethodDefault> diloco_defaults(const SyncOptions& o) {
   std::vector<MethodDefault> d;
-  if (r.optimizer == "sgd" && r.momentum > 0)
+  if (o.recipe.optimizer == "sgd" && o.recipe.momentum > 0)
     d.push_back({"outer_momentum", 0.5,
                  "diloco's outer momentum over SGD with momentum inner steps (the paper's 0.9 is for AdamW "
                  "inner steps; over SGD momentum it lost 6.7 points on CIFAR and 11 CER points on LAS)"});
   else
     d.push_back({"outer_momentum", 0.9,
-                 "diloco's outer momentum over " + r.optimizer + " inner steps: the DiLoCo paper's (AdamW inner steps)"});
+                 "diloco's outer momentum over " + o.recipe.optimizer + " inner steps: the DiLoCo paper's (AdamW inner steps)"});
   return d;
 }
 
 // At H = 8, outer momentum 0.5 instead of the paper's 0.9 over SGD momentum 0.9 ended 6.7 points
 // better on CIFAR (ResNet-20) and 11 CER points better on LAS, both within 2 points of dense
 // (BENCHMARKS.md, "Methods that sync rarely"); a run set to 0.9 there gets this note.
-std::vector<std::string> diloco_notes(const SyncRecipe& r) {
-  const auto keys = options_of<DilocoOptions>(r.sync);
-  if (keys.outer_optimizer == "adam" || keys.outer_momentum < 0.9 || r.optimizer != "sgd" || r.momentum < 0.9)
+std::vector<std::string> diloco_notes(const SyncOptions& o) {
+  const auto keys = options_of<DilocoOptions>(o);
+  if (keys.outer_optimizer == "adam" || keys.outer_momentum < 0.9 || o.recipe.optimizer != "sgd" || o.recipe.momentum < 0.9)
     return {};
   return {"note: diloco with outer momentum " + str(keys.outer_momentum) + " (outer_momentum; the paper's, for "
-          "AdamW inner steps) over SGD momentum " + str(r.momentum) + ": at H = 8, outer momentum 0.5 ended at "
+          "AdamW inner steps) over SGD momentum " + str(o.recipe.momentum) + ": at H = 8, outer momentum 0.5 ended at "
           "96.1% against 89.4% on CIFAR (ResNet-20; dense 97.8%) and at CER 17.7% against 28.7% on the LAS "
           "quickstart (dense 16.8%) (BENCHMARKS.md)"};
 }
@@ -105,7 +105,7 @@ SyncMethod diloco_method() {
   m.start_notes = diloco_notes;
   m.check = [](const SyncOptions& o) { return diloco_problems(diloco_options(o)); };
   // A delayed fragment's allreduce runs on its own thread while the training thread calls MPI.
-  m.concurrent_calls = [](const SyncOptions& o) { return diloco_options(o).sync_delay > 0 && o.overlap; };
+  m.concurrent_calls = [](const SyncSettings& o) { return diloco_options(o).sync_delay > 0 && o.overlap; };
   m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
     return std::make_unique<Diloco>(c.comm, c.backend, c.n, c.views, diloco_options(o), bucket_elements(o.bucket_mb),
                                     o.overlap);
@@ -120,7 +120,6 @@ Diloco::Diloco(Communicator& comm, models::Backend& backend, int64_t n, const st
       wire_(parse_outer_dtype(o.outer_dtype)),
       overlap_(overlap),
       pseudo_gradient_(backend) {
-  for (const SyncOptionProblem& problem : diloco_problems(o)) throw std::invalid_argument(problem.message);
   int64_t largest = 0;
   for (const Fragment& f : fragments_) {
     outer_optimizers_.push_back(make_outer_optimizer(backend, o, f.size()));

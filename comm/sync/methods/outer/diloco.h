@@ -107,13 +107,13 @@ struct DilocoOptions : OuterScheduleOptions {
 
 struct SyncOptionProblem;  // registry.h
 // DiLoCo's rules between its options (the fragment schedule; nesterov needs momentum; ...), stated
-// once: the config (through the method's spec) and the constructor both ask it.
+// once and asked through the method's spec (the config at load, make_gradient_sync before it builds).
 std::vector<SyncOptionProblem> diloco_problems(const DilocoOptions& options);
 
 class Diloco final : public OuterLoop {
  public:
-  // `views`: the model's tensors (needed for F > 1). Throws std::invalid_argument naming the key
-  // for an impossible fragment count, delay, mixing or outer optimizer.
+  // `views`: the model's tensors (needed for F > 1). `options` pass diloco_problems
+  // (make_gradient_sync asks them); the fragment schedule still refuses an impossible one.
   // `backend`: where the parameters live, and with them theta_outer, the outer optimizer's state and
   // the pseudo-gradient (host or device memory; checkpoints copy through the host).
   // `bucket_elements`: the BN statistics' and the fp32 average's allreduce pieces (sync.bucket_mb);

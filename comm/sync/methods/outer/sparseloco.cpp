@@ -24,7 +24,7 @@ struct SparseLoco::State {
 
 namespace {
 
-SparseLocoOptions sparseloco_options(const SyncOptions& o) { return options_of<SparseLocoOptions>(o); }
+SparseLocoOptions sparseloco_options(const SyncSettings& o) { return options_of<SparseLocoOptions>(o); }
 
 double mb(double bytes) { return bytes / 1e6; }
 
@@ -56,7 +56,7 @@ SyncMethod sparseloco_method() {
   m.can.device_buffers = true;  // the element-wise steps on the backend, the codec on a host copy
   declare_options<SparseLocoOptions>(m);
   m.check = [](const SyncOptions& o) { return sparseloco_problems(sparseloco_options(o)); };
-  m.concurrent_calls = [](const SyncOptions& o) { return sparseloco_options(o).sync_delay > 0 && o.overlap; };
+  m.concurrent_calls = [](const SyncSettings& o) { return sparseloco_options(o).sync_delay > 0 && o.overlap; };
   m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
     return std::make_unique<SparseLoco>(c.comm, c.backend, c.n, c.views, sparseloco_options(o),
                                         bucket_elements(o.bucket_mb), o.overlap);
@@ -71,7 +71,6 @@ SparseLoco::SparseLoco(Communicator& comm, models::Backend& backend, int64_t n,
       options_(o),
       accumulator_(backend),
       update_(backend) {
-  for (const SyncOptionProblem& problem : sparseloco_problems(o)) throw std::invalid_argument(problem.message);
   int64_t largest = 0, largest_payload = 0;
   for (const Fragment& f : fragments_) {
     codecs_.emplace_back(plan_chunks(f, views, o.density), static_cast<int>(o.value_bits));

@@ -89,14 +89,15 @@ struct SparseLocoOptions : OuterScheduleOptions {
 };
 
 struct SyncOptionProblem;  // registry.h
-// SparseLoCo's rules between its options (the fragment schedule, the value bits), stated once.
+// SparseLoCo's rules between its options (the fragment schedule, the value bits), stated once and
+// asked through the method's spec (the config at load, make_gradient_sync before it builds).
 std::vector<SyncOptionProblem> sparseloco_problems(const SparseLocoOptions& options);
 
 class SparseLoco final : public OuterLoop {
  public:
   // `views`: the model's tensors (their shapes cut the chunks; null: one vector). `backend`: where
   // the parameters live (host or device memory; see above). `bucket_elements`: the BN statistics'
-  // allreduce pieces. Throws std::invalid_argument naming the key for impossible options.
+  // allreduce pieces. `options` pass sparseloco_problems (make_gradient_sync asks them).
   SparseLoco(Communicator& comm, models::Backend& backend, int64_t n, const std::vector<models::ParamView>* views,
              const SparseLocoOptions& options, int64_t bucket_elements, bool overlap);
   ~SparseLoco() override { end_transfer(); }

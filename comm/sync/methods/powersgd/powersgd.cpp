@@ -19,9 +19,10 @@ SyncMethod powersgd_method() {
   m.doc = "rank-r factors P Q^T of each weight matrix, PyTorch's powerSGD_hook";
   m.can.compresses = true;
   m.can.device_buffers = true;
+  m.can.layer_wise = true;
   declare_options<PowerSgdOptions>(m);
   // Accordion's detector and the 16-bit wire casts are host loops.
-  m.needs_host_buffers = [](const SyncOptions& o) {
+  m.needs_host_buffers = [](const SyncSettings& o) {
     return options_of<PowerSgdOptions>(o).adaptive || o.wire() != WireDType::kF32;
   };
   m.check = [](const SyncOptions& o) {
@@ -34,8 +35,8 @@ SyncMethod powersgd_method() {
                               " (adaptive: the rank of critical regimes, the lower compression)"});
     return problems;
   };
-  m.defaults = [](const SyncRecipe& r) -> std::vector<MethodDefault> {
-    if (!options_of<PowerSgdOptions>(r.sync).adaptive) return {};
+  m.defaults = [](const SyncOptions& o) -> std::vector<MethodDefault> {
+    if (!options_of<PowerSgdOptions>(o).adaptive) return {};
     return {{"rank", int64_t{1},
              "powersgd's rank outside critical regimes under adaptive (Accordion's pair: rank 1 and "
              "adaptive_rank 4 measured within 0.3 points of fixed rank 4 at 61% of its bytes)"},
@@ -43,14 +44,14 @@ SyncMethod powersgd_method() {
   };
   // At rank 8 (the default) PowerSGD held accuracy on speech after a short warmup too (17.5% against
   // dense's 16.8% on the LAS quickstart), so the compressors' note is for lower ranks.
-  m.start_notes = [](const SyncRecipe& r) {
-    return options_of<PowerSgdOptions>(r.sync).rank >= 8 && r.speech ? std::vector<std::string>{}
-                                                                            : short_warmup_notes(r);
+  m.start_notes = [](const SyncOptions& o) {
+    return options_of<PowerSgdOptions>(o).rank >= 8 && o.recipe.speech ? std::vector<std::string>{}
+                                                                            : short_warmup_notes(o);
   };
   m.make = [](const SyncOptions& o, const SyncContext& c) -> std::unique_ptr<GradientSync> {
     if (!c.views) throw std::invalid_argument("sync.method 'powersgd' needs the model's tensor shapes");
     const auto p = options_of<PowerSgdOptions>(o);
-    auto powersgd = std::make_unique<PowerSgd>(c.comm, *c.views, c.n, p.rank, p.min_compression_rate, o.seed,
+    auto powersgd = std::make_unique<PowerSgd>(c.comm, *c.views, c.n, p.rank, p.min_compression_rate, o.recipe.seed,
                                                c.backend, o.wire(), o.bucket_mb,
                                                DenseBuckets{o.first_bucket_mb, o.overlap, c.views}, c.kept);
     powersgd->set_keep_residual(p.error_feedback);

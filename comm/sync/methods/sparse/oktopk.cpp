@@ -17,6 +17,7 @@ SyncMethod oktopk_method() {
                                [](const SyncOptions& o, Communicator& comm, int64_t count, models::Backend& backend) {
                                  return std::make_unique<OkTopk>(comm, count, options_of<OkTopkOptions>(o), backend);
                                });
+  m.can.fixed_gather_total = true;
   declare_options<OkTopkOptions>(m);
   return m;
 }
@@ -303,7 +304,9 @@ SyncStats OkTopk::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef
   const bool exact = exact_due_;
   exact_due_ = false;
   passes_->begin(b.grads, ef);
-  if (iteration_ % local_every_ == 0 || exact)
+  const bool fresh_local = iteration_ % local_every_ == 0 || exact;
+  const bool fresh_global = iteration_ % global_every_ == 0 || exact;
+  if (fresh_local)
     t_local_ = passes_->select_top_k(k_, /*exactly_k=*/false, local_);
   else
     reuse_local_threshold();
@@ -313,11 +316,15 @@ SyncStats OkTopk::compress(SyncBuffers& b, int64_t step, ErrorFeedback::Step& ef
   repartition_due_ = false;
   split_and_reduce();
   // 4. Global selection in this rank's region.
-  select_global(iteration_ % global_every_ == 0 || exact);
+  select_global(fresh_global);
   // 5-6. Balance, allgatherv, output and residual.
   gather_output();
   ++iteration_;
-  return {Phase::kCompressed, static_cast<double>(contributed_) / n_};
+  SyncStats stats{Phase::kCompressed, static_cast<double>(contributed_) / n_};
+  stats.fresh_estimate = fresh_local || fresh_global ? 1 : 0;
+  stats.selected_local = local_count();
+  stats.selected_global = global_count();
+  return stats;
 }
 
 void OkTopk::adapt(const std::vector<uint8_t>& low, bool fresh) {
