@@ -157,25 +157,25 @@ class LstmOp {
 };
 
 // The coefficients of one fused SGD update (optim/sgd.h), already rounded to float by the optimizer:
-//     g = grad + wd * p;  with momentum: b = first ? g : momentum * b + g;  g = nesterov ? g + momentum * b : b
+//     g = grad * grad_scale + wd * p;  (grad_scale: the clip's coefficient, optim/clip.h; 1: none)  with momentum: b = first ? g : momentum * b + g;  g = nesterov ? g + momentum * b : b
 //     p = p * decay + neg_lr * g
 // In a captured step (control non-null, device memory) neg_lr and decay are read from the control
 // block instead (coefficients[updates_applied - base_count] = {neg_lr, decay}), and the update is
 // skipped when control->skip is set.
 struct SgdUpdate {
-  float neg_lr = 0, wd = 0, decay = 1, momentum = 0;
+  float neg_lr = 0, wd = 0, decay = 1, momentum = 0, grad_scale = 1;
   bool use_momentum = false, first = false, nesterov = false;
   const StepControl* control = nullptr;
 };
 
 // The coefficients of one fused Adam/AdamW update (optim/adam.h), already rounded to float:
-//     p = p * decay;  g = fma(wd, p, grad);  m = fma(1 - b1, g, m * b1);  v = fma((1 - b2) * g, g, v * b2)
+//     p = p * decay;  g = fma(wd, p, grad * grad_scale);  (grad_scale as SgdUpdate's)  m = fma(1 - b1, g, m * b1);  v = fma((1 - b2) * g, g, v * b2)
 //     p = p + neg_step_size * m / (sqrt(v) / bc2_sqrt + eps)
 // In a captured step (control non-null) neg_step_size, bc2_sqrt and decay come from the control
 // block's coefficients, as SgdUpdate's.
 struct AdamUpdate {
   float neg_step_size = 0, bc2_sqrt = 1, eps = 0, b1 = 0, one_minus_b1 = 1, b2 = 0, one_minus_b2 = 1;
-  float wd = 0, decay = 1;
+  float wd = 0, decay = 1, grad_scale = 1;
   const StepControl* control = nullptr;
 };
 

@@ -48,10 +48,12 @@ models::AdamUpdate Adam::update(double lr, int64_t count) const {
   return u;
 }
 
-void Adam::step(float* params, const float* grads, double lr) {
+void Adam::step(float* params, const float* grads, double lr, float grad_scale) {
   // The element loop (with the fused multiply-adds where PyTorch's kernels fuse) is the backend's;
   // the CPU's is in models/cpu/optim_ops.cpp.
-  backend_.adam_update(n_, update(lr, steps_), params, grads, m_.data(), v_.data());
+  models::AdamUpdate u = update(lr, steps_);
+  u.grad_scale = grad_scale;
+  backend_.adam_update(n_, u, params, grads, m_.data(), v_.data());
   ++steps_;
 }
 

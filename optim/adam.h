@@ -42,7 +42,7 @@ class Adam final : public Optimizer {
 
   // One update by the backend's fused adam_update (every element is independent, so the result
   // does not depend on the thread count). grads is not modified.
-  void step(float* params, const float* grads, double lr) override;
+  void step(float* params, const float* grads, double lr, float grad_scale = 1.f) override;
   void step_coefficients(double lr, int64_t count, float out[4]) const override;
   void graph_step(float* params, const float* grads, const models::StepControl* control) override;
   void set_step_count(int64_t steps) override { steps_ = steps; }

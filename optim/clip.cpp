@@ -13,10 +13,15 @@ double global_norm(models::Backend& backend, const float* x, int64_t n) {
 
 double clip_grad_norm(models::Backend& backend, float* grads, int64_t n, double max_norm) {
   const double norm = global_norm(backend, grads, n);
-  if (max_norm <= 0) return norm;
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) backend.scale(n, static_cast<float>(coef), grads);
+  const float coef = clip_coefficient(norm, max_norm);
+  if (coef != 1.f) backend.scale(n, coef, grads);
   return norm;
+}
+
+float clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0) return 1.f;
+  const double coef = max_norm / (norm + 1e-6);
+  return coef < 1.0 ? static_cast<float>(coef) : 1.f;
 }
 
 }  // namespace trainer::optim

@@ -23,4 +23,9 @@ double global_norm(models::Backend& backend, const float* x, int64_t n);
 // computed.
 double clip_grad_norm(models::Backend& backend, float* grads, int64_t n, double max_norm);
 
+// The coefficient clip_grad_norm scales by, as the float the scale applies: max_norm / (norm +
+// 1e-6) when that is below 1, else 1 (and 1 for max_norm <= 0). The trainer hands it to the
+// optimizer's update (Optimizer::step's grad_scale) instead of scaling the gradient in a pass of its own.
+float clip_coefficient(double norm, double max_norm);
+
 }  // namespace trainer::optim

@@ -26,10 +26,11 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
 
-  // One update of params[0, n) from grads[0, n) (device memory) with learning rate lr; grads is not
-  // modified.
+  // One update of params[0, n) from grads[0, n) (device memory) with learning rate lr, of the
+  // gradient times grad_scale (the clip's coefficient, optim/clip.h: applied in the update's own
+  // pass, so a binding clip costs no pass of its own); grads is not modified.
   // The result does not depend on the OpenMP thread count.
-  virtual void step(float* params, const float* grads, double lr) = 0;
+  virtual void step(float* params, const float* grads, double lr, float grad_scale = 1.f) = 0;
 
   // A captured step (runtime.cuda_graph, models/step_capture.h), where the learning rate and the
   // update count are not known when the update is recorded: step_coefficients gives the per-step

@@ -39,8 +39,9 @@ models::SgdUpdate Sgd::update(double lr, bool first) const {
   return u;
 }
 
-void Sgd::step(float* params, const float* grads, double lr) {
-  const models::SgdUpdate u = update(lr, steps_ == 0);
+void Sgd::step(float* params, const float* grads, double lr, float grad_scale) {
+  models::SgdUpdate u = update(lr, steps_ == 0);
+  u.grad_scale = grad_scale;
   backend_.sgd_update(n_, u, params, grads, u.use_momentum ? momentum_buffer_.data() : nullptr);
   ++steps_;
 }

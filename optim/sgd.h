@@ -40,7 +40,7 @@ class Sgd final : public Optimizer {
   // One update of params[0, n) from grads[0, n) with learning rate lr, by the backend's fused
   // sgd_update (one pass over memory). grads is not modified (the sync method may still own it).
   // The result does not depend on the thread count.
-  void step(float* params, const float* grads, double lr) override;
+  void step(float* params, const float* grads, double lr, float grad_scale = 1.f) override;
   void step_coefficients(double lr, int64_t count, float out[4]) const override;
   void graph_step(float* params, const float* grads, const models::StepControl* control) override;
   void set_step_count(int64_t steps) override { steps_ = steps; }

@@ -414,3 +414,48 @@ TEST_CASE("clip_grad_norm with max_norm 0 only measures and the norm is thread-c
   const double three = global_norm(models::cpu_backend(), big.data(), n);
   CHECK(one == three);  // bitwise, not approximately
 }
+
+TEST_CASE("a clip's coefficient applied in the optimizer's update equals the gradient scaled first",
+          "[optim][clip]") {
+  // The trainer hands the clip's coefficient to Optimizer::step (grad_scale) instead of scaling the
+  // gradient in a pass of its own (trainer/step/update_rule.cpp): the two must give the same update.
+  CHECK(clip_coefficient(5.0, 0.0) == 1.f);   // no clipping
+  CHECK(clip_coefficient(5.0, 10.0) == 1.f);  // not binding
+  CHECK(clip_coefficient(5.0, 2.0) == static_cast<float>(2.0 / (5.0 + 1e-6)));
+  CHECK(clip_coefficient(std::nan(""), 2.0) == 1.f);  // the caller refuses a non-finite norm itself
+  const int64_t n = 100003;
+  const auto g1 = ramp(n, 1.0f), g2 = ramp(n, -0.5f);
+  const float scale = 0.37f;
+  auto scaled = [&](std::vector<float> g) {
+    models::cpu_backend().scale(n, scale, g.data());
+    return g;
+  };
+  const auto g1s = scaled(g1), g2s = scaled(g2);
+  SECTION("SGD with momentum, Nesterov and coupled weight decay") {
+    std::vector<float> fused = ramp(n, 2.0f), two_pass = fused, unscaled = fused;
+    const SgdOptions o{0.9, true, 5e-4, false};
+    Sgd a(models::cpu_backend(), n, o), b(models::cpu_backend(), n, o), c(models::cpu_backend(), n, o);
+    for (const auto* g : {&g1, &g2}) a.step(fused.data(), g->data(), 0.1, scale);
+    for (const auto* g : {&g1s, &g2s}) b.step(two_pass.data(), g->data(), 0.1);
+    for (const auto* g : {&g1, &g2}) c.step(unscaled.data(), g->data(), 0.1);
+    CHECK(fused != unscaled);  // the scale acts
+    // The same bits where the build fuses grad + wd p (TRAINER_NATIVE on FMA hardware, as CI);
+    // within a rounding per step elsewhere (optim_ops.cpp).
+    for (int64_t i = 0; i < n; i += 997) {
+      INFO("element " << i);
+      CHECK(close(fused[i], two_pass[i]));
+    }
+  }
+  SECTION("Adam and AdamW: bit for bit (the update's fused multiply-adds are explicit)") {
+    for (bool decoupled : {false, true}) {
+      std::vector<float> fused = ramp(n, 2.0f), two_pass = fused;
+      AdamOptions o;
+      o.weight_decay = 1e-2;
+      o.decoupled_weight_decay = decoupled;
+      Adam a(models::cpu_backend(), n, o), b(models::cpu_backend(), n, o);
+      for (const auto* g : {&g1, &g2}) a.step(fused.data(), g->data(), 1e-3, scale);
+      for (const auto* g : {&g1s, &g2s}) b.step(two_pass.data(), g->data(), 1e-3);
+      CHECK(fused == two_pass);
+    }
+  }
+}

@@ -27,7 +27,8 @@ __global__ void sgd_kernel(int64_t n, SgdUpdate u, float* params, const float* g
   }
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     const float p = params[i];
-    float g = grads[i] + u.wd * p;
+    // Scaled by the clip's coefficient: as the CPU's scaled loop, grad * s rounded, then fused.
+    float g = u.grad_scale == 1.f ? grads[i] + u.wd * p : fmaf(u.wd, p, grads[i] * u.grad_scale);
     if (u.use_momentum) {
       const float b = u.first ? g : u.momentum * momentum[i] + g;
       momentum[i] = b;
@@ -47,7 +48,7 @@ __global__ void adam_kernel(int64_t n, AdamUpdate u, float* params, const float*
   }
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     const float p = params[i] * u.decay;
-    const float g = fmaf(u.wd, p, grads[i]);
+    const float g = fmaf(u.wd, p, grads[i] * u.grad_scale);
     const float mi = fmaf(u.one_minus_b1, g, m[i] * u.b1);
     const float vi = fmaf(u.one_minus_b2 * g, g, v[i] * u.b2);
     m[i] = mi;

@@ -16,6 +16,9 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
 // What both rules share: the parts of a step, and the clip that also checks the gradient is finite.
+// The clip's norm is this gradient's one pass of its own: a local update hands its coefficient to
+// the optimizer (Optimizer::step's grad_scale, applied in the update's pass); a remote one scales the
+// gradient it pushes.
 class RuleBase : public UpdateRule {
  public:
   RuleBase(comm::GradientSync& sync, optim::Optimizer& optimizer, models::Backend& backend,
@@ -23,10 +26,13 @@ class RuleBase : public UpdateRule {
       : sync_(sync), optimizer_(optimizer), backend_(backend), params_(params), buffers_(buffers), clip_norm_(clip_norm) {}
 
  protected:
-  // optim.grad_clip_norm on the gradient the optimizer applies; false (and `outcome` says what) when
-  // it is not finite.
-  bool clip(UpdateOutcome& outcome) {
-    const double norm = optim::clip_grad_norm(backend_, params_.grads(), params_.size(), clip_norm_);
+  // optim.grad_clip_norm on the gradient the optimizer applies: its coefficient in grad_scale_
+  // (1 when it does not bind), or, with `in_place`, the gradient scaled by it. False (and `outcome`
+  // says what) when the gradient is not finite.
+  bool clip(UpdateOutcome& outcome, bool in_place) {
+    const double norm = in_place ? optim::clip_grad_norm(backend_, params_.grads(), params_.size(), clip_norm_)
+                                 : optim::global_norm(backend_, params_.grads(), params_.size());
+    grad_scale_ = in_place ? 1.f : optim::clip_coefficient(norm, clip_norm_);
     if (std::isfinite(norm)) return true;
     outcome.nonfinite = nonfinite_item(first_nonfinite_gradient(backend_, params_), params_) + " after the gradient sync";
     return false;
@@ -38,6 +44,7 @@ class RuleBase : public UpdateRule {
   models::ParameterStore& params_;
   comm::SyncBuffers& buffers_;
   double clip_norm_;
+  float grad_scale_ = 1.f;  // this step's clip coefficient, for the optimizer's update
 };
 
 // share, clip, apply here: the sync method combines the gradient, the optimizer steps, then the
@@ -53,9 +60,10 @@ class LocalUpdate final : public RuleBase {
             {"sync", &StepTimes::sync,
              [this](int64_t step, double, UpdateOutcome& o) { return share(step, o); },
              [this](int64_t step, models::StepCapture&, UpdateOutcome& o) { share(step, o); }},
-            // The clip decides on the host (its norm is read back); a graph decides on the device
-            // and skips the step's update where the gradient is not finite.
-            {nullptr, &StepTimes::optim, [this](int64_t, double, UpdateOutcome& o) { return clip(o); },
+            // The clip decides on the host (its norm is read back) and its scale is the optimizer's
+            // to apply; a graph decides on the device, scales there, and skips the step's update
+            // where the gradient is not finite.
+            {nullptr, &StepTimes::optim, [this](int64_t, double, UpdateOutcome& o) { return clip(o, false); },
              [this](int64_t, models::StepCapture& capture, UpdateOutcome&) {
                capture.check_and_clip(params_.size(), params_.grads(), clip_norm_);
              }},
@@ -63,7 +71,7 @@ class LocalUpdate final : public RuleBase {
             // control block.
             {"optimizer", &StepTimes::optim,
              [this](int64_t, double lr, UpdateOutcome&) {
-               optimizer_.step(params_.values(), params_.grads(), lr);
+               optimizer_.step(params_.values(), params_.grads(), lr, grad_scale_);
                return true;
              },
              [this](int64_t, models::StepCapture& capture, UpdateOutcome&) {
@@ -127,7 +135,7 @@ class RemoteUpdate final : public RuleBase {
     auto t0 = Clock::now();
     // The step clock found this worker's gradient finite, so its norm is too (a sum of squares of
     // floats in double), and the push the servers wait for always goes out.
-    if (!clip(outcome)) return outcome;
+    if (!clip(outcome, /*in_place=*/true)) return outcome;  // the push carries the clipped gradient
     times.optim += ms_since(t0);
     t0 = Clock::now();
     outcome.stats = sync_.reduce(buffers_, step);
