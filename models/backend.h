@@ -163,8 +163,9 @@ class LstmOp {
 // block instead (coefficients[updates_applied - base_count] = {neg_lr, decay}), and the update is
 // skipped when control->skip is set.
 struct SgdUpdate {
-  float neg_lr = 0, wd = 0, decay = 1, momentum = 0, grad_scale = 1;
+  float neg_lr = 0, wd = 0, decay = 1, momentum = 0;
   bool use_momentum = false, first = false, nesterov = false;
+  float grad_scale = 1;  // after the flags: braced lists written before it keep their meaning
   const StepControl* control = nullptr;
 };
 
@@ -175,7 +176,8 @@ struct SgdUpdate {
 // block's coefficients, as SgdUpdate's.
 struct AdamUpdate {
   float neg_step_size = 0, bc2_sqrt = 1, eps = 0, b1 = 0, one_minus_b1 = 1, b2 = 0, one_minus_b2 = 1;
-  float wd = 0, decay = 1, grad_scale = 1;
+  float wd = 0, decay = 1;
+  float grad_scale = 1;  // last but the control: braced lists written before it keep their meaning
   const StepControl* control = nullptr;
 };
 

@@ -372,16 +372,18 @@ TEST_CASE("CUDA optimizer arithmetic matches the CPU: SGD, Adam, sum of squares,
   const int64_t n = 100003;
   auto p = random_vector(n, 1), g = random_vector(n, 2), mom = random_vector(n, 3), v = random_vector(n, 4, 0.f, 1.f);
   for (bool nesterov : {false, true})
-    for (bool first : {false, true}) {
-      INFO("sgd nesterov " << nesterov << " first " << first);
-      SgdUpdate u{-0.1f, 5e-4f, 1.f, 0.9f, true, first, nesterov};
-      auto cp = p, cm = mom;
-      cpu().sgd_update(n, u, cp.data(), g.data(), cm.data());
-      GpuArray gp(p), gg(g), gm(mom);
-      gpu().sgd_update(n, u, gp.data(), gg.data(), gm.data());
-      require_close(cp, gp.host(), "sgd params", 1e-6);
-      require_close(cm, gm.host(), "sgd momentum", 1e-6);
-    }
+    for (bool first : {false, true})
+      for (float scale : {1.f, 0.37f}) {  // 0.37: a binding clip's coefficient, applied in the update
+        INFO("sgd nesterov " << nesterov << " first " << first << " grad_scale " << scale);
+        SgdUpdate u{-0.1f, 5e-4f, 1.f, 0.9f, true, first, nesterov};
+        u.grad_scale = scale;
+        auto cp = p, cm = mom;
+        cpu().sgd_update(n, u, cp.data(), g.data(), cm.data());
+        GpuArray gp(p), gg(g), gm(mom);
+        gpu().sgd_update(n, u, gp.data(), gg.data(), gm.data());
+        require_close(cp, gp.host(), "sgd params", 1e-6);
+        require_close(cm, gm.host(), "sgd momentum", 1e-6);
+      }
   {
     SgdUpdate u{-0.05f, 0.f, 0.999f, 0.f, false, false, false};
     auto cp = p;
@@ -390,8 +392,10 @@ TEST_CASE("CUDA optimizer arithmetic matches the CPU: SGD, Adam, sum of squares,
     gpu().sgd_update(n, u, gp.data(), gg.data(), nullptr);
     require_close(cp, gp.host(), "sgd without momentum", 1e-6);
   }
-  {
+  for (float scale : {1.f, 0.37f}) {
+    INFO("adam grad_scale " << scale);
     AdamUpdate u{-1e-3f, std::sqrt(1 - 0.999f * 0.999f), 1e-8f, 0.9f, 0.1f, 0.999f, 1e-3f, 1e-2f, 1.f};
+    u.grad_scale = scale;
     auto cp = p, cm = mom, cv = v;
     cpu().adam_update(n, u, cp.data(), g.data(), cm.data(), cv.data());
     GpuArray gp(p), gg(g), gm(mom), gv(v);
