@@ -51,6 +51,7 @@ TEST_CASE("A speech model compressed after a dense warmup under a tenth of the r
   auto notes = app::start_notes(c, sync_options(c, 0, 1250));
   REQUIRE(notes.size() == 1);
   CHECK_THAT(notes[0], Contains("note: oktopk after 50 dense steps (sync.dense_warmup_steps) of 1250"));
+  CHECK_THAT(notes[0], Contains("(25 epochs = 1,250 steps)"));  // the horizon its figures came from
   c.sync.dense_warmup_steps = 125;  // a tenth
   CHECK(app::start_notes(c, sync_options(c, 0, 1250)).empty());
   c.sync.dense_warmup_steps = 50;
@@ -72,6 +73,7 @@ TEST_CASE("An image model compressed from its first step gets one note, with a d
   auto notes = app::start_notes(c, sync_options(c, 0, 468));
   REQUIRE(notes.size() == 1);
   CHECK_THAT(notes[0], Contains("note: oktopk from the first step (sync.dense_warmup_steps = 0)"));
+  CHECK_THAT(notes[0], Contains("6 epochs = 585 steps"));  // the horizon its figures came from
   c.sync.dense_warmup_steps = 39;
   CHECK(app::start_notes(c, sync_options(c, 0, 468)).empty());
   c.sync.dense_warmup_steps = 0;
