@@ -14,6 +14,10 @@ gloo, each with its own batch, trained by PyTorch with
             dense warmup applies the momentum to the averaged gradient. --selection whole (one
             top-k over the whole gradient, as this trainer) or per-tensor with 1-D tensors dense
             (the authors' code).
+  diloco    torchft's DiLoCo (torchft from PyPI; one replica group per process, a lighthouse in the
+            parent): every --period inner steps the averaged pseudo-gradient steps the shared
+            parameters through SGD with Nesterov momentum (--outer-lr, --outer-momentum); its first
+            --dense-warmup-steps steps average the gradient (an allreduce on gloo) instead.
 
 so that what a method costs can be checked against an independent implementation: the difference from
 this trainer's row, over seeds, should be within the seeds' spread. The recipe is
@@ -51,7 +55,7 @@ from calibrate_synthetic_cifar import ResNet20, augment, predict, read_split  # 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True, help="a folder of CIFAR-10 binary files")
-    p.add_argument("--method", choices=["dense", "powersgd", "dgc"], required=True)
+    p.add_argument("--method", choices=["dense", "powersgd", "dgc", "diloco"], required=True)
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--batch", type=int, default=32, help="per process")
     p.add_argument("--epochs", type=int, default=6)
@@ -63,6 +67,9 @@ def parse_args():
     p.add_argument("--wire", choices=["fp32", "bf16"], default="fp32", help="dense: DDP's allreduce format")
     p.add_argument("--rank-r", type=int, default=2, help="powersgd: matrix_approximation_rank")
     p.add_argument("--density", type=float, default=0.01, help="dgc: share of entries sent")
+    p.add_argument("--period", type=int, default=8, help="diloco: H, inner steps between syncs")
+    p.add_argument("--outer-lr", type=float, default=0.7, help="diloco")
+    p.add_argument("--outer-momentum", type=float, default=0.5, help="diloco: the trainer's over SGD momentum")
     p.add_argument("--selection", choices=["whole", "per-tensor"], default="whole")
     p.add_argument("--eval-every", type=int, default=0, help="steps; 0: at the end only")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (a smoke test); 0: none")
@@ -197,8 +204,12 @@ def run(rank, a):
     steps_per_epoch = len(xtr) // (a.batch * a.ranks)
     total = steps_per_epoch * a.epochs
     last = min(total, a.max_steps) if a.max_steps > 0 else total  # the schedule keeps the whole run's shape
-    if a.method == "dgc":
-        trained, dgc, opt = model, Dgc(list(model.parameters()), a, a.ranks), None
+    if a.method in ("dgc", "diloco"):
+        trained, dgc, opt = model, None, None
+        if a.method == "dgc":
+            dgc = Dgc(list(model.parameters()), a, a.ranks)
+        else:
+            opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay)
         for p in model.parameters():  # the same start on every rank
             dist.broadcast(p.data, 0)
     else:
@@ -216,6 +227,7 @@ def run(rank, a):
             trained.register_comm_hook(None, default_hooks.bf16_compress_hook)
         opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay)
         dgc = None
+    diloco = None
 
     rows, step, t0 = [], 0, time.time()
 
@@ -240,12 +252,20 @@ def run(rank, a):
             if dgc:
                 dgc.step(step, lr)
             else:
+                if a.method == "diloco":
+                    if step < a.dense_warmup_steps:
+                        average_gradients(model, a.ranks)
+                    elif diloco is None:
+                        diloco = start_diloco(a, rank, model, opt)
                 for group in opt.param_groups:
                     group["lr"] = lr
                 opt.step()
             step += 1
             if (a.eval_every and step % a.eval_every == 0) or step == last:
                 evaluate(loss.item())
+    if diloco is not None:
+        diloco.__exit__(None, None, None)
+        diloco.manager.shutdown(wait=False)
     if rank == 0 and a.out:
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
         with open(a.out, "w") as f:
@@ -254,10 +274,49 @@ def run(rank, a):
     dist.destroy_process_group()
 
 
+def average_gradients(model, world):
+    """Dense steps without DDP: the gradient averaged over the processes, one allreduce."""
+    flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    dist.all_reduce(flat)
+    flat /= world
+    at = 0
+    for p in model.parameters():
+        p.grad.copy_(flat[at:at + p.numel()].view_as(p))
+        at += p.numel()
+
+
+def start_diloco(a, rank, model, inner):
+    """torchft's DiLoCo from this step on: this process is one replica group of one, its Manager
+    meets the others' through the parent's lighthouse; the shared parameters start as the current ones."""
+    from datetime import timedelta
+    from torchft import Manager, ProcessGroupGloo
+    from torchft.local_sgd import DiLoCo
+    store_port = a.port + 1 + rank
+    store = dist.TCPStore("localhost", store_port, 1, True, wait_for_workers=False)
+    long = timedelta(minutes=30)  # a sync waits for the slowest replica's H steps
+    manager = Manager(pg=ProcessGroupGloo(timeout=long), load_state_dict=None, state_dict=None,
+                      min_replica_size=a.ranks, use_async_quorum=False, timeout=long, quorum_timeout=long,
+                      rank=0, world_size=1, store_addr="localhost", store_port=store_port,
+                      lighthouse_addr=a.lighthouse, replica_id=f"rank{rank}", port=a.port + 1 + a.ranks + rank,
+                      init_sync=False)  # every rank starts from the same parameters: nothing to heal
+    outer = torch.optim.SGD(model.parameters(), lr=a.outer_lr, momentum=a.outer_momentum, nesterov=True)
+    diloco = DiLoCo(manager, [model], inner, outer, sync_every=a.period, backup_device=torch.device("cpu"),
+                    pin_memory=False)
+    diloco.__enter__()
+    diloco.manager, diloco.store = manager, store  # the replica group's store lives as long as its DiLoCo
+    return diloco
+
+
 def main():
     a = parse_args()
     if not os.path.isdir(a.data):
         sys.exit(f"reference_cifar: --data {a.data}: no such folder (the trainer writes it on a run's first use)")
+    a.lighthouse = None
+    if a.method == "diloco":
+        os.environ.setdefault("RUST_LOG", "warn")  # torchft logs every quorum and commit at info
+        from torchft._torchft import LighthouseServer
+        lighthouse = LighthouseServer(bind="[::]:0", min_replicas=a.ranks)
+        a.lighthouse = lighthouse.address()
     mp.spawn(run, args=(a,), nprocs=a.ranks, join=True)
 
 
