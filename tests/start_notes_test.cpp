@@ -80,3 +80,22 @@ TEST_CASE("An image model compressed from its first step gets one note, with a d
   c.sync.method = "local_sgd";  // averages parameters: not a compressor
   CHECK(app::start_notes(c, sync_options(c, 0, 468)).empty());
 }
+
+TEST_CASE("A sparse method whose compressed steps last under 20 error-feedback delays gets a note", "[config]") {
+  Config c;
+  c.model.arch = "resnet20";
+  c.sync.method = "oktopk";
+  c.sync.set("density", 0.01);
+  c.sync.dense_warmup_steps = 39;
+  auto notes = app::start_notes(c, sync_options(c, 0, 468));  // the 6-epoch hard CIFAR grid
+  REQUIRE(notes.size() == 1);
+  CHECK_THAT(notes[0], Contains("note: oktopk at density 0.01 for 429 compressed steps: steps x density = 4.3 "
+                                "error-feedback delays"));
+  CHECK(app::start_notes(c, sync_options(c, 0, 2039)).empty());  // 20 delays: long enough
+  CHECK(app::start_notes(c, sync_options(c, 0, 2038)).size() == 1);
+  c.sync.set("adaptive", true);  // the density follows the regime: no single horizon
+  CHECK(app::start_notes(c, sync_options(c, 0, 468)).empty());
+  c.sync.set("adaptive", false);
+  c.sync.set("density", 0.1);  // the default: 43 delays
+  CHECK(app::start_notes(c, sync_options(c, 0, 468)).empty());
+}

@@ -136,7 +136,10 @@ SyncMethod sparse_method(std::string name, std::string doc, SparseFactory make) 
   m.owns_clipping = [](const SyncSettings& o) { return options_of<SparseOptions>(o).dgc; };
   m.start_notes = [](const SyncOptions& o) {
     std::vector<std::string> notes = short_warmup_notes(o);
-    if (options_of<SparseOptions>(o).dgc)
+    const auto s = options_of<SparseOptions>(o);
+    if (!s.adaptive)  // under adaptive the density changes with the regime
+      for (std::string& note : short_horizon_notes(o, s.density)) notes.push_back(std::move(note));
+    if (s.dgc)
       notes.push_back("note: " + o.key_path("dgc") + " = true: " + o.method + " owns SGD's momentum (optim.momentum = " + number(o.recipe.momentum) +
                       " and optim.nesterov), the coupled optim.weight_decay, and optim.grad_clip_norm when set (each "
                       "rank clips its own gradient at C / sqrt(processes) before the momentum); the optimizer steps "
