@@ -187,6 +187,21 @@ class StudyTest(unittest.TestCase):
                 self.assertIn(path, p.stdout)
 
 
+    def test_only_runs_the_named_methods_and_refuses_an_unknown_name(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "tiny.toml")
+            with open(path, "w") as f:
+                f.write(TINY)
+            p = study(path, os.path.join(tmp, "out"), "--only", "diloco-int8", "--dry-run")
+            self.assertEqual(p.returncode, 0, p.stdout)
+            runs = [line for line in p.stdout.splitlines() if line.startswith("[")]
+            self.assertEqual(len(runs), 1, p.stdout)
+            self.assertTrue(runs[0].startswith("[1/1] none diloco-int8: "), p.stdout)
+            p = study(path, os.path.join(tmp, "out"), "--only", "dense,dgc", "--dry-run")
+            self.assertEqual(p.returncode, 2, p.stdout)
+            self.assertEqual(len(p.stdout.strip().splitlines()), 1, p.stdout)
+            self.assertIn("--only: no method 'dgc' in the study (it has: dense, diloco-int8)", p.stdout)
+
     def test_prepare_runs_before_the_runs_only_when_its_path_is_missing(self):
         with tempfile.TemporaryDirectory() as tmp:
             made = os.path.join(tmp, "made")
