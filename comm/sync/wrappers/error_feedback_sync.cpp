@@ -51,7 +51,7 @@ std::vector<std::string> short_warmup_notes(const SyncOptions& o) {
 // The figures: Ok-Top-k at density 0.01 on CIFAR-10's ResNet-20 at P = 4 (issue 50; BENCHMARKS.md,
 // "What compression costs as training lengthens"): with DGC on the real data -6.2 points at 5.9
 // delays, -3.4 at 23, -0.3 at 47; on the hard CIFAR -7.0 (plain) and -15.7 (DGC) at 4.7, -3.0 and
-// -3.1 at 19, with DGC -0.4 at 75 (7,488 steps, two seeds). One seed each elsewhere. The note stays at 20 delays: the
+// -3.1 at 19, with DGC -0.1 at 75 (7,488 steps, three seeds). One seed each elsewhere. The note stays at 20 delays: the
 // grids' density-0.1 default lasts 43 at 468 steps, and no single count of delays separates the
 // runs within a point from the rest (0.1 at 43 delays is -3.4 over three seeds).
 std::vector<std::string> short_horizon_notes(const SyncOptions& o, double density) {
@@ -65,7 +65,7 @@ std::vector<std::string> short_horizon_notes(const SyncOptions& o, double densit
           " error-feedback delays (an entry left out waits about 1/density steps), a horizon that judges speed "
           "of convergence, not final accuracy; on CIFAR-10's ResNet-20 at density 0.01 Ok-Top-k with DGC ended "
           "6.2 points below dense at 5.9 delays (585 steps), 3.4 at 23 (2,340) and 0.3 at 47 (4,680), and on the "
-          "hard synthetic CIFAR 15.7 at 4.7 (468), 3.1 at 19 (1,872) and 0.4 at 75 (7,488; two seeds, one "
+          "hard synthetic CIFAR 15.7 at 4.7 (468), 3.1 at 19 (1,872) and 0.1 at 75 (7,488; three seeds, one "
           "elsewhere; BENCHMARKS.md)"};
 }
 
